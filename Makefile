@@ -1,0 +1,28 @@
+# Thin wrapper over CMake: the README quick start is `make demo` and `make test`.
+BUILD ?= build
+CUDA ?= AUTO
+SANITIZE ?= OFF
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all bootstrap configure build test demo clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+configure: bootstrap
+	cmake -S . -B $(BUILD) -DFREEKV_CUDA=$(CUDA) -DFREEKV_SANITIZE=$(SANITIZE) $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+demo: build
+	scripts/demo.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

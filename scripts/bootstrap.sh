@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs, with apt, only the Debian packages freekv needs that are missing. Idempotent: runs
+# `apt-get update` only when something must be installed, prints what it did, downloads nothing
+# else. CUDA is not installed here: the build uses /usr/local/cuda (or CUDAToolkit_ROOT) when
+# present and builds without it otherwise.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
+  liburing-dev libcmocka-dev libopenblas-dev libpcre2-dev libjson-c-dev libssl-dev
+  fio
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "bootstrap: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+    echo "bootstrap: missing ${missing[*]} and not root (no sudo): install them and retry" >&2
+    exit 1
+  fi
+fi
+echo "bootstrap: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "bootstrap: installed ${#missing[@]} package(s)"

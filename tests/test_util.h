@@ -1,0 +1,50 @@
+/* Shared helpers for the cmocka tests: includes in the order cmocka needs, a deterministic
+ * RNG, the skip convention (exit 77) and where the test models live. */
+#ifndef FREEKV_TEST_UTIL_H
+#define FREEKV_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define TEST_SKIP_EXIT 77
+
+/* xorshift64*: reproducible across runs and platforms. */
+static inline uint64_t test_rand(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ull;
+}
+
+/* Uniform float in [-1, 1). */
+static inline float test_randf(uint64_t *s)
+{
+	return (float)((double)(test_rand(s) >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+/* Path of a file under the shared models directory, or NULL (and a note on stderr) when the
+ * file is absent so the caller can skip. Returns a static buffer. */
+static inline const char *test_model_path(const char *rel)
+{
+	static char buf[4096];
+	const char *dir = getenv("FREEKV_MODELS_DIR");
+	if (!dir)
+		dir = FREEKV_MODELS_DIR;
+	snprintf(buf, sizeof buf, "%s/%s", dir, rel);
+	if (access(buf, R_OK) != 0) {
+		fprintf(stderr, "skip: %s not found\n", buf);
+		return NULL;
+	}
+	return buf;
+}
+
+#endif
