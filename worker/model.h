@@ -7,7 +7,20 @@
  * bad files: they return a negative errno and write a message naming the key or tensor to err.
  *
  * Tensor shapes follow the file's row-major convention as (rows, cols) with cols contiguous:
- * a linear layer y = W x with x of size in and y of size out is stored (out, in). */
+ * a linear layer y = W x with x of size in and y of size out is stored (out, in). (GGUF lists
+ * dims innermost first; they are reversed into this convention.) Every shape is checked against
+ * the config (errors name the tensor, expected and found shape), and every tensor in the file
+ * must map to a slot: an unexpected tensor is an error, not silently ignored. Tensors whose data
+ * the file leaves misaligned for their dtype (safetensors allows it) are copied into aligned
+ * model-owned memory; all others point into the read-only mappings.
+ *
+ * Format specifics: GGUF "llama" weights use interleaved rope pairs, "qwen2" and every Hugging
+ * Face folder use halves (cfg.rope_style says which); the two layouts differ by a permutation of
+ * the q/k rows within each head (HF row j*d/2 + i is GGUF row 2i + j). The output head is tied
+ * (output.data == tok_embd.data, cfg.tied_embeddings) when the file has none, when its bytes
+ * equal the embedding's (GGUF converters may write it twice), or when config.json says so.
+ * cfg.ctx_len is what the file says (stories260K's GGUF says 2048 though it was trained at 512).
+ * For a Hugging Face model path is the folder, where tokenizer.json lies. */
 #ifndef FREEKV_MODEL_H
 #define FREEKV_MODEL_H
 
@@ -19,6 +32,7 @@
 
 #define FKV_MAX_LAYERS 256
 #define FKV_FINGERPRINT_BYTES 32
+#define FKV_MAX_EOS 8
 
 /* How rotary embedding pairs dimensions within a head. */
 enum fkv_rope_style {
@@ -54,7 +68,10 @@ struct fkv_model_config {
 	bool tied_embeddings;	/* output == tok_embd */
 	bool qkv_bias;		/* Qwen2 */
 	int bos_id;		/* -1 when the model has none */
-	int eos_id;
+	int eos_id;		/* the first end-of-sequence id; -1 when none */
+	int n_eos;		/* all end-of-sequence ids (Llama 3.1 lists three) */
+	int eos_ids[FKV_MAX_EOS];
+	int sliding_window;	/* Mistral v0.1 sliding-window attention span; 0 = none */
 	enum fkv_dtype dtype;	/* dtype of the large weights; also the KV dtype */
 };
 
@@ -77,8 +94,14 @@ struct fkv_model {
 	struct fkv_tensor out_norm;   /* (dim) */
 	struct fkv_tensor output;     /* (vocab, dim); same data as tok_embd when tied */
 	struct fkv_layer_weights *layers; /* cfg.n_layers entries, owned */
-	/* Stable hash of the config and the tensor table (names, dtypes, shapes, data); identifies
-	 * the model to kvstored so a sequence is only resumed by the same model. */
+	/* Identifies the model to kvstored so a sequence is only resumed by the same model.
+	 * SHA-256 over: a version tag; every config field as text (floats as their IEEE bit
+	 * patterns, so no locale or rounding enters); then for each tensor in a fixed order
+	 * (tok_embd, out_norm, output, then per layer attn_norm wq wk wv wo bq bk bv ffn_norm
+	 * w_gate w_up w_down) a line with its name, dtype, shape and byte size followed by its
+	 * bytes — all of them up to 12 KiB, else the first, middle and last 4 KiB. Stable across
+	 * runs and machines; any change to config, dtype, shape or sampled bytes changes it. The
+	 * GGUF and HF forms of one model differ (rope layout and q/k rows differ). */
 	uint8_t fingerprint[FKV_FINGERPRINT_BYTES];
 	char path[4096];	      /* what was loaded */
 	bool is_gguf;
@@ -90,5 +113,18 @@ struct fkv_model {
 int model_load(const char *path, struct fkv_model *m, char *err, size_t errlen);
 /* Releases everything model_load() allocated or mapped. Safe on a zeroed struct. */
 void model_free(struct fkv_model *m);
+
+/* Writes the fingerprint as 64 lowercase hex digits and a NUL. */
+void model_fingerprint_hex(const struct fkv_model *m, char out[2 * FKV_FINGERPRINT_BYTES + 1]);
+
+/* Checks the relations every consumer relies on: positive sizes, n_heads a multiple of
+ * n_kv_heads, even head_dim, n_layers <= FKV_MAX_LAYERS, eps and theta > 0. 0 or -EINVAL. */
+int model_config_validate(const struct fkv_model_config *cfg, char *err, size_t errlen);
+
+struct gguf_ctx;
+/* The parsed GGUF file behind a model loaded from .gguf (metadata for the tokenizer), or NULL
+ * for a Hugging Face model (whose tokenizer.json lies in the folder m->path). Borrowed: valid
+ * until model_free(). */
+const struct gguf_ctx *model_gguf(const struct fkv_model *m);
 
 #endif

@@ -1,0 +1,7 @@
+# bench/gpu.cmake — GPU kernel micro-benchmarks (bench/gpu/bench_kernels.c); bench/gpu/run.sh
+# builds and runs them with the GPU tests on a CUDA machine.
+if(FREEKV_HAVE_CUDA)
+  add_executable(bench_kernels ${CMAKE_CURRENT_LIST_DIR}/gpu/bench_kernels.c)
+  freekv_target(bench_kernels)
+  target_link_libraries(bench_kernels PRIVATE freekv_kernels CUDA::cudart)
+endif()

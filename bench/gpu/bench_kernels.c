@@ -1,0 +1,277 @@
+/* bench_kernels — GPU kernel micro-benchmarks, each printed against a baseline measured in the
+ * same run (STYLE "Tests"):
+ *   recall   16 KiB head units copied one cudaMemcpyAsync each from scattered offsets of host
+ *            memory (pinned with cudaHostAlloc, and malloc'd + cudaHostRegister'ed like the
+ *            kvstored pool), vs one cudaMemcpyAsync of the same bytes; ratio = units / one.
+ *   decode   decode_attention at B=2048 (64 pages of 32 per KV head), 32 query / 8 KV heads,
+ *            d=128, bf16, batch 1/4/8, vs its floor: the bytes it must read over the HBM
+ *            bandwidth of a device-to-device cudaMemcpy measured here.
+ * Times come from CUDA events over repeated launches after a warm-up. Exit status 0, or 1 with
+ * the failing call printed (cuda_check.h). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <cuda_runtime.h>
+
+#include "cuda_check.h"
+#include "decode_attention.cuh"
+
+#define UNIT_BYTES (16u << 10)
+#define RECALL_BYTES (64u << 20)      /* one step's worth of recalled units */
+#define POOL_BYTES (512ull << 20)     /* host region the units are scattered over */
+#define HBM_BYTES (1ull << 30)	      /* d2d copy size for the bandwidth baseline */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng(void)
+{
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return rng_state * 2685821657736338717ull;
+}
+
+/* Milliseconds per repetition of the work queued by fn on stream (after one warm-up call). */
+typedef int (*bench_fn)(void *arg, cudaStream_t s);
+
+static int time_ms(bench_fn fn, void *arg, cudaStream_t s, int reps, float *ms)
+{
+	cudaEvent_t a, b;
+	int ret = fn(arg, s);
+	if (ret)
+		return ret;
+	CUDA_CHECK(cudaEventCreate(&a));
+	CUDA_CHECK(cudaEventCreate(&b));
+	CUDA_CHECK(cudaEventRecord(a, s));
+	for (int i = 0; i < reps; i++)
+		if ((ret = fn(arg, s)))
+			return ret;
+	CUDA_CHECK(cudaEventRecord(b, s));
+	CUDA_CHECK(cudaEventSynchronize(b));
+	CUDA_CHECK(cudaEventElapsedTime(ms, a, b));
+	*ms /= (float)reps;
+	CUDA_CHECK(cudaEventDestroy(a));
+	CUDA_CHECK(cudaEventDestroy(b));
+	return 0;
+}
+
+struct recall {
+	uint8_t *host;	/* POOL_BYTES, pinned or registered */
+	uint8_t *dev;	/* RECALL_BYTES staging */
+	size_t *off;	/* per unit: offset in host */
+	size_t n_units;
+};
+
+static int recall_units(void *arg, cudaStream_t s)
+{
+	struct recall *r = arg;
+	for (size_t i = 0; i < r->n_units; i++)
+		CUDA_CHECK(cudaMemcpyAsync(r->dev + i * UNIT_BYTES, r->host + r->off[i], UNIT_BYTES,
+					   cudaMemcpyHostToDevice, s));
+	return 0;
+}
+
+static int recall_one(void *arg, cudaStream_t s)
+{
+	struct recall *r = arg;
+	CUDA_CHECK(cudaMemcpyAsync(r->dev, r->host, r->n_units * UNIT_BYTES,
+				   cudaMemcpyHostToDevice, s));
+	return 0;
+}
+
+static int bench_recall_on(const char *what, uint8_t *host, uint8_t *dev, cudaStream_t s)
+{
+	struct recall r = { host, dev, NULL, RECALL_BYTES / UNIT_BYTES };
+	r.off = malloc(r.n_units * sizeof *r.off);
+	if (!r.off)
+		return -ENOMEM;
+	/* distinct random units of the pool, like the pages a selection names */
+	const size_t slots = POOL_BYTES / UNIT_BYTES;
+	for (size_t i = 0; i < r.n_units; i++)
+		r.off[i] = ((i * (slots / r.n_units)) + rng() % (slots / r.n_units)) * UNIT_BYTES;
+	for (size_t i = r.n_units - 1; i > 0; i--) {
+		size_t j = rng() % (i + 1), t = r.off[i];
+		r.off[i] = r.off[j];
+		r.off[j] = t;
+	}
+	float ms_units = 0, ms_one = 0;
+	int ret = time_ms(recall_units, &r, s, 10, &ms_units);
+	if (!ret)
+		ret = time_ms(recall_one, &r, s, 10, &ms_one);
+	if (!ret)
+		printf("recall %-10s %zu x 16 KiB: %7.3f ms %6.2f GB/s | one %u MiB copy: %7.3f ms "
+		       "%6.2f GB/s | ratio %.3f\n",
+		       what, r.n_units, ms_units, RECALL_BYTES / ms_units / 1e6, RECALL_BYTES >> 20,
+		       ms_one, RECALL_BYTES / ms_one / 1e6, ms_one / ms_units);
+	free(r.off);
+	return ret;
+}
+
+static int bench_recall(cudaStream_t s)
+{
+	uint8_t *dev, *pinned;
+	CUDA_CHECK(cudaMalloc((void **)&dev, RECALL_BYTES));
+	CUDA_CHECK(cudaHostAlloc((void **)&pinned, POOL_BYTES, cudaHostAllocDefault));
+	memset(pinned, 1, POOL_BYTES);
+	int ret = bench_recall_on("pinned", pinned, dev, s);
+	CUDA_CHECK(cudaFreeHost(pinned));
+	if (ret)
+		return ret;
+	void *reg = mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			 0);
+	if (reg == MAP_FAILED)
+		return -errno;
+	memset(reg, 1, POOL_BYTES);
+	cudaError_t e = cudaHostRegister(reg, POOL_BYTES, cudaHostRegisterDefault);
+	if (e != cudaSuccess) {
+		fprintf(stderr, "recall: cudaHostRegister of %llu MiB failed: %s (memlock limit?)\n",
+			POOL_BYTES >> 20, cudaGetErrorString(e));
+		munmap(reg, POOL_BYTES);
+		return -ENOMEM;
+	}
+	ret = bench_recall_on("registered", reg, dev, s);
+	CUDA_CHECK(cudaHostUnregister(reg));
+	munmap(reg, POOL_BYTES);
+	CUDA_CHECK(cudaFree(dev));
+	return ret;
+}
+
+struct d2d {
+	void *a, *b;
+};
+
+static int d2d_copy(void *arg, cudaStream_t s)
+{
+	struct d2d *c = arg;
+	CUDA_CHECK(cudaMemcpyAsync(c->b, c->a, HBM_BYTES, cudaMemcpyDeviceToDevice, s));
+	return 0;
+}
+
+/* HBM bandwidth in bytes/ms: a d2d copy reads and writes HBM_BYTES each. */
+static int bench_hbm(cudaStream_t s, double *bytes_per_ms)
+{
+	struct d2d c;
+	CUDA_CHECK(cudaMalloc(&c.a, HBM_BYTES));
+	CUDA_CHECK(cudaMalloc(&c.b, HBM_BYTES));
+	CUDA_CHECK(cudaMemset(c.a, 1, HBM_BYTES));
+	float ms = 0;
+	int ret = time_ms(d2d_copy, &c, s, 20, &ms);
+	if (!ret) {
+		*bytes_per_ms = 2.0 * HBM_BYTES / ms;
+		printf("hbm d2d cudaMemcpy %llu MiB: %.3f ms, %.0f GB/s (read + write)\n",
+		       HBM_BYTES >> 20, ms, *bytes_per_ms / 1e6);
+	}
+	CUDA_CHECK(cudaFree(c.a));
+	CUDA_CHECK(cudaFree(c.b));
+	return ret;
+}
+
+struct dec {
+	float *out, *q;
+	void *slots, *ws;
+	int32_t *list, *n_tok;
+	size_t ws_bytes;
+	int batch;
+};
+
+enum { DEC_NQ = 32, DEC_NKV = 8, DEC_D = 128, DEC_P = 32, DEC_BUDGET = 2048 };
+
+static int dec_run(void *arg, cudaStream_t s)
+{
+	struct dec *d = arg;
+	CUDA_CHECK(decode_attention(d->out, d->q, d->slots, FKV_BF16, d->list, d->n_tok, d->batch,
+				    DEC_NQ, DEC_NKV, DEC_D, DEC_P, DEC_BUDGET / DEC_P,
+				    0.08838834764831845f, d->ws, d->ws_bytes, s));
+	return 0;
+}
+
+static int bench_decode(cudaStream_t s, double hbm_bytes_per_ms, int batch)
+{
+	const int pages = DEC_BUDGET / DEC_P;
+	const size_t slot_bytes = 2ull * DEC_P * DEC_NKV * DEC_D * 2;
+	const int n_slots = batch * pages;
+	struct dec d = { .batch = batch };
+	int32_t *list = malloc((size_t)batch * DEC_NKV * pages * 4), *n_tok = malloc(batch * 4);
+	if (!list || !n_tok)
+		return -ENOMEM;
+	/* each head of each sequence reads every one of its sequence's slots once, in a shuffled
+	 * order: per-head indirection with no slice read twice */
+	for (int b = 0; b < batch; b++) {
+		n_tok[b] = DEC_BUDGET;
+		for (int h = 0; h < DEC_NKV; h++) {
+			int32_t *l = list + ((size_t)b * DEC_NKV + h) * pages;
+			for (int i = 0; i < pages; i++)
+				l[i] = b * pages + i;
+			for (int i = pages - 1; i > 0; i--) {
+				int j = (int)(rng() % (i + 1)), t = l[i];
+				l[i] = l[j];
+				l[j] = t;
+			}
+		}
+	}
+	CUDA_CHECK(cudaMalloc((void **)&d.out, (size_t)batch * DEC_NQ * DEC_D * 4));
+	CUDA_CHECK(cudaMalloc((void **)&d.q, (size_t)batch * DEC_NQ * DEC_D * 4));
+	CUDA_CHECK(cudaMemset(d.q, 0x3c, (size_t)batch * DEC_NQ * DEC_D * 4));
+	CUDA_CHECK(cudaMalloc(&d.slots, n_slots * slot_bytes));
+	CUDA_CHECK(cudaMemset(d.slots, 0x3c, n_slots * slot_bytes));
+	CUDA_CHECK(cudaMalloc((void **)&d.list, (size_t)batch * DEC_NKV * pages * 4));
+	CUDA_CHECK(cudaMemcpy(d.list, list, (size_t)batch * DEC_NKV * pages * 4,
+			      cudaMemcpyHostToDevice));
+	CUDA_CHECK(cudaMalloc((void **)&d.n_tok, batch * 4));
+	CUDA_CHECK(cudaMemcpy(d.n_tok, n_tok, batch * 4, cudaMemcpyHostToDevice));
+	d.ws_bytes = decode_attention_workspace_bytes(batch, DEC_NQ, DEC_NKV, DEC_D, pages);
+	d.ws = NULL;
+	if (d.ws_bytes)
+		CUDA_CHECK(cudaMalloc(&d.ws, d.ws_bytes));
+	float ms = 0;
+	int ret = time_ms(dec_run, &d, s, 200, &ms);
+	if (!ret) {
+		const double bytes = (double)n_slots * slot_bytes +
+				     2.0 * batch * DEC_NQ * DEC_D * 4; /* KV read, q in, out */
+		const double floor_ms = bytes / hbm_bytes_per_ms;
+		printf("decode_attention bf16 B=%d batch %d (splits %d): %8.2f us | floor %.2f MiB "
+		       "at HBM %.2f us | ratio %.2f\n",
+		       DEC_BUDGET, batch, decode_attention_splits(batch, DEC_NKV, pages), ms * 1e3,
+		       bytes / (1 << 20), floor_ms * 1e3, ms / floor_ms);
+	}
+	CUDA_CHECK(cudaFree(d.out));
+	CUDA_CHECK(cudaFree(d.q));
+	CUDA_CHECK(cudaFree(d.slots));
+	CUDA_CHECK(cudaFree(d.list));
+	CUDA_CHECK(cudaFree(d.n_tok));
+	CUDA_CHECK(cudaFree(d.ws));
+	free(list);
+	free(n_tok);
+	return ret;
+}
+
+int main(void)
+{
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+		fprintf(stderr, "bench_kernels: no CUDA device\n");
+		return 1;
+	}
+	struct cudaDeviceProp prop;
+	if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+		printf("device: %s, %d SMs, %.0f GiB\n", prop.name, prop.multiProcessorCount,
+		       prop.totalGlobalMem / 1073741824.0);
+	cudaStream_t s;
+	if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
+		return 1;
+	double hbm = 0;
+	int ret = bench_recall(s);
+	if (!ret)
+		ret = bench_hbm(s, &hbm);
+	const int batches[] = { 1, 4, 8 };
+	for (int i = 0; !ret && i < 3; i++)
+		ret = bench_decode(s, hbm, batches[i]);
+	cudaStreamDestroy(s);
+	if (ret)
+		fprintf(stderr, "bench_kernels: %s\n", strerror(-ret));
+	return ret ? 1 : 0;
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# bench/gpu/run.sh — everything GPU in one command, on a machine with a CUDA device:
+#   1. configure + build with FREEKV_CUDA=ON for sm_90 (H100/H200),
+#   2. ctest -L gpu (every kernel against its CPU twin),
+#   3. compute-sanitizer memcheck and racecheck on the retrieval kernels' tests,
+#   4. the kernel micro-benchmarks (bench_kernels: recall units vs one copy, decode attention
+#      vs its HBM floor).
+# Every step runs even when an earlier one failed; the summary lists each step's result and the
+# exit status is non-zero when any failed. Logs go to $OUT (default BUILD/gpu-run).
+# Usage: bench/gpu/run.sh [BUILD_DIR]   (default: build-gpu in the source tree)
+set -uo pipefail
+
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${1:-$SRC/build-gpu}
+OUT=${OUT:-$BUILD/gpu-run}
+JOBS=$(nproc)
+mkdir -p "$OUT"
+
+RETRIEVAL_TESTS=(test_kernel_kv_append test_kernel_page_summary test_kernel_page_score
+  test_kernel_topk test_kernel_qcos test_kernel_recall_scatter test_kernel_offload_gather
+  test_kernel_decode_attention)
+
+declare -a SUMMARY=()
+failed=0
+step() { # step NAME CMD... — runs CMD with its output in $OUT/NAME.log, records the result
+  local name=$1
+  shift
+  echo "== $name: $*"
+  if "$@" >"$OUT/$name.log" 2>&1; then
+    SUMMARY+=("ok    $name")
+  else
+    SUMMARY+=("FAIL  $name (rc $?, see $OUT/$name.log)")
+    failed=1
+    tail -n 40 "$OUT/$name.log"
+  fi
+}
+
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  echo "commit: $(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+    git -C "$SRC" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+    echo "nvidia-smi: not available"
+} | tee "$OUT/env.txt"
+
+if ! "$SRC/scripts/bootstrap.sh"; then
+  echo "run.sh: the Debian build dependencies are missing and could not be installed" >&2
+  exit 2
+fi
+
+step configure cmake -S "$SRC" -B "$BUILD" -DFREEKV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+step build cmake --build "$BUILD" -j "$JOBS"
+step ctest_gpu ctest --test-dir "$BUILD" -L gpu --output-on-failure
+
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for t in "${RETRIEVAL_TESTS[@]}"; do
+  step "memcheck_$t" "$SAN" --tool memcheck --leak-check full --error-exitcode 1 \
+    "$BUILD/tests/$t"
+  step "racecheck_$t" "$SAN" --tool racecheck --racecheck-report all --error-exitcode 1 \
+    "$BUILD/tests/$t"
+done
+
+step bench_kernels "$BUILD/bench/bench_kernels"
+cat "$OUT/bench_kernels.log"
+
+echo "== summary ($OUT)"
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
+exit $failed

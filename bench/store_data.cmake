@@ -1,0 +1,11 @@
+# bench/store_data.cmake — benchmarks of kvstored's data side. bench_tier compares the NVMe tier
+# with fio on the same file (fio must be installed when it runs); bench_pool compares pool block
+# copies with plain memcpy between private buffers.
+add_executable(bench_tier ${CMAKE_CURRENT_SOURCE_DIR}/bench_tier.c)
+freekv_target(bench_tier)
+target_compile_definitions(bench_tier PRIVATE FREEKV_BUILD_DIR="${PROJECT_BINARY_DIR}")
+target_link_libraries(bench_tier PRIVATE freekv_store_common PkgConfig::JSONC)
+
+add_executable(bench_pool ${CMAKE_CURRENT_SOURCE_DIR}/bench_pool.c)
+freekv_target(bench_pool)
+target_link_libraries(bench_pool PRIVATE freekv_store_common)

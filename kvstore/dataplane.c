@@ -1,0 +1,947 @@
+/* dataplane — ring ops, leases, demotion and promotion. See dataplane.h. */
+#include "dataplane.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pool.h"
+#include "ring.h"
+#include "tier.h"
+
+#define DP_MAX_LEASES (1u << 22)	/* per worker */
+#define DP_MAX_PAGES (1u << 24)		/* pages per layer of one sequence */
+#define DP_ALLOC_MAX 64u
+#define DP_RECALL_MAX 32u
+#define DP_POP_BATCH 64u
+
+enum { COOKIE_WRITE = 1, COOKIE_READ = 2 };
+
+struct dp_lease {
+	uint32_t block;	/* POOL_NO_BLOCK when the slot is free */
+	uint32_t gen;
+};
+
+/* A ring op that waits: an ALLOC for room, a RECALL for promotions. */
+struct dp_pending {
+	struct ring_entry e;
+	uint32_t blocks[DP_RECALL_MAX];
+	uint64_t lease_ids[DP_RECALL_MAX];	/* 0: not leased yet */
+	uint64_t t0_us;
+	struct dp_pending *next;
+};
+
+struct dp_worker {
+	uint32_t wid;
+	struct ring *ring;
+	struct dp_lease *leases;	/* (cap,) */
+	uint32_t *free_slots;		/* (cap,) stack of free lease slots */
+	uint32_t cap, n_free, n_leases;
+	struct dp_pending *pending;
+};
+
+struct dp {
+	const struct cfg *cfg;
+	struct seq_table *seqs;
+	struct pool *pool;
+	struct tier *tier;
+	int efd;			/* rings' shared doorbell eventfd */
+	struct dp_worker *w;		/* (max_workers,) slots with ring NULL are free */
+	size_t max_w;
+	uint64_t demoted, promoted, crc_errors, demoting;
+	struct dp_opstat ops[DP_N_OPS];
+	char ring_prefix[CFG_STR_MAX];
+};
+
+static void seterr(char *err, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !len)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, len, fmt, ap);
+	va_end(ap);
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen)
+{
+	struct dp *dp = calloc(1, sizeof *dp);
+	if (!dp)
+		return -ENOMEM;
+	dp->cfg = cfg;
+	dp->seqs = seqs;
+	dp->efd = -1;
+	dp->max_w = cfg->max_workers;
+	dp->w = calloc(dp->max_w, sizeof *dp->w);
+	int ret = -ENOMEM;
+	if (!dp->w)
+		goto fail;
+	struct pool_config pc = {
+		.shm_name = cfg->shm_name,
+		.hugetlbfs_dir = cfg->hugetlbfs_path,
+		.dram_bytes = cfg->dram_bytes,
+		.lock_memory = cfg->lock_memory,
+		.group = cfg->group,
+		.unlink_existing = true,
+	};
+	ret = pool_create(&pc, &dp->pool, err, errlen);
+	if (ret)
+		goto fail;
+	if (cfg->nvme_path[0]) {
+		struct tier_config tc = {
+			.path = cfg->nvme_path,
+			.bytes = cfg->nvme_bytes,
+			.queue_depth = (unsigned)cfg->io_queue_depth,
+			.reg_base = pool_base(dp->pool),
+			.reg_bytes = pool_bytes(dp->pool),
+		};
+		ret = tier_open(&tc, &dp->tier, err, errlen);
+		if (ret)
+			goto fail;
+	}
+	dp->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (dp->efd < 0) {
+		ret = -errno;
+		seterr(err, errlen, "eventfd: %s", strerror(-ret));
+		goto fail;
+	}
+	snprintf(dp->ring_prefix, sizeof dp->ring_prefix, "%s", cfg->shm_name);
+	*out = dp;
+	return 0;
+fail:
+	dp_shutdown(dp);
+	return ret;
+}
+
+const char *dp_pool_name(const struct dp *dp)
+{
+	return pool_name(dp->pool);
+}
+
+uint64_t dp_pool_bytes(const struct dp *dp)
+{
+	return pool_bytes(dp->pool);
+}
+
+static struct dp_worker *find_worker(const struct dp *dp, uint32_t wid)
+{
+	for (size_t i = 0; i < dp->max_w; i++)
+		if (dp->w[i].ring && dp->w[i].wid == wid)
+			return &dp->w[i];
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- completions */
+
+static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, int status, uint64_t t0)
+{
+	unsigned k = e->op >= RING_OP_ALLOC && e->op <= RING_OP_RELEASE ? e->op - 1 : DP_OP_INVALID;
+	dp->ops[k].calls++;
+	dp->ops[k].total_us += now_us() - t0;
+	e->status = status;
+	if (status) {
+		dp->ops[k].errors++;
+		e->n_payload = 0;
+	}
+	if (ring_push(w->ring, e, 1) != 1)
+		fprintf(stderr, "kvstored: worker %u: completion ring full, completion %" PRIu64 " dropped\n",
+			w->wid, e->user_data);
+}
+
+/* ---------------------------------------------------------------- leases */
+
+static int lease_add(struct dp *dp, struct dp_worker *w, uint32_t block, uint64_t *lease_id)
+{
+	if (!w->n_free) {
+		if (w->cap >= DP_MAX_LEASES)
+			return -ENOSPC;
+		uint32_t cap = w->cap ? w->cap * 2 : 256;
+		struct dp_lease *l = realloc(w->leases, cap * sizeof *l);
+		if (!l)
+			return -ENOMEM;
+		w->leases = l;
+		uint32_t *f = realloc(w->free_slots, cap * sizeof *f);
+		if (!f)
+			return -ENOMEM;
+		w->free_slots = f;
+		for (uint32_t i = cap; i > w->cap; i--) {
+			l[i - 1].block = POOL_NO_BLOCK;
+			l[i - 1].gen = 1;
+			f[w->n_free++] = i - 1;
+		}
+		w->cap = cap;
+	}
+	int ret = pool_block_lease(dp->pool, block);
+	if (ret)
+		return ret;
+	uint32_t slot = w->free_slots[--w->n_free];
+	w->leases[slot].block = block;
+	w->n_leases++;
+	*lease_id = (uint64_t)w->leases[slot].gen << 32 | slot;
+	return 0;
+}
+
+static struct dp_lease *lease_get(struct dp_worker *w, uint64_t lease_id)
+{
+	uint32_t slot = (uint32_t)lease_id, gen = (uint32_t)(lease_id >> 32);
+	if (slot >= w->cap || w->leases[slot].block == POOL_NO_BLOCK || w->leases[slot].gen != gen)
+		return NULL;
+	return &w->leases[slot];
+}
+
+static void lease_drop(struct dp *dp, struct dp_worker *w, struct dp_lease *l)
+{
+	pool_block_unlease(dp->pool, l->block);
+	l->block = POOL_NO_BLOCK;
+	l->gen++;
+	w->free_slots[w->n_free++] = (uint32_t)(l - w->leases);
+	w->n_leases--;
+}
+
+/* ---------------------------------------------------------------- demotion */
+
+static int rank_victim(void *ctx, const struct pool_block *b)
+{
+	struct dp *dp = ctx;
+	if (!b->committed)
+		return -1;
+	struct seq *s = seq_find(dp->seqs, b->seq_id);
+	return s && s->state == SEQ_ATTACHED ? 1 : 0;
+}
+
+static int demote_block(struct dp *dp, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(dp->pool, id);
+	uint64_t off;
+	int ret = tier_extent_alloc(dp->tier, b->bytes, &off);
+	if (ret)
+		return ret;
+	ret = pool_block_demote_begin(dp->pool, id, off);
+	if (!ret)
+		ret = tier_write(dp->tier, pool_block_data(dp->pool, id), off, b->bytes,
+				 (uint64_t)COOKIE_WRITE << 32 | id);
+	if (ret) {
+		if (b->tier == POOL_TIER_DEMOTING)
+			pool_block_demote_end(dp->pool, id, false, 0);
+		tier_extent_free(dp->tier, off, b->bytes);
+		return ret;
+	}
+	dp->demoting++;
+	return 0;
+}
+
+/* Demote until DRAM use is at most target bytes (counting writes already in flight). */
+static void demote_to(struct dp *dp, uint64_t target)
+{
+	struct pool_usage u;
+	uint32_t ids[256];
+	size_t n;
+	if (!dp->tier)
+		return;
+	pool_usage(dp->pool, &u);
+	uint64_t resident = u.blocks_dram + u.blocks_inflight;
+	uint64_t stride = resident ? u.dram_used_bytes / resident : 0;
+	if (!stride || u.dram_used_bytes <= target + dp->demoting * stride)
+		return;
+	uint64_t want = (u.dram_used_bytes - target - dp->demoting * stride + stride - 1) / stride;
+	while (want) {
+		size_t max = want < 256 ? want : 256;
+		if (pool_victims(dp->pool, rank_victim, dp, ids, max, &n) || !n)
+			return;
+		for (size_t i = 0; i < n; i++) {
+			if (demote_block(dp, ids[i]))
+				return; /* tier full or busy: try again on the next pass */
+		}
+		want -= n;
+		if (n < max)
+			return;
+	}
+}
+
+static void demote_watermark(struct dp *dp)
+{
+	struct pool_usage u;
+	pool_usage(dp->pool, &u);
+	uint64_t high = u.dram_bytes / 100 * dp->cfg->dram_high_watermark;
+	if (u.dram_used_bytes > high)
+		demote_to(dp, u.dram_bytes / 100 * dp->cfg->dram_low_watermark);
+}
+
+/* ---------------------------------------------------------------- ring ops */
+
+static struct seq *attached_seq(struct dp *dp, struct dp_worker *w, uint64_t seq_id)
+{
+	struct seq *s = seq_find(dp->seqs, seq_id);
+	return s && s->state == SEQ_ATTACHED && s->worker_id == w->wid ? s : NULL;
+}
+
+/* ALLOC: all pages or none. -EAGAIN means "wait for demotion". */
+static int op_alloc(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
+{
+	struct seq *s = attached_seq(dp, w, e->seq_id);
+	if (!s)
+		return -ENOENT;
+	if (e->layer >= s->geo.n_layers || e->count == 0 || e->count > DP_ALLOC_MAX ||
+	    e->first_page >= DP_MAX_PAGES || e->count > DP_MAX_PAGES - e->first_page)
+		return -EINVAL;
+	for (uint32_t i = 0; i < e->count; i++)
+		if (seq_block(s, e->layer, e->first_page + i) != SEQ_NO_BLOCK)
+			return -EEXIST;
+	unsigned cls;
+	int ret = pool_class(dp->pool, s->block_bytes, &cls);
+	if (ret)
+		return ret;
+	uint32_t ids[DP_ALLOC_MAX];
+	uint32_t i;
+	for (i = 0; i < e->count; i++) {
+		ret = pool_block_alloc(dp->pool, cls, &ids[i]);
+		if (ret)
+			break;
+		struct pool_block *b = pool_block_get(dp->pool, ids[i]);
+		b->seq_id = s->id;
+		b->layer = e->layer;
+		b->page = e->first_page + i;
+		b->user = w->wid;
+		b->committed = false;
+		b->refs = 1;
+		ret = seq_set_block(s, e->layer, e->first_page + i, ids[i]);
+		if (ret) {
+			pool_block_free(dp->pool, ids[i]);
+			break;
+		}
+		e->payload[i] = b->dram_off;
+	}
+	if (ret) {
+		while (i--) {
+			seq_set_block(s, e->layer, e->first_page + i, SEQ_NO_BLOCK);
+			pool_block_free(dp->pool, ids[i]);
+		}
+		return ret == -ENOSPC && dp->tier ? -EAGAIN : ret;
+	}
+	e->n_payload = e->count;
+	return 0;
+}
+
+static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
+{
+	struct seq *s = attached_seq(dp, w, e->seq_id);
+	uint32_t ids[RING_PAYLOAD_MAX];
+	if (!s)
+		return -ENOENT;
+	if (e->count != e->n_payload || e->count > RING_PAYLOAD_MAX)
+		return -EINVAL;
+	for (uint32_t i = 0; i < e->count; i++) {
+		if (pool_block_at(dp->pool, e->payload[i], &ids[i]))
+			return -EINVAL;
+		struct pool_block *b = pool_block_get(dp->pool, ids[i]);
+		if (b->seq_id != s->id || (!b->committed && b->user != w->wid))
+			return -EPERM;
+		if (b->tier != POOL_TIER_DRAM)
+			return -EBUSY;
+	}
+	if (e->committed_tokens > (uint64_t)s->n_pages * s->geo.page_size)
+		return -ERANGE;
+	for (uint32_t i = 0; i < e->count; i++) {
+		pool_block_set_committed(dp->pool, ids[i], true);
+		pool_block_touch(dp->pool, ids[i]);
+	}
+	s->committed_tokens = e->committed_tokens;
+	e->n_payload = 0;
+	return 0;
+}
+
+static void unlease_pending(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
+{
+	for (uint32_t i = 0; i < p->e.count; i++) {
+		struct dp_lease *l = p->lease_ids[i] ? lease_get(w, p->lease_ids[i]) : NULL;
+		if (l)
+			lease_drop(dp, w, l);
+		p->lease_ids[i] = 0;
+	}
+}
+
+/* Advance a RECALL: lease what is in DRAM, start promotions for what is on NVMe. 0 when all
+ * are leased, -EAGAIN while waiting, else an error (leases taken so far are dropped). */
+static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
+{
+	int waiting = 0, ret;
+	for (uint32_t i = 0; i < p->e.count; i++) {
+		if (p->lease_ids[i])
+			continue;
+		struct pool_block *b = pool_block_get(dp->pool, p->blocks[i]);
+		if (!b || b->seq_id != p->e.seq_id || b->layer != p->e.layer) {
+			ret = -ENOENT; /* dropped meanwhile */
+			goto fail;
+		}
+		switch (b->tier) {
+		case POOL_TIER_DRAM:
+			ret = lease_add(dp, w, p->blocks[i], &p->lease_ids[i]);
+			if (ret)
+				goto fail;
+			pool_block_touch(dp->pool, p->blocks[i]);
+			break;
+		case POOL_TIER_NVME: {
+			uint64_t off = b->nvme_off;
+			ret = pool_block_promote_begin(dp->pool, p->blocks[i]);
+			if (ret == -ENOSPC) {
+				demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+				if (!dp->demoting)
+					goto fail;
+				waiting = 1;
+				break;
+			}
+			if (ret)
+				goto fail;
+			ret = tier_read(dp->tier, pool_block_data(dp->pool, p->blocks[i]), off, b->bytes, b->crc,
+					(uint64_t)COOKIE_READ << 32 | p->blocks[i]);
+			if (ret) {
+				pool_block_promote_end(dp->pool, p->blocks[i], false);
+				if (ret == -EBUSY) {
+					waiting = 1;
+					break;
+				}
+				goto fail;
+			}
+			waiting = 1;
+			break;
+		}
+		default:	/* I/O in flight: wait for it */
+			waiting = 1;
+			break;
+		}
+	}
+	if (waiting)
+		return -EAGAIN;
+	for (uint32_t i = 0; i < p->e.count; i++) {
+		struct pool_block *b = pool_block_get(dp->pool, p->blocks[i]);
+		p->e.payload[2 * i] = b->dram_off;
+		p->e.payload[2 * i + 1] = p->lease_ids[i];
+	}
+	p->e.n_payload = 2 * p->e.count;
+	return 0;
+fail:
+	unlease_pending(dp, w, p);
+	return ret;
+}
+
+static int op_recall(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
+{
+	struct ring_entry *e = &p->e;
+	struct seq *s = attached_seq(dp, w, e->seq_id);
+	if (!s)
+		return -ENOENT;
+	if (e->layer >= s->geo.n_layers || e->count == 0 || e->count > DP_RECALL_MAX ||
+	    e->n_payload != 2 * e->count)
+		return -EINVAL;
+	uint64_t all_heads = s->geo.n_kv_heads >= 64 ? UINT64_MAX : (1ull << s->geo.n_kv_heads) - 1;
+	for (uint32_t i = 0; i < e->count; i++) {
+		uint64_t page = e->payload[2 * i], mask = e->payload[2 * i + 1];
+		if (page >= DP_MAX_PAGES || mask == 0 || (mask & ~all_heads))
+			return -EINVAL;
+		p->blocks[i] = seq_block(s, e->layer, (uint32_t)page);
+		if (p->blocks[i] == SEQ_NO_BLOCK)
+			return -ENOENT;
+		p->lease_ids[i] = 0;
+	}
+	if (!dp->tier) {
+		for (uint32_t i = 0; i < e->count; i++)
+			if (pool_block_get(dp->pool, p->blocks[i])->tier != POOL_TIER_DRAM)
+				return -EIO;
+	}
+	return recall_step(dp, w, p);
+}
+
+static int op_release(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
+{
+	if (e->count != e->n_payload || e->count == 0 || e->count > RING_PAYLOAD_MAX)
+		return -EINVAL;
+	for (uint32_t i = 0; i < e->count; i++) {
+		if (!lease_get(w, e->payload[i]))
+			return -EINVAL;
+		for (uint32_t j = 0; j < i; j++)
+			if (e->payload[j] == e->payload[i])
+				return -EINVAL;
+	}
+	for (uint32_t i = 0; i < e->count; i++)
+		lease_drop(dp, w, lease_get(w, e->payload[i]));
+	e->n_payload = 0;
+	return 0;
+}
+
+static void defer(struct dp_worker *w, struct dp_pending *p)
+{
+	struct dp_pending **pp = &w->pending;
+	while (*pp)
+		pp = &(*pp)->next;
+	p->next = NULL;
+	*pp = p;
+}
+
+static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_entry *in)
+{
+	struct dp_pending *p = calloc(1, sizeof *p);
+	struct ring_entry tmp;
+	int ret;
+	if (!p) {
+		tmp = *in;
+		complete(dp, w, &tmp, -ENOMEM, now_us());
+		return;
+	}
+	p->e = *in;
+	p->t0_us = now_us();
+	switch (in->op) {
+	case RING_OP_ALLOC:
+		ret = op_alloc(dp, w, &p->e);
+		if (ret == -EAGAIN) {
+			demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+			if (dp->demoting) {
+				defer(w, p);
+				return;
+			}
+			ret = -ENOSPC;
+		}
+		break;
+	case RING_OP_COMMIT:
+		ret = op_commit(dp, w, &p->e);
+		break;
+	case RING_OP_RECALL:
+		ret = op_recall(dp, w, p);
+		if (ret == -EAGAIN) {
+			defer(w, p);
+			return;
+		}
+		break;
+	case RING_OP_RELEASE:
+		ret = op_release(dp, w, &p->e);
+		break;
+	default:
+		ret = -EINVAL;
+		break;
+	}
+	complete(dp, w, &p->e, ret, p->t0_us);
+	free(p);
+}
+
+static void retry_pending(struct dp *dp, struct dp_worker *w)
+{
+	struct dp_pending **pp = &w->pending;
+	while (*pp) {
+		struct dp_pending *p = *pp;
+		int ret;
+		if (p->e.op == RING_OP_ALLOC) {
+			ret = op_alloc(dp, w, &p->e);
+			if (ret == -EAGAIN && !dp->demoting) {
+				demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+				if (!dp->demoting)
+					ret = -ENOSPC;
+			}
+		} else {
+			ret = recall_step(dp, w, p);
+		}
+		if (ret == -EAGAIN) {
+			pp = &p->next;
+			continue;
+		}
+		*pp = p->next;
+		complete(dp, w, &p->e, ret, p->t0_us);
+		free(p);
+	}
+}
+
+/* A promotion failed (checksum or I/O): every RECALL waiting for that block fails with it. */
+static void fail_recalls_of(struct dp *dp, uint32_t block, int status)
+{
+	for (size_t i = 0; i < dp->max_w; i++) {
+		struct dp_worker *w = &dp->w[i];
+		struct dp_pending **pp = &w->pending;
+		if (!w->ring)
+			continue;
+		while (*pp) {
+			struct dp_pending *p = *pp;
+			bool hit = false;
+			for (uint32_t k = 0; p->e.op == RING_OP_RECALL && k < p->e.count; k++)
+				hit |= p->blocks[k] == block;
+			if (!hit) {
+				pp = &p->next;
+				continue;
+			}
+			*pp = p->next;
+			unlease_pending(dp, w, p);
+			complete(dp, w, &p->e, status, p->t0_us);
+			free(p);
+		}
+	}
+}
+
+static void tier_done(void *ctx, const struct tier_result *r)
+{
+	struct dp *dp = ctx;
+	uint32_t id = (uint32_t)r->cookie;
+	struct pool_block *b = pool_block_get(dp->pool, id);
+	if (!b)
+		return;
+	if (r->cookie >> 32 == COOKIE_WRITE) {
+		dp->demoting--;
+		uint64_t off = b->nvme_off;
+		pool_block_demote_end(dp->pool, id, r->status == 0, r->crc);
+		if (r->status) {
+			tier_extent_free(dp->tier, off, b->bytes);
+			fprintf(stderr, "kvstored: demotion of block %u failed: %s\n", id, strerror(-r->status));
+		} else {
+			dp->demoted++;
+		}
+		return;
+	}
+	uint64_t off = b->nvme_off;
+	pool_block_promote_end(dp->pool, id, r->status == 0);
+	if (r->status == 0) {
+		tier_extent_free(dp->tier, off, b->bytes);
+		dp->promoted++;
+		return;
+	}
+	if (r->status == -EBADMSG)
+		dp->crc_errors++;
+	fail_recalls_of(dp, id, r->status);
+}
+
+/* ---------------------------------------------------------------- loop */
+
+size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
+{
+	size_t n = 0;
+	if (n < max && dp->efd >= 0)
+		fds[n++] = dp->efd;
+	if (n < max && dp->tier && tier_eventfd(dp->tier) >= 0)
+		fds[n++] = tier_eventfd(dp->tier);
+	return n;
+}
+
+int dp_poll_timeout(const struct dp *dp, int dflt)
+{
+	if (dp->tier && tier_pending(dp->tier) && tier_eventfd(dp->tier) < 0)
+		return 1;
+	return dflt;
+}
+
+void dp_run(struct dp *dp)
+{
+	uint64_t v;
+	struct ring_entry batch[DP_POP_BATCH];
+	if (read(dp->efd, &v, sizeof v) < 0 && errno != EAGAIN)
+		fprintf(stderr, "kvstored: eventfd read: %s\n", strerror(errno));
+	/* Completions reaped at the end of a pass can unblock waiting ops: go round again. */
+	for (int pass = 0; pass < 8; pass++) {
+		int progress = dp->tier ? tier_reap(dp->tier, tier_done, dp) : 0;
+		for (size_t i = 0; i < dp->max_w; i++) {
+			struct dp_worker *w = &dp->w[i];
+			if (!w->ring)
+				continue;
+			if (w->pending)
+				retry_pending(dp, w);
+			int n;
+			while ((n = ring_pop(w->ring, batch, DP_POP_BATCH)) > 0) {
+				progress += n;
+				for (int k = 0; k < n; k++)
+					serve_entry(dp, w, &batch[k]);
+			}
+			if (n < 0)
+				fprintf(stderr, "kvstored: worker %u: ring corrupted (%s)\n", w->wid, strerror(-n));
+		}
+		demote_watermark(dp);
+		if (dp->tier && tier_flush(dp->tier) > 0)
+			progress++;
+		if (progress <= 0)
+			break;
+	}
+}
+
+void dp_drain(struct dp *dp, int timeout_ms)
+{
+	uint64_t end = now_us() + (uint64_t)timeout_ms * 1000;
+	while (dp->tier && tier_pending(dp->tier) && now_us() < end) {
+		tier_flush(dp->tier);
+		tier_wait(dp->tier, 50, tier_done, dp);
+	}
+}
+
+/* ---------------------------------------------------------------- workers */
+
+int dp_worker_add(struct dp *dp, uint32_t wid, char *ring_name, size_t len, char *err, size_t errlen)
+{
+	struct dp_worker *w = NULL;
+	if (find_worker(dp, wid)) {
+		seterr(err, errlen, "worker %u already has a ring", wid);
+		return -EEXIST;
+	}
+	for (size_t i = 0; i < dp->max_w && !w; i++)
+		if (!dp->w[i].ring)
+			w = &dp->w[i];
+	if (!w) {
+		seterr(err, errlen, "max_workers rings in use");
+		return -ENOSPC;
+	}
+	snprintf(ring_name, len, "%s-ring-%u", dp->ring_prefix, wid);
+	struct ring_config rc = {
+		.shm_name = ring_name,
+		.entries = (uint32_t)dp->cfg->ring_entries,
+		.group = dp->cfg->group,
+		.unlink_existing = true,
+	};
+	memset(w, 0, sizeof *w);
+	int ret = ring_create(&rc, &w->ring, err, errlen);
+	if (ret)
+		return ret;
+	ret = ring_watch_start(w->ring, dp->efd);
+	if (ret) {
+		ring_destroy(w->ring);
+		w->ring = NULL;
+		seterr(err, errlen, "ring watch thread: %s", strerror(-ret));
+		return ret;
+	}
+	w->wid = wid;
+	return 0;
+}
+
+struct gone_ctx {
+	struct dp *dp;
+	uint32_t wid;
+	uint64_t seq_id;	/* 0: any sequence */
+	uint32_t ids[256];
+	size_t n;
+	bool more;
+};
+
+static int collect_uncommitted(void *ctx, uint32_t id, struct pool_block *b)
+{
+	struct gone_ctx *g = ctx;
+	if (!b->committed && b->user == g->wid && (!g->seq_id || b->seq_id == g->seq_id) && !b->leases) {
+		if (g->n == 256) {
+			g->more = true;
+			return 1;
+		}
+		g->ids[g->n++] = id;
+	}
+	return 0;
+}
+
+static void free_uncommitted(struct dp *dp, uint32_t wid, uint64_t seq_id)
+{
+	struct gone_ctx g = { .dp = dp, .wid = wid, .seq_id = seq_id };
+	do {
+		g.n = 0;
+		g.more = false;
+		pool_each(dp->pool, collect_uncommitted, &g);
+		for (size_t i = 0; i < g.n; i++) {
+			struct pool_block *b = pool_block_get(dp->pool, g.ids[i]);
+			struct seq *s = seq_find(dp->seqs, b->seq_id);
+			if (s && seq_block(s, b->layer, b->page) == g.ids[i])
+				seq_set_block(s, b->layer, b->page, SEQ_NO_BLOCK);
+			pool_block_free(dp->pool, g.ids[i]);
+		}
+	} while (g.more);
+}
+
+void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s)
+{
+	struct dp_worker *w = find_worker(dp, wid);
+	if (w) {
+		for (uint32_t i = 0; i < w->cap; i++) {
+			struct dp_lease *l = &w->leases[i];
+			if (l->block == POOL_NO_BLOCK)
+				continue;
+			struct pool_block *b = pool_block_get(dp->pool, l->block);
+			if (b && b->seq_id == s->id)
+				lease_drop(dp, w, l);
+		}
+	}
+	free_uncommitted(dp, wid, s->id);
+}
+
+void dp_worker_gone(struct dp *dp, uint32_t wid)
+{
+	struct dp_worker *w = find_worker(dp, wid);
+	if (!w)
+		return;
+	while (w->pending) {
+		struct dp_pending *p = w->pending;
+		w->pending = p->next;
+		if (p->e.op == RING_OP_RECALL)
+			unlease_pending(dp, w, p);
+		free(p);
+	}
+	for (uint32_t i = 0; i < w->cap; i++)
+		if (w->leases[i].block != POOL_NO_BLOCK)
+			lease_drop(dp, w, &w->leases[i]);
+	free_uncommitted(dp, wid, 0);
+	ring_destroy(w->ring);
+	free(w->leases);
+	free(w->free_slots);
+	memset(w, 0, sizeof *w);
+}
+
+uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid)
+{
+	struct dp_worker *w = find_worker(dp, wid);
+	return w ? w->n_leases : 0;
+}
+
+/* ---------------------------------------------------------------- sequences */
+
+int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen)
+{
+	*blocks = 0;
+	if (!dp->tier) {
+		seterr(err, errlen, "no NVMe tier configured (nvme_path is empty)");
+		return -ENODEV;
+	}
+	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
+		for (uint32_t p = 0; p < s->n_pages; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (!b || b->tier != POOL_TIER_DRAM || !b->committed || b->leases)
+				continue;
+			int ret = demote_block(dp, id);
+			if (ret == -ENOSPC && *blocks == 0) {
+				seterr(err, errlen, "NVMe tier full");
+				return ret;
+			}
+			if (ret)
+				goto out;
+			++*blocks;
+		}
+	}
+out:
+	tier_flush(dp->tier);
+	return 0;
+}
+
+int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen)
+{
+	*blocks = 0;
+	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
+		for (uint32_t p = 0; p < s->n_pages; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (b && (b->leases || (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))) {
+				seterr(err, errlen, "sequence '%s' has leased blocks or I/O in flight", s->name);
+				return -EBUSY;
+			}
+		}
+	}
+	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
+		for (uint32_t p = 0; p < s->n_pages; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (!b)
+				continue;
+			if (b->tier == POOL_TIER_NVME)
+				tier_extent_free(dp->tier, b->nvme_off, b->bytes);
+			pool_block_free(dp->pool, id);
+			seq_set_block(s, l, p, SEQ_NO_BLOCK);
+			++*blocks;
+		}
+	}
+	return 0;
+}
+
+void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u)
+{
+	memset(u, 0, sizeof *u);
+	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
+		for (uint32_t p = 0; p < s->n_pages; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (!b)
+				continue;
+			if (b->tier == POOL_TIER_DRAM)
+				u->dram++;
+			else if (b->tier == POOL_TIER_NVME)
+				u->nvme++;
+			else
+				u->in_flight++;
+			u->leases += b->leases;
+		}
+	}
+}
+
+void dp_stats(struct dp *dp, struct dp_stats *st)
+{
+	struct pool_usage pu;
+	memset(st, 0, sizeof *st);
+	pool_usage(dp->pool, &pu);
+	st->dram_bytes = pu.dram_bytes;
+	st->dram_used_bytes = pu.dram_used_bytes;
+	st->blocks_dram = pu.blocks_dram;
+	st->blocks_nvme = pu.blocks_nvme;
+	st->blocks_inflight = pu.blocks_inflight;
+	if (dp->tier) {
+		struct tier_usage tu;
+		tier_usage(dp->tier, &tu);
+		st->nvme_bytes = tu.bytes;
+		st->nvme_used_bytes = tu.used_bytes;
+		st->tier_pending = tier_pending(dp->tier);
+	}
+	st->demoted = dp->demoted;
+	st->promoted = dp->promoted;
+	st->crc_errors = dp->crc_errors;
+	for (size_t i = 0; i < dp->max_w; i++) {
+		if (!dp->w[i].ring)
+			continue;
+		st->leases += dp->w[i].n_leases;
+		for (struct dp_pending *p = dp->w[i].pending; p; p = p->next)
+			st->pending_ops++;
+	}
+	memcpy(st->ops, dp->ops, sizeof st->ops);
+}
+
+const char *dp_op_name(enum dp_opstat_kind k)
+{
+	static const char *const names[DP_N_OPS] = { "ALLOC", "COMMIT", "RECALL", "RELEASE", "INVALID" };
+	return k < DP_N_OPS ? names[k] : "?";
+}
+
+void dp_shutdown(struct dp *dp)
+{
+	if (!dp)
+		return;
+	/* Ops still waiting get a clear error before the rings go away. */
+	for (size_t i = 0; dp->w && i < dp->max_w; i++) {
+		struct dp_worker *w = &dp->w[i];
+		if (!w->ring)
+			continue;
+		while (w->pending) {
+			struct dp_pending *p = w->pending;
+			w->pending = p->next;
+			complete(dp, w, &p->e, -ESHUTDOWN, p->t0_us);
+			free(p);
+		}
+	}
+	dp_drain(dp, 2000);
+	for (size_t i = 0; dp->w && i < dp->max_w; i++) {
+		if (dp->w[i].ring) {
+			ring_destroy(dp->w[i].ring);
+			free(dp->w[i].leases);
+			free(dp->w[i].free_slots);
+		}
+	}
+	if (dp->tier)
+		tier_close(dp->tier);
+	pool_destroy(dp->pool);
+	if (dp->efd >= 0)
+		close(dp->efd);
+	free(dp->w);
+	free(dp);
+}

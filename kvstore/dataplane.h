@@ -1,0 +1,86 @@
+/* dataplane — kvstored's block operations: the pool, the NVMe tier and one ring per worker,
+ * driven from the daemon's single event loop.
+ *
+ * It serves the ring ops of ring.h (ALLOC, COMMIT, RECALL, RELEASE) for each registered worker
+ * and checks every sequence id, layer, page, offset and lease id a worker sends against that
+ * worker's own attachments, allocations and leases: a wrong one is an error completion, never
+ * another sequence's block. Leases are recorded per worker (lease id = generation << 32 | slot).
+ * A RECALL of NVMe-resident blocks promotes them through the tier and completes later; an ALLOC
+ * that finds the pool full waits while demotion makes room and fails with -ENOSPC only when
+ * nothing more can be demoted. Demotion runs between dram_high_watermark and dram_low_watermark
+ * (read live from the config), choosing unleased committed blocks, detached sequences first,
+ * then least recently used; its writes carry a crc32c that every promotion verifies.
+ *
+ * Ownership: dp_init creates the pool (named shared memory), opens the tier and owns both, the
+ * per-worker rings and lease tables; dp_shutdown drains in-flight I/O, destroys the rings and
+ * unlinks the pool. The config and the sequence table are borrowed: dp edits sequences' block
+ * maps and committed lengths but never frees a sequence. Not thread-safe. */
+#ifndef FREEKV_DATAPLANE_H
+#define FREEKV_DATAPLANE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "seq.h"
+
+struct dp;
+
+enum dp_opstat_kind { DP_OP_ALLOC = 0, DP_OP_COMMIT, DP_OP_RECALL, DP_OP_RELEASE, DP_OP_INVALID, DP_N_OPS };
+
+struct dp_opstat {
+	uint64_t calls, errors, total_us;
+};
+
+struct dp_stats {
+	uint64_t dram_bytes, dram_used_bytes, nvme_bytes, nvme_used_bytes;
+	uint64_t blocks_dram, blocks_nvme, blocks_inflight;
+	uint64_t demoted, promoted, crc_errors;
+	uint64_t leases, pending_ops, tier_pending;
+	struct dp_opstat ops[DP_N_OPS];
+};
+
+struct dp_seq_usage {
+	uint64_t dram, nvme, in_flight, leases;
+};
+
+int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen);
+void dp_shutdown(struct dp *dp);
+
+const char *dp_pool_name(const struct dp *dp);
+uint64_t dp_pool_bytes(const struct dp *dp);
+
+/* Creates worker wid's ring (name written to ring_name). -EEXIST for a known wid. */
+int dp_worker_add(struct dp *dp, uint32_t wid, char *ring_name, size_t len, char *err, size_t errlen);
+/* A worker left or died: pending ops are dropped, its leases released, the uncommitted blocks
+ * it allocated freed (and removed from their sequences), its ring destroyed. Unknown wid: no-op. */
+void dp_worker_gone(struct dp *dp, uint32_t wid);
+/* wid detaches seq (or closes it): its leases on seq's blocks are released and the blocks it
+ * allocated there but never committed are freed. */
+void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s);
+
+/* Descriptors for zmq_poll (the rings' shared eventfd, the tier's eventfd); returns how many. */
+size_t dp_pollfds(const struct dp *dp, int *fds, size_t max);
+/* One pass: serve every ring, reap tier completions, retry waiting ops, demote above the high
+ * watermark, submit I/O. Never blocks. */
+void dp_run(struct dp *dp);
+/* Milliseconds the event loop may sleep: 0 while I/O must be polled without an eventfd. */
+int dp_poll_timeout(const struct dp *dp, int dflt);
+
+/* Demote seq's unleased committed DRAM blocks to the tier. *blocks counts the writes started.
+ * -ENODEV without a tier; -ENOSPC when the tier is full before anything could start. */
+int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen);
+/* Free every block of seq (DRAM slots and NVMe extents). -EBUSY while one is leased or has I/O
+ * in flight (nothing is freed then). *blocks counts the blocks freed. */
+int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen);
+
+void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u);
+uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid);
+void dp_stats(struct dp *dp, struct dp_stats *st);
+const char *dp_op_name(enum dp_opstat_kind k);
+
+/* Wait up to timeout_ms for in-flight tier I/O to finish, completing what finishes (shutdown). */
+void dp_drain(struct dp *dp, int timeout_ms);
+
+#endif

@@ -1,0 +1,272 @@
+/* kvstored — the KV memory service: main only. Parses the command line, starts the modules
+ * (config, sequences, workers, data plane, control plane, sd_notify), runs the event loop and
+ * shuts the modules down in reverse order. See DESIGN.md §4. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "config.h"
+#include "dataplane.h"
+#include "rpc.h"
+#include "sdnotify.h"
+#include "seq.h"
+#include "workers.h"
+
+#define MAX_POLL 1100
+#define STATUS_EVERY_MS 1000
+#define LOOP_TICK_MS 100
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvstored [--config FILE] [--set KEY=VALUE]... [--print-config] [--foreground]\n"
+		   "  -c, --config FILE   read KEY = VALUE lines (# comments)\n"
+		   "  -s, --set K=V       override one key (after the file)\n"
+		   "  -p, --print-config  print the effective configuration and exit\n"
+		   "  -f, --foreground    run in the foreground (the only mode: systemd supervises)\n");
+}
+
+struct daemon_state {
+	struct cfg cfg;
+	const char *config_path;
+	struct seq_table seqs;
+	struct wk_registry workers;
+	struct dp *dp;
+	struct rpc_server rpc;
+	struct sdn sdn;
+	void *zctx;
+	int sigfd;
+};
+
+static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "set", required_argument, NULL, 's' },
+		{ "print-config", no_argument, NULL, 'p' },
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	char err[CFG_ERR_MAX];
+	int o;
+	/* 0 to run, 1 after --help, -EINVAL on bad usage. The file first, then every --set, whatever their order on the command line. */
+	while ((o = getopt_long(argc, argv, "c:s:pfh", opts, NULL)) != -1) {
+		switch (o) {
+		case 'c': d->config_path = optarg; break;
+		case 's': break;
+		case 'p': *print = true; break;
+		case 'f': break;
+		case 'h': usage(stdout); return 1;
+		default: usage(stderr); return -EINVAL;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvstored: unexpected argument '%s'\n", argv[optind]);
+		return -EINVAL;
+	}
+	if (d->config_path && cfg_load_file(&d->cfg, d->config_path, false, err, sizeof err)) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		return -EINVAL;
+	}
+	optind = 1;
+	while ((o = getopt_long(argc, argv, "c:s:pfh", opts, NULL)) != -1) {
+		if (o == 's' && cfg_set_arg(&d->cfg, optarg, err, sizeof err)) {
+			fprintf(stderr, "kvstored: --set %s: %s\n", optarg, err);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static void reap_workers(struct daemon_state *d)
+{
+	uint32_t ids[64];
+	size_t n = wk_reap(&d->workers, now_ms(), d->cfg.heartbeat_timeout_ms, ids, 64);
+	for (size_t i = 0; i < n; i++) {
+		struct wk_worker *w = wk_find(&d->workers, ids[i]);
+		dp_worker_gone(d->dp, ids[i]);
+		size_t orphaned = seq_orphan_worker(&d->seqs, ids[i]);
+		if (d->cfg.log_level >= CFG_LOG_INFO || orphaned)
+			fprintf(stderr, "kvstored: worker %u (pid %u) gone; %zu sequence(s) orphaned\n", ids[i],
+				w->pid, orphaned);
+		wk_remove(&d->workers, ids[i]);
+	}
+}
+
+static void reload(struct daemon_state *d)
+{
+	char err[CFG_ERR_MAX];
+	if (!d->config_path) {
+		fprintf(stderr, "kvstored: SIGHUP: no --config file to reload\n");
+		return;
+	}
+	if (cfg_load_file(&d->cfg, d->config_path, true, err, sizeof err))
+		fprintf(stderr, "kvstored: SIGHUP reload refused, configuration unchanged: %s\n", err);
+	else
+		fprintf(stderr, "kvstored: reloaded run-time keys from %s\n", d->config_path);
+}
+
+static void send_status(struct daemon_state *d)
+{
+	struct dp_stats st;
+	dp_stats(d->dp, &st);
+	sdn_send(&d->sdn, "STATUS=%u workers, %zu sequences, DRAM %" PRIu64 "/%" PRIu64 " MiB, NVMe %" PRIu64
+		 "/%" PRIu64 " MiB",
+		 (unsigned)d->workers.n, d->seqs.n, st.dram_used_bytes >> 20, st.dram_bytes >> 20,
+		 st.nvme_used_bytes >> 20, st.nvme_bytes >> 20);
+}
+
+/* Returns when SIGTERM or SIGINT arrives. */
+static void event_loop(struct daemon_state *d)
+{
+	zmq_pollitem_t items[MAX_POLL];
+	int fds[8];
+	uint32_t ids[1024];
+	uint64_t wd_ms = sdn_watchdog_ms(&d->sdn), last_wd = now_ms(), last_status = 0;
+	for (;;) {
+		size_t n = 0;
+		items[n++] = (zmq_pollitem_t){ .socket = d->rpc.sock, .events = ZMQ_POLLIN };
+		items[n++] = (zmq_pollitem_t){ .fd = d->sigfd, .events = ZMQ_POLLIN };
+		size_t nd = dp_pollfds(d->dp, fds, 8);
+		for (size_t i = 0; i < nd; i++)
+			items[n++] = (zmq_pollitem_t){ .fd = fds[i], .events = ZMQ_POLLIN };
+		int pidfds[1024];
+		size_t np = wk_pidfds(&d->workers, pidfds, ids, MAX_POLL - n < 1024 ? MAX_POLL - n : 1024);
+		for (size_t i = 0; i < np; i++)
+			items[n++] = (zmq_pollitem_t){ .fd = pidfds[i], .events = ZMQ_POLLIN };
+
+		int timeout = dp_poll_timeout(d->dp, LOOP_TICK_MS);
+		if (zmq_poll(items, (int)n, timeout) < 0 && errno != EINTR) {
+			fprintf(stderr, "kvstored: zmq_poll: %s\n", zmq_strerror(errno));
+			return;
+		}
+		if (items[1].revents & ZMQ_POLLIN) {
+			struct signalfd_siginfo si;
+			bool stop = false;
+			while (read(d->sigfd, &si, sizeof si) == sizeof si) {
+				if (si.ssi_signo == SIGHUP)
+					reload(d);
+				else
+					stop = true;
+			}
+			if (stop)
+				return;
+		}
+		rpc_serve(&d->rpc, 256);
+		dp_run(d->dp);
+		reap_workers(d);
+
+		uint64_t t = now_ms();
+		if (wd_ms && t - last_wd >= wd_ms) {
+			sdn_send(&d->sdn, "WATCHDOG=1");
+			last_wd = t;
+		}
+		if (t - last_status >= STATUS_EVERY_MS) {
+			send_status(d);
+			last_status = t;
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static struct daemon_state d;
+	char err[512];
+	bool print = false;
+	int ret, rc = 1;
+
+	cfg_defaults(&d.cfg);
+	d.sigfd = -1;
+	if ((ret = parse_args(&d, argc, argv, &print)))
+		return ret > 0 ? 0 : 2;
+	if (cfg_validate(&d.cfg, err, sizeof err)) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		return 2;
+	}
+	if (print) {
+		cfg_print(&d.cfg, stdout);
+		return 0;
+	}
+
+	sigset_t mask;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	d.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (d.sigfd < 0) {
+		fprintf(stderr, "kvstored: signalfd: %s\n", strerror(errno));
+		return 1;
+	}
+	if ((ret = sdn_init(&d.sdn))) {
+		fprintf(stderr, "kvstored: NOTIFY_SOCKET: %s\n", strerror(-ret));
+		goto out_sig;
+	}
+	if ((ret = seq_table_init(&d.seqs, d.cfg.max_sequences)))
+		goto out_sdn;
+	if ((ret = wk_init(&d.workers, d.cfg.max_workers))) {
+		fprintf(stderr, "kvstored: workers: %s\n", strerror(-ret));
+		goto out_seq;
+	}
+	err[0] = '\0';
+	if ((ret = dp_init(&d.dp, &d.cfg, &d.seqs, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", err[0] ? err : strerror(-ret));
+		goto out_wk;
+	}
+	d.zctx = zmq_ctx_new();
+	if (!d.zctx) {
+		fprintf(stderr, "kvstored: zmq_ctx_new: %s\n", zmq_strerror(errno));
+		goto out_dp;
+	}
+	struct rpc_ctx rctx = {
+		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp,
+		.start_ms = now_ms(), .now_ms = now_ms,
+	};
+	if ((ret = rpc_init(&d.rpc, d.zctx, &rctx, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		goto out_zmq;
+	}
+	fprintf(stderr, "kvstored: serving %s, pool %s (%" PRIu64 " MiB), tier %s\n", d.cfg.endpoint,
+		dp_pool_name(d.dp), dp_pool_bytes(d.dp) >> 20, d.cfg.nvme_path[0] ? d.cfg.nvme_path : "none");
+	sdn_send(&d.sdn, "READY=1");
+	send_status(&d);
+
+	event_loop(&d);
+	rc = 0;
+
+	fprintf(stderr, "kvstored: stopping\n");
+	sdn_send(&d.sdn, "STOPPING=1");
+	rpc_notify_shutdown(&d.rpc);
+	rpc_shutdown(&d.rpc);
+out_zmq:
+	zmq_ctx_term(d.zctx);
+out_dp:
+	dp_shutdown(d.dp);
+out_wk:
+	wk_shutdown(&d.workers);
+out_seq:
+	seq_table_shutdown(&d.seqs);
+out_sdn:
+	sdn_shutdown(&d.sdn);
+out_sig:
+	close(d.sigfd);
+	return rc;
+}

@@ -1,0 +1,757 @@
+/* pool — the shared-memory DRAM pool and its daemon-private block metadata. See pool.h. */
+#include "pool.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "slab.h"
+
+#define POOL_CHUNK 4096u /* descriptors per chunk; chunks never move */
+#define POOL_MAX_IDS (1u << 30)
+
+struct pool {
+	char name[NAME_MAX + 1];
+	char huge_dir[PATH_MAX];
+	void *base;
+	uint64_t bytes;
+	int fd;
+	bool locked;
+	struct slab_alloc *slab;
+	struct pool_block **chunks;
+	uint32_t n_chunks;
+	uint32_t next_id;     /* ids below this have been handed out at least once */
+	uint32_t *free_ids;
+	uint32_t n_free_ids, cap_free_ids;
+	uint64_t clock;
+	struct pool_usage u;  /* kept exact by every state change */
+};
+
+static void set_err(char *err, size_t len, const char *fmt, ...)
+{
+	if (!err || len == 0)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, len, fmt, ap);
+	va_end(ap);
+}
+
+/* ---------------------------------------------------------------- segments */
+
+/* A POSIX shm name: "/x" with no other '/', at most NAME_MAX bytes after the slash. */
+static int check_name(const char *name)
+{
+	if (!name || name[0] != '/' || name[1] == '\0')
+		return -EINVAL;
+	if (strchr(name + 1, '/') || strlen(name + 1) > NAME_MAX - 1)
+		return -EINVAL;
+	if (strcmp(name + 1, ".") == 0 || strcmp(name + 1, "..") == 0)
+		return -EINVAL;
+	return 0;
+}
+
+static bool use_huge(const char *dir)
+{
+	return dir && dir[0] != '\0';
+}
+
+static int huge_path(char *buf, size_t len, const char *dir, const char *name)
+{
+	int n = snprintf(buf, len, "%s/%s", dir, name + 1);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+static int seg_open(const char *name, const char *dir, int flags, mode_t mode)
+{
+	if (use_huge(dir)) {
+		char path[PATH_MAX];
+		int ret = huge_path(path, sizeof path, dir, name);
+		if (ret < 0)
+			return ret;
+		int fd = open(path, flags | O_CLOEXEC, mode);
+		return fd < 0 ? -errno : fd;
+	}
+	int fd = shm_open(name, flags, mode);
+	return fd < 0 ? -errno : fd;
+}
+
+int pool_segment_unlink(const char *name, const char *dir)
+{
+	if (check_name(name) < 0)
+		return -EINVAL;
+	if (use_huge(dir)) {
+		char path[PATH_MAX];
+		int ret = huge_path(path, sizeof path, dir, name);
+		if (ret < 0)
+			return ret;
+		return unlink(path) < 0 ? -errno : 0;
+	}
+	return shm_unlink(name) < 0 ? -errno : 0;
+}
+
+static int set_group(int fd, const char *group, char *err, size_t err_len)
+{
+	struct group gr, *res = NULL;
+	char buf[4096];
+	int ret = getgrnam_r(group, &gr, buf, sizeof buf, &res);
+	if (ret != 0 || !res) {
+		set_err(err, err_len, "group '%s' not found", group);
+		return -EINVAL;
+	}
+	if (fchown(fd, (uid_t)-1, gr.gr_gid) < 0) {
+		ret = -errno;
+		set_err(err, err_len, "chown to group '%s' failed: %s", group, strerror(-ret));
+		return ret;
+	}
+	return 0;
+}
+
+int pool_segment_create(const struct pool_segment_config *cfg, void **base, int *fd_out,
+			char *err, size_t err_len)
+{
+	*base = NULL;
+	*fd_out = -1;
+	if (check_name(cfg->name) < 0) {
+		set_err(err, err_len, "bad shared-memory name '%s' (want \"/name\", no other '/')",
+			cfg->name ? cfg->name : "(null)");
+		return -EINVAL;
+	}
+	if (cfg->bytes == 0 || cfg->bytes > (uint64_t)SSIZE_MAX) {
+		set_err(err, err_len, "bad segment size %llu", (unsigned long long)cfg->bytes);
+		return -EINVAL;
+	}
+	mode_t mode = cfg->mode ? cfg->mode : 0660;
+	int fd = seg_open(cfg->name, cfg->hugetlbfs_dir, O_RDWR | O_CREAT | O_EXCL, mode);
+	if (fd == -EEXIST && cfg->unlink_existing) {
+		pool_segment_unlink(cfg->name, cfg->hugetlbfs_dir);
+		fd = seg_open(cfg->name, cfg->hugetlbfs_dir, O_RDWR | O_CREAT | O_EXCL, mode);
+	}
+	if (fd < 0) {
+		if (fd == -EEXIST)
+			set_err(err, err_len,
+				"shared memory '%s' exists (another kvstored, or a stale segment: "
+				"remove it or set unlink_existing)", cfg->name);
+		else
+			set_err(err, err_len, "cannot create shared memory '%s'%s%s: %s", cfg->name,
+				use_huge(cfg->hugetlbfs_dir) ? " in " : "",
+				use_huge(cfg->hugetlbfs_dir) ? cfg->hugetlbfs_dir : "", strerror(-fd));
+		return fd;
+	}
+	int ret = 0;
+	if (fchmod(fd, mode) < 0) { /* the umask may have masked group bits */
+		ret = -errno;
+		set_err(err, err_len, "chmod of '%s' failed: %s", cfg->name, strerror(-ret));
+		goto fail;
+	}
+	if (cfg->group && cfg->group[0] && (ret = set_group(fd, cfg->group, err, err_len)) < 0)
+		goto fail;
+	/* Reserve the memory now: a sparse segment on a too-small /dev/shm would SIGBUS later. */
+	if (fallocate(fd, 0, 0, (off_t)cfg->bytes) < 0) {
+		ret = -errno;
+		if (ret == -EOPNOTSUPP && ftruncate(fd, (off_t)cfg->bytes) == 0) {
+			ret = 0;
+		} else {
+			set_err(err, err_len, "cannot reserve %llu bytes for '%s': %s",
+				(unsigned long long)cfg->bytes, cfg->name, strerror(-ret));
+			goto fail;
+		}
+	}
+	void *m = mmap(NULL, cfg->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		ret = -errno;
+		set_err(err, err_len, "mmap of '%s' failed: %s", cfg->name, strerror(-ret));
+		goto fail;
+	}
+	*base = m;
+	*fd_out = fd;
+	return 0;
+fail:
+	close(fd);
+	pool_segment_unlink(cfg->name, cfg->hugetlbfs_dir);
+	return ret;
+}
+
+int pool_segment_map(const char *name, const char *dir, uint64_t expected_bytes, void **base,
+		     uint64_t *bytes, int *fd_out, char *err, size_t err_len)
+{
+	*base = NULL;
+	*fd_out = -1;
+	if (check_name(name) < 0) {
+		set_err(err, err_len, "bad shared-memory name '%s'", name ? name : "(null)");
+		return -EINVAL;
+	}
+	int fd = seg_open(name, dir, O_RDWR, 0);
+	if (fd < 0) {
+		set_err(err, err_len, "cannot open shared memory '%s': %s", name, strerror(-fd));
+		return fd;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		int ret = -errno;
+		close(fd);
+		set_err(err, err_len, "fstat of '%s' failed: %s", name, strerror(-ret));
+		return ret;
+	}
+	uint64_t size = (uint64_t)st.st_size;
+	if (size == 0 || (expected_bytes && size != expected_bytes)) {
+		close(fd);
+		set_err(err, err_len, "shared memory '%s' is %llu bytes, expected %llu", name,
+			(unsigned long long)size, (unsigned long long)expected_bytes);
+		return -EMSGSIZE;
+	}
+	void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		int ret = -errno;
+		close(fd);
+		set_err(err, err_len, "mmap of '%s' failed: %s", name, strerror(-ret));
+		return ret;
+	}
+	*base = m;
+	*bytes = size;
+	*fd_out = fd;
+	return 0;
+}
+
+void pool_segment_unmap(void *base, uint64_t bytes, int fd)
+{
+	if (base)
+		munmap(base, bytes);
+	if (fd >= 0)
+		close(fd);
+}
+
+/* ---------------------------------------------------------------- creator side */
+
+int pool_create(const struct pool_config *cfg, struct pool **out, char *err, size_t err_len)
+{
+	*out = NULL;
+	struct pool *p = calloc(1, sizeof *p);
+	if (!p) {
+		set_err(err, err_len, "out of memory");
+		return -ENOMEM;
+	}
+	p->fd = -1;
+	if (cfg->shm_name && strlen(cfg->shm_name) < sizeof p->name)
+		strcpy(p->name, cfg->shm_name);
+	if (use_huge(cfg->hugetlbfs_dir)) {
+		if (strlen(cfg->hugetlbfs_dir) >= sizeof p->huge_dir) {
+			free(p);
+			set_err(err, err_len, "hugetlbfs path too long");
+			return -ENAMETOOLONG;
+		}
+		strcpy(p->huge_dir, cfg->hugetlbfs_dir);
+	}
+	int ret = slab_init(&p->slab, cfg->dram_bytes, cfg->slab_unit_bytes);
+	if (ret < 0) {
+		set_err(err, err_len, "dram_bytes %llu is smaller than one slab unit or the unit is "
+			"not a multiple of 4096", (unsigned long long)cfg->dram_bytes);
+		free(p);
+		return ret;
+	}
+	struct pool_segment_config sc = {
+		.name = cfg->shm_name,
+		.hugetlbfs_dir = cfg->hugetlbfs_dir,
+		.bytes = cfg->dram_bytes,
+		.mode = cfg->mode,
+		.group = cfg->group,
+		.unlink_existing = cfg->unlink_existing,
+	};
+	ret = pool_segment_create(&sc, &p->base, &p->fd, err, err_len);
+	if (ret < 0) {
+		slab_shutdown(p->slab);
+		free(p);
+		return ret;
+	}
+	p->bytes = cfg->dram_bytes;
+	if (cfg->lock_memory) {
+		if (mlock(p->base, p->bytes) < 0) {
+			ret = -errno;
+			set_err(err, err_len,
+				"cannot lock %llu bytes of pool memory (%s): raise the memlock limit "
+				"(LimitMEMLOCK=infinity in the unit, or ulimit -l unlimited) or set "
+				"lock_memory=false to run without locking",
+				(unsigned long long)p->bytes, strerror(-ret));
+			pool_segment_unmap(p->base, p->bytes, p->fd);
+			pool_segment_unlink(p->name, p->huge_dir);
+			slab_shutdown(p->slab);
+			free(p);
+			return ret;
+		}
+		p->locked = true;
+	}
+	p->u.dram_bytes = p->bytes;
+	p->u.locked = p->locked;
+	*out = p;
+	return 0;
+}
+
+void pool_destroy(struct pool *p)
+{
+	if (!p)
+		return;
+	if (p->locked)
+		munlock(p->base, p->bytes);
+	pool_segment_unmap(p->base, p->bytes, p->fd);
+	pool_segment_unlink(p->name, p->huge_dir);
+	for (uint32_t i = 0; i < p->n_chunks; i++)
+		free(p->chunks[i]);
+	free(p->chunks);
+	free(p->free_ids);
+	slab_shutdown(p->slab);
+	free(p);
+}
+
+void *pool_base(const struct pool *p)
+{
+	return p->base;
+}
+
+uint64_t pool_bytes(const struct pool *p)
+{
+	return p->bytes;
+}
+
+int pool_fd(const struct pool *p)
+{
+	return p->fd;
+}
+
+const char *pool_name(const struct pool *p)
+{
+	return p->name;
+}
+
+uint64_t pool_block_bytes(uint32_t n_kv, uint32_t page, uint32_t head_dim, uint32_t dtype_size)
+{
+	/* Each factor is < 2^32, so every partial product below fits in 64 bits. */
+	uint64_t b = (uint64_t)n_kv * 2u;
+	b *= page;
+	if (b > UINT32_MAX)
+		return 0;
+	b *= head_dim;
+	if (b > UINT32_MAX)
+		return 0;
+	b *= dtype_size;
+	return b > UINT32_MAX ? 0 : b;
+}
+
+int pool_class(struct pool *p, uint64_t block_bytes, unsigned *cls)
+{
+	if (block_bytes > UINT32_MAX)
+		return -EINVAL;
+	return slab_class_get(p->slab, block_bytes, cls);
+}
+
+/* ---------------------------------------------------------------- descriptors */
+
+static struct pool_block *desc(const struct pool *p, uint32_t id)
+{
+	if (id >= p->next_id)
+		return NULL;
+	return &p->chunks[id / POOL_CHUNK][id % POOL_CHUNK];
+}
+
+struct pool_block *pool_block_get(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = desc(p, id);
+	return b && b->tier != POOL_TIER_FREE ? b : NULL;
+}
+
+static int desc_new(struct pool *p, uint32_t *id)
+{
+	if (p->n_free_ids) {
+		*id = p->free_ids[--p->n_free_ids];
+		return 0;
+	}
+	if (p->next_id == POOL_MAX_IDS)
+		return -ENOSPC;
+	if (p->next_id % POOL_CHUNK == 0 && p->next_id / POOL_CHUNK == p->n_chunks) {
+		struct pool_block **nc = realloc(p->chunks, sizeof *nc * (p->n_chunks + 1));
+		if (!nc)
+			return -ENOMEM;
+		p->chunks = nc;
+		nc[p->n_chunks] = calloc(POOL_CHUNK, sizeof **nc);
+		if (!nc[p->n_chunks])
+			return -ENOMEM;
+		p->n_chunks++;
+	}
+	/* Keep the free-id stack able to hold every id ever handed out, so freeing never fails. */
+	if (p->cap_free_ids < p->next_id + 1) {
+		uint32_t cap = p->cap_free_ids ? p->cap_free_ids * 2 : 1024;
+		uint32_t *nf = realloc(p->free_ids, sizeof *nf * cap);
+		if (!nf)
+			return -ENOMEM;
+		p->free_ids = nf;
+		p->cap_free_ids = cap;
+	}
+	*id = p->next_id++;
+	return 0;
+}
+
+static void count_tier(struct pool *p, uint8_t tier, int delta)
+{
+	switch (tier) {
+	case POOL_TIER_DRAM:
+		p->u.blocks_dram += (uint64_t)(int64_t)delta;
+		break;
+	case POOL_TIER_NVME:
+		p->u.blocks_nvme += (uint64_t)(int64_t)delta;
+		break;
+	case POOL_TIER_DEMOTING:
+	case POOL_TIER_PROMOTING:
+		p->u.blocks_inflight += (uint64_t)(int64_t)delta;
+		break;
+	default:
+		break;
+	}
+}
+
+static void set_tier(struct pool *p, struct pool_block *b, uint8_t tier)
+{
+	count_tier(p, b->tier, -1);
+	b->tier = tier;
+	count_tier(p, tier, +1);
+}
+
+static uint64_t class_stride(const struct pool *p, unsigned cls)
+{
+	struct slab_class_info ci;
+	int ret = slab_class_info(p->slab, cls, &ci);
+	assert(ret == 0);
+	(void)ret;
+	return ci.stride;
+}
+
+/* Gets a DRAM slot for descriptor id. */
+static int slot_alloc(struct pool *p, uint32_t id, unsigned cls, uint64_t *off)
+{
+	int ret = slab_alloc(p->slab, cls, off);
+	if (ret < 0)
+		return ret;
+	ret = slab_set_tag(p->slab, *off, id);
+	assert(ret == 0);
+	p->u.dram_used_bytes += class_stride(p, cls);
+	return 0;
+}
+
+static void slot_free(struct pool *p, struct pool_block *b)
+{
+	int ret = slab_free(p->slab, b->dram_off);
+	assert(ret == 0);
+	(void)ret;
+	p->u.dram_used_bytes -= class_stride(p, b->cls);
+	b->dram_off = POOL_NO_OFFSET;
+}
+
+int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id_out)
+{
+	struct slab_class_info ci;
+	if (slab_class_info(p->slab, cls, &ci) < 0)
+		return -EINVAL;
+	uint32_t id;
+	int ret = desc_new(p, &id);
+	if (ret < 0)
+		return ret;
+	uint64_t off;
+	ret = slot_alloc(p, id, cls, &off);
+	if (ret < 0) {
+		p->free_ids[p->n_free_ids++] = id;
+		return ret;
+	}
+	struct pool_block *b = desc(p, id);
+	memset(b, 0, sizeof *b);
+	b->dram_off = off;
+	b->nvme_off = POOL_NO_OFFSET;
+	b->bytes = (uint32_t)ci.block_bytes;
+	b->cls = (uint16_t)cls;
+	b->lru = ++p->clock;
+	b->tier = POOL_TIER_FREE;
+	set_tier(p, b, POOL_TIER_DRAM);
+	p->u.blocks++;
+	*id_out = id;
+	return 0;
+}
+
+int pool_block_free(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b)
+		return -EINVAL;
+	if (b->leases || b->tier == POOL_TIER_DEMOTING || b->tier == POOL_TIER_PROMOTING)
+		return -EBUSY;
+	if (b->dram_off != POOL_NO_OFFSET)
+		slot_free(p, b);
+	if (b->committed)
+		p->u.blocks_committed--;
+	set_tier(p, b, POOL_TIER_FREE);
+	b->committed = false;
+	p->u.blocks--;
+	p->free_ids[p->n_free_ids++] = id;
+	return 0;
+}
+
+void *pool_block_data(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->dram_off == POOL_NO_OFFSET)
+		return NULL;
+	return (char *)p->base + b->dram_off;
+}
+
+int pool_block_at(const struct pool *p, uint64_t off, uint32_t *id)
+{
+	if (off >= p->bytes)
+		return -ERANGE;
+	int ret = slab_get_tag(p->slab, off, id);
+	if (ret < 0)
+		return ret;
+	/* A slot in use always belongs to a live descriptor that points back at it. */
+	assert(desc(p, *id) && desc(p, *id)->dram_off == off);
+	return 0;
+}
+
+void pool_block_touch(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (b)
+		b->lru = ++p->clock;
+}
+
+int pool_block_lease(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->leases == UINT32_MAX)
+		return -EINVAL;
+	if (b->leases++ == 0)
+		p->u.blocks_leased++;
+	return 0;
+}
+
+int pool_block_unlease(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->leases == 0)
+		return -EINVAL;
+	if (--b->leases == 0)
+		p->u.blocks_leased--;
+	return 0;
+}
+
+int pool_block_set_committed(struct pool *p, uint32_t id, bool committed)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b)
+		return -EINVAL;
+	if (b->committed != committed) {
+		if (committed)
+			p->u.blocks_committed++;
+		else
+			p->u.blocks_committed--;
+	}
+	b->committed = committed;
+	return 0;
+}
+
+int pool_block_demote_begin(struct pool *p, uint32_t id, uint64_t nvme_off)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_DRAM || nvme_off == POOL_NO_OFFSET)
+		return -EINVAL;
+	if (b->leases)
+		return -EBUSY;
+	b->nvme_off = nvme_off;
+	set_tier(p, b, POOL_TIER_DEMOTING);
+	return 0;
+}
+
+int pool_block_demote_end(struct pool *p, uint32_t id, bool ok, uint32_t crc)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_DEMOTING)
+		return -EINVAL;
+	if (ok) {
+		slot_free(p, b);
+		b->crc = crc;
+		b->has_crc = true;
+		set_tier(p, b, POOL_TIER_NVME);
+	} else {
+		b->nvme_off = POOL_NO_OFFSET;
+		set_tier(p, b, POOL_TIER_DRAM);
+	}
+	return 0;
+}
+
+int pool_block_promote_begin(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_NVME)
+		return -EINVAL;
+	uint64_t off;
+	int ret = slot_alloc(p, id, b->cls, &off);
+	if (ret < 0)
+		return ret;
+	b->dram_off = off;
+	set_tier(p, b, POOL_TIER_PROMOTING);
+	return 0;
+}
+
+int pool_block_promote_end(struct pool *p, uint32_t id, bool ok)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_PROMOTING)
+		return -EINVAL;
+	if (ok) {
+		b->nvme_off = POOL_NO_OFFSET;
+		b->lru = ++p->clock;
+		set_tier(p, b, POOL_TIER_DRAM);
+	} else {
+		slot_free(p, b);
+		set_tier(p, b, POOL_TIER_NVME);
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------- victims */
+
+struct victim {
+	int rank;
+	uint64_t lru;
+	uint32_t id;
+};
+
+static bool victim_less(const struct victim *a, const struct victim *b)
+{
+	if (a->rank != b->rank)
+		return a->rank < b->rank;
+	if (a->lru != b->lru)
+		return a->lru < b->lru;
+	return a->id < b->id;
+}
+
+/* Max-heap on victim_less: the root is the worst of the best `max` seen so far. */
+static void heap_down(struct victim *h, size_t n, size_t i)
+{
+	for (;;) {
+		size_t l = 2 * i + 1, r = l + 1, m = i;
+		if (l < n && victim_less(&h[m], &h[l]))
+			m = l;
+		if (r < n && victim_less(&h[m], &h[r]))
+			m = r;
+		if (m == i)
+			return;
+		struct victim t = h[i];
+		h[i] = h[m];
+		h[m] = t;
+		i = m;
+	}
+}
+
+static void heap_up(struct victim *h, size_t i)
+{
+	while (i > 0) {
+		size_t parent = (i - 1) / 2;
+		if (!victim_less(&h[parent], &h[i]))
+			return;
+		struct victim t = h[i];
+		h[i] = h[parent];
+		h[parent] = t;
+		i = parent;
+	}
+}
+
+int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, size_t max,
+		 size_t *n_out)
+{
+	*n_out = 0;
+	if (max == 0)
+		return 0;
+	struct victim *h = malloc(sizeof *h * max);
+	if (!h)
+		return -ENOMEM;
+	size_t n = 0;
+	for (uint32_t id = 0; id < p->next_id; id++) {
+		const struct pool_block *b = desc(p, id);
+		if (b->tier != POOL_TIER_DRAM || b->leases)
+			continue;
+		int r = rank(ctx, b);
+		if (r < 0)
+			continue;
+		struct victim v = { r, b->lru, id };
+		if (n < max) {
+			h[n] = v;
+			heap_up(h, n++);
+		} else if (victim_less(&v, &h[0])) {
+			h[0] = v;
+			heap_down(h, n, 0);
+		}
+	}
+	/* Heap sort: repeatedly move the largest to the end. */
+	for (size_t end = n; end > 1; end--) {
+		struct victim t = h[0];
+		h[0] = h[end - 1];
+		h[end - 1] = t;
+		heap_down(h, end - 1, 0);
+	}
+	for (size_t i = 0; i < n; i++)
+		ids[i] = h[i].id;
+	free(h);
+	*n_out = n;
+	return 0;
+}
+
+int pool_each(struct pool *p, pool_each_fn fn, void *ctx)
+{
+	for (uint32_t id = 0; id < p->next_id; id++) {
+		struct pool_block *b = desc(p, id);
+		if (b->tier == POOL_TIER_FREE)
+			continue;
+		int ret = fn(ctx, id, b);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+void pool_usage(const struct pool *p, struct pool_usage *u)
+{
+	*u = p->u;
+	u->slabs = 0;
+	u->classes = slab_class_count(p->slab);
+	uint64_t free_bytes = slab_free_units(p->slab) * slab_unit_bytes(p->slab);
+	for (unsigned c = 0; c < u->classes; c++) {
+		struct slab_class_info ci;
+		slab_class_info(p->slab, c, &ci);
+		u->slabs += ci.slabs;
+		free_bytes += ci.free * ci.stride;
+	}
+	u->dram_free_bytes = free_bytes;
+}
+
+/* ---------------------------------------------------------------- mapper side */
+
+int pool_map(const char *shm_name, const char *hugetlbfs_dir, uint64_t expected_bytes,
+	     struct pool_map *m, char *err, size_t err_len)
+{
+	memset(m, 0, sizeof *m);
+	m->fd = -1;
+	return pool_segment_map(shm_name, hugetlbfs_dir, expected_bytes, &m->base, &m->bytes,
+				&m->fd, err, err_len);
+}
+
+void pool_unmap(struct pool_map *m)
+{
+	pool_segment_unmap(m->base, m->bytes, m->fd);
+	m->base = NULL;
+	m->bytes = 0;
+	m->fd = -1;
+}

@@ -1,0 +1,203 @@
+/* pool — kvstored's DRAM pool: a named shared-memory segment holding every page block, and the
+ * daemon-private metadata of those blocks.
+ *
+ * Creator side (kvstored): pool_create makes the segment (POSIX shm under /dev/shm, or a file in
+ * a hugetlbfs directory), mode 0660 with an optional group, reserves its memory (fallocate, so a
+ * too-small /dev/shm is an error now and not a SIGBUS later), maps it and optionally mlocks it.
+ * The segment is carved by slab.c into one slab class per block size. Each block in use has a
+ * descriptor (struct pool_block) kept in daemon heap memory, NEVER in the shared segment: a
+ * worker can scribble on block bytes but not on who owns them. A descriptor outlives the DRAM
+ * copy of its block: when the block is demoted to the NVMe tier the DRAM slot is released and the
+ * descriptor records the NVMe extent instead. pool_destroy unmaps and unlinks the segment.
+ *
+ * Mapper side (kvstore client, kvworker): pool_map opens an existing segment by name read-write,
+ * checks its size, maps it; pool_unmap unmaps (never unlinks).
+ *
+ * The segment helpers (pool_segment_*) are shared with ring.c, which makes its per-worker ring
+ * segments the same way.
+ *
+ * Ownership: pool_create allocates struct pool and everything behind it; pool_destroy frees it.
+ * Pointers returned by pool_block_get stay valid until that block is freed (descriptors live in
+ * fixed chunks that never move). Not thread-safe: the daemon's event loop owns the pool.
+ * Functions that take char *err write a one-line human message there on failure (err may be
+ * NULL). */
+#ifndef FREEKV_POOL_H
+#define FREEKV_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define POOL_ERR_LEN 256u
+#define POOL_NO_BLOCK UINT32_MAX
+#define POOL_NO_OFFSET UINT64_MAX
+
+/* ---------------------------------------------------------------- shared-memory segments */
+
+struct pool_segment_config {
+	const char *name;          /* "/freekv-pool" style: one leading '/', no other '/' */
+	const char *hugetlbfs_dir; /* NULL or "": POSIX shm; else a file <dir>/<name> */
+	uint64_t bytes;
+	mode_t mode;               /* 0 means 0660 */
+	const char *group;         /* NULL or "": keep the creator's group */
+	bool unlink_existing;      /* replace a stale segment of that name instead of -EEXIST */
+};
+
+/* Creates, sizes (fallocate), chmods/chowns and maps a segment read-write. On success *base and
+ * *fd are the mapping and an open descriptor (caller closes/unmaps via pool_segment_unmap).
+ * -EEXIST when the name exists and !unlink_existing; -ENOSPC when the backing file system
+ * cannot hold bytes; -EINVAL for a bad name. On failure nothing is left behind. */
+int pool_segment_create(const struct pool_segment_config *cfg, void **base, int *fd, char *err,
+			size_t err_len);
+
+/* Opens an existing segment read-write and maps it. expected_bytes 0 accepts any size (the size
+ * is returned in *bytes); otherwise a different size is -EMSGSIZE. -ENOENT when absent. */
+int pool_segment_map(const char *name, const char *hugetlbfs_dir, uint64_t expected_bytes,
+		     void **base, uint64_t *bytes, int *fd, char *err, size_t err_len);
+void pool_segment_unmap(void *base, uint64_t bytes, int fd);
+/* Removes the name (shm_unlink, or unlink in the hugetlbfs dir). 0 or -errno. */
+int pool_segment_unlink(const char *name, const char *hugetlbfs_dir);
+
+/* ---------------------------------------------------------------- the pool (creator side) */
+
+struct pool_config {
+	const char *shm_name;
+	const char *hugetlbfs_dir;  /* optional */
+	uint64_t dram_bytes;        /* segment size; whole slab units of it are used */
+	bool lock_memory;           /* mlock the mapping; failure is an error naming LimitMEMLOCK= */
+	const char *group;          /* optional */
+	mode_t mode;                /* 0 means 0660 */
+	uint64_t slab_unit_bytes;   /* 0: SLAB_UNIT_DEFAULT */
+	bool unlink_existing;
+};
+
+enum pool_tier {
+	POOL_TIER_FREE = 0,   /* descriptor unused */
+	POOL_TIER_DRAM,       /* bytes at dram_off */
+	POOL_TIER_NVME,       /* bytes at nvme_off only */
+	POOL_TIER_DEMOTING,   /* write DRAM -> NVMe in flight: both offsets valid, DRAM authoritative */
+	POOL_TIER_PROMOTING,  /* read NVMe -> DRAM in flight: both offsets valid, NVMe authoritative */
+};
+
+/* Block descriptor. The caller (daemon) may write the owner fields (seq_id, layer, page, refs,
+ * crc/has_crc, user) directly; tier, locations, leases, committed and lru change only through
+ * the pool_block_* functions below so the usage counters stay exact. */
+struct pool_block {
+	uint64_t seq_id;        /* owning sequence */
+	uint32_t layer;
+	uint32_t page;
+	uint64_t dram_off;      /* POOL_NO_OFFSET when not in DRAM */
+	uint64_t nvme_off;      /* POOL_NO_OFFSET when no NVMe extent */
+	uint64_t lru;           /* pool clock at the last touch; smaller = colder */
+	uint64_t user;          /* free for the daemon (e.g. owning worker id) */
+	uint32_t bytes;         /* block size (the class's block_bytes) */
+	uint32_t leases;        /* a leased block is never moved */
+	uint32_t refs;          /* sequences sharing this block */
+	uint32_t crc;           /* crc32c of the block bytes, valid when has_crc */
+	uint16_t cls;           /* slab class */
+	uint8_t tier;           /* enum pool_tier */
+	bool committed;
+	bool has_crc;
+};
+
+struct pool_usage {
+	uint64_t dram_bytes;       /* segment size */
+	uint64_t dram_used_bytes;  /* bytes of DRAM slots in use (strides) */
+	uint64_t dram_free_bytes;  /* what more blocks could still get, over all units */
+	uint64_t blocks;           /* descriptors in use */
+	uint64_t blocks_dram;
+	uint64_t blocks_nvme;
+	uint64_t blocks_inflight;  /* DEMOTING + PROMOTING */
+	uint64_t blocks_leased;
+	uint64_t blocks_committed;
+	uint64_t slabs;
+	unsigned classes;
+	bool locked;               /* the mapping is mlocked */
+};
+
+struct pool;
+
+/* Creates the segment, maps and (when lock_memory) locks it, sets up the slab classes' range.
+ * Errors: those of pool_segment_create; -ENOMEM / -EPERM / -EAGAIN from mlock with a message
+ * that names LimitMEMLOCK= / ulimit -l and lock_memory=false. */
+int pool_create(const struct pool_config *cfg, struct pool **out, char *err, size_t err_len);
+/* Unmaps, unlinks the segment, frees all metadata. NULL is fine. */
+void pool_destroy(struct pool *p);
+
+void *pool_base(const struct pool *p);
+uint64_t pool_bytes(const struct pool *p);
+int pool_fd(const struct pool *p);
+const char *pool_name(const struct pool *p);
+
+/* Bytes of one page block [n_kv][2][p][d]; 0 when any factor is 0 or it overflows 32 bits. */
+uint64_t pool_block_bytes(uint32_t n_kv, uint32_t page, uint32_t head_dim, uint32_t dtype_size);
+
+/* Class for a block size (added on first use); see slab_class_get. */
+int pool_class(struct pool *p, uint64_t block_bytes, unsigned *cls);
+
+/* Allocates a DRAM block of class cls and a descriptor for it (tier DRAM, zero owner fields,
+ * touched). *id names it until pool_block_free. -ENOSPC when DRAM is full (demote, then retry). */
+int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id);
+/* Frees the descriptor and its DRAM slot, if any. The caller frees the NVMe extent (tier.h)
+ * first. -EINVAL for an unknown id, -EBUSY for a leased or in-flight block. */
+int pool_block_free(struct pool *p, uint32_t id);
+
+/* Descriptor of a live block, or NULL for an unknown / freed id. */
+struct pool_block *pool_block_get(struct pool *p, uint32_t id);
+/* Pointer to the DRAM bytes of a block, NULL when it has none. */
+void *pool_block_data(struct pool *p, uint32_t id);
+
+/* Maps a pool offset (e.g. one a worker sent) to its block. -ERANGE outside the pool, -EINVAL
+ * when off is not the start of a block in use. */
+int pool_block_at(const struct pool *p, uint64_t off, uint32_t *id);
+
+void pool_block_touch(struct pool *p, uint32_t id);
+/* +1 / -1 lease. -EINVAL unknown id or unlease of an unleased block. */
+int pool_block_lease(struct pool *p, uint32_t id);
+int pool_block_unlease(struct pool *p, uint32_t id);
+/* Sets committed (counted in pool_usage). */
+int pool_block_set_committed(struct pool *p, uint32_t id, bool committed);
+
+/* Demotion, in two steps around the NVMe write (tier.h):
+ *   begin: DRAM -> DEMOTING, records nvme_off (an extent the caller allocated). -EBUSY leased.
+ *   end ok: DEMOTING -> NVME, releases the DRAM slot, records crc.
+ *   end failed: DEMOTING -> DRAM, forgets nvme_off (the caller frees the extent). */
+int pool_block_demote_begin(struct pool *p, uint32_t id, uint64_t nvme_off);
+int pool_block_demote_end(struct pool *p, uint32_t id, bool ok, uint32_t crc);
+/* Promotion: begin: NVME -> PROMOTING, allocates a DRAM slot (-ENOSPC when none);
+ *   end ok: PROMOTING -> DRAM, forgets nvme_off (the caller frees the extent);
+ *   end failed: PROMOTING -> NVME, releases the DRAM slot. */
+int pool_block_promote_begin(struct pool *p, uint32_t id);
+int pool_block_promote_end(struct pool *p, uint32_t id, bool ok);
+
+/* Victim scan for demotion. rank(ctx, b) is called for every DRAM-resident, unleased block and
+ * returns -1 to skip it, else a rank (0 = most preferred). Up to max ids are written to ids in
+ * (rank, lru) order; *n gets the count. The daemon ranks unleased committed blocks of detached
+ * sequences 0, other committed blocks 1, and skips uncommitted ones. */
+typedef int (*pool_rank_fn)(void *ctx, const struct pool_block *b);
+int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, size_t max,
+		 size_t *n);
+
+/* Calls fn for every live block (id order); stops early when fn returns non-zero and returns
+ * that value. Used by the daemon to drop a dead worker's blocks. */
+typedef int (*pool_each_fn)(void *ctx, uint32_t id, struct pool_block *b);
+int pool_each(struct pool *p, pool_each_fn fn, void *ctx);
+
+void pool_usage(const struct pool *p, struct pool_usage *u);
+
+/* ---------------------------------------------------------------- mapper side */
+
+struct pool_map {
+	void *base;
+	uint64_t bytes;
+	int fd;
+};
+
+/* Maps an existing pool read-write (expected_bytes 0: any size). -ENOENT no such pool,
+ * -EMSGSIZE size mismatch, -EACCES not in the pool's group. */
+int pool_map(const char *shm_name, const char *hugetlbfs_dir, uint64_t expected_bytes,
+	     struct pool_map *m, char *err, size_t err_len);
+void pool_unmap(struct pool_map *m);
+
+#endif

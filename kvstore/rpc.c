@@ -1,0 +1,800 @@
+/* rpc — control plane: socket, codec, handler table. See rpc.h. */
+#include "rpc.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "proto/kvstore.pb-c.h"
+
+#define RPC_MAX_FRAMES 4
+
+/* Per-request scratch: every reply sub-message is carved from here and freed at once. */
+struct arena_chunk {
+	struct arena_chunk *next;
+	max_align_t data[];
+};
+
+struct call {
+	struct rpc_server *s;
+	const Freekv__Request *req;
+	Freekv__Reply *rep;
+	struct wk_worker *w;	/* the welcomed caller, or NULL */
+	const void *ident;
+	size_t ident_len;
+	char err[RPC_ERR_MAX];
+	struct arena_chunk *chunks;
+};
+
+static void *ca(struct call *c, size_t n)
+{
+	struct arena_chunk *k = calloc(1, sizeof *k + n);
+	if (!k)
+		return NULL;
+	k->next = c->chunks;
+	c->chunks = k;
+	return k->data;
+}
+
+static void arena_free(struct call *c)
+{
+	while (c->chunks) {
+		struct arena_chunk *k = c->chunks;
+		c->chunks = k->next;
+		free(k);
+	}
+}
+
+static int fail(struct call *c, int status, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof c->err, fmt, ap);
+	va_end(ap);
+	return status;
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+#define NEW(c, T, INIT) ({ T *p_ = ca((c), sizeof(T)); if (p_) *p_ = (T)INIT; p_; })
+
+/* ---------------------------------------------------------------- reply builders */
+
+static Freekv__SequenceInfo *seq_info(struct call *c, const struct seq *s, bool tokens)
+{
+	Freekv__SequenceInfo *i = NEW(c, Freekv__SequenceInfo, FREEKV__SEQUENCE_INFO__INIT);
+	Freekv__Geometry *g = NEW(c, Freekv__Geometry, FREEKV__GEOMETRY__INIT);
+	Freekv__TierPages *tp = NEW(c, Freekv__TierPages, FREEKV__TIER_PAGES__INIT);
+	if (!i || !g || !tp)
+		return NULL;
+	struct dp_seq_usage u;
+	dp_seq_usage(c->s->ctx.dp, s, &u);
+	g->n_layers = s->geo.n_layers;
+	g->n_kv_heads = s->geo.n_kv_heads;
+	g->head_dim = s->geo.head_dim;
+	g->page_size = s->geo.page_size;
+	g->dtype = (Freekv__DType)s->geo.dtype;
+	tp->dram = u.dram;
+	tp->nvme = u.nvme;
+	tp->in_flight = u.in_flight;
+	i->seq_id = s->id;
+	i->name = (char *)s->name;
+	i->state = (Freekv__SequenceState)s->state;
+	i->geometry = g;
+	i->committed_tokens = s->committed_tokens;
+	i->pages = tp;
+	i->leases = u.leases;
+	if (s->worker_id) {
+		i->has_worker_id = true;
+		i->worker_id = s->worker_id;
+	}
+	i->model_fingerprint.data = (uint8_t *)s->fp;
+	i->model_fingerprint.len = s->fp_len;
+	i->block_bytes = s->block_bytes;
+	if (tokens) {
+		i->n_token_ids = s->n_tokens;
+		i->token_ids = s->tokens;
+	}
+	return i;
+}
+
+static int reply_seq(struct call *c, const struct seq *s, bool tokens)
+{
+	c->rep->sequence = seq_info(c, s, tokens);
+	if (!c->rep->sequence)
+		return -ENOMEM;
+	c->rep->body_case = FREEKV__REPLY__BODY_SEQUENCE;
+	return 0;
+}
+
+static int reply_ack(struct call *c)
+{
+	c->rep->ack = NEW(c, Freekv__Empty, FREEKV__EMPTY__INIT);
+	c->rep->body_case = FREEKV__REPLY__BODY_ACK;
+	return c->rep->ack ? 0 : -ENOMEM;
+}
+
+static int reply_evicted(struct call *c, uint64_t seqs, uint64_t blocks)
+{
+	Freekv__EvictReply *e = NEW(c, Freekv__EvictReply, FREEKV__EVICT_REPLY__INIT);
+	if (!e)
+		return -ENOMEM;
+	e->sequences = seqs;
+	e->blocks = blocks;
+	c->rep->evicted = e;
+	c->rep->body_case = FREEKV__REPLY__BODY_EVICTED;
+	return 0;
+}
+
+/* The sequence named by id (when nonzero) or name. */
+static struct seq *lookup(struct call *c, bool has_id, uint64_t id, const char *name)
+{
+	struct seq *s = NULL;
+	if (has_id && id)
+		s = seq_find(c->s->ctx.seqs, id);
+	else if (name)
+		s = seq_find_name(c->s->ctx.seqs, name);
+	if (!s) {
+		if (has_id && id)
+			fail(c, 0, "no sequence with id %" PRIu64, id);
+		else
+			fail(c, 0, "no sequence '%s'", name ? name : "");
+	}
+	return s;
+}
+
+/* ---------------------------------------------------------------- handlers */
+
+static int h_hello(struct call *c)
+{
+	const Freekv__Hello *h = c->req->hello;
+	struct rpc_ctx *x = &c->s->ctx;
+	if (h->role != FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER && h->role != FREEKV__CLIENT_ROLE__CLIENT_ROLE_CONTROL)
+		return fail(c, -EINVAL, "unknown client role %d", h->role);
+	for (size_t i = 0; i < x->workers->max; i++) {
+		struct wk_worker *o = &x->workers->v[i];
+		if (o->id && !o->dead && o->ident_len == c->ident_len && !memcmp(o->ident, c->ident, c->ident_len))
+			return fail(c, -EALREADY, "this connection is already worker %u", o->id);
+	}
+	struct wk_worker *w;
+	int ret = wk_add(x->workers, h->pid, (enum wk_role)h->role, h->name, c->ident, c->ident_len, x->now_ms(), &w);
+	if (ret == -ESRCH)
+		return fail(c, ret, "pid %u does not exist", h->pid);
+	if (ret == -ENOSPC)
+		return fail(c, ret, "max_workers (%zu) clients registered", x->workers->max);
+	if (ret)
+		return fail(c, ret, "cannot register: %s", strerror(-ret));
+	Freekv__Welcome *wel = NEW(c, Freekv__Welcome, FREEKV__WELCOME__INIT);
+	char *ring = ca(c, CFG_STR_MAX);
+	if (!wel || !ring) {
+		wk_remove(x->workers, w->id);
+		return -ENOMEM;
+	}
+	if (h->role == FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER) {
+		ret = dp_worker_add(x->dp, w->id, ring, CFG_STR_MAX, c->err, sizeof c->err);
+		if (ret) {
+			wk_remove(x->workers, w->id);
+			return ret;
+		}
+		wel->ring_name = ring;
+	}
+	wel->worker_id = w->id;
+	wel->pool_name = (char *)dp_pool_name(x->dp);
+	wel->pool_bytes = dp_pool_bytes(x->dp);
+	wel->ring_entries = (uint32_t)x->cfg->ring_entries;
+	wel->heartbeat_ms = (uint32_t)(x->cfg->heartbeat_timeout_ms / 3);
+	if (x->cfg->hugetlbfs_path[0])
+		wel->hugetlbfs_path = x->cfg->hugetlbfs_path;
+	c->rep->welcome = wel;
+	c->rep->body_case = FREEKV__REPLY__BODY_WELCOME;
+	return 0;
+}
+
+static int h_heartbeat(struct call *c)
+{
+	const Freekv__Heartbeat *h = c->req->heartbeat;
+	if (h->worker_id != c->w->id)
+		return fail(c, -EPERM, "heartbeat for worker %u from worker %u", h->worker_id, c->w->id);
+	if (h->stats) {
+		struct wk_stats *st = &c->w->stats;
+		st->has = true;
+		st->decode_tok_s = h->stats->decode_tok_s;
+		st->tokens_decoded = h->stats->tokens_decoded;
+		st->pages_recalled = h->stats->pages_recalled;
+		st->bytes_recalled = h->stats->bytes_recalled;
+		st->correction_rate = h->stats->correction_rate;
+	}
+	return reply_ack(c);
+}
+
+static int h_open(struct call *c)
+{
+	const Freekv__OpenSequence *o = c->req->open_sequence;
+	struct rpc_ctx *x = &c->s->ctx;
+	struct seq_geometry g = {
+		o->geometry->n_layers, o->geometry->n_kv_heads, o->geometry->head_dim,
+		o->geometry->page_size, (uint32_t)o->geometry->dtype,
+	};
+	struct seq *s;
+	bool created;
+	int ret = seq_open(x->seqs, o->name, o->model_fingerprint.data, o->model_fingerprint.len, &g,
+			   o->token_ids, o->n_token_ids, x->cfg->max_tokens, o->create, &s, &created, c->err,
+			   sizeof c->err);
+	if (ret)
+		return ret;
+	return reply_seq(c, s, false);
+}
+
+static int h_attach(struct call *c)
+{
+	struct seq *s = lookup(c, true, c->req->attach->seq_id, NULL);
+	if (!s)
+		return -ENOENT;
+	if (c->w->role != WK_ROLE_WORKER)
+		return fail(c, -EPERM, "only workers attach sequences");
+	int ret = seq_attach(s, c->w->id, c->err, sizeof c->err);
+	if (ret)
+		return ret;
+	return reply_seq(c, s, true);
+}
+
+static int h_detach(struct call *c)
+{
+	struct seq *s = lookup(c, true, c->req->detach->seq_id, NULL);
+	if (!s)
+		return -ENOENT;
+	int ret = seq_detach(s, c->w->id, c->err, sizeof c->err);
+	if (ret)
+		return ret;
+	dp_worker_detach(c->s->ctx.dp, c->w->id, s);
+	return reply_ack(c);
+}
+
+static int h_close(struct call *c)
+{
+	const Freekv__CloseSequence *cl = c->req->close_sequence;
+	struct rpc_ctx *x = &c->s->ctx;
+	struct seq *s = lookup(c, true, cl->seq_id, NULL);
+	uint64_t blocks;
+	if (!s)
+		return -ENOENT;
+	if (s->state == SEQ_ATTACHED) {
+		if (!c->w || s->worker_id != c->w->id)
+			return fail(c, -EBUSY, "sequence '%s' is attached to worker %u", s->name, s->worker_id);
+		dp_worker_detach(x->dp, c->w->id, s);
+		seq_detach(s, c->w->id, NULL, 0);
+	}
+	if (!cl->drop)
+		return reply_ack(c);
+	int ret = dp_drop_seq(x->dp, s, &blocks, c->err, sizeof c->err);
+	if (ret)
+		return ret;
+	seq_remove(x->seqs, s);
+	return reply_evicted(c, 1, blocks);
+}
+
+static int h_list_sequences(struct call *c)
+{
+	struct seq_table *t = c->s->ctx.seqs;
+	Freekv__SequenceList *l = NEW(c, Freekv__SequenceList, FREEKV__SEQUENCE_LIST__INIT);
+	if (!l || !(l->sequences = ca(c, (t->n + 1) * sizeof *l->sequences)))
+		return -ENOMEM;
+	for (size_t i = 0; i < t->n; i++)
+		if (!(l->sequences[l->n_sequences++] = seq_info(c, t->v[i], false)))
+			return -ENOMEM;
+	c->rep->sequences = l;
+	c->rep->body_case = FREEKV__REPLY__BODY_SEQUENCES;
+	return 0;
+}
+
+static int h_show_sequence(struct call *c)
+{
+	const Freekv__ShowSequence *sh = c->req->show_sequence;
+	struct seq *s = lookup(c, sh->has_seq_id, sh->seq_id, sh->name);
+	if (!s)
+		return -ENOENT;
+	return reply_seq(c, s, sh->with_tokens);
+}
+
+static int h_list_workers(struct call *c)
+{
+	struct rpc_ctx *x = &c->s->ctx;
+	struct wk_registry *r = x->workers;
+	Freekv__WorkerList *l = NEW(c, Freekv__WorkerList, FREEKV__WORKER_LIST__INIT);
+	if (!l || !(l->workers = ca(c, (r->max + 1) * sizeof *l->workers)))
+		return -ENOMEM;
+	uint64_t now = x->now_ms();
+	for (size_t i = 0; i < r->max; i++) {
+		struct wk_worker *w = &r->v[i];
+		if (!w->id)
+			continue;
+		Freekv__WorkerInfo *wi = NEW(c, Freekv__WorkerInfo, FREEKV__WORKER_INFO__INIT);
+		if (!wi)
+			return -ENOMEM;
+		wi->worker_id = w->id;
+		wi->pid = w->pid;
+		wi->role = (Freekv__ClientRole)w->role;
+		wi->name = w->name;
+		wi->leases = dp_worker_leases(x->dp, w->id);
+		for (size_t k = 0; k < x->seqs->n; k++)
+			wi->sequences += x->seqs->v[k]->state == SEQ_ATTACHED && x->seqs->v[k]->worker_id == w->id;
+		wi->last_heartbeat_ms_ago = now - w->last_heartbeat_ms;
+		if (w->stats.has) {
+			Freekv__WorkerStats *st = NEW(c, Freekv__WorkerStats, FREEKV__WORKER_STATS__INIT);
+			if (!st)
+				return -ENOMEM;
+			st->has_decode_tok_s = st->has_tokens_decoded = st->has_pages_recalled = true;
+			st->has_bytes_recalled = st->has_correction_rate = true;
+			st->decode_tok_s = w->stats.decode_tok_s;
+			st->tokens_decoded = w->stats.tokens_decoded;
+			st->pages_recalled = w->stats.pages_recalled;
+			st->bytes_recalled = w->stats.bytes_recalled;
+			st->correction_rate = w->stats.correction_rate;
+			wi->stats = st;
+		}
+		l->workers[l->n_workers++] = wi;
+	}
+	c->rep->workers = l;
+	c->rep->body_case = FREEKV__REPLY__BODY_WORKERS;
+	return 0;
+}
+
+/* Drop (or demote) one sequence for Evict; attached sequences can only be demoted. */
+static int evict_one(struct call *c, struct seq *s, bool demote, uint64_t *seqs, uint64_t *blocks)
+{
+	struct rpc_ctx *x = &c->s->ctx;
+	uint64_t n = 0;
+	int ret;
+	if (demote) {
+		ret = dp_demote_seq(x->dp, s, &n, c->err, sizeof c->err);
+	} else {
+		if (s->state == SEQ_ATTACHED)
+			return fail(c, -EBUSY, "sequence '%s' is attached to worker %u (demote it instead)",
+				    s->name, s->worker_id);
+		ret = dp_drop_seq(x->dp, s, &n, c->err, sizeof c->err);
+		if (!ret)
+			seq_remove(x->seqs, s);
+	}
+	if (ret)
+		return ret;
+	++*seqs;
+	*blocks += n;
+	return 0;
+}
+
+static int h_evict(struct call *c)
+{
+	const Freekv__Evict *e = c->req->evict;
+	struct seq_table *t = c->s->ctx.seqs;
+	uint64_t seqs = 0, blocks = 0;
+	int ret = 0;
+	switch (e->target) {
+	case FREEKV__EVICT_TARGET__EVICT_TARGET_SEQUENCE: {
+		struct seq *s = lookup(c, e->has_seq_id, e->seq_id, e->name);
+		if (!s)
+			return -ENOENT;
+		ret = evict_one(c, s, e->demote, &seqs, &blocks);
+		break;
+	}
+	case FREEKV__EVICT_TARGET__EVICT_TARGET_WORKER:
+		if (!e->has_worker_id || !wk_find(c->s->ctx.workers, e->worker_id))
+			return fail(c, -ENOENT, "no worker %u", e->worker_id);
+		for (size_t i = 0; i < t->n && !ret; i++)
+			if (t->v[i]->state == SEQ_ATTACHED && t->v[i]->worker_id == e->worker_id)
+				ret = evict_one(c, t->v[i], true, &seqs, &blocks);
+		break;
+	case FREEKV__EVICT_TARGET__EVICT_TARGET_DETACHED:
+		for (size_t i = t->n; i-- > 0 && !ret;)
+			if (t->v[i]->state != SEQ_ATTACHED)
+				ret = evict_one(c, t->v[i], e->demote, &seqs, &blocks);
+		break;
+	default:
+		return fail(c, -EINVAL, "unknown evict target %d", e->target);
+	}
+	if (ret)
+		return ret;
+	return reply_evicted(c, seqs, blocks);
+}
+
+static int h_demote(struct call *c)
+{
+	const Freekv__Demote *d = c->req->demote;
+	struct seq *s = lookup(c, d->has_seq_id, d->seq_id, d->name);
+	uint64_t seqs = 0, blocks = 0;
+	if (!s)
+		return -ENOENT;
+	int ret = evict_one(c, s, true, &seqs, &blocks);
+	return ret ? ret : reply_evicted(c, seqs, blocks);
+}
+
+static Freekv__CommandStat *cmd_stat(struct call *c, const char *name, uint64_t calls, uint64_t errors,
+				     uint64_t us)
+{
+	Freekv__CommandStat *cs = NEW(c, Freekv__CommandStat, FREEKV__COMMAND_STAT__INIT);
+	if (cs) {
+		cs->name = (char *)name;
+		cs->calls = calls;
+		cs->errors = errors;
+		cs->total_us = us;
+	}
+	return cs;
+}
+
+static int h_stats(struct call *c)
+{
+	struct rpc_ctx *x = &c->s->ctx;
+	struct dp_stats d;
+	Freekv__StatsReply *r = NEW(c, Freekv__StatsReply, FREEKV__STATS_REPLY__INIT);
+	size_t nc = rpc_n_commands();
+	if (!r || !(r->commands = ca(c, (nc + 1) * sizeof *r->commands)) ||
+	    !(r->ring_ops = ca(c, DP_N_OPS * sizeof *r->ring_ops)))
+		return -ENOMEM;
+	dp_stats(x->dp, &d);
+	r->dram_bytes = d.dram_bytes;
+	r->dram_used_bytes = d.dram_used_bytes;
+	r->nvme_bytes = d.nvme_bytes;
+	r->nvme_used_bytes = d.nvme_used_bytes;
+	r->blocks_dram = d.blocks_dram;
+	r->blocks_nvme = d.blocks_nvme;
+	r->demoted_blocks = d.demoted;
+	r->promoted_blocks = d.promoted;
+	r->crc_errors = d.crc_errors;
+	r->workers = (uint32_t)x->workers->n;
+	r->sequences = (uint32_t)x->seqs->n;
+	r->uptime_ms = x->now_ms() - x->start_ms;
+	r->has_leases = r->has_pending_ops = r->has_tier_in_flight = true;
+	r->leases = d.leases;
+	r->pending_ops = d.pending_ops;
+	r->tier_in_flight = d.tier_pending;
+	for (size_t i = 0; i < nc; i++) {
+		struct rpc_stat *st = &c->s->stats[i];
+		if (!(r->commands[r->n_commands++] = cmd_stat(c, rpc_command_name(i), st->calls, st->errors, st->total_us)))
+			return -ENOMEM;
+	}
+	if (!(r->commands[r->n_commands++] = cmd_stat(c, "malformed", c->s->bad.calls, c->s->bad.errors, 0)))
+		return -ENOMEM;
+	for (int k = 0; k < DP_N_OPS; k++)
+		if (!(r->ring_ops[r->n_ring_ops++] = cmd_stat(c, dp_op_name(k), d.ops[k].calls, d.ops[k].errors,
+							     d.ops[k].total_us)))
+			return -ENOMEM;
+	c->rep->stats = r;
+	c->rep->body_case = FREEKV__REPLY__BODY_STATS;
+	return 0;
+}
+
+static int config_reply(struct call *c, const char *only)
+{
+	Freekv__ConfigReply *r = NEW(c, Freekv__ConfigReply, FREEKV__CONFIG_REPLY__INIT);
+	if (!r || !(r->entries = ca(c, cfg_count() * sizeof *r->entries)))
+		return -ENOMEM;
+	for (size_t i = 0; i < cfg_count(); i++) {
+		if (only && strcmp(only, cfg_key(i)) != 0)
+			continue;
+		Freekv__ConfigEntry *e = NEW(c, Freekv__ConfigEntry, FREEKV__CONFIG_ENTRY__INIT);
+		char *v = ca(c, CFG_STR_MAX);
+		if (!e || !v)
+			return -ENOMEM;
+		cfg_get(c->s->ctx.cfg, cfg_key(i), v, CFG_STR_MAX);
+		e->key = (char *)cfg_key(i);
+		e->value = v;
+		e->runtime = cfg_runtime(i);
+		e->help = (char *)cfg_help(i);
+		r->entries[r->n_entries++] = e;
+	}
+	if (only && !r->n_entries)
+		return fail(c, -ENOENT, "unknown key '%s'", only);
+	c->rep->config = r;
+	c->rep->body_case = FREEKV__REPLY__BODY_CONFIG;
+	return 0;
+}
+
+static int h_config_get(struct call *c)
+{
+	return config_reply(c, c->req->config_get->key);
+}
+
+static int h_config_set(struct call *c)
+{
+	const Freekv__ConfigSet *cs = c->req->config_set;
+	int ret = cfg_set(c->s->ctx.cfg, cs->key, cs->value, true, c->err, sizeof c->err);
+	if (ret)
+		return ret;
+	fprintf(stderr, "kvstored: config %s = %s (ConfigSet)\n", cs->key, cs->value);
+	return config_reply(c, cs->key);
+}
+
+static int h_commit_tokens(struct call *c)
+{
+	const Freekv__CommitTokens *ct = c->req->commit_tokens;
+	struct seq *s = lookup(c, true, ct->seq_id, NULL);
+	if (!s)
+		return -ENOENT;
+	if (s->state != SEQ_ATTACHED || s->worker_id != c->w->id)
+		return fail(c, -EPERM, "sequence '%s' is not attached to worker %u", s->name, c->w->id);
+	if (ct->committed_tokens > (uint64_t)s->n_pages * s->geo.page_size)
+		return fail(c, -ERANGE, "committed_tokens %" PRIu64 " beyond the %u allocated pages",
+			    ct->committed_tokens, s->n_pages);
+	int ret = seq_commit(s, ct->committed_tokens, ct->first, ct->token_ids, ct->n_token_ids,
+			     c->s->ctx.cfg->max_tokens, c->err, sizeof c->err);
+	return ret ? ret : reply_ack(c);
+}
+
+/* ---------------------------------------------------------------- table */
+
+enum { NEED_WORKER = 1 };
+
+static const struct rpc_cmd {
+	const char *name;
+	Freekv__Request__BodyCase body;
+	unsigned flags;
+	int (*fn)(struct call *c);
+} cmds[] = {
+	{ "Hello", FREEKV__REQUEST__BODY_HELLO, 0, h_hello },
+	{ "Heartbeat", FREEKV__REQUEST__BODY_HEARTBEAT, NEED_WORKER, h_heartbeat },
+	{ "OpenSequence", FREEKV__REQUEST__BODY_OPEN_SEQUENCE, 0, h_open },
+	{ "Attach", FREEKV__REQUEST__BODY_ATTACH, NEED_WORKER, h_attach },
+	{ "Detach", FREEKV__REQUEST__BODY_DETACH, NEED_WORKER, h_detach },
+	{ "CloseSequence", FREEKV__REQUEST__BODY_CLOSE_SEQUENCE, 0, h_close },
+	{ "ListSequences", FREEKV__REQUEST__BODY_LIST_SEQUENCES, 0, h_list_sequences },
+	{ "ShowSequence", FREEKV__REQUEST__BODY_SHOW_SEQUENCE, 0, h_show_sequence },
+	{ "ListWorkers", FREEKV__REQUEST__BODY_LIST_WORKERS, 0, h_list_workers },
+	{ "Evict", FREEKV__REQUEST__BODY_EVICT, 0, h_evict },
+	{ "Demote", FREEKV__REQUEST__BODY_DEMOTE, 0, h_demote },
+	{ "Stats", FREEKV__REQUEST__BODY_STATS, 0, h_stats },
+	{ "ConfigGet", FREEKV__REQUEST__BODY_CONFIG_GET, 0, h_config_get },
+	{ "ConfigSet", FREEKV__REQUEST__BODY_CONFIG_SET, 0, h_config_set },
+	{ "CommitTokens", FREEKV__REQUEST__BODY_COMMIT_TOKENS, NEED_WORKER, h_commit_tokens },
+};
+
+#define N_CMDS (sizeof cmds / sizeof cmds[0])
+
+size_t rpc_n_commands(void)
+{
+	return N_CMDS;
+}
+
+const char *rpc_command_name(size_t i)
+{
+	return i < N_CMDS ? cmds[i].name : NULL;
+}
+
+/* Checks that need the decoded request, before dispatch. */
+static int dispatch(struct call *c, size_t *row)
+{
+	const Freekv__Request *q = c->req;
+	struct rpc_ctx *x = &c->s->ctx;
+	if (q->version != FREEKV__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT)
+		return fail(c, -EPROTONOSUPPORT, "protocol version %u not supported (this daemon speaks %d)",
+			    q->version, FREEKV__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT);
+	if (q->body_case == FREEKV__REQUEST__BODY__NOT_SET)
+		return fail(c, -EINVAL, "request has no body");
+	for (*row = 0; *row < N_CMDS && cmds[*row].body != q->body_case; ++*row)
+		;
+	if (*row == N_CMDS)
+		return fail(c, -EOPNOTSUPP, "unsupported request %d", q->body_case);
+	if (q->has_worker_id && q->worker_id) {
+		c->w = wk_check(x->workers, q->worker_id, c->ident, c->ident_len);
+		if (!c->w)
+			return fail(c, -EPERM, "worker id %u is unknown, dead, or not this connection's", q->worker_id);
+		wk_heartbeat(c->w, x->now_ms());
+	}
+	if ((cmds[*row].flags & NEED_WORKER) && !c->w)
+		return fail(c, -EPERM, "%s needs the worker_id of a welcomed client", cmds[*row].name);
+	int ret = cmds[*row].fn(c);
+	if (ret && !c->err[0])
+		snprintf(c->err, sizeof c->err, "%s: %s", cmds[*row].name, strerror(-ret));
+	return ret;
+}
+
+int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len, const void *data,
+		size_t len, uint8_t **reply, size_t *reply_len)
+{
+	struct call c = { .s = s, .ident = ident, .ident_len = ident_len };
+	Freekv__Reply rep = FREEKV__REPLY__INIT;
+	Freekv__Request *req = NULL;
+	size_t row = N_CMDS;
+	uint64_t t0 = now_us();
+	int status;
+	c.rep = &rep;
+	if (len > s->ctx.cfg->max_request_bytes) {
+		status = fail(&c, -EMSGSIZE, "request of %zu bytes exceeds max_request_bytes %" PRIu64, len,
+			      s->ctx.cfg->max_request_bytes);
+	} else if (!(req = freekv__request__unpack(NULL, len, data))) {
+		status = fail(&c, -EBADMSG, "undecodable request (%zu bytes)", len);
+	} else {
+		c.req = req;
+		rep.id = req->id;
+		status = dispatch(&c, &row);
+	}
+	if (status) {
+		rep.body_case = FREEKV__REPLY__BODY__NOT_SET;
+		rep.error = c.err;
+	}
+	rep.status = status;
+	*reply_len = freekv__reply__get_packed_size(&rep);
+	*reply = malloc(*reply_len ? *reply_len : 1);
+	int ret = 0;
+	if (*reply)
+		freekv__reply__pack(&rep, *reply);
+	else
+		ret = -ENOMEM;
+	arena_free(&c);
+	if (req)
+		freekv__request__free_unpacked(req, NULL);
+	struct rpc_stat *st = row < N_CMDS ? &s->stats[row] : &s->bad;
+	st->calls++;
+	st->errors += status != 0;
+	st->total_us += now_us() - t0;
+	return ret;
+}
+
+/* ---------------------------------------------------------------- socket */
+
+static int bind_ipc_perms(struct rpc_server *s, const char *path, const char *group, char *err, size_t errlen)
+{
+	snprintf(s->ipc_path, sizeof s->ipc_path, "%s", path);
+	if (chmod(path, 0660) < 0) {
+		snprintf(err, errlen, "chmod %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	if (group && *group) {
+		struct group *g = getgrnam(group);
+		if (!g) {
+			snprintf(err, errlen, "group '%s' does not exist", group);
+			return -ENOENT;
+		}
+		if (chown(path, (uid_t)-1, g->gr_gid) < 0) {
+			snprintf(err, errlen, "chown %s to group %s: %s", path, group, strerror(errno));
+			return -errno;
+		}
+	}
+	return 0;
+}
+
+int rpc_init(struct rpc_server *s, void *zctx, const struct rpc_ctx *ctx, char *err, size_t errlen)
+{
+	memset(s, 0, sizeof *s);
+	s->ctx = *ctx;
+	s->stats = calloc(N_CMDS, sizeof *s->stats);
+	if (!s->stats)
+		return -ENOMEM;
+	s->sock = zmq_socket(zctx, ZMQ_ROUTER);
+	if (!s->sock) {
+		snprintf(err, errlen, "zmq_socket: %s", zmq_strerror(errno));
+		return -errno;
+	}
+	int linger = 500;
+	zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
+	const char *ep = ctx->cfg->endpoint;
+	if (zmq_bind(s->sock, ep) != 0) {
+		int e = errno;
+		snprintf(err, errlen, "bind %s: %s", ep, zmq_strerror(e));
+		zmq_close(s->sock);
+		s->sock = NULL;
+		return -e;
+	}
+	if (strncmp(ep, "ipc://", 6) == 0) {
+		int ret = bind_ipc_perms(s, ep + 6, ctx->cfg->group, err, errlen);
+		if (ret) {
+			rpc_shutdown(s);
+			return ret;
+		}
+	}
+	return 0;
+}
+
+void rpc_shutdown(struct rpc_server *s)
+{
+	if (s->sock)
+		zmq_close(s->sock);
+	if (s->ipc_path[0])
+		unlink(s->ipc_path);
+	free(s->stats);
+	memset(s, 0, sizeof *s);
+}
+
+/* Receive one multipart message: frames[0] is the routing identity. Returns the frame count
+ * (frames beyond RPC_MAX_FRAMES are received and dropped, and the count says so), 0 when
+ * nothing is waiting, or -errno. */
+static int recv_frames(void *sock, zmq_msg_t *frames, int *total)
+{
+	int n = 0, more = 1;
+	*total = 0;
+	while (more) {
+		zmq_msg_t m;
+		zmq_msg_init(&m);
+		if (zmq_msg_recv(&m, sock, n == 0 && *total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+			int e = errno;
+			zmq_msg_close(&m);
+			for (int i = 0; i < n; i++)
+				zmq_msg_close(&frames[i]);
+			return e == EAGAIN ? 0 : -e;
+		}
+		more = zmq_msg_more(&m);
+		++*total;
+		if (n < RPC_MAX_FRAMES)
+			frames[n++] = m;
+		else
+			zmq_msg_close(&m);
+	}
+	return n;
+}
+
+int rpc_serve(struct rpc_server *s, int budget)
+{
+	int handled = 0;
+	while (handled < budget) {
+		zmq_msg_t f[RPC_MAX_FRAMES];
+		int total, n = recv_frames(s->sock, f, &total);
+		if (n <= 0)
+			break;
+		handled++;
+		const void *ident = zmq_msg_data(&f[0]);
+		size_t ident_len = zmq_msg_size(&f[0]);
+		/* DEALER: [id][payload]; REQ: [id][empty][payload]. */
+		bool delim = total == 3 && zmq_msg_size(&f[1]) == 0;
+		uint8_t *rep = NULL;
+		size_t rep_len = 0;
+		if (total == 2 || delim) {
+			zmq_msg_t *p = &f[total - 1];
+			rpc_process(s, ident, ident_len, zmq_msg_data(p), zmq_msg_size(p), &rep, &rep_len);
+		} else {
+			Freekv__Reply r = FREEKV__REPLY__INIT;
+			char msg[96];
+			snprintf(msg, sizeof msg, "expected [payload] or [empty][payload], got %d frames", total - 1);
+			r.status = -EPROTO;
+			r.error = msg;
+			rep_len = freekv__reply__get_packed_size(&r);
+			rep = malloc(rep_len ? rep_len : 1);
+			if (rep)
+				freekv__reply__pack(&r, rep);
+			s->bad.calls++;
+			s->bad.errors++;
+		}
+		if (rep) {
+			zmq_send(s->sock, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+			if (delim)
+				zmq_send(s->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+			zmq_send(s->sock, rep, rep_len, ZMQ_DONTWAIT);
+			free(rep);
+		}
+		for (int i = 0; i < n; i++)
+			zmq_msg_close(&f[i]);
+	}
+	return handled;
+}
+
+void rpc_notify_shutdown(struct rpc_server *s)
+{
+	Freekv__Reply r = FREEKV__REPLY__INIT;
+	Freekv__Notice n = FREEKV__NOTICE__INIT;
+	uint8_t buf[128];
+	n.what = "shutdown";
+	r.status = -ESHUTDOWN;
+	r.error = "kvstored is shutting down";
+	r.body_case = FREEKV__REPLY__BODY_NOTICE;
+	r.notice = &n;
+	size_t len = freekv__reply__pack(&r, buf);
+	struct wk_registry *reg = s->ctx.workers;
+	for (size_t i = 0; i < reg->max; i++) {
+		struct wk_worker *w = &reg->v[i];
+		if (!w->id || w->dead)
+			continue;
+		zmq_send(s->sock, w->ident, w->ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+		zmq_send(s->sock, buf, len, ZMQ_DONTWAIT);
+	}
+}

@@ -1,0 +1,332 @@
+/* seq — the sequence table. See seq.h. */
+#include "seq.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void seterr(char *err, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !len)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, len, fmt, ap);
+	va_end(ap);
+}
+
+int seq_table_init(struct seq_table *t, size_t max_sequences)
+{
+	memset(t, 0, sizeof *t);
+	t->max = max_sequences;
+	t->next_id = 1;
+	return 0;
+}
+
+static void seq_free(struct seq *s)
+{
+	free(s->tokens);
+	free(s->blocks);
+	free(s);
+}
+
+void seq_table_shutdown(struct seq_table *t)
+{
+	for (size_t i = 0; i < t->n; i++)
+		seq_free(t->v[i]);
+	free(t->v);
+	memset(t, 0, sizeof *t);
+}
+
+static uint32_t dtype_bytes(uint32_t dtype)
+{
+	switch (dtype) {
+	case SEQ_DTYPE_F32: return 4;
+	case SEQ_DTYPE_F16:
+	case SEQ_DTYPE_BF16: return 2;
+	default: return 0;
+	}
+}
+
+uint64_t seq_block_bytes(const struct seq_geometry *g)
+{
+	return (uint64_t)g->n_kv_heads * 2 * g->page_size * g->head_dim * dtype_bytes(g->dtype);
+}
+
+int seq_check_geometry(const struct seq_geometry *g, char *err, size_t errlen)
+{
+	static const struct {
+		const char *name;
+		size_t off;
+		uint32_t max;
+	} f[] = {
+		{ "n_layers", offsetof(struct seq_geometry, n_layers), SEQ_MAX_LAYERS },
+		{ "n_kv_heads", offsetof(struct seq_geometry, n_kv_heads), 1024 },
+		{ "head_dim", offsetof(struct seq_geometry, head_dim), 4096 },
+		{ "page_size", offsetof(struct seq_geometry, page_size), 4096 },
+	};
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+		uint32_t v = *(const uint32_t *)((const char *)g + f[i].off);
+		if (v == 0 || v > f[i].max) {
+			seterr(err, errlen, "geometry: %s %u outside [1, %u]", f[i].name, v, f[i].max);
+			return -EINVAL;
+		}
+	}
+	if (!dtype_bytes(g->dtype)) {
+		seterr(err, errlen, "geometry: unknown dtype %u", g->dtype);
+		return -EINVAL;
+	}
+	if (seq_block_bytes(g) > SEQ_MAX_BLOCK_BYTES) {
+		seterr(err, errlen, "geometry: block of %" PRIu64 " bytes exceeds %u", seq_block_bytes(g),
+		       SEQ_MAX_BLOCK_BYTES);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static bool geometry_equal(const struct seq_geometry *a, const struct seq_geometry *b)
+{
+	return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
+	       a->page_size == b->page_size && a->dtype == b->dtype;
+}
+
+struct seq *seq_find(const struct seq_table *t, uint64_t id)
+{
+	for (size_t i = 0; i < t->n; i++)
+		if (t->v[i]->id == id)
+			return t->v[i];
+	return NULL;
+}
+
+struct seq *seq_find_name(const struct seq_table *t, const char *name)
+{
+	for (size_t i = 0; i < t->n; i++)
+		if (strcmp(t->v[i]->name, name) == 0)
+			return t->v[i];
+	return NULL;
+}
+
+static int reserve_tokens(struct seq *s, size_t n)
+{
+	if (n <= s->cap_tokens)
+		return 0;
+	size_t cap = s->cap_tokens ? s->cap_tokens : 256;
+	while (cap < n)
+		cap *= 2;
+	uint32_t *v = realloc(s->tokens, cap * sizeof *v);
+	if (!v)
+		return -ENOMEM;
+	s->tokens = v;
+	s->cap_tokens = cap;
+	return 0;
+}
+
+int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp_len,
+	     const struct seq_geometry *g, const uint32_t *tokens, size_t n_tokens, size_t max_tokens,
+	     bool create, struct seq **out, bool *created, char *err, size_t errlen)
+{
+	size_t nlen = name ? strlen(name) : 0;
+	if (nlen == 0 || nlen >= SEQ_NAME_MAX) {
+		seterr(err, errlen, "sequence name must have 1 to %d bytes", SEQ_NAME_MAX - 1);
+		return -EINVAL;
+	}
+	if (fp_len == 0 || fp_len > SEQ_FP_MAX) {
+		seterr(err, errlen, "model fingerprint must have 1 to %d bytes", SEQ_FP_MAX);
+		return -EINVAL;
+	}
+	if (n_tokens > max_tokens) {
+		seterr(err, errlen, "%zu token ids exceed max_tokens %zu", n_tokens, max_tokens);
+		return -E2BIG;
+	}
+	int ret = seq_check_geometry(g, err, errlen);
+	if (ret)
+		return ret;
+
+	struct seq *s = seq_find_name(t, name);
+	if (s) {
+		if (s->fp_len != fp_len || memcmp(s->fp, fp, fp_len) != 0) {
+			seterr(err, errlen, "sequence '%s' exists with a different model fingerprint", name);
+			return -EEXIST;
+		}
+		if (!geometry_equal(&s->geo, g)) {
+			seterr(err, errlen, "sequence '%s' exists with a different geometry", name);
+			return -EEXIST;
+		}
+		size_t common = n_tokens < s->n_tokens ? n_tokens : s->n_tokens;
+		if (common && memcmp(tokens, s->tokens, common * sizeof *tokens) != 0) {
+			seterr(err, errlen, "sequence '%s': token ids disagree with the ones kept", name);
+			return -EINVAL;
+		}
+		if (n_tokens > s->n_tokens) {
+			if (reserve_tokens(s, n_tokens))
+				return -ENOMEM;
+			memcpy(s->tokens + s->n_tokens, tokens + s->n_tokens, (n_tokens - s->n_tokens) * sizeof *tokens);
+			s->n_tokens = n_tokens;
+		}
+		*out = s;
+		*created = false;
+		return 0;
+	}
+	if (!create) {
+		seterr(err, errlen, "no sequence '%s'", name);
+		return -ENOENT;
+	}
+	if (t->n >= t->max) {
+		seterr(err, errlen, "max_sequences (%zu) reached", t->max);
+		return -ENOSPC;
+	}
+	if (t->n == t->cap) {
+		size_t cap = t->cap ? t->cap * 2 : 16;
+		struct seq **v = realloc(t->v, cap * sizeof *v);
+		if (!v)
+			return -ENOMEM;
+		t->v = v;
+		t->cap = cap;
+	}
+	s = calloc(1, sizeof *s);
+	if (!s || reserve_tokens(s, n_tokens)) {
+		free(s);
+		return -ENOMEM;
+	}
+	s->id = t->next_id++;
+	memcpy(s->name, name, nlen + 1);
+	memcpy(s->fp, fp, fp_len);
+	s->fp_len = fp_len;
+	s->geo = *g;
+	s->block_bytes = seq_block_bytes(g);
+	s->state = SEQ_DETACHED;
+	if (n_tokens)
+		memcpy(s->tokens, tokens, n_tokens * sizeof *tokens);
+	s->n_tokens = n_tokens;
+	t->v[t->n++] = s;
+	*out = s;
+	*created = true;
+	return 0;
+}
+
+int seq_attach(struct seq *s, uint32_t wid, char *err, size_t errlen)
+{
+	if (s->state == SEQ_ATTACHED && s->worker_id != wid) {
+		seterr(err, errlen, "sequence '%s' is attached to worker %u", s->name, s->worker_id);
+		return -EBUSY;
+	}
+	s->state = SEQ_ATTACHED;
+	s->worker_id = wid;
+	return 0;
+}
+
+int seq_detach(struct seq *s, uint32_t wid, char *err, size_t errlen)
+{
+	if (s->state != SEQ_ATTACHED || s->worker_id != wid) {
+		seterr(err, errlen, "sequence '%s' is not attached to worker %u", s->name, wid);
+		return -EPERM;
+	}
+	s->state = SEQ_DETACHED;
+	return 0;
+}
+
+size_t seq_orphan_worker(struct seq_table *t, uint32_t wid)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < t->n; i++) {
+		struct seq *s = t->v[i];
+		if (s->state == SEQ_ATTACHED && s->worker_id == wid) {
+			s->state = SEQ_ORPHANED;
+			n++;
+		}
+	}
+	return n;
+}
+
+int seq_commit(struct seq *s, uint64_t committed_tokens, uint64_t first, const uint32_t *tokens,
+	       size_t n, size_t max_tokens, char *err, size_t errlen)
+{
+	if (n) {
+		if (first > s->n_tokens) {
+			seterr(err, errlen, "token ids from %" PRIu64 " leave a gap after %zu", first, s->n_tokens);
+			return -EINVAL;
+		}
+		if (first + n > max_tokens) {
+			seterr(err, errlen, "token ids up to %" PRIu64 " exceed max_tokens %zu", first + n, max_tokens);
+			return -E2BIG;
+		}
+		size_t overlap = s->n_tokens - first < n ? s->n_tokens - first : n;
+		if (overlap && memcmp(s->tokens + first, tokens, overlap * sizeof *tokens) != 0) {
+			seterr(err, errlen, "token ids from %" PRIu64 " disagree with the ones kept", first);
+			return -EINVAL;
+		}
+		if (reserve_tokens(s, first + n))
+			return -ENOMEM;
+		if (n > overlap)
+			memcpy(s->tokens + s->n_tokens, tokens + overlap, (n - overlap) * sizeof *tokens);
+		s->n_tokens = first + n > s->n_tokens ? first + n : s->n_tokens;
+	}
+	s->committed_tokens = committed_tokens;
+	return 0;
+}
+
+uint32_t seq_block(const struct seq *s, uint32_t layer, uint32_t page)
+{
+	if (layer >= s->geo.n_layers || page >= s->pages_cap)
+		return SEQ_NO_BLOCK;
+	return s->blocks[(size_t)layer * s->pages_cap + page];
+}
+
+static int grow_pages(struct seq *s, uint32_t need)
+{
+	uint32_t cap = s->pages_cap ? s->pages_cap : 16;
+	while (cap < need)
+		cap *= 2;
+	uint32_t *b = malloc((size_t)s->geo.n_layers * cap * sizeof *b);
+	if (!b)
+		return -ENOMEM;
+	for (size_t i = 0; i < (size_t)s->geo.n_layers * cap; i++)
+		b[i] = SEQ_NO_BLOCK;
+	for (uint32_t l = 0; l < s->geo.n_layers && s->pages_cap; l++)
+		memcpy(b + (size_t)l * cap, s->blocks + (size_t)l * s->pages_cap, s->pages_cap * sizeof *b);
+	free(s->blocks);
+	s->blocks = b;
+	s->pages_cap = cap;
+	return 0;
+}
+
+int seq_set_block(struct seq *s, uint32_t layer, uint32_t page, uint32_t block)
+{
+	if (layer >= s->geo.n_layers || page == UINT32_MAX)
+		return -EINVAL;
+	if (page >= s->pages_cap) {
+		if (block == SEQ_NO_BLOCK)
+			return 0;
+		int ret = grow_pages(s, page + 1);
+		if (ret)
+			return ret;
+	}
+	s->blocks[(size_t)layer * s->pages_cap + page] = block;
+	if (block != SEQ_NO_BLOCK && page >= s->n_pages)
+		s->n_pages = page + 1;
+	return 0;
+}
+
+void seq_remove(struct seq_table *t, struct seq *s)
+{
+	for (size_t i = 0; i < t->n; i++) {
+		if (t->v[i] == s) {
+			t->v[i] = t->v[--t->n];
+			seq_free(s);
+			return;
+		}
+	}
+}
+
+const char *seq_state_name(enum seq_state st)
+{
+	switch (st) {
+	case SEQ_ATTACHED: return "attached";
+	case SEQ_DETACHED: return "detached";
+	case SEQ_ORPHANED: return "orphaned";
+	}
+	return "unknown";
+}

@@ -1,0 +1,96 @@
+/* seq — kvstored's sequences: identity, state, committed length, token ids, block map.
+ *
+ * A sequence is opened by name together with the model fingerprint and KV geometry of whoever
+ * created it; a reopen that disagrees on either is refused, so two models never share KV. Its
+ * state is attached (one worker decodes it), detached (kept, nobody attached) or orphaned (its
+ * worker died while attached). The token ids travel with it so that a later worker can resume.
+ * Its block map gives, per (layer, page), the pool block that holds that page (SEQ_NO_BLOCK when
+ * none): the map only names blocks, the pool owns them and the dataplane frees them before a
+ * sequence is removed. The table owns every struct seq and its arrays (heap); pointers returned
+ * by lookups stay valid until seq_remove() or seq_table_shutdown(). Single-threaded. */
+#ifndef FREEKV_SEQ_H
+#define FREEKV_SEQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SEQ_NAME_MAX 128	/* bytes including the NUL */
+#define SEQ_FP_MAX 64
+#define SEQ_NO_BLOCK UINT32_MAX
+#define SEQ_MAX_LAYERS 512
+#define SEQ_MAX_BLOCK_BYTES (64u << 20)
+
+/* Values match freekv.DType and freekv.SequenceState in proto/kvstore.proto. */
+enum seq_dtype { SEQ_DTYPE_F32 = 1, SEQ_DTYPE_F16 = 2, SEQ_DTYPE_BF16 = 3 };
+enum seq_state { SEQ_ATTACHED = 1, SEQ_DETACHED = 2, SEQ_ORPHANED = 3 };
+
+struct seq_geometry {
+	uint32_t n_layers, n_kv_heads, head_dim, page_size;
+	uint32_t dtype;	/* enum seq_dtype */
+};
+
+struct seq {
+	uint64_t id;
+	char name[SEQ_NAME_MAX];
+	uint8_t fp[SEQ_FP_MAX];
+	size_t fp_len;
+	struct seq_geometry geo;
+	uint64_t block_bytes;		/* one page of one layer: [n_kv][2][p][d] */
+	enum seq_state state;
+	uint32_t worker_id;		/* attached (or last attached, when orphaned) worker; 0 none */
+	uint64_t committed_tokens;
+	uint32_t *tokens;		/* (n_tokens,) */
+	size_t n_tokens, cap_tokens;
+	uint32_t *blocks;		/* (n_layers, pages_cap) pool block ids */
+	uint32_t pages_cap;
+	uint32_t n_pages;		/* 1 + highest page with a block in any layer, 0 when none */
+};
+
+struct seq_table {
+	struct seq **v;	/* (n,) owned */
+	size_t n, cap, max;
+	uint64_t next_id;
+};
+
+int seq_table_init(struct seq_table *t, size_t max_sequences);
+void seq_table_shutdown(struct seq_table *t);
+
+/* Check a geometry: nonzero fields within bounds, a known dtype, a block of at most
+ * SEQ_MAX_BLOCK_BYTES. -EINVAL with a message naming the field. */
+int seq_check_geometry(const struct seq_geometry *g, char *err, size_t errlen);
+uint64_t seq_block_bytes(const struct seq_geometry *g);
+
+/* Open `name`, creating it (detached, no blocks) when absent and `create` is set. An existing
+ * sequence must match fp and geometry (-EEXIST otherwise); tokens given for an existing sequence
+ * must agree with the ids it keeps (-EINVAL). *created tells which case happened. */
+int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp_len,
+	     const struct seq_geometry *g, const uint32_t *tokens, size_t n_tokens, size_t max_tokens,
+	     bool create, struct seq **out, bool *created, char *err, size_t errlen);
+
+struct seq *seq_find(const struct seq_table *t, uint64_t id);
+struct seq *seq_find_name(const struct seq_table *t, const char *name);
+
+/* Attach to worker `wid`: -EBUSY when another worker holds it. Orphans and detached sequences
+ * can be attached by anyone. */
+int seq_attach(struct seq *s, uint32_t wid, char *err, size_t errlen);
+/* Detach: -EPERM unless attached by `wid`. */
+int seq_detach(struct seq *s, uint32_t wid, char *err, size_t errlen);
+/* Mark every sequence attached to `wid` orphaned; returns how many. */
+size_t seq_orphan_worker(struct seq_table *t, uint32_t wid);
+
+/* Set the committed length and append token ids (`first` is the index of tokens[0]; ids
+ * already kept must agree, gaps are refused). */
+int seq_commit(struct seq *s, uint64_t committed_tokens, uint64_t first, const uint32_t *tokens,
+	       size_t n, size_t max_tokens, char *err, size_t errlen);
+
+/* Block map. get returns SEQ_NO_BLOCK outside the map. set grows the map (-ENOMEM). */
+uint32_t seq_block(const struct seq *s, uint32_t layer, uint32_t page);
+int seq_set_block(struct seq *s, uint32_t layer, uint32_t page, uint32_t block);
+
+/* Remove and free a sequence (its blocks must already be released by the caller). */
+void seq_remove(struct seq_table *t, struct seq *s);
+
+const char *seq_state_name(enum seq_state st);
+
+#endif

@@ -1,0 +1,74 @@
+/* workers — the registry of clients that said Hello, and their liveness.
+ *
+ * A worker is registered by its Hello: the daemon gives it an id, remembers the ZeroMQ routing
+ * identity it spoke from (later requests that name the id from another identity are refused) and
+ * opens a pidfd on the pid it announced. A worker is dead when its pidfd becomes readable (the
+ * process exited, noticed at once through zmq_poll) or when it has not heartbeaten for
+ * heartbeat_timeout_ms; wk_reap() lists the dead ones so that the caller can drop their leases,
+ * free their uncommitted blocks and orphan their sequences before wk_remove(). The registry owns
+ * its array and the pidfds; it never touches sequences or blocks. Single-threaded. */
+#ifndef FREEKV_WORKERS_H
+#define FREEKV_WORKERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WK_IDENT_MAX 256
+#define WK_NAME_MAX 64
+
+/* Values match freekv.ClientRole. */
+enum wk_role { WK_ROLE_WORKER = 1, WK_ROLE_CONTROL = 2 };
+
+struct wk_stats {
+	bool has;
+	double decode_tok_s, correction_rate;
+	uint64_t tokens_decoded, pages_recalled, bytes_recalled;
+};
+
+struct wk_worker {
+	uint32_t id;			/* 0: free slot */
+	uint32_t pid;
+	int pidfd;			/* -1 when pidfd_open is unavailable (heartbeat only) */
+	enum wk_role role;
+	char name[WK_NAME_MAX];
+	uint8_t ident[WK_IDENT_MAX];	/* ZeroMQ routing identity */
+	size_t ident_len;
+	uint64_t last_heartbeat_ms;
+	bool dead;
+	struct wk_stats stats;
+};
+
+struct wk_registry {
+	struct wk_worker *v;	/* (max,) owned; slots with id 0 are free */
+	size_t max, n;
+	uint32_t next_id;
+};
+
+int wk_init(struct wk_registry *r, size_t max_workers);
+void wk_shutdown(struct wk_registry *r);
+
+/* Register a client. -ENOSPC when max_workers are registered, -ESRCH when pid does not exist,
+ * -EINVAL on an empty or oversized identity. */
+int wk_add(struct wk_registry *r, uint32_t pid, enum wk_role role, const char *name,
+	   const void *ident, size_t ident_len, uint64_t now_ms, struct wk_worker **out);
+
+struct wk_worker *wk_find(struct wk_registry *r, uint32_t id);
+
+/* The worker `id` if it exists and `ident` is the identity it registered from, else NULL. */
+struct wk_worker *wk_check(struct wk_registry *r, uint32_t id, const void *ident, size_t ident_len);
+
+void wk_heartbeat(struct wk_worker *w, uint64_t now_ms);
+
+/* Fill up to `max` pollable pidfds into fds[] (with the matching worker ids in ids[]); returns
+ * how many. */
+size_t wk_pidfds(const struct wk_registry *r, int *fds, uint32_t *ids, size_t max);
+
+/* Mark dead every worker whose process exited or whose heartbeat is older than timeout_ms, and
+ * write up to `max` ids of dead, not yet removed workers into ids[]; returns how many. */
+size_t wk_reap(struct wk_registry *r, uint64_t now_ms, uint64_t timeout_ms, uint32_t *ids, size_t max);
+
+/* Forget a worker (closes its pidfd). */
+void wk_remove(struct wk_registry *r, uint32_t id);
+
+#endif

@@ -1,0 +1,414 @@
+/* Tests for worker/backend_cpu.c: every op of the CPU backend against naive float64 loops in
+ * this file, on random inputs, for every weight / KV dtype, covering each internal path
+ * (sgemv, direct dot loop, converted tiles; dense and strided attention spans). */
+#include "test_util.h"
+
+#include <errno.h>
+#include <math.h>
+
+#include "backend.h"
+
+static struct backend *be;
+static uint64_t seed = 0x5eed;
+
+static const enum fkv_dtype dtypes[] = { FKV_F32, FKV_F16, FKV_BF16 };
+
+static int setup(void **state)
+{
+	(void)state;
+	return backend_cpu_new(&be, 2);
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	backend_free(be);
+	return 0;
+}
+
+static float *randv(int64_t n, float scale)
+{
+	float *v = malloc((size_t)n * sizeof *v);
+	assert_non_null(v);
+	for (int64_t i = 0; i < n; i++)
+		v[i] = test_randf(&seed) * scale;
+	return v;
+}
+
+/* Random tensor of dtype t, plus its exact values as double (what the op must compute with). */
+static void *rand_typed(enum fkv_dtype t, int64_t n, double **exact)
+{
+	float *f = randv(n, 1.0f);
+	void *d = malloc((size_t)n * dtype_size(t));
+	assert_non_null(d);
+	dtype_from_f32(d, f, t, (size_t)n);
+	dtype_to_f32(f, d, t, (size_t)n);
+	*exact = malloc((size_t)n * sizeof **exact);
+	assert_non_null(*exact);
+	for (int64_t i = 0; i < n; i++)
+		(*exact)[i] = f[i];
+	free(f);
+	return d;
+}
+
+static struct backend_mat mat(const void *data, enum fkv_dtype t, int64_t rows, int64_t cols)
+{
+	struct fkv_tensor src = { data, t, cols > 1 ? 2 : 1, { rows, cols } };
+	struct backend_mat m;
+	assert_int_equal(be->ops->weight_load(be->ctx, &src, &m), 0);
+	return m;
+}
+
+/* max |got - want| / max |want|: the normalised error. */
+static double nerr(const float *got, const double *want, int64_t n)
+{
+	double e = 0.0, m = 1e-12;
+	for (int64_t i = 0; i < n; i++) {
+		assert_false(isnan(got[i]));
+		e = fmax(e, fabs(got[i] - want[i]));
+		m = fmax(m, fabs(want[i]));
+	}
+	return e / m;
+}
+
+static void check_matmul(enum fkv_dtype t, int64_t n, int64_t rows, int64_t cols)
+{
+	double *w64;
+	void *w = rand_typed(t, rows * cols, &w64);
+	float *x = randv(n * cols, 1.0f);
+	float *y = malloc((size_t)(n * rows) * sizeof *y);
+	double *ref = malloc((size_t)(n * rows) * sizeof *ref);
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t r = 0; r < rows; r++) {
+			double s = 0.0;
+			for (int64_t c = 0; c < cols; c++)
+				s += w64[r * cols + c] * x[i * cols + c];
+			ref[i * rows + r] = s;
+		}
+	struct backend_mat m = mat(w, t, rows, cols);
+	assert_int_equal(be->ops->matmul(be->ctx, y, x, &m, n), 0);
+	double e = nerr(y, ref, n * rows);
+	if (e > 1e-5)
+		fail_msg("matmul %s n=%lld %lldx%lld: error %g", dtype_name(t), (long long)n,
+			 (long long)rows, (long long)cols, e);
+	be->ops->weight_release(be->ctx, &m);
+	free(w);
+	free(w64);
+	free(x);
+	free(y);
+	free(ref);
+}
+
+static void test_matmul(void **state)
+{
+	(void)state;
+	static const int64_t ns[] = { 1, 3, 8, 9, 37 };
+	for (size_t i = 0; i < 3; i++)
+		for (size_t j = 0; j < sizeof ns / sizeof *ns; j++)
+			check_matmul(dtypes[i], ns[j], 67, 300);
+	/* Several converted tiles (tile = 4 MiB of f32 rows). */
+	check_matmul(FKV_BF16, 9, 4000, 300);
+	check_matmul(FKV_F16, 12, 4000, 300);
+}
+
+static void test_rmsnorm(void **state)
+{
+	(void)state;
+	const int64_t n = 5, dim = 97;
+	const float eps = 1e-5f;
+	for (size_t t = 0; t < 3; t++) {
+		double *w64;
+		void *w = rand_typed(dtypes[t], dim, &w64);
+		float *x = randv(n * dim, 3.0f);
+		float *y = malloc((size_t)(n * dim) * sizeof *y);
+		double *ref = malloc((size_t)(n * dim) * sizeof *ref);
+		for (int64_t i = 0; i < n; i++) {
+			double ss = 0.0;
+			for (int64_t j = 0; j < dim; j++)
+				ss += (double)x[i * dim + j] * x[i * dim + j];
+			double r = 1.0 / sqrt(ss / dim + eps);
+			for (int64_t j = 0; j < dim; j++)
+				ref[i * dim + j] = x[i * dim + j] * r * w64[j];
+		}
+		struct backend_mat m = mat(w, dtypes[t], dim, 1);
+		assert_int_equal(be->ops->rmsnorm(be->ctx, y, x, &m, n, dim, eps), 0);
+		assert_true(nerr(y, ref, n * dim) < 1e-6);
+		/* In place gives the same. */
+		assert_int_equal(be->ops->rmsnorm(be->ctx, x, x, &m, n, dim, eps), 0);
+		assert_memory_equal(x, y, (size_t)(n * dim) * sizeof *y);
+		free(w);
+		free(w64);
+		free(x);
+		free(y);
+		free(ref);
+	}
+}
+
+/* Rotation angle of pair i at position pos, written from the Llama 3.1 reference recipe. */
+static double ref_angle(const struct backend_rope *r, int i, int d, int pos)
+{
+	double inv = 1.0 / pow(r->theta, (2.0 * i) / d);
+	if (r->scaling_factor > 0) {
+		double wl = 2 * M_PI / inv;
+		double lo = r->original_ctx / r->low_freq_factor;
+		double hi = r->original_ctx / r->high_freq_factor;
+		if (wl > lo) {
+			inv = inv / r->scaling_factor;
+		} else if (wl >= hi) {
+			double sm = (r->original_ctx / wl - r->low_freq_factor) /
+				    (r->high_freq_factor - r->low_freq_factor);
+			inv = (1 - sm) * inv / r->scaling_factor + sm * inv;
+		}
+	}
+	return pos * inv;
+}
+
+static void check_rope(const struct backend_rope *r)
+{
+	const int n = 6, H = 3, d = 64;
+	float *x = randv(n * H * d, 1.0f);
+	double *ref = malloc((size_t)(n * H * d) * sizeof *ref);
+	int32_t pos[6] = { 0, 1, 7, 500, 8191, 100000 };
+	for (int t = 0; t < n; t++)
+		for (int h = 0; h < H; h++) {
+			const float *v = x + (t * H + h) * d;
+			double *o = ref + (t * H + h) * d;
+			for (int i = 0; i < d / 2; i++) {
+				int a = r->style == FKV_ROPE_HALVES ? i : 2 * i;
+				int b = r->style == FKV_ROPE_HALVES ? i + d / 2 : 2 * i + 1;
+				double th = ref_angle(r, i, d, pos[t]);
+				o[a] = v[a] * cos(th) - v[b] * sin(th);
+				o[b] = v[a] * sin(th) + v[b] * cos(th);
+			}
+		}
+	assert_int_equal(be->ops->rope(be->ctx, x, n, H, d, pos, r), 0);
+	double e = nerr(x, ref, n * H * d);
+	if (e > 1e-5)
+		fail_msg("rope style %d scaling %g: error %g", r->style, r->scaling_factor, e);
+	free(x);
+	free(ref);
+}
+
+static void test_rope(void **state)
+{
+	(void)state;
+	struct backend_rope r = { FKV_ROPE_INTERLEAVED, 10000.0f, 0, 0, 0, 0 };
+	check_rope(&r);
+	r.style = FKV_ROPE_HALVES;
+	check_rope(&r);
+	struct backend_rope l3 = { FKV_ROPE_HALVES, 500000.0f, 8.0f, 1.0f, 4.0f, 8192 };
+	check_rope(&l3);
+	l3.style = FKV_ROPE_INTERLEAVED;
+	check_rope(&l3);
+	/* Scaling changes the result (the test would notice scaling being ignored). */
+	float a[64], b[64];
+	for (int i = 0; i < 64; i++)
+		a[i] = b[i] = test_randf(&seed);
+	int32_t p = 100000;
+	r.theta = 500000.0f;
+	be->ops->rope(be->ctx, a, 1, 1, 64, &p, &r);
+	be->ops->rope(be->ctx, b, 1, 1, 64, &p, &l3);
+	assert_memory_not_equal(a, b, sizeof a);
+	assert_int_equal(be->ops->rope(be->ctx, a, 1, 1, 63, &p, &r), -EINVAL);
+}
+
+static void test_elementwise(void **state)
+{
+	(void)state;
+	const int64_t n = 1000, rows = 10, cols = 100;
+	float *g = randv(n, 4.0f), *u = randv(n, 2.0f), *o = malloc(n * sizeof *o);
+	double *ref = malloc(n * sizeof *ref);
+	for (int64_t i = 0; i < n; i++)
+		ref[i] = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+	assert_int_equal(be->ops->silu_mul(be->ctx, o, g, u, n), 0);
+	assert_true(nerr(o, ref, n) < 1e-6);
+	for (int64_t i = 0; i < n; i++)
+		ref[i] = (double)o[i] + g[i];
+	assert_int_equal(be->ops->add(be->ctx, o, g, n), 0);
+	assert_true(nerr(o, ref, n) < 1e-7);
+	for (size_t t = 0; t < 3; t++) {
+		double *b64;
+		void *b = rand_typed(dtypes[t], cols, &b64);
+		struct backend_mat bm = mat(b, dtypes[t], cols, 1);
+		for (int64_t i = 0; i < n; i++)
+			ref[i] = (double)o[i] + b64[i % cols];
+		assert_int_equal(be->ops->add_bias(be->ctx, o, &bm, rows), 0);
+		assert_true(nerr(o, ref, n) < 1e-7);
+		free(b);
+		free(b64);
+	}
+	/* softmax */
+	float *x = randv(n, 10.0f);
+	for (int64_t r = 0; r < rows; r++) {
+		double mx = -INFINITY, s = 0;
+		for (int64_t j = 0; j < cols; j++)
+			mx = fmax(mx, x[r * cols + j]);
+		for (int64_t j = 0; j < cols; j++)
+			s += exp(x[r * cols + j] - mx);
+		for (int64_t j = 0; j < cols; j++)
+			ref[r * cols + j] = exp(x[r * cols + j] - mx) / s;
+	}
+	assert_int_equal(be->ops->softmax(be->ctx, x, rows, cols), 0);
+	assert_true(nerr(x, ref, n) < 1e-6);
+	free(g);
+	free(u);
+	free(o);
+	free(ref);
+	free(x);
+}
+
+static void test_embed_gather_convert(void **state)
+{
+	(void)state;
+	const int64_t V = 50, dim = 33;
+	int32_t ids[4] = { 0, 49, 7, 7 };
+	float out[4 * 33];
+	double ref[4 * 33];
+	for (size_t t = 0; t < 3; t++) {
+		double *e64;
+		void *e = rand_typed(dtypes[t], V * dim, &e64);
+		struct backend_mat m = mat(e, dtypes[t], V, dim);
+		assert_int_equal(be->ops->embed(be->ctx, out, &m, ids, 4), 0);
+		for (int i = 0; i < 4; i++)
+			for (int j = 0; j < dim; j++)
+				ref[i * dim + j] = e64[ids[i] * dim + j];
+		assert_true(nerr(out, ref, 4 * dim) == 0.0);
+		free(e);
+		free(e64);
+	}
+	/* gather_rows picks rows by index. */
+	float src[5 * 3], dst[2 * 3];
+	for (int i = 0; i < 15; i++)
+		src[i] = (float)i;
+	int32_t idx[2] = { 4, 1 };
+	assert_int_equal(be->ops->gather_rows(be->ctx, dst, src, 3, idx, 2), 0);
+	assert_true(dst[0] == 12.0f && dst[2] == 14.0f && dst[3] == 3.0f && dst[5] == 5.0f);
+	/* convert, upload/download round trip through a backend buffer. */
+	for (size_t t = 0; t < 3; t++) {
+		float *f = randv(100, 1.0f);
+		void *buf = be->ops->buf_alloc(be->ctx, 100 * dtype_size(dtypes[t]));
+		assert_non_null(buf);
+		assert_int_equal(be->ops->convert(be->ctx, buf, dtypes[t], f, 100), 0);
+		uint16_t host[200];
+		assert_int_equal(be->ops->download(be->ctx, host, buf, 100 * dtype_size(dtypes[t])), 0);
+		float back[100];
+		dtype_to_f32(back, host, dtypes[t], 100);
+		for (int i = 0; i < 100; i++)
+			assert_true(fabsf(back[i] - f[i]) <= (dtypes[t] == FKV_BF16 ? 4e-3f : 1e-3f));
+		be->ops->buf_free(be->ctx, buf);
+		free(f);
+	}
+}
+
+/* Reference attention of one query head against keys 0..nk-1 given as double rows. */
+static void ref_attn(double *o, const float *q, const double *k, const double *v, int64_t nk,
+		     int64_t kstride, int d, double scale)
+{
+	double *s = malloc((size_t)nk * sizeof *s), mx = -INFINITY, sum = 0;
+	for (int64_t j = 0; j < nk; j++) {
+		s[j] = 0;
+		for (int i = 0; i < d; i++)
+			s[j] += q[i] * k[j * kstride + i];
+		s[j] *= scale;
+		mx = fmax(mx, s[j]);
+	}
+	for (int64_t j = 0; j < nk; j++)
+		sum += (s[j] = exp(s[j] - mx));
+	for (int i = 0; i < d; i++) {
+		o[i] = 0;
+		for (int64_t j = 0; j < nk; j++)
+			o[i] += s[j] / sum * v[j * kstride + i];
+	}
+	free(s);
+}
+
+static void test_attn_prefill(void **state)
+{
+	(void)state;
+	const int H = 8, KV = 2, d = 16;
+	const int64_t n_ctx = 45, n_q = 13; /* a chunk after 32 cached tokens */
+	for (size_t t = 0; t < 3; t++) {
+		struct backend_attn a = { H, KV, d, dtypes[t], 1.0f / sqrtf(d) };
+		double *k64, *v64;
+		void *k = rand_typed(dtypes[t], n_ctx * KV * d, &k64);
+		void *v = rand_typed(dtypes[t], n_ctx * KV * d, &v64);
+		float *q = randv(n_q * H * d, 2.0f), *out = malloc((size_t)(n_q * H * d) * 4);
+		double *ref = malloc((size_t)(n_q * H * d) * sizeof *ref);
+		for (int64_t i = 0; i < n_q; i++)
+			for (int h = 0; h < H; h++) {
+				int kvh = h / (H / KV);
+				ref_attn(ref + (i * H + h) * d, q + (i * H + h) * d, k64 + kvh * d,
+					 v64 + kvh * d, n_ctx - n_q + i + 1, KV * d, d, a.scale);
+			}
+		assert_int_equal(be->ops->attn_prefill(be->ctx, out, q, n_q, k, v, n_ctx, &a), 0);
+		double e = nerr(out, ref, n_q * H * d);
+		if (e > 1e-5)
+			fail_msg("attn_prefill %s: error %g", dtype_name(dtypes[t]), e);
+		assert_int_equal(be->ops->attn_prefill(be->ctx, out, q, n_ctx + 1, k, v, n_ctx, &a),
+				 -EINVAL);
+		free(k);
+		free(v);
+		free(k64);
+		free(v64);
+		free(q);
+		free(out);
+		free(ref);
+	}
+}
+
+static void test_attn_decode(void **state)
+{
+	(void)state;
+	const int H = 4, KV = 2, d = 8, stride = 3 * KV * d; /* spans interleave with other data */
+	const int64_t lens[3] = { 5, 1, 11 }, total = 17;
+	for (size_t t = 0; t < 3; t++) {
+		struct backend_attn a = { H, KV, d, dtypes[t], 0.3f };
+		struct backend_kv_span spans[3];
+		double *k64 = malloc((size_t)(total * KV * d) * sizeof *k64);
+		double *v64 = malloc((size_t)(total * KV * d) * sizeof *v64);
+		void *store[6];
+		double *ex[6];
+		int64_t row = 0;
+		for (int s = 0; s < 3; s++) {
+			store[2 * s] = rand_typed(dtypes[t], lens[s] * stride, &ex[2 * s]);
+			store[2 * s + 1] = rand_typed(dtypes[t], lens[s] * stride, &ex[2 * s + 1]);
+			spans[s] = (struct backend_kv_span){ store[2 * s], store[2 * s + 1], lens[s],
+							     stride };
+			for (int64_t j = 0; j < lens[s]; j++, row++)
+				for (int i = 0; i < KV * d; i++) {
+					k64[row * KV * d + i] = ex[2 * s][j * stride + i];
+					v64[row * KV * d + i] = ex[2 * s + 1][j * stride + i];
+				}
+		}
+		float *q = randv(H * d, 2.0f), out[4 * 8];
+		double ref[4 * 8];
+		for (int h = 0; h < H; h++)
+			ref_attn(ref + h * d, q + h * d, k64 + (h / 2) * d, v64 + (h / 2) * d, total,
+				 KV * d, d, a.scale);
+		assert_int_equal(be->ops->attn_decode(be->ctx, out, q, spans, 3, &a), 0);
+		double e = nerr(out, ref, H * d);
+		if (e > 1e-5)
+			fail_msg("attn_decode %s: error %g", dtype_name(dtypes[t]), e);
+		for (int i = 0; i < 6; i++) {
+			free(store[i]);
+			free(ex[i]);
+		}
+		free(k64);
+		free(v64);
+		free(q);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_elementwise),
+		cmocka_unit_test(test_embed_gather_convert),
+		cmocka_unit_test(test_attn_prefill),
+		cmocka_unit_test(test_attn_decode),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,615 @@
+/* Tests for worker/engine.c (with policy_full.c and the CPU backend): logits of the engine
+ * against an independent float64 forward pass written here (its own embedding, RMSNorm, RoPE,
+ * attention and MLP loops; it reads tensors only through model.h and dtype.h), on models built
+ * in memory, on stories260K (GGUF and HF) and on synthetic models of each preset geometry;
+ * GGUF vs HF agreement; batching; chunking; context limit and bad input.
+ *
+ * `test_engine --presets` runs only the preset geometries (registered as a slow test). */
+#include "test_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "model.h"
+#include "sampler.h"
+#include "synth.h"
+
+static struct backend *be;
+static uint64_t seed = 0xe11e;
+
+/* ---- reference forward pass (float64) ---- */
+
+static double el(const struct fkv_tensor *t, int64_t i)
+{
+	float f;
+	dtype_to_f32(&f, (const char *)t->data + (size_t)i * dtype_size(t->dtype), t->dtype, 1);
+	return f;
+}
+
+/* y (rows) = W (rows, cols) x (cols) */
+static void ref_linear(double *y, const struct fkv_tensor *w, const double *x)
+{
+	int64_t rows = w->shape[0], cols = w->shape[1];
+	for (int64_t r = 0; r < rows; r++) {
+		double s = 0;
+		for (int64_t c = 0; c < cols; c++)
+			s += el(w, r * cols + c) * x[c];
+		y[r] = s;
+	}
+}
+
+static void ref_norm(double *y, const double *x, const struct fkv_tensor *w, int n, double eps)
+{
+	double ss = 0;
+	for (int i = 0; i < n; i++)
+		ss += x[i] * x[i];
+	double r = 1.0 / sqrt(ss / n + eps);
+	for (int i = 0; i < n; i++)
+		y[i] = x[i] * r * el(w, i);
+}
+
+static double ref_inv_freq(const struct fkv_model_config *c, int i)
+{
+	double f = 1.0 / pow(c->rope_theta, 2.0 * i / c->head_dim);
+	if (c->rope_scaling_factor <= 0)
+		return f;
+	double wl = 2 * M_PI / f;
+	double lo = c->rope_original_ctx / c->rope_low_freq_factor;
+	double hi = c->rope_original_ctx / c->rope_high_freq_factor;
+	if (wl < hi)
+		return f;
+	if (wl > lo)
+		return f / c->rope_scaling_factor;
+	double sm = (c->rope_original_ctx / wl - c->rope_low_freq_factor) /
+		    (c->rope_high_freq_factor - c->rope_low_freq_factor);
+	return (1 - sm) * f / c->rope_scaling_factor + sm * f;
+}
+
+static void ref_rotate(double *v, int heads, const struct fkv_model_config *c, int pos)
+{
+	int d = c->head_dim;
+	for (int h = 0; h < heads; h++)
+		for (int i = 0; i < d / 2; i++) {
+			int a = c->rope_style == FKV_ROPE_HALVES ? i : 2 * i;
+			int b = c->rope_style == FKV_ROPE_HALVES ? i + d / 2 : 2 * i + 1;
+			double th = pos * ref_inv_freq(c, i), x0 = v[h * d + a], x1 = v[h * d + b];
+			v[h * d + a] = x0 * cos(th) - x1 * sin(th);
+			v[h * d + b] = x0 * sin(th) + x1 * cos(th);
+		}
+}
+
+/* logits (n, vocab) for tokens ids[0..n) of a fresh sequence. */
+static void ref_forward(const struct fkv_model *m, const int32_t *ids, int n, double *logits)
+{
+	const struct fkv_model_config *c = &m->cfg;
+	int D = c->dim, H = c->n_heads, KV = c->n_kv_heads, d = c->head_dim, F = c->ffn_dim;
+	int qd = H * d, kvd = KV * d;
+	double *x = calloc(D, 8), *xb = calloc(D, 8), *q = calloc(qd, 8), *att = calloc(qd, 8);
+	double *h1 = calloc(F, 8), *h2 = calloc(F, 8), *o = calloc(D, 8), *s = calloc(n, 8);
+	double *K = calloc((size_t)c->n_layers * n * kvd, 8);
+	double *Vc = calloc((size_t)c->n_layers * n * kvd, 8);
+	for (int t = 0; t < n; t++) {
+		for (int i = 0; i < D; i++)
+			x[i] = el(&m->tok_embd, (int64_t)ids[t] * D + i);
+		for (int l = 0; l < c->n_layers; l++) {
+			const struct fkv_layer_weights *w = &m->layers[l];
+			double *kl = K + ((size_t)l * n + t) * kvd, *vl = Vc + ((size_t)l * n + t) * kvd;
+			ref_norm(xb, x, &w->attn_norm, D, c->norm_eps);
+			ref_linear(q, &w->wq, xb);
+			ref_linear(kl, &w->wk, xb);
+			ref_linear(vl, &w->wv, xb);
+			if (w->bq.data)
+				for (int i = 0; i < qd; i++)
+					q[i] += el(&w->bq, i);
+			if (w->bk.data)
+				for (int i = 0; i < kvd; i++) {
+					kl[i] += el(&w->bk, i);
+					vl[i] += el(&w->bv, i);
+				}
+			ref_rotate(q, H, c, t);
+			ref_rotate(kl, KV, c, t);
+			for (int h = 0; h < H; h++) {
+				int g = h / (H / KV);
+				double mx = -INFINITY, z = 0;
+				for (int j = 0; j <= t; j++) {
+					const double *kj = K + ((size_t)l * n + j) * kvd + g * d;
+					s[j] = 0;
+					for (int i = 0; i < d; i++)
+						s[j] += q[h * d + i] * kj[i];
+					s[j] /= sqrt((double)d);
+					mx = fmax(mx, s[j]);
+				}
+				for (int j = 0; j <= t; j++)
+					z += (s[j] = exp(s[j] - mx));
+				for (int i = 0; i < d; i++) {
+					double a = 0;
+					for (int j = 0; j <= t; j++)
+						a += s[j] / z * Vc[((size_t)l * n + j) * kvd + g * d + i];
+					att[h * d + i] = a;
+				}
+			}
+			ref_linear(o, &w->wo, att);
+			for (int i = 0; i < D; i++)
+				x[i] += o[i];
+			ref_norm(xb, x, &w->ffn_norm, D, c->norm_eps);
+			ref_linear(h1, &w->w_gate, xb);
+			ref_linear(h2, &w->w_up, xb);
+			for (int i = 0; i < F; i++)
+				h1[i] = h1[i] / (1 + exp(-h1[i])) * h2[i];
+			ref_linear(o, &w->w_down, h1);
+			for (int i = 0; i < D; i++)
+				x[i] += o[i];
+		}
+		ref_norm(xb, x, &m->out_norm, D, c->norm_eps);
+		ref_linear(logits + (size_t)t * c->vocab_size, &m->output, xb);
+	}
+	free(x); free(xb); free(q); free(att); free(h1); free(h2); free(o); free(s); free(K);
+	free(Vc);
+}
+
+/* ---- models built in memory ---- */
+
+struct geo {
+	int L, D, H, KV, d, F, V;
+	enum fkv_dtype dt;
+	enum fkv_rope_style rs;
+	bool bias, tied, llama3;
+};
+
+static struct fkv_tensor rand_tensor(enum fkv_dtype t, int64_t rows, int64_t cols, float scale,
+				     float offset)
+{
+	int64_t n = rows * cols;
+	float *f = malloc((size_t)n * 4);
+	void *d = malloc((size_t)n * dtype_size(t));
+	assert_true(f && d);
+	for (int64_t i = 0; i < n; i++)
+		f[i] = offset + test_randf(&seed) * scale;
+	dtype_from_f32(d, f, t, (size_t)n);
+	free(f);
+	return (struct fkv_tensor){ d, t, cols > 1 ? 2 : 1, { rows, cols } };
+}
+
+static void mem_model(struct fkv_model *m, const struct geo *g)
+{
+	memset(m, 0, sizeof *m);
+	struct fkv_model_config *c = &m->cfg;
+	*c = (struct fkv_model_config){
+		.arch = "llama", .n_layers = g->L, .dim = g->D, .n_heads = g->H,
+		.n_kv_heads = g->KV, .head_dim = g->d, .ffn_dim = g->F, .vocab_size = g->V,
+		.ctx_len = 64, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_style = g->rs,
+		.tied_embeddings = g->tied, .qkv_bias = g->bias, .bos_id = 1, .eos_id = 2,
+		.dtype = g->dt,
+	};
+	if (g->llama3) {
+		c->rope_theta = 500000.0f;
+		c->rope_scaling_factor = 8.0f;
+		c->rope_low_freq_factor = 1.0f;
+		c->rope_high_freq_factor = 4.0f;
+		c->rope_original_ctx = 16; /* small so the short test positions cross the bands */
+	}
+	float sD = sqrtf(3.0f / g->D), sQ = sqrtf(3.0f / (g->H * g->d)), sF = sqrtf(3.0f / g->F);
+	m->tok_embd = rand_tensor(g->dt, g->V, g->D, 1.0f, 0);
+	m->out_norm = rand_tensor(g->dt, g->D, 1, 0.1f, 1.0f);
+	m->output = g->tied ? m->tok_embd : rand_tensor(g->dt, g->V, g->D, sD, 0);
+	m->layers = calloc(g->L, sizeof *m->layers);
+	for (int l = 0; l < g->L; l++) {
+		struct fkv_layer_weights *w = &m->layers[l];
+		w->attn_norm = rand_tensor(g->dt, g->D, 1, 0.1f, 1.0f);
+		w->ffn_norm = rand_tensor(g->dt, g->D, 1, 0.1f, 1.0f);
+		w->wq = rand_tensor(g->dt, g->H * g->d, g->D, sD * 2, 0);
+		w->wk = rand_tensor(g->dt, g->KV * g->d, g->D, sD * 2, 0);
+		w->wv = rand_tensor(g->dt, g->KV * g->d, g->D, sD, 0);
+		w->wo = rand_tensor(g->dt, g->D, g->H * g->d, sQ, 0);
+		w->w_gate = rand_tensor(g->dt, g->F, g->D, sD, 0);
+		w->w_up = rand_tensor(g->dt, g->F, g->D, sD, 0);
+		w->w_down = rand_tensor(g->dt, g->D, g->F, sF, 0);
+		if (g->bias) {
+			w->bq = rand_tensor(g->dt, g->H * g->d, 1, 0.3f, 0);
+			w->bk = rand_tensor(g->dt, g->KV * g->d, 1, 0.3f, 0);
+			w->bv = rand_tensor(g->dt, g->KV * g->d, 1, 0.3f, 0);
+		}
+	}
+}
+
+static void mem_model_free(struct fkv_model *m)
+{
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		struct fkv_layer_weights *w = &m->layers[l];
+		const void *p[] = { w->attn_norm.data, w->ffn_norm.data, w->wq.data, w->wk.data,
+				    w->wv.data, w->wo.data, w->w_gate.data, w->w_up.data,
+				    w->w_down.data, w->bq.data, w->bk.data, w->bv.data };
+		for (size_t i = 0; i < sizeof p / sizeof *p; i++)
+			free((void *)p[i]);
+	}
+	free(m->layers);
+	if (m->output.data != m->tok_embd.data)
+		free((void *)m->output.data);
+	free((void *)m->tok_embd.data);
+	free((void *)m->out_norm.data);
+}
+
+/* ---- helpers ---- */
+
+static double nerr(const float *got, const double *want, int64_t n)
+{
+	double e = 0, mx = 1e-12;
+	for (int64_t i = 0; i < n; i++) {
+		if (isnan(got[i]))
+			return INFINITY;
+		e = fmax(e, fabs(got[i] - want[i]));
+		mx = fmax(mx, fabs(want[i]));
+	}
+	return e / mx;
+}
+
+static struct engine *new_engine(const struct fkv_model *m, int ubatch, bool kv_f32)
+{
+	struct engine *e;
+	char err[256];
+	struct engine_opts o = { .ubatch = ubatch, .kv_dtype = FKV_F32, .kv_dtype_set = kv_f32 };
+	int ret = engine_new(&e, m, be, &o, err, sizeof err);
+	if (ret)
+		fail_msg("engine_new: %s", err);
+	return e;
+}
+
+static void rand_ids(int32_t *ids, int n, int vocab)
+{
+	for (int i = 0; i < n; i++)
+		ids[i] = (int32_t)(test_rand(&seed) % (uint64_t)vocab);
+}
+
+/* Engine logits for ids: the first n_pre by (chunked) prefill with all logits, the rest by
+ * decode steps; compared with the reference over all n positions. Returns the error. */
+static double engine_vs_ref(const struct fkv_model *m, const int32_t *ids, int n, int n_pre,
+			    int ubatch, bool kv_f32)
+{
+	int V = m->cfg.vocab_size;
+	double *ref = malloc((size_t)n * V * 8);
+	float *lg = malloc((size_t)n * V * 4);
+	ref_forward(m, ids, n, ref);
+	struct engine *e = new_engine(m, ubatch, kv_f32);
+	char err[256];
+	int s;
+	assert_int_equal(engine_seq_new(e, &s, err, sizeof err), 0);
+	if (engine_prefill(e, s, ids, n_pre, lg, true, err, sizeof err))
+		fail_msg("prefill: %s", err);
+	for (int t = n_pre; t < n; t++)
+		if (engine_decode(e, 1, &s, ids + t, lg + (size_t)t * V, err, sizeof err))
+			fail_msg("decode: %s", err);
+	assert_int_equal(engine_seq_len(e, s), n);
+	double worst = 0;
+	for (int t = 0; t < n; t++)
+		worst = fmax(worst, nerr(lg + (size_t)t * V, ref + (size_t)t * V, V));
+	engine_free(e);
+	free(ref);
+	free(lg);
+	return worst;
+}
+
+/* ---- tests on models built in memory ---- */
+
+static void test_mem_models_vs_reference(void **state)
+{
+	(void)state;
+	static const struct geo geos[] = {
+		{ 2, 48, 4, 2, 12, 80, 61, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false },
+		{ 2, 48, 4, 2, 12, 80, 61, FKV_F16, FKV_ROPE_HALVES, false, false, false },
+		{ 2, 64, 8, 2, 8, 96, 70, FKV_BF16, FKV_ROPE_HALVES, true, false, true },
+		{ 1, 32, 4, 4, 8, 40, 33, FKV_BF16, FKV_ROPE_INTERLEAVED, true, true, true },
+	};
+	int32_t ids[20];
+	for (size_t i = 0; i < sizeof geos / sizeof *geos; i++) {
+		struct fkv_model m;
+		mem_model(&m, &geos[i]);
+		rand_ids(ids, 20, geos[i].V);
+		/* One-shot prefill, chunked prefill crossing ubatches, prefill + decode. */
+		double e1 = engine_vs_ref(&m, ids, 20, 20, 256, true);
+		double e2 = engine_vs_ref(&m, ids, 20, 20, 6, true);
+		double e3 = engine_vs_ref(&m, ids, 20, 7, 4, true);
+		/* KV kept in the model's dtype: the rounding of K and V is the only difference. */
+		double e4 = engine_vs_ref(&m, ids, 20, 9, 5, false);
+		fprintf(stderr, "geometry %zu (%s): errors %.3g %.3g %.3g, KV in model dtype %.3g\n",
+			i, dtype_name(geos[i].dt), e1, e2, e3, e4);
+		if (e1 > 1e-4 || e2 > 1e-4 || e3 > 1e-4)
+			fail_msg("geometry %zu: errors %g %g %g", i, e1, e2, e3);
+		if (e4 > (geos[i].dt == FKV_F32 ? 1e-4 : 3e-2))
+			fail_msg("geometry %zu, KV in %s: error %g", i, dtype_name(geos[i].dt), e4);
+		mem_model_free(&m);
+	}
+}
+
+/* A wrong reference would also be caught: a model whose rope style is flipped after building
+ * must disagree with the reference computed for the original. */
+static void test_reference_detects_rope_mismatch(void **state)
+{
+	(void)state;
+	struct geo g = { 1, 32, 4, 2, 8, 40, 33, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false };
+	struct fkv_model m;
+	mem_model(&m, &g);
+	int32_t ids[12];
+	rand_ids(ids, 12, g.V);
+	double *ref = malloc(12 * 33 * 8);
+	float *lg = malloc(12 * 33 * 4);
+	ref_forward(&m, ids, 12, ref);
+	m.cfg.rope_style = FKV_ROPE_HALVES;
+	struct engine *e = new_engine(&m, 0, true);
+	char err[256];
+	int s;
+	assert_int_equal(engine_seq_new(e, &s, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(e, s, ids, 12, lg, true, err, sizeof err), 0);
+	assert_true(nerr(lg, ref, 12 * 33) > 1e-3);
+	engine_free(e);
+	free(ref);
+	free(lg);
+	mem_model_free(&m);
+}
+
+/* Greedy continuation of n tokens after prompt, sequence by sequence. */
+static void greedy_alone(const struct fkv_model *m, const int32_t *prompt, int n_prompt, int n,
+			 int32_t *out)
+{
+	struct engine *e = new_engine(m, 0, false);
+	int V = m->cfg.vocab_size, s;
+	float *lg = malloc((size_t)V * 4);
+	char err[256];
+	assert_int_equal(engine_seq_new(e, &s, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(e, s, prompt, n_prompt, lg, false, err, sizeof err), 0);
+	for (int i = 0; i < n; i++) {
+		out[i] = sampler_argmax(lg, V);
+		assert_int_equal(engine_decode(e, 1, &s, &out[i], lg, err, sizeof err), 0);
+	}
+	free(lg);
+	engine_free(e);
+}
+
+static void check_batch(const struct fkv_model *m)
+{
+	enum { NS = 4, GEN = 6 };
+	static const int lens[NS] = { 3, 11, 1, 7 };
+	int V = m->cfg.vocab_size;
+	int32_t prompts[NS][11], alone[NS][GEN], batch[NS][GEN];
+	const int32_t *pp[NS];
+	for (int i = 0; i < NS; i++) {
+		rand_ids(prompts[i], lens[i], V);
+		pp[i] = prompts[i];
+		greedy_alone(m, prompts[i], lens[i], GEN, alone[i]);
+	}
+	/* ubatch 5: the batched prefill splits sequences across chunks. */
+	struct engine *e = new_engine(m, 5, false);
+	char err[256];
+	int seqs[NS];
+	float *lg = malloc((size_t)NS * V * 4);
+	for (int i = 0; i < NS; i++)
+		assert_int_equal(engine_seq_new(e, &seqs[i], err, sizeof err), 0);
+	if (engine_forward(e, NS, seqs, pp, lens, lg, false, err, sizeof err))
+		fail_msg("batched prefill: %s", err);
+	for (int t = 0; t < GEN; t++) {
+		int32_t next[NS];
+		for (int i = 0; i < NS; i++)
+			next[i] = batch[i][t] = sampler_argmax(lg + (size_t)i * V, V);
+		assert_int_equal(engine_decode(e, NS, seqs, next, lg, err, sizeof err), 0);
+	}
+	for (int i = 0; i < NS; i++) {
+		assert_memory_equal(alone[i], batch[i], sizeof alone[i]);
+		assert_int_equal(engine_seq_len(e, seqs[i]), lens[i] + GEN);
+	}
+	free(lg);
+	engine_free(e);
+}
+
+static void test_batch_matches_alone(void **state)
+{
+	(void)state;
+	struct geo g = { 2, 64, 8, 2, 8, 96, 70, FKV_BF16, FKV_ROPE_HALVES, true, false, false };
+	struct fkv_model m;
+	mem_model(&m, &g);
+	check_batch(&m);
+	mem_model_free(&m);
+}
+
+static void test_limits_and_bad_input(void **state)
+{
+	(void)state;
+	struct geo g = { 1, 32, 4, 2, 8, 40, 33, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false };
+	struct fkv_model m;
+	mem_model(&m, &g);
+	struct engine *e;
+	char err[256];
+	struct engine_opts o = { .max_ctx = 10, .max_seqs = 2 };
+	assert_int_equal(engine_new(&e, &m, be, &o, err, sizeof err), 0);
+	int s, s2, s3;
+	int32_t ids[12] = { 0 };
+	assert_int_equal(engine_seq_new(e, &s, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(e, s, ids, 8, NULL, false, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(e, s, ids, 3, NULL, false, err, sizeof err), -ENOSPC);
+	assert_non_null(strstr(err, "context limit"));
+	assert_int_equal(engine_seq_len(e, s), 8); /* refused call changed nothing */
+	ids[1] = 33;
+	assert_int_equal(engine_prefill(e, s, ids, 2, NULL, false, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "out of range"));
+	ids[1] = -1;
+	assert_int_equal(engine_prefill(e, s, ids, 2, NULL, false, err, sizeof err), -EINVAL);
+	assert_int_equal(engine_seq_len(e, s), 8);
+	ids[1] = 0;
+	assert_int_equal(engine_prefill(e, s, ids, 2, NULL, false, err, sizeof err), 0);
+	assert_int_equal(engine_seq_len(e, s), 10);
+	assert_int_equal(engine_prefill(e, 7, ids, 1, NULL, false, err, sizeof err), -EINVAL);
+	assert_int_equal(engine_seq_new(e, &s2, err, sizeof err), 0);
+	assert_int_equal(engine_seq_new(e, &s3, err, sizeof err), -ENOSPC);
+	int dup[2] = { s2, s2 };
+	int32_t tok[2] = { 0, 0 };
+	assert_int_equal(engine_decode(e, 2, dup, tok, NULL, err, sizeof err), -EINVAL);
+	engine_seq_free(e, s);
+	assert_int_equal(engine_seq_len(e, s), -EINVAL);
+	assert_int_equal(engine_seq_new(e, &s3, err, sizeof err), 0);
+	struct kv_stats st;
+	assert_int_equal(engine_prefill(e, s3, ids, 4, NULL, false, err, sizeof err), 0);
+	assert_int_equal(engine_seq_stats(e, s3, &st), 0);
+	assert_int_equal(st.tokens, 4);
+	engine_free(e);
+	/* Bad geometry and unknown policy are refused with a message. */
+	o = (struct engine_opts){ .policy = "nope" };
+	assert_int_equal(engine_new(&e, &m, be, &o, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "nope"));
+	m.cfg.n_kv_heads = 3;
+	assert_int_equal(engine_new(&e, &m, be, NULL, err, sizeof err), -EINVAL);
+	m.cfg.n_kv_heads = 2;
+	m.layers[0].wk.shape[0] = 8;
+	assert_int_equal(engine_new(&e, &m, be, NULL, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "wk"));
+	m.layers[0].wk.shape[0] = 16;
+	mem_model_free(&m);
+}
+
+/* ---- stories260K ---- */
+
+static int load_or_skip(const char *rel, struct fkv_model *m)
+{
+	const char *p = test_model_path(rel);
+	if (!p)
+		return -ENOENT;
+	char err[512];
+	int ret = model_load(p, m, err, sizeof err);
+	if (ret)
+		fail_msg("model_load %s: %s", p, err);
+	return 0;
+}
+
+static void test_stories_vs_reference(void **state)
+{
+	(void)state;
+	const char *rels[] = { "stories260K/stories260K.gguf", "stories260K/hf" };
+	int32_t ids[40] = { 1 };
+	rand_ids(ids + 1, 39, 512);
+	for (int i = 0; i < 2; i++) {
+		struct fkv_model m;
+		if (load_or_skip(rels[i], &m)) {
+			skip();
+			return;
+		}
+		double e = engine_vs_ref(&m, ids, 40, 25, 16, false);
+		fprintf(stderr, "%s: error %.3g\n", rels[i], e);
+		if (e > 1e-4)
+			fail_msg("%s: error %g", rels[i], e);
+		if (i == 0)
+			check_batch(&m);
+		model_free(&m);
+	}
+}
+
+static void test_stories_gguf_vs_hf(void **state)
+{
+	(void)state;
+	struct fkv_model g, h;
+	if (load_or_skip("stories260K/stories260K.gguf", &g) ||
+	    load_or_skip("stories260K/hf", &h)) {
+		skip();
+		return;
+	}
+	assert_int_equal(g.cfg.rope_style, FKV_ROPE_INTERLEAVED);
+	assert_int_equal(h.cfg.rope_style, FKV_ROPE_HALVES);
+	enum { P = 9, N = 40 };
+	int32_t seq_g[P + N] = { 1, 403, 407, 261, 378, 297, 429, 400, 343 };
+	int32_t seq_h[P + N];
+	memcpy(seq_h, seq_g, sizeof(int32_t) * P);
+	float *lg = malloc(512 * 4), *lh = malloc(512 * 4);
+	struct engine *eg = new_engine(&g, 0, false), *eh = new_engine(&h, 0, false);
+	char err[256];
+	int sg, sh;
+	assert_int_equal(engine_seq_new(eg, &sg, err, sizeof err), 0);
+	assert_int_equal(engine_seq_new(eh, &sh, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(eg, sg, seq_g, P, lg, false, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(eh, sh, seq_h, P, lh, false, err, sizeof err), 0);
+	double worst = 0;
+	for (int t = 0; t < N; t++) {
+		for (int v = 0; v < 512; v++)
+			worst = fmax(worst, fabs(lg[v] - lh[v]));
+		seq_g[P + t] = sampler_argmax(lg, 512);
+		seq_h[P + t] = sampler_argmax(lh, 512);
+		assert_int_equal(seq_g[P + t], seq_h[P + t]);
+		assert_int_equal(engine_decode(eg, 1, &sg, &seq_g[P + t], lg, err, sizeof err), 0);
+		assert_int_equal(engine_decode(eh, 1, &sh, &seq_h[P + t], lh, err, sizeof err), 0);
+	}
+	fprintf(stderr, "GGUF vs HF: max logit difference %.3g over %d steps\n", worst, N);
+	if (worst > 1e-5)
+		fail_msg("GGUF vs HF logits differ by %g", worst);
+	/* A trained model continues a story: its greedy tokens are not all one id. */
+	int distinct = 0;
+	for (int t = 1; t < N; t++)
+		distinct += seq_g[P + t] != seq_g[P + t - 1];
+	assert_true(distinct > 5);
+	engine_free(eg);
+	engine_free(eh);
+	free(lg);
+	free(lh);
+	model_free(&g);
+	model_free(&h);
+}
+
+/* ---- synthetic models of each preset geometry (slow: full-width layers) ---- */
+
+static void test_presets_vs_reference(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/freekv-test-engine-XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	for (int i = 0; i < synth_n_presets(); i++) {
+		const char *name = synth_preset_name(i);
+		char err[512];
+		int vocab = synth_min_vocab() > 512 ? synth_min_vocab() : 512;
+		int ret = synth_write(name, 1, FKV_BF16, dir, 7 + i, vocab, err, sizeof err);
+		if (ret)
+			fail_msg("synth_write %s: %s", name, err);
+		struct fkv_model m;
+		if (model_load(dir, &m, err, sizeof err))
+			fail_msg("model_load %s: %s", name, err);
+		int32_t ids[6];
+		rand_ids(ids, 6, m.cfg.vocab_size);
+		double e = engine_vs_ref(&m, ids, 6, 4, 256, true);
+		fprintf(stderr, "preset %s (1 layer, dim %d, vocab %d): error %.3g\n", name,
+			m.cfg.dim, m.cfg.vocab_size, e);
+		if (e > 1e-4)
+			fail_msg("preset %s: error %g", name, e);
+		model_free(&m);
+	}
+	char cmd[256];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	return backend_cpu_new(&be, 2);
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	backend_free(be);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest fast[] = {
+		cmocka_unit_test(test_mem_models_vs_reference),
+		cmocka_unit_test(test_reference_detects_rope_mismatch),
+		cmocka_unit_test(test_batch_matches_alone),
+		cmocka_unit_test(test_limits_and_bad_input),
+		cmocka_unit_test(test_stories_vs_reference),
+		cmocka_unit_test(test_stories_gguf_vs_hf),
+	};
+	const struct CMUnitTest slow[] = {
+		cmocka_unit_test(test_presets_vs_reference),
+	};
+	if (argc > 1 && !strcmp(argv[1], "--presets"))
+		return cmocka_run_group_tests(slow, setup, teardown);
+	return cmocka_run_group_tests(fast, setup, teardown);
+}

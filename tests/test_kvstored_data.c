@@ -1,0 +1,238 @@
+/* Integration: a real kvstored and real client processes moving bytes through the pool, the
+ * rings and the NVMe tier.
+ * - 4 worker processes allocate, write random bytes, commit, force demotion (Demote), read back
+ *   through RECALL (promotion from NVMe): every byte identical.
+ * - A pool smaller than the data: ALLOC waits while demotion makes room; all bytes read back.
+ * - Pool and NVMe both full: ALLOC fails with ENOSPC; nothing committed is lost.
+ * - A byte flipped in the NVMe file: RECALL reports a checksum error (EBADMSG). */
+#include "test_kvstored_harness.h"
+
+#define PAGES 8
+
+/* Allocate, fill, commit pages [first, first + n) of both layers, 32 pages per ring op. */
+static int write_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32_t first, uint32_t n)
+{
+	uint8_t *base = kvs_pool_base(k);
+	for (uint32_t p0 = first; p0 < first + n; p0 += 32) {
+		uint32_t m = first + n - p0 < 32 ? first + n - p0 : 32;
+		for (uint32_t l = 0; l < h_geo.n_layers; l++) {
+			uint64_t off[32];
+			int ret = kvs_alloc(k, seq, l, p0, m, off);
+			if (ret)
+				return ret;
+			for (uint32_t p = 0; p < m; p++)
+				h_fill(base + off[p], H_BLOCK, tag, l, p0 + p);
+			ret = kvs_commit(k, seq, (uint64_t)(p0 + m) * h_geo.page_size, off, m);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+/* RECALL pages [first, first + n) of every layer, compare, release. Returns 0, a ring error,
+ * or -EILSEQ on a byte mismatch. */
+static int read_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32_t first, uint32_t n)
+{
+	uint8_t *base = kvs_pool_base(k);
+	for (uint32_t l = 0; l < h_geo.n_layers; l++) {
+		for (uint32_t p0 = first; p0 < first + n; p0 += 32) {
+			uint32_t m = first + n - p0 < 32 ? first + n - p0 : 32;
+			uint32_t pages[32];
+			uint64_t masks[32], off[32], leases[32];
+			for (uint32_t i = 0; i < m; i++) {
+				pages[i] = p0 + i;
+				masks[i] = 3;
+			}
+			int ret = kvs_recall(k, seq, l, pages, masks, m, off, leases);
+			if (ret)
+				return ret;
+			for (uint32_t i = 0; i < m; i++)
+				if (!h_check(base + off[i], H_BLOCK, tag, l, p0 + i))
+					return -EILSEQ;
+			ret = kvs_release(k, leases, m);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+static int child_roundtrip(const struct harness *h, int i)
+{
+	char name[32];
+	uint64_t seq;
+	snprintf(name, sizeof name, "rt-%d", i);
+	struct kvs *k = h_worker(h, name, &seq);
+	if (!k)
+		return 10;
+	int rc = 0;
+	if (write_pages(k, seq, (uint64_t)i, 0, PAGES)) {
+		rc = 11;
+		goto out;
+	}
+	Freekv__Reply *r;
+	if (kvs_demote(k, seq, NULL, &r)) {
+		rc = 12;
+		goto out;
+	}
+	if (r->evicted->blocks != PAGES * h_geo.n_layers)
+		rc = 13;
+	kvs_reply_free(r);
+	if (rc)
+		goto out;
+	r = h_settled(k, name);
+	if (!r || r->sequence->pages->nvme != PAGES * h_geo.n_layers || r->sequence->pages->dram != 0)
+		rc = 14;
+	kvs_reply_free(r);
+	if (rc)
+		goto out;
+	int ret = read_pages(k, seq, (uint64_t)i, 0, PAGES);
+	if (ret)
+		rc = ret == -EILSEQ ? 15 : 16;
+out:
+	if (rc)
+		fprintf(stderr, "child %d: step %d: %s\n", i, rc, kvs_error(k));
+	kvs_close(k);
+	return rc;
+}
+
+static void test_four_clients_demote_recall(void **state)
+{
+	(void)state;
+	struct harness h;
+	harness_start(&h, NULL);
+	pid_t kids[4];
+	for (int i = 0; i < 4; i++) {
+		kids[i] = fork();
+		assert_true(kids[i] >= 0);
+		if (kids[i] == 0)
+			_exit(child_roundtrip(&h, i));
+	}
+	for (int i = 0; i < 4; i++) {
+		int st;
+		assert_int_equal(waitpid(kids[i], &st, 0), kids[i]);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 0);
+	}
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_stats(k, &r), 0);
+	assert_true(r->stats->demoted_blocks >= 4 * PAGES * 2);
+	assert_true(r->stats->promoted_blocks >= 4 * PAGES * 2);
+	assert_int_equal(r->stats->crc_errors, 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
+/* dram_bytes=4M holds 2 slab units (512 blocks of 8 KiB); write 1200 blocks. */
+static void test_pool_full_demotes(void **state)
+{
+	(void)state;
+	static const char *const extra[] = { "--set", "dram_bytes=4M", "--set", "dram_low_watermark=50", NULL };
+	struct harness h;
+	uint64_t seq;
+	harness_start(&h, extra);
+	struct kvs *k = h_worker(&h, "big", &seq);
+	assert_non_null(k);
+	for (uint32_t p = 0; p < 600; p += 40) {
+		int ret = write_pages(k, seq, 77, p, 40);
+		if (ret)
+			fprintf(stderr, "write %u: %s\n", p, kvs_error(k));
+		assert_int_equal(ret, 0);
+	}
+	assert_int_equal(read_pages(k, seq, 77, 0, 600), 0);
+	Freekv__Reply *r;
+	assert_int_equal(kvs_stats(k, &r), 0);
+	assert_true(r->stats->demoted_blocks > 0);
+	assert_true(r->stats->promoted_blocks > 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
+static void test_pool_and_nvme_full(void **state)
+{
+	(void)state;
+	static const char *const extra[] = { "--set", "dram_bytes=4M", "--set", "nvme_bytes=2M", NULL };
+	struct harness h;
+	uint64_t a, b;
+	harness_start(&h, extra);
+	struct kvs *k = h_worker(&h, "keep", &a);
+	assert_non_null(k);
+	/* 200 blocks of "keep" first, then fill with "filler" until ENOSPC. */
+	assert_int_equal(write_pages(k, a, 5, 0, 100), 0);
+	assert_int_equal(kvs_open_sequence(k, "filler", h_fp, sizeof h_fp, &h_geo, NULL, 0, true, &b), 0);
+	assert_int_equal(kvs_attach(k, b, NULL), 0);
+	int ret = 0;
+	uint32_t p = 0;
+	for (; p < 4096 && !ret; p += 16)
+		ret = write_pages(k, b, 6, p, 16);
+	assert_int_equal(ret, -ENOSPC);
+	assert_non_null(strstr(kvs_error(k), "No space"));
+	assert_true(200 + 2 * p > 512 + 32); /* more than DRAM alone holds: demotion ran */
+	/* Make room by dropping the filler, then every byte of "keep" must still be there. */
+	ret = kvs_close_sequence(k, b, true);
+	if (ret)
+		fprintf(stderr, "close: %s\n", kvs_error(k));
+	assert_int_equal(ret, 0);
+	assert_int_equal(read_pages(k, a, 5, 0, 100), 0);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
+static void test_nvme_corruption_detected(void **state)
+{
+	(void)state;
+	struct harness h;
+	uint64_t seq;
+	harness_start(&h, NULL);
+	struct kvs *k = h_worker(&h, "crc", &seq);
+	assert_non_null(k);
+	assert_int_equal(write_pages(k, seq, 9, 0, 4), 0);
+	Freekv__Reply *r;
+	assert_int_equal(kvs_demote(k, seq, NULL, &r), 0);
+	kvs_reply_free(r);
+	r = h_settled(k, "crc");
+	assert_non_null(r);
+	assert_int_equal(r->sequence->pages->nvme, 8);
+	kvs_reply_free(r);
+
+	/* Flip one byte in every written block of the tier file. */
+	int fd = open(h.nvme, O_RDWR);
+	assert_true(fd >= 0);
+	uint8_t buf[H_BLOCK], zero[H_BLOCK] = { 0 };
+	int flipped = 0;
+	for (off_t off = 0; pread(fd, buf, H_BLOCK, off) == H_BLOCK && off < (32 << 20); off += H_BLOCK) {
+		if (!memcmp(buf, zero, H_BLOCK))
+			continue;
+		buf[100] ^= 0x40;
+		assert_int_equal(pwrite(fd, buf, H_BLOCK, off), H_BLOCK);
+		flipped++;
+	}
+	fsync(fd);
+	close(fd);
+	assert_int_equal(flipped, 8);
+
+	uint32_t page = 0;
+	uint64_t mask = 1, off, lease;
+	assert_int_equal(kvs_recall(k, seq, 0, &page, &mask, 1, &off, &lease), -EBADMSG);
+	assert_int_equal(kvs_stats(k, &r), 0);
+	assert_true(r->stats->crc_errors >= 1);
+	kvs_reply_free(r);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_four_clients_demote_recall),
+		cmocka_unit_test(test_pool_full_demotes),
+		cmocka_unit_test(test_pool_and_nvme_full),
+		cmocka_unit_test(test_nvme_corruption_detected),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,209 @@
+/* Helpers for the kvstored integration tests: start a real kvstored process on a temporary shm
+ * name, ipc endpoint and NVMe file; wait until it answers; stop it with SIGTERM and check that it
+ * exited cleanly and unlinked its shared memory. Also: deterministic block contents and a
+ * geometry small enough for quick tests. Header-only, included by test_kvstored_*.c. */
+#ifndef FREEKV_TEST_KVSTORED_HARNESS_H
+#define FREEKV_TEST_KVSTORED_HARNESS_H
+
+#include "test_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "freekv_store.h"
+
+#define H_MAX_ARGS 32
+
+struct harness {
+	char dir[64];
+	char endpoint[128];
+	char shm[64];
+	char nvme[128];
+	pid_t pid;
+};
+
+/* 2 layers, 2 KV heads, d 64, p 16, f16: 8 KiB blocks. */
+static const struct kvs_geometry h_geo = { 2, 2, 64, 16, 2 };
+static const uint8_t h_fp[32] = { 0xf1, 0xee, 0x4b, 0x01 };
+#define H_BLOCK 8192u
+
+static inline uint64_t h_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static inline void h_sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+static inline const char *h_kvstored_path(void)
+{
+	static char p[4096];
+	snprintf(p, sizeof p, "%s/kvstore/kvstored", FREEKV_BUILD_DIR);
+	return p;
+}
+
+/* Start kvstored with the test defaults plus `extra` --set arguments (NULL-terminated). */
+static inline void harness_start_env(struct harness *h, const char *const *extra, char *const *env_add)
+{
+	static int counter;
+	memset(h, 0, sizeof *h);
+	strcpy(h->dir, "/tmp/fkv-h2-XXXXXX");
+	assert_non_null(mkdtemp(h->dir));
+	snprintf(h->endpoint, sizeof h->endpoint, "ipc://%s/kvstored.sock", h->dir);
+	snprintf(h->shm, sizeof h->shm, "/fkv-t%d-%d", (int)getpid(), counter++);
+	snprintf(h->nvme, sizeof h->nvme, "%s/tier.bin", h->dir);
+
+	char sets[8][300];
+	snprintf(sets[0], 300, "endpoint=%s", h->endpoint);
+	snprintf(sets[1], 300, "shm_name=%s", h->shm);
+	snprintf(sets[2], 300, "nvme_path=%s", h->nvme);
+	snprintf(sets[3], 300, "lock_memory=false");
+	snprintf(sets[4], 300, "dram_bytes=32M");
+	snprintf(sets[5], 300, "nvme_bytes=32M");
+	snprintf(sets[6], 300, "log_level=warn");
+	const char *argv[H_MAX_ARGS];
+	int n = 0;
+	argv[n++] = h_kvstored_path();
+	argv[n++] = "--foreground";
+	for (int i = 0; i < 7; i++) {
+		argv[n++] = "--set";
+		argv[n++] = sets[i];
+	}
+	for (int i = 0; extra && extra[i] && n < H_MAX_ARGS - 1; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+
+	h->pid = fork();
+	assert_true(h->pid >= 0);
+	if (h->pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test must not leave a daemon behind */
+		for (int i = 0; env_add && env_add[i]; i++)
+			putenv(env_add[i]);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	/* Ready when it answers Stats. */
+	uint64_t t0 = h_now_ms();
+	for (;;) {
+		struct kvs *k;
+		assert_int_equal(kvs_connect(h->endpoint, 200, &k), 0);
+		int ret = kvs_stats(k, NULL);
+		kvs_close(k);
+		if (ret == 0)
+			break;
+		int st;
+		if (waitpid(h->pid, &st, WNOHANG) == h->pid) {
+			fprintf(stderr, "kvstored exited during start (status %d)\n", st);
+			fail();
+		}
+		if (h_now_ms() - t0 > 15000) {
+			fprintf(stderr, "kvstored did not answer within 15 s\n");
+			fail();
+		}
+		h_sleep_ms(20);
+	}
+}
+
+static inline void harness_start(struct harness *h, const char *const *extra)
+{
+	harness_start_env(h, extra, NULL);
+}
+
+static inline bool harness_alive(struct harness *h)
+{
+	int st;
+	return waitpid(h->pid, &st, WNOHANG) == 0;
+}
+
+static inline bool shm_exists(const char *name)
+{
+	char p[256];
+	snprintf(p, sizeof p, "/dev/shm%s", name);
+	return access(p, F_OK) == 0;
+}
+
+/* SIGTERM, wait (10 s at most), expect exit status 0 and the pool unlinked. */
+static inline void harness_stop(struct harness *h)
+{
+	int st = 0;
+	assert_int_equal(kill(h->pid, SIGTERM), 0);
+	uint64_t t0 = h_now_ms();
+	while (waitpid(h->pid, &st, WNOHANG) == 0) {
+		if (h_now_ms() - t0 > 10000) {
+			kill(h->pid, SIGKILL);
+			waitpid(h->pid, &st, 0);
+			fprintf(stderr, "kvstored did not stop within 10 s\n");
+			fail();
+		}
+		h_sleep_ms(10);
+	}
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_false(shm_exists(h->shm));
+	unlink(h->nvme);
+	char sock[160];
+	snprintf(sock, sizeof sock, "%s/kvstored.sock", h->dir);
+	assert_int_not_equal(access(sock, F_OK), 0); /* socket file removed */
+	rmdir(h->dir);
+}
+
+/* Deterministic contents of (seq tag, layer, page). */
+static inline void h_fill(uint8_t *p, size_t n, uint64_t tag, uint32_t layer, uint32_t page)
+{
+	uint64_t s = (tag * 1000003u + layer) * 1000033u + page + 1;
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t v = test_rand(&s);
+		memcpy(p + i, &v, n - i < 8 ? n - i : 8);
+	}
+}
+
+static inline bool h_check(const uint8_t *p, size_t n, uint64_t tag, uint32_t layer, uint32_t page)
+{
+	uint8_t buf[H_BLOCK];
+	h_fill(buf, n, tag, layer, page);
+	return memcmp(buf, p, n) == 0;
+}
+
+/* A worker connection, opened and attached to `name`. Returns NULL (with a message) on error. */
+static inline struct kvs *h_worker(const struct harness *h, const char *name, uint64_t *seq)
+{
+	struct kvs *k;
+	if (kvs_connect(h->endpoint, 5000, &k))
+		return NULL;
+	if (kvs_hello(k, KVS_ROLE_WORKER, name) ||
+	    kvs_open_sequence(k, name, h_fp, sizeof h_fp, &h_geo, NULL, 0, true, seq) ||
+	    kvs_attach(k, *seq, NULL)) {
+		fprintf(stderr, "worker %s: %s\n", name, kvs_error(k));
+		kvs_close(k);
+		return NULL;
+	}
+	return k;
+}
+
+/* Wait until ShowSequence(name) has no I/O in flight; returns the reply (caller frees). */
+static inline Freekv__Reply *h_settled(struct kvs *k, const char *name)
+{
+	uint64_t t0 = h_now_ms();
+	for (;;) {
+		Freekv__Reply *r;
+		if (kvs_show_sequence(k, 0, name, false, &r))
+			return NULL;
+		if (r->sequence->pages->in_flight == 0 || h_now_ms() - t0 > 10000)
+			return r;
+		kvs_reply_free(r);
+		h_sleep_ms(5);
+	}
+}
+
+#endif

@@ -1,0 +1,195 @@
+/* Integration: kvstored as a service. sd_notify over an abstract-namespace NOTIFY_SOCKET (READY,
+ * STATUS with pool usage, WATCHDOG at half WATCHDOG_USEC, STOPPING); SIGTERM gives a clean exit
+ * with the pool, ring and socket unlinked while a connected worker gets a clear -ESHUTDOWN;
+ * SIGHUP reloads only run-time keys from the config file; ConfigGet/ConfigSet honour the
+ * run-time flag; a bad config refuses to start with a message. */
+#include "test_kvstored_harness.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+static int notify_socket(char *env, size_t len)
+{
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	assert_true(fd >= 0);
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	char name[64];
+	int n = snprintf(name, sizeof name, "fkv-notify-%d", (int)getpid());
+	memcpy(a.sun_path + 1, name, (size_t)n); /* abstract: leading NUL */
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)), 0);
+	snprintf(env, len, "NOTIFY_SOCKET=@%s", name);
+	struct timeval tv = { 5, 0 };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return fd;
+}
+
+/* Receive datagrams until one contains `want`; false after 5 s of silence. */
+static bool wait_for(int fd, const char *want, char *got, size_t len)
+{
+	for (;;) {
+		ssize_t n = recv(fd, got, len - 1, 0);
+		if (n < 0)
+			return false;
+		got[n] = '\0';
+		if (strstr(got, want))
+			return true;
+	}
+}
+
+static void test_notify_and_sigterm(void **state)
+{
+	(void)state;
+	static char env_sock[128], env_wd[] = "WATCHDOG_USEC=200000";
+	char *env[] = { env_sock, env_wd, NULL };
+	char msg[1024];
+	struct harness h;
+	int fd = notify_socket(env_sock, sizeof env_sock);
+	harness_start_env(&h, NULL, env);
+	assert_true(wait_for(fd, "READY=1", msg, sizeof msg));
+	assert_true(wait_for(fd, "STATUS=", msg, sizeof msg));
+	assert_non_null(strstr(msg, "DRAM"));
+	assert_non_null(strstr(msg, "NVMe"));
+	assert_true(wait_for(fd, "WATCHDOG=1", msg, sizeof msg));
+	uint64_t t0 = h_now_ms();
+	assert_true(wait_for(fd, "WATCHDOG=1", msg, sizeof msg));
+	assert_true(h_now_ms() - t0 < 190); /* every 100 ms, half of WATCHDOG_USEC */
+
+	uint64_t seq, off[1];
+	struct kvs *k = h_worker(&h, "stopping", &seq);
+	assert_non_null(k);
+	char ring[128];
+	snprintf(ring, sizeof ring, "%s-ring-%u", h.shm, kvs_worker_id(k));
+	assert_true(shm_exists(ring));
+	assert_int_equal(kvs_alloc(k, seq, 0, 0, 1, off), 0);
+
+	kill(h.pid, SIGTERM);
+	assert_true(wait_for(fd, "STOPPING=1", msg, sizeof msg));
+	h_sleep_ms(100);
+	/* The worker learns why: the shutdown notice, then every call fails the same way. */
+	int ret = kvs_heartbeat(k);
+	if (ret != -ESHUTDOWN)
+		fprintf(stderr, "heartbeat after SIGTERM: %d %s\n", ret, kvs_error(k));
+	assert_int_equal(ret, -ESHUTDOWN);
+	assert_non_null(strstr(kvs_error(k), "shutting down"));
+	assert_int_equal(kvs_alloc(k, seq, 0, 1, 1, off), -ESHUTDOWN);
+	kvs_close(k);
+	/* harness_stop checks exit status 0 and the pool and socket gone (SIGTERM again is fine). */
+	int st;
+	assert_int_equal(waitpid(h.pid, &st, 0), h.pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_false(shm_exists(h.shm));
+	assert_false(shm_exists(ring));
+	unlink(h.nvme);
+	rmdir(h.dir);
+	close(fd);
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static void test_sighup_and_config(void **state)
+{
+	(void)state;
+	char conf[] = "/tmp/fkv-h2-conf-XXXXXX";
+	int cfd = mkstemp(conf);
+	assert_true(cfd >= 0);
+	close(cfd);
+	write_file(conf, "# test config\nheartbeat_timeout_ms = 1234\nmax_tokens = 500\n");
+	const char *const extra[] = { "--config", conf, NULL };
+	struct harness h;
+	harness_start(&h, extra);
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_config_get(k, "heartbeat_timeout_ms", &r), 0);
+	assert_int_equal(r->config->n_entries, 1);
+	assert_string_equal(r->config->entries[0]->value, "1234");
+	assert_true(r->config->entries[0]->runtime);
+	kvs_reply_free(r);
+	/* --set wins over the file. */
+	assert_int_equal(kvs_config_get(k, "dram_bytes", &r), 0);
+	assert_string_equal(r->config->entries[0]->value, "33554432");
+	kvs_reply_free(r);
+
+	/* SIGHUP: run-time keys change, the others are ignored. */
+	write_file(conf, "heartbeat_timeout_ms = 4321\ndram_bytes = 1G\n");
+	kill(h.pid, SIGHUP);
+	uint64_t t0 = h_now_ms();
+	for (;;) {
+		assert_int_equal(kvs_config_get(k, "heartbeat_timeout_ms", &r), 0);
+		bool ok = !strcmp(r->config->entries[0]->value, "4321");
+		kvs_reply_free(r);
+		if (ok)
+			break;
+		assert_true(h_now_ms() - t0 < 3000);
+		h_sleep_ms(10);
+	}
+	assert_int_equal(kvs_config_get(k, "dram_bytes", &r), 0);
+	assert_string_equal(r->config->entries[0]->value, "33554432");
+	kvs_reply_free(r);
+	/* A broken file is refused and changes nothing. */
+	write_file(conf, "heartbeat_timeout_ms = 999\nnonsense\n");
+	kill(h.pid, SIGHUP);
+	h_sleep_ms(200);
+	assert_int_equal(kvs_config_get(k, "heartbeat_timeout_ms", &r), 0);
+	assert_string_equal(r->config->entries[0]->value, "4321");
+	kvs_reply_free(r);
+
+	assert_int_equal(kvs_config_set(k, "dram_high_watermark", "95", &r), 0);
+	assert_string_equal(r->config->entries[0]->value, "95");
+	kvs_reply_free(r);
+	assert_int_equal(kvs_config_set(k, "dram_bytes", "2G", NULL), -EPERM);
+	assert_non_null(strstr(kvs_error(k), "restart"));
+	assert_int_equal(kvs_config_set(k, "dram_low_watermark", "99", NULL), -EINVAL);
+	assert_int_equal(kvs_config_set(k, "nope", "1", NULL), -ENOENT);
+	assert_int_equal(kvs_config_get(k, NULL, &r), 0);
+	assert_true(r->config->n_entries >= 15);
+	kvs_reply_free(r);
+	kvs_close(k);
+	harness_stop(&h);
+	unlink(conf);
+}
+
+static void test_bad_config_refused(void **state)
+{
+	(void)state;
+	char cmd[8192];
+	snprintf(cmd, sizeof cmd, "%s --set dram_low_watermark=95 --set dram_high_watermark=90 2>/dev/null",
+		 h_kvstored_path());
+	int st = system(cmd);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 2);
+	snprintf(cmd, sizeof cmd, "%s --set endpoint=tcp://0.0.0.0:1 2>/dev/null", h_kvstored_path());
+	st = system(cmd);
+	assert_int_equal(WEXITSTATUS(st), 2);
+	snprintf(cmd, sizeof cmd, "%s --print-config --set dram_bytes=3G | grep -q '^dram_bytes = 3221225472$'",
+		 h_kvstored_path());
+	st = system(cmd);
+	assert_int_equal(WEXITSTATUS(st), 0);
+	/* A pool that cannot be locked names the fix (root bypasses RLIMIT_MEMLOCK: not testable). */
+	if (geteuid() == 0)
+		return;
+	snprintf(cmd, sizeof cmd,
+		 "ulimit -l 64; timeout 10 %s --set shm_name=/fkv-h2-lock --set dram_bytes=64M --set nvme_path= "
+		 "--set endpoint=ipc:///tmp/fkv-h2-lock.sock 2>&1 | grep -q LimitMEMLOCK",
+		 h_kvstored_path());
+	st = system(cmd);
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_false(shm_exists("/fkv-h2-lock"));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_notify_and_sigterm),
+		cmocka_unit_test(test_sighup_and_config),
+		cmocka_unit_test(test_bad_config_refused),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,396 @@
+/* Tests for the kvworker executable (worker/kvworker.c, worker/cmd_*.c): runs the real binary
+ * on stories260K and checks what it prints — the greedy continuation equals the engine's own
+ * greedy tokens, text output is the decoding of those ids, --stats is one JSON line, perplexity
+ * ends with its line, bad flags exit 2, failures exit 1 with a message. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+static char bin[4096], tmpdir[64];
+static const char *gguf, *hf;
+
+/* Output of one run: exit code, stdout and stderr as strings (malloc'ed). */
+struct result {
+	int rc;
+	char *out, *err;
+};
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	char *buf = calloc(1, 1 << 20);
+	assert_non_null(buf);
+	size_t n = fread(buf, 1, (1 << 20) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
+
+/* Runs kvworker with args (NULL-terminated) and stdin from in_path (or /dev/null). */
+static struct result run(const char *in_path, const char *const *args)
+{
+	char outp[128], errp[128];
+	snprintf(outp, sizeof outp, "%s/out", tmpdir);
+	snprintf(errp, sizeof errp, "%s/err", tmpdir);
+	const char *argv[32] = { bin };
+	int n = 1;
+	while (args[n - 1] && n < 31) {
+		argv[n] = args[n - 1];
+		n++;
+	}
+	argv[n] = NULL;
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int i = open(in_path ? in_path : "/dev/null", O_RDONLY);
+		int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (i < 0 || o < 0 || e < 0)
+			_exit(127);
+		dup2(i, 0);
+		dup2(o, 1);
+		dup2(e, 2);
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st)); /* never a crash */
+	return (struct result){ WEXITSTATUS(st), slurp(outp), slurp(errp) };
+}
+
+static void result_free(struct result *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+#define RUN(in, ...) run(in, (const char *const[]){ __VA_ARGS__, NULL })
+
+/* Space-separated ids on one line; returns the count. */
+static int parse_ids(const char *s, int *ids, int max)
+{
+	int n = 0;
+	char *end;
+	while (*s && *s != '\n') {
+		long v = strtol(s, &end, 10);
+		assert_true(end != s);
+		assert_true(v >= 0 && v < 512);
+		assert_true(n < max);
+		ids[n++] = (int)v;
+		s = end;
+		if (*s == ' ')
+			s++;
+	}
+	return n;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(bin, sizeof bin, "%s/worker/kvworker", FREEKV_BUILD_DIR);
+	if (access(bin, X_OK)) {
+		fprintf(stderr, "skip: %s not built\n", bin);
+		return -1;
+	}
+	strcpy(tmpdir, "/tmp/freekv-cli-XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return -1;
+	static char g[4096], h[4096];
+	const char *p = test_model_path("stories260K/stories260K.gguf");
+	if (p) {
+		snprintf(g, sizeof g, "%s", p);
+		gguf = g;
+	}
+	p = test_model_path("stories260K/hf");
+	if (p) {
+		snprintf(h, sizeof h, "%s", p);
+		hf = h;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The engine's greedy continuation of prompt, computed in this process. */
+static int engine_greedy(const char *model, const char *prompt, int n, int *out)
+{
+	struct fkv_model m;
+	struct fkv_tokenizer *tok;
+	struct backend *be;
+	struct engine *e;
+	char err[512];
+	assert_int_equal(model_load(model, &m, err, sizeof err), 0);
+	assert_int_equal(tokenizer_load(&m, &tok, err, sizeof err), 0);
+	assert_int_equal(backend_cpu_new(&be, 1), 0);
+	assert_int_equal(engine_new(&e, &m, be, NULL, err, sizeof err), 0);
+	int *ids, seq, got = 0;
+	int np = tokenizer_encode(tok, prompt, true, &ids);
+	assert_true(np > 0);
+	float *lg = malloc(512 * sizeof *lg);
+	assert_int_equal(engine_seq_new(e, &seq, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(e, seq, ids, np, lg, false, err, sizeof err), 0);
+	while (got < n) {
+		int32_t t = sampler_argmax(lg, 512);
+		if (t == tokenizer_eos(tok))
+			break;
+		out[got++] = t;
+		assert_int_equal(engine_decode(e, 1, &seq, &t, lg, err, sizeof err), 0);
+	}
+	free(lg);
+	free(ids);
+	engine_free(e);
+	backend_free(be);
+	tokenizer_free(tok);
+	model_free(&m);
+	return got;
+}
+
+static void test_generate_greedy(void **state)
+{
+	(void)state;
+	if (!gguf || !hf) {
+		skip();
+		return;
+	}
+	const char *prompt = "Once upon a time";
+	int want[64], got_g[64], got_h[64];
+	int nw = engine_greedy(gguf, prompt, 30, want);
+	assert_true(nw > 10);
+	struct result rg = RUN(NULL, "generate", "-m", gguf, "-p", prompt, "-n", "30", "--temp",
+			       "0", "--ids");
+	struct result rh = RUN(NULL, "generate", "-m", hf, "-p", prompt, "-n", "30", "--temp", "0",
+			       "--ids", "-t", "2");
+	assert_int_equal(rg.rc, 0);
+	assert_int_equal(rh.rc, 0);
+	assert_int_equal(parse_ids(rg.out, got_g, 64), nw);
+	assert_int_equal(parse_ids(rh.out, got_h, 64), nw);
+	assert_memory_equal(got_g, want, nw * sizeof(int));
+	assert_memory_equal(got_h, want, nw * sizeof(int));
+	/* Text mode prints the decoding of the same ids, and not the prompt. */
+	struct result rt = RUN(NULL, "generate", "-m", gguf, "-p", prompt, "-n", "30", "--temp",
+			       "0");
+	assert_int_equal(rt.rc, 0);
+	struct fkv_model m;
+	struct fkv_tokenizer *tok;
+	char err[256], *text;
+	assert_int_equal(model_load(gguf, &m, err, sizeof err), 0);
+	assert_int_equal(tokenizer_load(&m, &tok, err, sizeof err), 0);
+	assert_true(tokenizer_decode(tok, want, nw, &text) > 0);
+	const char *o = rt.out + (rt.out[0] == ' ' && text[0] != ' ');
+	assert_int_equal(strncmp(o, text, strlen(text)), 0);
+	assert_null(strstr(rt.out, prompt));
+	free(text);
+	tokenizer_free(tok);
+	model_free(&m);
+	result_free(&rg);
+	result_free(&rh);
+	result_free(&rt);
+}
+
+static void test_generate_stdin_stats_seed(void **state)
+{
+	(void)state;
+	if (!gguf) {
+		skip();
+		return;
+	}
+	char in[128];
+	snprintf(in, sizeof in, "%s/prompt.txt", tmpdir);
+	FILE *f = fopen(in, "w");
+	fputs("Once upon a time", f);
+	fclose(f);
+	struct result a = RUN(in, "generate", "-m", gguf, "-p", "-", "-n", "12", "--temp", "0",
+			      "--ids", "--stats");
+	struct result b = RUN(NULL, "generate", "-m", gguf, "-f", in, "-n", "12", "--temp", "0",
+			      "--ids");
+	assert_int_equal(a.rc, 0);
+	assert_string_equal(a.out, b.out);
+	/* --stats: one JSON object on stderr with the timings. */
+	struct json_object *j = json_tokener_parse(a.err), *v;
+	assert_non_null(j);
+	assert_true(json_object_object_get_ex(j, "prefill_tok_s", &v));
+	assert_true(json_object_get_double(v) > 0);
+	assert_true(json_object_object_get_ex(j, "decode_tok_s", &v));
+	assert_true(json_object_get_double(v) > 0);
+	assert_true(json_object_object_get_ex(j, "generated_tokens", &v));
+	assert_int_equal(json_object_get_int(v), 12);
+	json_object_put(j);
+	/* Seeded sampling reproduces; another seed gives another continuation. */
+	struct result s1 = RUN(NULL, "generate", "-m", gguf, "-p", "A cat", "-n", "40", "--temp",
+			       "1.2", "--top-k", "0", "--top-p", "1", "--seed", "11", "--ids");
+	struct result s2 = RUN(NULL, "generate", "-m", gguf, "-p", "A cat", "-n", "40", "--temp",
+			       "1.2", "--top-k", "0", "--top-p", "1", "--seed", "11", "--ids");
+	struct result s3 = RUN(NULL, "generate", "-m", gguf, "-p", "A cat", "-n", "40", "--temp",
+			       "1.2", "--top-k", "0", "--top-p", "1", "--seed", "12", "--ids");
+	assert_int_equal(s1.rc, 0);
+	assert_string_equal(s1.out, s2.out);
+	assert_string_not_equal(s1.out, s3.out);
+	result_free(&a);
+	result_free(&b);
+	result_free(&s1);
+	result_free(&s2);
+	result_free(&s3);
+}
+
+static void test_perplexity(void **state)
+{
+	(void)state;
+	if (!gguf || !hf) {
+		skip();
+		return;
+	}
+	char path[128];
+	snprintf(path, sizeof path, "%s/text.txt", tmpdir);
+	FILE *f = fopen(path, "w");
+	fputs("Once upon a time, there was a little girl named Lily. She loved to play outside. "
+	      "One day, she saw a big red ball in the park. She was very happy.\n", f);
+	fclose(f);
+	double ppl[2];
+	const char *models[2] = { gguf, hf };
+	for (int i = 0; i < 2; i++) {
+		struct result r = RUN(NULL, "perplexity", "-m", models[i], "-f", path, "--ctx", "16");
+		assert_int_equal(r.rc, 0);
+		char *last = r.out + strlen(r.out) - 1;
+		while (last > r.out && last[-1] != '\n')
+			last--;
+		assert_int_equal(sscanf(last, "perplexity: %lf", &ppl[i]), 1);
+		assert_true(ppl[i] > 1.0 && ppl[i] < 100.0); /* far below vocab 512: a trained model */
+		result_free(&r);
+	}
+	assert_true(fabs(ppl[0] - ppl[1]) < 1e-3 * ppl[0]);
+	/* Shuffled words score worse than the story. */
+	f = fopen(path, "w");
+	fputs("ball Lily park a the big girl happy outside red she time was named upon\n", f);
+	fclose(f);
+	struct result r = RUN(NULL, "perplexity", "-m", gguf, "-f", path);
+	assert_int_equal(r.rc, 0);
+	double bad;
+	assert_non_null(strstr(r.out, "perplexity: "));
+	assert_int_equal(sscanf(strstr(r.out, "perplexity: "), "perplexity: %lf", &bad), 1);
+	assert_true(bad > 2 * ppl[0]);
+	result_free(&r);
+}
+
+static void test_bad_flags_exit_2(void **state)
+{
+	(void)state;
+	const char *m = gguf ? gguf : "/nonexistent";
+	const char *const cases[][12] = {
+		{ NULL },
+		{ "frobnicate", NULL },
+		{ "generate", "-m", m, "-p", "x", "--bogus", NULL },
+		{ "generate", "-m", m, "-p", "x", "-n", "abc", NULL },
+		{ "generate", "-m", m, "-p", "x", "-n", "-3", NULL },
+		{ "generate", "-m", m, "-p", "x", "--top-p", "2", NULL },
+		{ "generate", "-m", m, "-p", "x", "--temp", "nan", NULL },
+		{ "generate", "-m", m, "-p", "x", "-t", "0", NULL },
+		{ "generate", "-p", "x", NULL },
+		{ "generate", "-m", m, NULL },
+		{ "generate", "-m", m, "-p", "x", "extra", NULL },
+		{ "perplexity", "-m", m, NULL },
+		{ "perplexity", "-m", m, "-f", "x", "--ctx", "1", NULL },
+		{ "synth", "--preset", "nope", "--out", "/tmp/x", NULL },
+		{ "synth", "--preset", "tiny", NULL },
+		{ "synth", "--preset", "tiny", "--out", "/tmp/x", "--dtype", "q4", NULL },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		struct result r = run(NULL, cases[i]);
+		if (r.rc != 2)
+			fail_msg("case %zu (%s %s): exit %d, want 2", i,
+				 cases[i][0] ? cases[i][0] : "", cases[i][0] && cases[i][1] ?
+				 cases[i][1] : "", r.rc);
+		assert_non_null(strstr(r.err, "usage") ? r.err : strstr(r.err, "unknown"));
+		assert_int_equal(r.out[0], '\0');
+		result_free(&r);
+	}
+	struct result h = RUN(NULL, "generate", "--help");
+	assert_int_equal(h.rc, 0);
+	assert_non_null(strstr(h.out, "--top-p"));
+	result_free(&h);
+	h = RUN(NULL, "perplexity", "--help");
+	assert_int_equal(h.rc, 0);
+	result_free(&h);
+	h = RUN(NULL, "synth", "--help");
+	assert_int_equal(h.rc, 0);
+	result_free(&h);
+}
+
+static void test_failures_exit_1(void **state)
+{
+	(void)state;
+	struct result r = RUN(NULL, "generate", "-m", "/nonexistent/model.gguf", "-p", "x");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "/nonexistent/model.gguf"));
+	result_free(&r);
+	r = RUN(NULL, "perplexity", "-m", "/nonexistent", "-f", "/nonexistent/text");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "cannot read"));
+	result_free(&r);
+	if (!gguf)
+		return;
+	/* A prompt longer than the context: a clear error. */
+	r = RUN(NULL, "generate", "-m", gguf, "-p", "Once upon a time there was a girl", "--ctx",
+		"4", "--temp", "0");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "context limit"));
+	result_free(&r);
+	/* Generation stops at the context limit and says so. */
+	int ids[64];
+	r = RUN(NULL, "generate", "-m", gguf, "-p", "Once upon a time", "--ctx", "12", "-n", "50",
+		"--temp", "0", "--ids");
+	assert_int_equal(r.rc, 0);
+	assert_true(parse_ids(r.out, ids, 64) <= 12 - 5 + 1);
+	assert_non_null(strstr(r.err, "context limit"));
+	result_free(&r);
+}
+
+static void test_synth_then_generate(void **state)
+{
+	(void)state;
+	char out[128];
+	snprintf(out, sizeof out, "%s/tiny", tmpdir);
+	struct result r = RUN(NULL, "synth", "--preset", "tiny", "--layers", "1", "--dtype", "bf16",
+			      "--out", out);
+	assert_int_equal(r.rc, 0);
+	result_free(&r);
+	r = RUN(NULL, "generate", "-m", out, "-p", "hello world", "-n", "5", "--temp", "0",
+		"--ids");
+	assert_int_equal(r.rc, 0);
+	int n = 0;
+	for (char *p = strtok(r.out, " \n"); p; p = strtok(NULL, " \n"))
+		n++;
+	assert_true(n >= 1 && n <= 5);
+	result_free(&r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_generate_greedy),
+		cmocka_unit_test(test_generate_stdin_stats_seed),
+		cmocka_unit_test(test_perplexity),
+		cmocka_unit_test(test_bad_flags_exit_2),
+		cmocka_unit_test(test_failures_exit_1),
+		cmocka_unit_test(test_synth_then_generate),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,498 @@
+/* Tests worker/model.c and worker/hf_config.c: stories260K loaded from GGUF and from the HF
+ * folder give the same config and the same weights, except q/k rows, which differ by the
+ * rotary-layout permutation — derived here by matching rows, then checked against the closed
+ * form; fingerprints are stable and change with config and bytes; config.json errors name the
+ * key; shape, dtype and unexpected-tensor errors name the tensor; misaligned safetensors data
+ * is copied to aligned memory with the same values. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+
+#include <json-c/json.h>
+
+#include "gguf.h"
+#include "hf_config.h"
+#include "model.h"
+
+static char gguf_path[4096], hf_dir[4096];
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *p = test_model_path("stories260K/stories260K.gguf");
+	if (p)
+		snprintf(gguf_path, sizeof gguf_path, "%s", p);
+	p = test_model_path("stories260K/hf");
+	if (p)
+		snprintf(hf_dir, sizeof hf_dir, "%s", p);
+	return 0;
+}
+
+static void load_ok(const char *path, struct fkv_model *m)
+{
+	char err[512];
+	int ret = model_load(path, m, err, sizeof err);
+	if (ret)
+		fail_msg("model_load(%s): %d %s", path, ret, err);
+}
+
+static size_t tensor_bytes(const struct fkv_tensor *t)
+{
+	return (size_t)(t->shape[0] * t->shape[1]) * dtype_size(t->dtype);
+}
+
+static void assert_same_tensor(const struct fkv_tensor *a, const struct fkv_tensor *b)
+{
+	assert_int_equal(a->dtype, b->dtype);
+	assert_int_equal(a->n_dims, b->n_dims);
+	assert_int_equal(a->shape[0], b->shape[0]);
+	assert_int_equal(a->shape[1], b->shape[1]);
+	assert_memory_equal(a->data, b->data, tensor_bytes(a));
+}
+
+/* Finds, for every row of the HF matrix, the row of the GGUF matrix in the same head with the
+ * same bytes, and checks it is the rotate-half <-> interleaved map: HF row j*d/2 + i of a head
+ * is GGUF row 2i + j. Also checks the identity is not a match, so the check can fail. */
+static void check_qk_permutation(const struct fkv_tensor *g, const struct fkv_tensor *h, int heads, int d)
+{
+	assert_int_equal(g->shape[0], (int64_t)heads * d);
+	size_t row = (size_t)g->shape[1] * sizeof(float);
+	const uint8_t *gb = g->data, *hb = h->data;
+	int identity_rows = 0;
+	for (int hd = 0; hd < heads; hd++) {
+		for (int r = 0; r < d; r++) {
+			int found = -1, matches = 0;
+			for (int c = 0; c < d; c++) {
+				if (!memcmp(hb + (size_t)(hd * d + r) * row, gb + (size_t)(hd * d + c) * row, row)) {
+					found = c;
+					matches++;
+				}
+			}
+			assert_int_equal(matches, 1);
+			int j = r / (d / 2), i = r % (d / 2);
+			assert_int_equal(found, 2 * i + j);
+			identity_rows += found == r;
+		}
+	}
+	assert_true(identity_rows < heads * d);
+}
+
+static void test_gguf_vs_hf(void **state)
+{
+	(void)state;
+	if (!gguf_path[0] || !hf_dir[0])
+		skip();
+	struct fkv_model g, h;
+	load_ok(gguf_path, &g);
+	load_ok(hf_dir, &h);
+	const struct fkv_model_config *a = &g.cfg, *b = &h.cfg;
+	assert_true(g.is_gguf);
+	assert_false(h.is_gguf);
+	assert_non_null(model_gguf(&g));
+	assert_null(model_gguf(&h));
+	assert_string_equal(g.path, gguf_path);
+	assert_string_equal(h.path, hf_dir);
+	assert_string_equal(a->arch, "llama");
+	assert_string_equal(b->arch, "llama");
+	assert_int_equal(a->n_layers, 5);
+	assert_int_equal(a->dim, 64);
+	assert_int_equal(a->n_heads, 8);
+	assert_int_equal(a->n_kv_heads, 4);
+	assert_int_equal(a->head_dim, 8);
+	assert_int_equal(a->ffn_dim, 172);
+	assert_int_equal(a->vocab_size, 512);
+	assert_int_equal(a->bos_id, 1);
+	assert_int_equal(a->eos_id, 2);
+	assert_true(a->tied_embeddings);
+	assert_false(a->qkv_bias);
+	assert_int_equal(a->dtype, FKV_F32);
+	assert_int_equal(a->rope_style, FKV_ROPE_INTERLEAVED);
+	assert_int_equal(b->rope_style, FKV_ROPE_HALVES);
+	assert_int_equal(a->ctx_len, 2048); /* what the GGUF says */
+	assert_int_equal(b->ctx_len, 512);
+	assert_int_equal(a->n_layers, b->n_layers);
+	assert_int_equal(a->dim, b->dim);
+	assert_int_equal(a->n_heads, b->n_heads);
+	assert_int_equal(a->n_kv_heads, b->n_kv_heads);
+	assert_int_equal(a->head_dim, b->head_dim);
+	assert_int_equal(a->ffn_dim, b->ffn_dim);
+	assert_int_equal(a->vocab_size, b->vocab_size);
+	assert_true(a->norm_eps == b->norm_eps);
+	assert_true(a->rope_theta == b->rope_theta);
+	assert_true(a->rope_scaling_factor == 0 && b->rope_scaling_factor == 0);
+	assert_int_equal(a->tied_embeddings, b->tied_embeddings);
+	assert_int_equal(a->qkv_bias, b->qkv_bias);
+	assert_int_equal(a->bos_id, b->bos_id);
+	assert_int_equal(a->eos_id, b->eos_id);
+	assert_int_equal(a->n_eos, b->n_eos);
+	assert_int_equal(a->dtype, b->dtype);
+
+	assert_same_tensor(&g.tok_embd, &h.tok_embd);
+	assert_same_tensor(&g.out_norm, &h.out_norm);
+	assert_ptr_equal(g.output.data, g.tok_embd.data); /* tied */
+	assert_ptr_equal(h.output.data, h.tok_embd.data);
+	for (int l = 0; l < a->n_layers; l++) {
+		const struct fkv_layer_weights *x = &g.layers[l], *y = &h.layers[l];
+		assert_same_tensor(&x->attn_norm, &y->attn_norm);
+		assert_same_tensor(&x->wv, &y->wv);
+		assert_same_tensor(&x->wo, &y->wo);
+		assert_same_tensor(&x->ffn_norm, &y->ffn_norm);
+		assert_same_tensor(&x->w_gate, &y->w_gate);
+		assert_same_tensor(&x->w_up, &y->w_up);
+		assert_same_tensor(&x->w_down, &y->w_down);
+		assert_null(x->bq.data);
+		assert_null(y->bk.data);
+		assert_int_equal(x->wq.shape[0], y->wq.shape[0]);
+		assert_int_equal(x->wk.shape[0], 32);
+		assert_int_equal(x->wk.shape[1], 64);
+		assert_int_equal(x->w_down.shape[0], 64);
+		assert_int_equal(x->w_down.shape[1], 172);
+		check_qk_permutation(&x->wq, &y->wq, a->n_heads, a->head_dim);
+		check_qk_permutation(&x->wk, &y->wk, a->n_kv_heads, a->head_dim);
+	}
+	model_free(&g);
+	model_free(&h);
+	model_free(&h); /* safe on a freed (zeroed) model */
+}
+
+/* ---- temp folders holding a modified copy of the HF model ---- */
+
+static char tmpdir[64];
+
+static void make_tmpdir(void)
+{
+	snprintf(tmpdir, sizeof tmpdir, "/tmp/freekv-model-XXXXXX");
+	assert_non_null(mkdtemp(tmpdir));
+}
+
+static void rm_tmpdir(void)
+{
+	const char *names[] = { "config.json", "model.safetensors", "x.gguf" };
+	char p[256];
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
+		unlink(p);
+	}
+	rmdir(tmpdir);
+}
+
+static uint8_t *read_all(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	*len = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	uint8_t *p = malloc(*len + 1);
+	assert_non_null(p);
+	assert_int_equal(fread(p, 1, *len, f), *len);
+	p[*len] = 0;
+	fclose(f);
+	return p;
+}
+
+static void write_all(const char *name, const void *p, size_t len)
+{
+	char path[256];
+	snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(p, 1, len, f), len);
+	fclose(f);
+}
+
+/* The stories config with key set to value (a JSON literal), or removed when value is NULL. */
+static void write_config(const char *key, const char *value)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/config.json", hf_dir);
+	struct json_object *root = json_object_from_file(path);
+	assert_non_null(root);
+	if (key) {
+		json_object_object_del(root, key);
+		if (value)
+			json_object_object_add(root, key, json_tokener_parse(value));
+	}
+	const char *s = json_object_to_json_string(root);
+	write_all("config.json", s, strlen(s));
+	json_object_put(root);
+}
+
+static uint8_t *stories_weights(size_t *len)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/model.safetensors", hf_dir);
+	return read_all(path, len);
+}
+
+static int load_tmp(char *err, size_t errlen)
+{
+	struct fkv_model m;
+	int ret = model_load(tmpdir, &m, err, errlen);
+	if (!ret)
+		model_free(&m);
+	return ret;
+}
+
+static void expect_load(int want, const char *needle)
+{
+	char err[512] = "";
+	int ret = load_tmp(err, sizeof err);
+	if (ret != want || !strstr(err, needle))
+		fail_msg("want %d containing '%s', got %d: %s", want, needle, ret, err);
+}
+
+static void test_fingerprint(void **state)
+{
+	(void)state;
+	if (!gguf_path[0] || !hf_dir[0])
+		skip();
+	struct fkv_model a, b, g;
+	load_ok(hf_dir, &a);
+	load_ok(hf_dir, &b);
+	load_ok(gguf_path, &g);
+	assert_memory_equal(a.fingerprint, b.fingerprint, FKV_FINGERPRINT_BYTES);
+	assert_memory_not_equal(a.fingerprint, g.fingerprint, FKV_FINGERPRINT_BYTES);
+	char hex[2 * FKV_FINGERPRINT_BYTES + 1];
+	model_fingerprint_hex(&a, hex);
+	assert_int_equal(strlen(hex), 64);
+	char want[3];
+	snprintf(want, sizeof want, "%02x", a.fingerprint[31]);
+	assert_memory_equal(hex + 62, want, 2);
+
+	make_tmpdir();
+	size_t len;
+	uint8_t *w = stories_weights(&len);
+	write_config(NULL, NULL);
+	write_all("model.safetensors", w, len);
+	struct fkv_model c;
+	load_ok(tmpdir, &c); /* same files elsewhere: same fingerprint */
+	assert_memory_equal(a.fingerprint, c.fingerprint, FKV_FINGERPRINT_BYTES);
+	model_free(&c);
+	/* one byte of model.norm.weight (all 256 bytes are sampled), found in the file by content */
+	uint8_t *hit = memmem(w, len, a.out_norm.data, 256);
+	assert_non_null(hit);
+	hit[5] ^= 0x01;
+	write_all("model.safetensors", w, len);
+	load_ok(tmpdir, &c);
+	assert_memory_not_equal(a.fingerprint, c.fingerprint, FKV_FINGERPRINT_BYTES);
+	model_free(&c);
+	hit[5] ^= 0x01;
+	write_all("model.safetensors", w, len);
+	/* a config change with the same tensors */
+	write_config("max_position_embeddings", "1024");
+	load_ok(tmpdir, &c);
+	assert_memory_not_equal(a.fingerprint, c.fingerprint, FKV_FINGERPRINT_BYTES);
+	model_free(&c);
+	write_config("rope_theta", "10000.5");
+	load_ok(tmpdir, &c);
+	assert_memory_not_equal(a.fingerprint, c.fingerprint, FKV_FINGERPRINT_BYTES);
+	model_free(&c);
+	write_config(NULL, NULL);
+	load_ok(tmpdir, &c);
+	assert_memory_equal(a.fingerprint, c.fingerprint, FKV_FINGERPRINT_BYTES);
+	model_free(&c);
+	free(w);
+	rm_tmpdir();
+	model_free(&a);
+	model_free(&b);
+	model_free(&g);
+}
+
+static void test_hf_config_parse(void **state)
+{
+	(void)state;
+	struct fkv_model_config c;
+	char err[256];
+	const char *llama31 =
+		"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":4096,\"intermediate_size\":14336,"
+		"\"num_hidden_layers\":32,\"num_attention_heads\":32,\"num_key_value_heads\":8,\"vocab_size\":128256,"
+		"\"rms_norm_eps\":1e-05,\"max_position_embeddings\":131072,\"rope_theta\":500000.0,"
+		"\"rope_scaling\":{\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+		"\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},\"bos_token_id\":128000,"
+		"\"eos_token_id\":[128001,128008,128009],\"torch_dtype\":\"bfloat16\",\"tie_word_embeddings\":false}";
+	assert_int_equal(hf_config_parse(llama31, strlen(llama31), &c, err, sizeof err), 0);
+	assert_string_equal(c.arch, "llama");
+	assert_int_equal(c.head_dim, 128); /* derived */
+	assert_int_equal(c.n_kv_heads, 8);
+	assert_true(c.rope_scaling_factor == 8.0f && c.rope_low_freq_factor == 1.0f && c.rope_high_freq_factor == 4.0f);
+	assert_int_equal(c.rope_original_ctx, 8192);
+	assert_int_equal(c.n_eos, 3);
+	assert_int_equal(c.eos_id, 128001);
+	assert_int_equal(c.eos_ids[2], 128009);
+	assert_int_equal(c.bos_id, 128000);
+	assert_int_equal(c.dtype, FKV_BF16);
+	assert_true(c.rope_theta == 500000.0f);
+	assert_int_equal(c.rope_style, FKV_ROPE_HALVES);
+	assert_false(c.qkv_bias);
+
+	const char *qwen = "{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":3584,\"intermediate_size\":18944,"
+			   "\"num_hidden_layers\":28,\"num_attention_heads\":28,\"num_key_value_heads\":4,"
+			   "\"vocab_size\":152064,\"rms_norm_eps\":1e-06,\"max_position_embeddings\":32768,"
+			   "\"sliding_window\":131072,\"use_sliding_window\":false,\"rope_scaling\":null}";
+	assert_int_equal(hf_config_parse(qwen, strlen(qwen), &c, err, sizeof err), 0);
+	assert_string_equal(c.arch, "qwen2");
+	assert_true(c.qkv_bias);
+	assert_int_equal(c.sliding_window, 0);
+	assert_int_equal(c.bos_id, -1);
+	assert_int_equal(c.n_eos, 0);
+	assert_true(c.rope_theta == 10000.0f); /* default */
+	assert_int_equal(c.dtype, FKV_F32);
+
+	const char *mistral = "{\"model_type\":\"mistral\",\"hidden_size\":4096,\"intermediate_size\":14336,"
+			      "\"num_hidden_layers\":32,\"num_attention_heads\":32,\"head_dim\":128,"
+			      "\"vocab_size\":32000,\"rms_norm_eps\":1e-05,\"max_position_embeddings\":32768,"
+			      "\"sliding_window\":4096,\"eos_token_id\":2}";
+	assert_int_equal(hf_config_parse(mistral, strlen(mistral), &c, err, sizeof err), 0);
+	assert_string_equal(c.arch, "mistral");
+	assert_int_equal(c.n_kv_heads, 32); /* default = heads */
+	assert_int_equal(c.sliding_window, 4096);
+	assert_int_equal(c.eos_id, 2);
+
+	/* each required key, removed, is named */
+	static const char *const required[] = { "hidden_size", "intermediate_size", "num_hidden_layers",
+						"num_attention_heads", "vocab_size", "rms_norm_eps",
+						"max_position_embeddings" };
+	for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+		struct json_object *o = json_tokener_parse(llama31);
+		json_object_object_del(o, required[i]);
+		const char *s = json_object_to_json_string(o);
+		memset(&c, 0x5a, sizeof c);
+		struct fkv_model_config before = c;
+		int ret = hf_config_parse(s, strlen(s), &c, err, sizeof err);
+		assert_int_equal(ret, -EINVAL);
+		assert_non_null(strstr(err, required[i]));
+		assert_memory_equal(&c, &before, sizeof c); /* untouched on failure */
+		json_object_put(o);
+	}
+	static const struct {
+		const char *key, *value, *needle;
+		int ret;
+	} bad[] = {
+		{ "architectures", "[\"GPT2LMHeadModel\"]", "GPT2LMHeadModel", -EPROTO },
+		{ "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4.0}", "yarn", -EPROTO },
+		{ "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8.0}", "low_freq_factor", -EINVAL },
+		{ "torch_dtype", "\"float8_e4m3fn\"", "float8_e4m3fn", -EPROTO },
+		{ "hidden_size", "\"4096\"", "hidden_size", -EINVAL },
+		{ "num_key_value_heads", "5", "multiple", -EINVAL },
+		{ "eos_token_id", "[1, \"x\"]", "eos_token_id", -EINVAL },
+		{ "bos_token_id", "200000", "vocabulary", -EINVAL },
+		{ "num_hidden_layers", "100000", "layers", -EINVAL },
+		{ "tie_word_embeddings", "1", "tie_word_embeddings", -EINVAL },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct json_object *o = json_tokener_parse(llama31);
+		json_object_object_del(o, bad[i].key);
+		json_object_object_add(o, bad[i].key, json_tokener_parse(bad[i].value));
+		const char *s = json_object_to_json_string(o);
+		int ret = hf_config_parse(s, strlen(s), &c, err, sizeof err);
+		if (ret != bad[i].ret || !strstr(err, bad[i].needle))
+			fail_msg("%s=%s: want %d '%s', got %d: %s", bad[i].key, bad[i].value, bad[i].ret, bad[i].needle,
+				 ret, err);
+		json_object_put(o);
+	}
+	assert_int_equal(hf_config_parse("{\"hidden_size\":", 15, &c, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "invalid JSON"));
+	assert_int_equal(hf_config_parse("[]", 2, &c, err, sizeof err), -EINVAL);
+}
+
+static void test_load_errors(void **state)
+{
+	(void)state;
+	if (!hf_dir[0])
+		skip();
+	make_tmpdir();
+	size_t len;
+	uint8_t *w = stories_weights(&len);
+	write_all("model.safetensors", w, len);
+
+	write_config("hidden_size", NULL);
+	expect_load(-EINVAL, "'hidden_size'");
+	write_config("intermediate_size", "171");
+	expect_load(-EINVAL, "tensor 'model.layers.0.mlp.gate_proj.weight' has shape (172, 64), expected (171, 64)");
+	write_config("vocab_size", "500");
+	expect_load(-EINVAL, "tensor 'model.embed_tokens.weight' has shape (512, 64), expected (500, 64)");
+	write_config("num_hidden_layers", "6");
+	expect_load(-EINVAL, "missing tensor 'model.layers.5.input_layernorm.weight'");
+	write_config("num_hidden_layers", "4");
+	expect_load(-EINVAL, "unexpected tensor 'model.layers.4.");
+	write_config("architectures", "[\"Qwen2ForCausalLM\"]"); /* wants biases the file lacks */
+	expect_load(-EINVAL, "missing tensor 'model.layers.0.self_attn.q_proj.bias'");
+	write_config("head_dim", "16");
+	expect_load(-EINVAL, "'model.layers.0.self_attn.q_proj.weight' has shape (64, 64), expected (128, 64)");
+
+	/* an unsupported dtype in the weights, named */
+	write_config(NULL, NULL);
+	const char *h = "{\"model.embed_tokens.weight\":{\"dtype\":\"I32\",\"shape\":[512,64],\"data_offsets\":[0,131072]}}";
+	size_t hl = strlen(h), ilen = 8 + hl + 131072;
+	uint8_t *img = calloc(1, ilen);
+	uint64_t hl64 = hl;
+	memcpy(img, &hl64, 8);
+	memcpy(img + 8, h, hl);
+	write_all("model.safetensors", img, ilen);
+	free(img);
+	expect_load(-EPROTO, "'model.embed_tokens.weight' has unsupported dtype I32");
+
+	/* misaligned data (header one byte longer): loads, values equal, pointers aligned */
+	uint64_t ohl;
+	memcpy(&ohl, w, 8);
+	uint8_t *mis = malloc(len + 1);
+	uint64_t nhl = ohl + 1;
+	memcpy(mis, &nhl, 8);
+	memcpy(mis + 8, w + 8, ohl);
+	mis[8 + ohl] = ' ';
+	memcpy(mis + 8 + ohl + 1, w + 8 + ohl, len - 8 - ohl);
+	write_all("model.safetensors", mis, len + 1);
+	free(mis);
+	struct fkv_model a, b;
+	load_ok(hf_dir, &a);
+	load_ok(tmpdir, &b);
+	assert_int_equal((uintptr_t)b.layers[2].w_up.data % 4, 0);
+	assert_int_equal((uintptr_t)b.tok_embd.data % 4, 0);
+	assert_same_tensor(&a.layers[2].w_up, &b.layers[2].w_up);
+	assert_same_tensor(&a.tok_embd, &b.tok_embd);
+	assert_memory_equal(a.fingerprint, b.fingerprint, FKV_FINGERPRINT_BYTES);
+	model_free(&a);
+	model_free(&b);
+
+	/* GGUF: a tensor of a quantised type is refused by name */
+	if (gguf_path[0]) {
+		size_t glen;
+		uint8_t *gb = read_all(gguf_path, &glen);
+		const char name[] = "blk.2.ffn_up.weight";
+		uint8_t *at = memmem(gb, 20000, name, sizeof name - 1);
+		assert_non_null(at);
+		uint32_t q4 = 2; /* after the name: n_dims u32, 2 x ne u64, then the type */
+		memcpy(at + sizeof name - 1 + 4 + 16, &q4, 4);
+		write_all("x.gguf", gb, glen);
+		free(gb);
+		char p[128], err[512];
+		snprintf(p, sizeof p, "%s/x.gguf", tmpdir);
+		struct fkv_model m;
+		int ret = model_load(p, &m, err, sizeof err);
+		assert_int_equal(ret, -EPROTO);
+		assert_non_null(strstr(err, "tensor 'blk.2.ffn_up.weight' has type Q4_0"));
+	}
+	char err[512];
+	struct fkv_model m;
+	assert_int_equal(model_load("/nonexistent/model.gguf", &m, err, sizeof err), -ENOENT);
+	char cfg[4200];
+	snprintf(cfg, sizeof cfg, "%s/config.json", hf_dir);
+	assert_int_equal(model_load(cfg, &m, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "neither a .gguf file nor a Hugging Face folder"));
+	free(w);
+	rm_tmpdir();
+	assert_int_equal(model_load(tmpdir, &m, err, sizeof err), -ENOENT);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_gguf_vs_hf),
+		cmocka_unit_test(test_fingerprint),
+		cmocka_unit_test(test_hf_config_parse),
+		cmocka_unit_test(test_load_errors),
+	};
+	return cmocka_run_group_tests(tests, setup, NULL);
+}

@@ -1,0 +1,963 @@
+/* Tests worker/tokenizer*.c: stories260K's SentencePiece BPE from GGUF and from hf/tokenizer.json
+ * against ids produced by SentencePiece itself and against each other; the heap-based merge loop
+ * against a naive quadratic reference; a hand-written byte-level tokenizer (Llama 3 regex) from
+ * tokenizer.json and from an equivalent GGUF "gpt2" vocabulary with ids worked out by hand;
+ * decode round trips; malformed files. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+
+#include <json-c/json.h>
+
+#include "gguf.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#define MAX_IDS 64
+
+/* ---- stories260K ---- */
+
+struct stories {
+	struct gguf_ctx *g;
+	struct fkv_tokenizer *gguf, *json;
+};
+
+/* Loads both tokenizers, or skips the test when the model folder is absent. */
+static bool stories_open(struct stories *s)
+{
+	char err[512] = "";
+	memset(s, 0, sizeof *s);
+	const char *p = test_model_path("stories260K/stories260K.gguf");
+	if (!p)
+		return false;
+	assert_int_equal(gguf_open(p, &s->g, err, sizeof err), 0);
+	assert_int_equal(tokenizer_load_gguf(s->g, &s->gguf, err, sizeof err), 0);
+	p = test_model_path("stories260K/hf/tokenizer.json");
+	if (!p)
+		return false;
+	int rc = tokenizer_load_json(p, &s->json, err, sizeof err);
+	if (rc)
+		fprintf(stderr, "%s\n", err);
+	assert_int_equal(rc, 0);
+	return true;
+}
+
+static void stories_close(struct stories *s)
+{
+	tokenizer_free(s->gguf);
+	tokenizer_free(s->json);
+	gguf_close(s->g);
+}
+
+/* Expected ids from SentencePiece 0.2 (python: sp.encode(s)) on stories260K/tok512.model with
+ * normalizer_spec.remove_extra_whitespaces turned off — the model proto with the bytes
+ * 1a 02 20 00 appended (a second field 3 that protobuf merges into the normalizer spec) —
+ * because HF tokenizers' Llama normalizer (Prepend + Replace) and llama.cpp never collapse
+ * whitespace, while this model's own spec does (" a  b " gives [261, 268] there). The entry
+ * marked "by hand" has invalid UTF-8, which SentencePiece's Python API cannot take: a, then
+ * <0xFF> and <0xFE> (id 3 + byte), then b. */
+static const struct {
+	const char *text;
+	int n;
+	int ids[24];
+} known[] = {
+	{ "Hello world", 6, { 346, 306, 414, 263, 304, 341 } },
+	{ " a  b ", 5, { 410, 261, 410, 268, 410 } },
+	{ "a\tb\nc", 5, { 261, 12, 430, 13, 429 } },
+	{ "caf\xc3\xa9", 4, { 280, 412, 431, 485 } },
+	{ "\xe6\x97\xa5\xe6\x9c\xac", 7, { 410, 233, 154, 168, 233, 159, 175 } },
+	{ "\xf0\x9f\x98\x80", 5, { 410, 243, 162, 155, 131 } },
+	{ "", 0, { 0 } },
+	{ "Once upon a time, there was a little girl named Lily.", 15,
+	  { 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426 } },
+	{ "  leading", 6, { 410, 410, 278, 411, 380, 299 } },
+	{ "trailing  ", 7, { 259, 420, 412, 290, 299, 410, 410 } },
+	{ "x\xc3\xbf\x01y", 6, { 410, 444, 198, 194, 4, 422 } },
+	{ "\xc3\x9cn\xc3\xaf" "c\xc3\xb6" "d\xc3\xa9 \xc3\xb1", 13,
+	  { 410, 198, 159, 416, 198, 178, 429, 198, 185, 418, 485, 410, 493 } },
+	{ "123 4567", 9, { 410, 475, 479, 472, 410, 484, 480, 490, 491 } },
+	{ "\n\n", 3, { 410, 13, 13 } },
+	{ "hello", 3, { 281, 306, 414 } },
+	{ "Lily and Max", 5, { 317, 269, 392, 412, 444 } },
+	{ " ", 2, { 410, 410 } },
+	{ "\xc3\xa9t\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x9a\x80!", 17,
+	  { 410, 485, 413, 485, 410, 231, 187, 176, 233, 153, 138, 410, 243, 162, 157, 131, 443 } },
+	{ "The end.\n", 5, { 291, 344, 264, 426, 13 } },
+	{ "a\xff\xfe" "b", 4, { 261, 258, 257, 430 } }, /* by hand */
+};
+
+static void expect_ids(const struct fkv_tokenizer *t, const char *text, bool bos, const int *want,
+		       int n_want)
+{
+	int *ids = NULL;
+	int n = tokenizer_encode(t, text, bos, &ids);
+	if (n != n_want || (n > 0 && memcmp(ids, want, (size_t)n * sizeof *ids) != 0)) {
+		fprintf(stderr, "text \"%s\": got", text);
+		for (int i = 0; i < n; i++)
+			fprintf(stderr, " %d", ids[i]);
+		fprintf(stderr, " (n=%d), want %d ids\n", n, n_want);
+		fail();
+	}
+	free(ids);
+}
+
+static void expect_roundtrip(const struct fkv_tokenizer *t, const char *text)
+{
+	int *ids = NULL;
+	char *back = NULL;
+	int n = tokenizer_encode(t, text, true, &ids);
+	assert_true(n >= 0);
+	int len = tokenizer_decode(t, ids, n, &back);
+	assert_int_equal(len, (int)strlen(text));
+	assert_string_equal(back, text);
+	free(ids);
+	free(back);
+}
+
+static void test_stories_known_ids(void **state)
+{
+	(void)state;
+	struct stories s;
+	if (!stories_open(&s))
+		skip();
+	for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+		expect_ids(s.gguf, known[i].text, false, known[i].ids, known[i].n);
+		expect_ids(s.json, known[i].text, false, known[i].ids, known[i].n);
+		expect_roundtrip(s.gguf, known[i].text);
+		expect_roundtrip(s.json, known[i].text);
+	}
+	stories_close(&s);
+}
+
+static void test_stories_bos_eos_specials(void **state)
+{
+	(void)state;
+	struct stories s;
+	if (!stories_open(&s))
+		skip();
+	const struct fkv_tokenizer *both[2] = { s.gguf, s.json };
+	for (int k = 0; k < 2; k++) {
+		const struct fkv_tokenizer *t = both[k];
+		assert_int_equal(tokenizer_vocab_size(t), 512);
+		assert_int_equal(tokenizer_bos(t), 1);
+		assert_int_equal(tokenizer_eos(t), 2);
+		assert_true(tokenizer_adds_bos(t));
+		assert_true(tokenizer_is_special(t, 1));
+		assert_false(tokenizer_is_special(t, 346));
+		expect_ids(t, "", true, (int[]){ 1 }, 1);
+		expect_ids(t, "hello", true, (int[]){ 1, 281, 306, 414 }, 4);
+		/* Specials are matched verbatim; each text run gets its own "▁", as HF does. */
+		expect_ids(t, "<s>hello</s>", false, (int[]){ 1, 281, 306, 414, 2 }, 5);
+		expect_ids(t, "hello</s>hello", false, (int[]){ 281, 306, 414, 2, 281, 306, 414 }, 7);
+
+		char *text = NULL;
+		int ids[] = { 1, 346, 306, 414, 263, 304, 341, 2 };
+		assert_int_equal(tokenizer_decode(t, ids, 8, &text), 11);
+		assert_string_equal(text, "Hello world"); /* BOS/EOS silent, leading space dropped */
+		free(text);
+		int bytes[] = { 410, 233, 154, 168, 0 };
+		assert_int_equal(tokenizer_decode(t, bytes, 5, &text), 6);
+		assert_string_equal(text, "\xe6\x97\xa5\xef\xbf\xbd"); /* <unk> is U+FFFD */
+		free(text);
+		int bad[] = { 346, 512 };
+		text = (char *)1;
+		assert_int_equal(tokenizer_decode(t, bad, 2, &text), -EINVAL);
+		assert_null(text);
+		assert_int_equal(tokenizer_decode(t, NULL, 0, &text), 0);
+		assert_string_equal(text, "");
+		free(text);
+
+		/* Pieces keep their leading space: streaming output concatenates them. */
+		char buf[16];
+		assert_int_equal(tokenizer_piece(t, 346, buf, sizeof buf), 3);
+		assert_memory_equal(buf, " He", 3);
+		assert_int_equal(tokenizer_piece(t, 233, buf, sizeof buf), 1);
+		assert_int_equal((unsigned char)buf[0], 0xE6);
+		assert_int_equal(tokenizer_piece(t, 1, buf, sizeof buf), 0);
+		assert_int_equal(tokenizer_piece(t, -1, buf, sizeof buf), -EINVAL);
+	}
+	int *ids = (int *)1;
+	assert_int_equal(tokenizer_encode(s.gguf, NULL, false, &ids), -EINVAL);
+	assert_null(ids);
+	stories_close(&s);
+}
+
+/* Random text from fragments chosen to hit merges, spaces, newlines, tabs, accents, CJK, emoji,
+ * control bytes, invalid UTF-8 and (with_specials) special-token texts. */
+static void random_text(uint64_t *rng, char *out, size_t cap, bool with_specials)
+{
+	static const char *frag[] = {
+		"Once", " upon", " a", " time", " there", " was", " little", " girl", " Lily", " the",
+		" and", " Max", ".", ",", "!", "?", "\"", "'", " ", "  ", "   ", "\n", "\n\n", "\t",
+		"a", "e", "th", "ing", "1", "23", "456", "caf\xc3\xa9", "na\xc3\xafve",
+		"\xe6\x97\xa5\xe6\x9c\xac", "\xf0\x9f\x98\x80", "\xc3\xb1", "e\xcc\x81", "\x01",
+		"\x7f", "\xff", "\xc3", "\xe2\x80\x94", "Hello", "world", " he", "said",
+	};
+	static const char *sp[] = { "<s>", "</s>", "<unk>", "<", ">" };
+	size_t n = 0, nf = sizeof frag / sizeof frag[0];
+	int parts = (int)(test_rand(rng) % 16);
+	for (int i = 0; i < parts; i++) {
+		const char *f = with_specials && test_rand(rng) % 8 == 0 ? sp[test_rand(rng) % 5] :
+									   frag[test_rand(rng) % nf];
+		size_t fl = strlen(f);
+		if (n + fl + 1 > cap)
+			break;
+		memcpy(out + n, f, fl);
+		n += fl;
+	}
+	out[n] = '\0';
+}
+
+static void test_stories_gguf_json_identical(void **state)
+{
+	(void)state;
+	struct stories s;
+	if (!stories_open(&s))
+		skip();
+	uint64_t rng = 0x5eed1234;
+	char text[512];
+	for (int iter = 0; iter < 3000; iter++) {
+		random_text(&rng, text, sizeof text, true);
+		int *a = NULL, *b = NULL;
+		int na = tokenizer_encode(s.gguf, text, iter & 1, &a);
+		int nb = tokenizer_encode(s.json, text, iter & 1, &b);
+		assert_true(na >= 0);
+		assert_int_equal(na, nb);
+		assert_memory_equal(a, b, (size_t)na * sizeof *a);
+		free(a);
+		free(b);
+		if (!strchr(text, '<'))
+			expect_roundtrip(s.json, text);
+	}
+	stories_close(&s);
+}
+
+/* ---- the naive reference for score-mode BPE ---- */
+
+struct ref_vocab {
+	int n;
+	const struct gguf_str *tok;
+	struct gguf_arr scores, types;
+};
+
+static int ref_find(const struct ref_vocab *v, const char *s, size_t n, int type)
+{
+	for (int i = 0; i < v->n; i++) {
+		int64_t ty;
+		gguf_arr_int(&v->types, (uint64_t)i, &ty);
+		if (ty == type && v->tok[i].len == n && !memcmp(v->tok[i].s, s, n))
+			return i;
+	}
+	return -1;
+}
+
+/* Quadratic SentencePiece BPE straight from the definition: "▁" + text with ' ' -> "▁", split
+ * into characters, merge the adjacent pair whose concatenation is the highest-scored normal
+ * token (leftmost on ties) until none is, then spell leftovers as <0xNN> tokens. */
+static int ref_encode(const struct ref_vocab *v, const char *text, int *out, int cap)
+{
+	char norm[2048];
+	size_t n = 0;
+	if (*text) {
+		memcpy(norm, "\xe2\x96\x81", 3);
+		n = 3;
+	}
+	for (const char *p = text; *p; p++) {
+		if (*p == ' ') {
+			memcpy(norm + n, "\xe2\x96\x81", 3);
+			n += 3;
+		} else {
+			norm[n++] = *p;
+		}
+	}
+	size_t start[2048], len[2048];
+	int ns = 0;
+	for (size_t i = 0; i < n;) {
+		unsigned char c = (unsigned char)norm[i];
+		size_t l = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+		bool ok = i + l <= n;
+		for (size_t k = 1; ok && k < l; k++)
+			ok = ((unsigned char)norm[i + k] & 0xC0) == 0x80;
+		if (!ok)
+			l = 1;
+		start[ns] = i;
+		len[ns++] = l;
+		i += l;
+	}
+	for (;;) {
+		int best = -1;
+		float best_score = 0;
+		for (int i = 0; i + 1 < ns; i++) {
+			int id = ref_find(v, norm + start[i], len[i] + len[i + 1], 1);
+			float sc;
+			if (id < 0)
+				continue;
+			gguf_arr_f32(&v->scores, (uint64_t)id, &sc);
+			if (best < 0 || sc > best_score) {
+				best = i;
+				best_score = sc;
+			}
+		}
+		if (best < 0)
+			break;
+		len[best] += len[best + 1];
+		memmove(start + best + 1, start + best + 2, (size_t)(ns - best - 2) * sizeof *start);
+		memmove(len + best + 1, len + best + 2, (size_t)(ns - best - 2) * sizeof *len);
+		ns--;
+	}
+	int m = 0;
+	for (int i = 0; i < ns; i++) {
+		int id = ref_find(v, norm + start[i], len[i], 1);
+		if (id >= 0 && m < cap) {
+			out[m++] = id;
+			continue;
+		}
+		for (size_t k = 0; k < len[i] && m < cap; k++) {
+			char hex[8];
+			snprintf(hex, sizeof hex, "<0x%02X>", (unsigned char)norm[start[i] + k]);
+			out[m++] = ref_find(v, hex, 6, 6);
+		}
+	}
+	return m;
+}
+
+static void test_stories_matches_naive_reference(void **state)
+{
+	(void)state;
+	struct stories s;
+	if (!stories_open(&s))
+		skip();
+	struct gguf_arr toks;
+	struct ref_vocab v;
+	assert_int_equal(gguf_get_arr(s.g, "tokenizer.ggml.tokens", &toks), 0);
+	assert_int_equal(gguf_get_arr(s.g, "tokenizer.ggml.scores", &v.scores), 0);
+	assert_int_equal(gguf_get_arr(s.g, "tokenizer.ggml.token_type", &v.types), 0);
+	v.n = (int)toks.n;
+	v.tok = toks.strs;
+	uint64_t rng = 42;
+	char text[256];
+	int want[1024];
+	for (int iter = 0; iter < 300; iter++) {
+		random_text(&rng, text, sizeof text, false);
+		int n = ref_encode(&v, text, want, 1024);
+		expect_ids(s.gguf, text, false, want, n);
+		expect_ids(s.json, text, false, want, n);
+	}
+	stories_close(&s);
+}
+
+static void test_stories_long_input(void **state)
+{
+	(void)state;
+	struct stories s;
+	if (!stories_open(&s))
+		skip();
+	const char *sentence = "Once upon a time, there was a little girl named Lily. She loved to play.\n";
+	size_t sl = strlen(sentence), reps = 3000;
+	char *text = malloc(sl * reps + 1);
+	assert_non_null(text);
+	for (size_t i = 0; i < reps; i++)
+		memcpy(text + i * sl, sentence, sl);
+	text[sl * reps] = '\0';
+	int *one = NULL, *all = NULL;
+	int n1 = tokenizer_encode(s.gguf, sentence, false, &one);
+	int n = tokenizer_encode(s.gguf, text, false, &all);
+	assert_true(n1 > 0);
+	/* The sentence ends in '\n', so after the first copy every copy starts "Once" without the
+	 * dummy "▁" and the rest of its ids repeat exactly. */
+	assert_true(n > (int)reps * (n1 - 2));
+	assert_memory_equal(all, one, (size_t)(n1 - 1) * sizeof *one);
+	expect_roundtrip(s.json, text);
+	int *b = NULL;
+	assert_int_equal(tokenizer_encode(s.json, text, false, &b), n);
+	assert_memory_equal(all, b, (size_t)n * sizeof *b);
+	free(b);
+	free(one);
+	free(all);
+	free(text);
+	stories_close(&s);
+}
+
+/* Through model_load(): the GGUF vocabulary and the HF folder's tokenizer.json. */
+static void test_stories_from_model(void **state)
+{
+	(void)state;
+	const char *paths[2] = { "stories260K/stories260K.gguf", "stories260K/hf" };
+	int *ids[2] = { NULL, NULL }, n[2];
+	const char *text = "Lily saw a big dog. \"Hi!\" she said.";
+	for (int k = 0; k < 2; k++) {
+		const char *p = test_model_path(paths[k]);
+		if (!p)
+			skip();
+		struct fkv_model m;
+		struct fkv_tokenizer *t = NULL;
+		char err[512] = "";
+		memset(&m, 0, sizeof m);
+		int rc = model_load(p, &m, err, sizeof err);
+		if (rc)
+			fprintf(stderr, "model_load: %s\n", err);
+		assert_int_equal(rc, 0);
+		rc = tokenizer_load(&m, &t, err, sizeof err);
+		if (rc)
+			fprintf(stderr, "tokenizer_load: %s\n", err);
+		assert_int_equal(rc, 0);
+		assert_int_equal(tokenizer_bos(t), m.cfg.bos_id);
+		assert_int_equal(tokenizer_eos(t), m.cfg.eos_id);
+		assert_int_equal(tokenizer_vocab_size(t), m.cfg.vocab_size);
+		n[k] = tokenizer_encode(t, text, true, &ids[k]);
+		assert_true(n[k] > 10);
+		tokenizer_free(t);
+		model_free(&m);
+	}
+	assert_int_equal(n[0], n[1]);
+	assert_memory_equal(ids[0], ids[1], (size_t)n[0] * sizeof(int));
+	free(ids[0]);
+	free(ids[1]);
+}
+
+/* ---- a hand-written byte-level tokenizer ----
+ *
+ * Ids 0..255 are the single bytes (spelled through the GPT-2 byte table, so id == byte value),
+ * then the merges "Ġ t" -> 256 "Ġt", "h e" -> 257, "Ġt he" -> 258 "Ġthe", "l l" -> 259,
+ * "3 4" -> 260, a merge-less token 261 "xyz", and added tokens 262 <|begin_of_text|> and
+ * 263 <|end_of_text|> (special) and 264 <|user|> (not special). */
+
+static const char LLAMA3_RE[] =
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+	"\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+static const char *bl_merges[5][2] = {
+	{ "\xc4\xa0", "t" }, { "h", "e" }, { "\xc4\xa0t", "he" }, { "l", "l" }, { "3", "4" },
+};
+
+/* GPT-2's byte table, written out from its definition: printable Latin-1 bytes stand for
+ * themselves, the other 68 take code points 256.. in byte order. */
+static void bl_byte_char(int b, char out[4])
+{
+	int cp = b, extra = 0;
+	bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+	if (!keep) {
+		for (int x = 0; x < b; x++)
+			if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174))
+				extra++;
+		cp = 256 + extra;
+	}
+	if (cp < 0x80) {
+		out[0] = (char)cp, out[1] = 0;
+	} else {
+		out[0] = (char)(0xC0 | (cp >> 6)), out[1] = (char)(0x80 | (cp & 0x3F)), out[2] = 0;
+	}
+}
+
+static const char *bl_extra[] = { "\xc4\xa0t", "he", "\xc4\xa0the", "ll", "34", "xyz" };
+static const char *bl_added[] = { "<|begin_of_text|>", "<|end_of_text|>", "<|user|>" };
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* Writes dir/tokenizer.json (+ tokenizer_config.json); merges as strings or as pairs. */
+static void bl_write_json(const char *dir, bool pair_merges)
+{
+	json_object *root = json_object_new_object(), *model = json_object_new_object();
+	json_object *vocab = json_object_new_object(), *merges = json_object_new_array();
+	json_object *added = json_object_new_array();
+	for (int b = 0; b < 256; b++) {
+		char c[4];
+		bl_byte_char(b, c);
+		json_object_object_add(vocab, c, json_object_new_int(b));
+	}
+	for (int i = 0; i < 6; i++)
+		json_object_object_add(vocab, bl_extra[i], json_object_new_int(256 + i));
+	for (int i = 0; i < 5; i++) {
+		if (pair_merges) {
+			json_object *p = json_object_new_array();
+			json_object_array_add(p, json_object_new_string(bl_merges[i][0]));
+			json_object_array_add(p, json_object_new_string(bl_merges[i][1]));
+			json_object_array_add(merges, p);
+		} else {
+			char m[32];
+			snprintf(m, sizeof m, "%s %s", bl_merges[i][0], bl_merges[i][1]);
+			json_object_array_add(merges, json_object_new_string(m));
+		}
+	}
+	for (int i = 0; i < 3; i++) {
+		json_object *a = json_object_new_object();
+		json_object_object_add(a, "id", json_object_new_int(262 + i));
+		json_object_object_add(a, "content", json_object_new_string(bl_added[i]));
+		json_object_object_add(a, "special", json_object_new_boolean(i < 2));
+		json_object_array_add(added, a);
+	}
+	json_object_object_add(model, "type", json_object_new_string("BPE"));
+	json_object_object_add(model, "byte_fallback", json_object_new_boolean(0));
+	json_object_object_add(model, "ignore_merges", json_object_new_boolean(1));
+	json_object_object_add(model, "vocab", vocab);
+	json_object_object_add(model, "merges", merges);
+	json_object_object_add(root, "version", json_object_new_string("1.0"));
+	json_object_object_add(root, "added_tokens", added);
+	json_object_object_add(root, "normalizer", NULL);
+	json_object *pre = json_tokener_parse(
+		"{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\"},"
+		"\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+		"\"trim_offsets\":true,\"use_regex\":false}]}");
+	json_object *split = json_object_array_get_idx(json_object_object_get(pre, "pretokenizers"), 0);
+	json_object_object_add(json_object_object_get(split, "pattern"), "Regex",
+			       json_object_new_string(LLAMA3_RE));
+	json_object_object_add(root, "pre_tokenizer", pre);
+	json_object_object_add(root, "post_processor", json_tokener_parse(
+		"{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<|begin_of_text|>\","
+		"\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]}"));
+	json_object_object_add(root, "decoder", json_tokener_parse(
+		"{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true}"));
+	json_object_object_add(root, "model", model);
+	char path[512];
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	assert_int_equal(json_object_to_file_ext(path, root, JSON_C_TO_STRING_PLAIN), 0);
+	json_object_put(root);
+	snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+	write_file(path, "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|end_of_text|>\"}");
+}
+
+/* A minimal GGUF v3 writer: header, metadata, no tensors. */
+struct gbuf {
+	unsigned char *p;
+	size_t n, cap;
+	uint64_t n_kv;
+};
+
+static void gb_put(struct gbuf *b, const void *s, size_t n)
+{
+	if (b->n + n > b->cap) {
+		b->cap = (b->n + n) * 2 + 64;
+		b->p = realloc(b->p, b->cap);
+		assert_non_null(b->p);
+	}
+	memcpy(b->p + b->n, s, n);
+	b->n += n;
+}
+
+static void gb_u32(struct gbuf *b, uint32_t v) { gb_put(b, &v, 4); }
+static void gb_u64(struct gbuf *b, uint64_t v) { gb_put(b, &v, 8); }
+
+static void gb_str(struct gbuf *b, const char *s)
+{
+	gb_u64(b, strlen(s));
+	gb_put(b, s, strlen(s));
+}
+
+static void gb_begin(struct gbuf *b)
+{
+	memset(b, 0, sizeof *b);
+	gb_put(b, "GGUF", 4);
+	gb_u32(b, 3);
+	gb_u64(b, 0);
+	gb_u64(b, 0); /* n_kv, patched by gb_end */
+}
+
+static void gb_key(struct gbuf *b, const char *key, uint32_t type)
+{
+	gb_str(b, key);
+	gb_u32(b, type);
+	b->n_kv++;
+}
+
+static void gb_kv_str(struct gbuf *b, const char *key, const char *v)
+{
+	gb_key(b, key, GGUF_TYPE_STRING);
+	gb_str(b, v);
+}
+
+static void gb_kv_u32(struct gbuf *b, const char *key, uint32_t v)
+{
+	gb_key(b, key, GGUF_TYPE_UINT32);
+	gb_u32(b, v);
+}
+
+static void gb_kv_bool(struct gbuf *b, const char *key, bool v)
+{
+	gb_key(b, key, GGUF_TYPE_BOOL);
+	uint8_t x = v;
+	gb_put(b, &x, 1);
+}
+
+static void gb_kv_strs(struct gbuf *b, const char *key, const char **v, int n)
+{
+	gb_key(b, key, GGUF_TYPE_ARRAY);
+	gb_u32(b, GGUF_TYPE_STRING);
+	gb_u64(b, (uint64_t)n);
+	for (int i = 0; i < n; i++)
+		gb_str(b, v[i]);
+}
+
+static void gb_kv_arr32(struct gbuf *b, const char *key, enum gguf_type type, const void *v, int n)
+{
+	gb_key(b, key, GGUF_TYPE_ARRAY);
+	gb_u32(b, type);
+	gb_u64(b, (uint64_t)n);
+	gb_put(b, v, (size_t)n * 4);
+}
+
+static void gb_end(struct gbuf *b)
+{
+	memcpy(b->p + 16, &b->n_kv, 8);
+	while (b->n % GGUF_DEFAULT_ALIGNMENT)
+		gb_put(b, "", 1);
+}
+
+/* The hand-written tokenizer as a GGUF "gpt2" vocabulary (pre "llama-bpe"). */
+static void bl_gguf(struct gbuf *b)
+{
+	static char bytes[256][4];
+	const char *toks[265];
+	int32_t types[265];
+	for (int i = 0; i < 256; i++) {
+		bl_byte_char(i, bytes[i]);
+		toks[i] = bytes[i];
+		types[i] = 1;
+	}
+	for (int i = 0; i < 6; i++)
+		toks[256 + i] = bl_extra[i], types[256 + i] = 1;
+	for (int i = 0; i < 3; i++)
+		toks[262 + i] = bl_added[i], types[262 + i] = i < 2 ? 3 : 4;
+	char mbuf[5][32];
+	const char *merges[5];
+	for (int i = 0; i < 5; i++) {
+		snprintf(mbuf[i], sizeof mbuf[i], "%s %s", bl_merges[i][0], bl_merges[i][1]);
+		merges[i] = mbuf[i];
+	}
+	gb_begin(b);
+	gb_kv_str(b, "tokenizer.ggml.model", "gpt2");
+	gb_kv_str(b, "tokenizer.ggml.pre", "llama-bpe");
+	gb_kv_strs(b, "tokenizer.ggml.tokens", toks, 265);
+	gb_kv_arr32(b, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 265);
+	gb_kv_strs(b, "tokenizer.ggml.merges", merges, 5);
+	gb_kv_u32(b, "tokenizer.ggml.bos_token_id", 262);
+	gb_kv_u32(b, "tokenizer.ggml.eos_token_id", 263);
+	gb_kv_bool(b, "tokenizer.ggml.add_bos_token", true);
+	gb_end(b);
+}
+
+/* Worked out by hand from the vocabulary above and the Llama 3 split regex. */
+static const struct {
+	const char *text;
+	int n;
+	int ids[16];
+} bl_known[] = {
+	/* "the" | " the": h+e (rank 1); Ġ+t (rank 0) then Ġt+he (rank 2). */
+	{ "the the", 3, { 116, 257, 258 } },
+	{ "Hello!!", 6, { 72, 101, 259, 111, 33, 33 } },
+	/* Equal ranks: the leftmost pair merges first. */
+	{ "lll", 2, { 259, 108 } },
+	/* é is C3 A9: two byte symbols, no merges. */
+	{ "\xc3\xa9t\xc3\xa9", 5, { 195, 169, 116, 195, 169 } },
+	{ "a\n\nb", 4, { 97, 10, 10, 98 } },
+	/* \p{N}{1,3} splits "123" | "45", so the merge "3 4" cannot apply ... */
+	{ "12345", 5, { 49, 50, 51, 52, 53 } },
+	/* ... but does inside "345". */
+	{ "345", 2, { 260, 53 } },
+	/* ignore_merges: a pre-token that is a whole vocabulary entry is taken as is. */
+	{ "xyz", 1, { 261 } },
+	{ " xyz", 4, { 32, 120, 121, 122 } },
+	/* "a" | " " | " the": \s+(?!\S) leaves the last space to the word. */
+	{ "a  the", 3, { 97, 32, 258 } },
+	{ "na\xc3\xafve caf\xc3\xa9", 12, { 110, 97, 195, 175, 118, 101, 32, 99, 97, 102, 195, 169 } },
+	{ "<|begin_of_text|>the<|end_of_text|>", 4, { 262, 116, 257, 263 } },
+	{ "hi<|user|>the", 5, { 104, 105, 264, 116, 257 } },
+	{ "", 0, { 0 } },
+};
+
+static void check_bytelevel(const struct fkv_tokenizer *t)
+{
+	for (size_t i = 0; i < sizeof bl_known / sizeof bl_known[0]; i++) {
+		expect_ids(t, bl_known[i].text, false, bl_known[i].ids, bl_known[i].n);
+		if (!strstr(bl_known[i].text, "_of_text|>")) /* specials decode to nothing */
+			expect_roundtrip(t, bl_known[i].text);
+	}
+	assert_int_equal(tokenizer_vocab_size(t), 265);
+	assert_int_equal(tokenizer_bos(t), 262);
+	assert_int_equal(tokenizer_eos(t), 263);
+	assert_true(tokenizer_adds_bos(t));
+	expect_ids(t, "the", true, (int[]){ 262, 116, 257 }, 3);
+	char *text = NULL;
+	int ids[] = { 262, 116, 257, 258, 264, 263, 0, 255 };
+	assert_int_equal(tokenizer_decode(t, ids, 8, &text), 17);
+	assert_memory_equal(text, "the the<|user|>\0\xff", 17);
+	free(text);
+	char buf[8];
+	assert_int_equal(tokenizer_piece(t, 258, buf, sizeof buf), 4);
+	assert_memory_equal(buf, " the", 4);
+}
+
+static char *make_tmpdir(void)
+{
+	char *dir = strdup("/tmp/fkv_tok_XXXXXX");
+	assert_non_null(dir);
+	assert_non_null(mkdtemp(dir));
+	return dir;
+}
+
+static void rm_tmpdir(char *dir)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+	free(dir);
+}
+
+static void test_bytelevel_json_and_gguf(void **state)
+{
+	(void)state;
+	char *dir = make_tmpdir(), path[512], err[512] = "";
+	struct fkv_tokenizer *js = NULL, *jp = NULL, *gg = NULL;
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	bl_write_json(dir, false);
+	int rc = tokenizer_load_json(path, &js, err, sizeof err);
+	if (rc)
+		fprintf(stderr, "%s\n", err);
+	assert_int_equal(rc, 0);
+	bl_write_json(dir, true);
+	assert_int_equal(tokenizer_load_json(path, &jp, err, sizeof err), 0);
+	struct gbuf b;
+	struct gguf_ctx *g = NULL;
+	bl_gguf(&b);
+	rc = gguf_open_buf(b.p, b.n, &g, err, sizeof err);
+	if (rc == 0)
+		rc = tokenizer_load_gguf(g, &gg, err, sizeof err);
+	if (rc)
+		fprintf(stderr, "%s\n", err);
+	assert_int_equal(rc, 0);
+
+	check_bytelevel(js);
+	check_bytelevel(jp);
+	check_bytelevel(gg);
+	uint64_t rng = 99;
+	char text[512];
+	for (int iter = 0; iter < 1000; iter++) {
+		random_text(&rng, text, sizeof text, false);
+		int *a = NULL, *c = NULL;
+		int na = tokenizer_encode(js, text, false, &a), nc = tokenizer_encode(gg, text, false, &c);
+		assert_true(na >= 0);
+		assert_int_equal(na, nc);
+		assert_memory_equal(a, c, (size_t)na * sizeof *a);
+		free(a);
+		free(c);
+		expect_roundtrip(js, text);
+	}
+	tokenizer_free(js);
+	tokenizer_free(jp);
+	tokenizer_free(gg);
+	gguf_close(g);
+	free(b.p);
+	rm_tmpdir(dir);
+}
+
+/* ---- malformed input ---- */
+
+static void expect_json_error(const char *dir, const char *text, int want, const char *needle)
+{
+	char path[512], err[512] = "";
+	struct fkv_tokenizer *t = (struct fkv_tokenizer *)1;
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	write_file(path, text);
+	int rc = tokenizer_load_json(path, &t, err, sizeof err);
+	if (rc != want || !strstr(err, needle))
+		fprintf(stderr, "json %s: rc %d, err \"%s\" (want %d, \"%s\")\n", text, rc, err, want, needle);
+	assert_int_equal(rc, want);
+	assert_non_null(strstr(err, needle));
+	assert_null(t);
+}
+
+static void test_json_malformed(void **state)
+{
+	(void)state;
+	char *dir = make_tmpdir();
+	expect_json_error(dir, "{", -EINVAL, "not valid JSON");
+	expect_json_error(dir, "{}", -EINVAL, "model");
+	expect_json_error(dir, "{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}", -ENOTSUP, "Unigram");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", -EINVAL,
+			  "model.vocab[\"a\"]");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a c\"]}}",
+			  -EINVAL, "merges[0]");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}",
+			  -EINVAL, "merged token");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[[\"a\"]]}}", -EINVAL,
+			  "merges[0]");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":{}}}", -EINVAL,
+			  "model.merges");
+	expect_json_error(dir, "{\"added_tokens\":[{\"id\":1}],\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+			  -EINVAL, "added_tokens[0]");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"pre_tokenizer\":{\"type\":\"Digits\"}}", -ENOTSUP, "Digits");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"}}",
+			  -EINVAL, "regex");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"normalizer\":{\"type\":\"Lowercase\"}}", -ENOTSUP, "Lowercase");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"decoder\":{\"type\":\"Sequence\"}}", -EINVAL, "decoders");
+	/* A real file cut in half. */
+	const char *real = test_model_path("stories260K/hf/tokenizer.json");
+	if (real) {
+		FILE *f = fopen(real, "r");
+		assert_non_null(f);
+		char buf[8000];
+		size_t n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[n] = '\0';
+		expect_json_error(dir, buf, -EINVAL, "not valid JSON");
+	}
+	/* A broken file beside a good tokenizer.json is an error, not silently ignored. */
+	char path[512], err[512] = "";
+	snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+	write_file(path, "{\"bos_token\": ");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", -EINVAL,
+			  "tokenizer_config.json");
+	struct fkv_tokenizer *t = NULL;
+	snprintf(path, sizeof path, "%s/absent.json", dir);
+	assert_int_equal(tokenizer_load_json(path, &t, err, sizeof err), -ENOENT);
+	assert_non_null(strstr(err, "absent.json"));
+	rm_tmpdir(dir);
+}
+
+static void expect_gguf_error(struct gbuf *b, int want, const char *needle)
+{
+	char err[512] = "";
+	struct gguf_ctx *g = NULL;
+	struct fkv_tokenizer *t = (struct fkv_tokenizer *)1;
+	gb_end(b);
+	assert_int_equal(gguf_open_buf(b->p, b->n, &g, err, sizeof err), 0);
+	int rc = tokenizer_load_gguf(g, &t, err, sizeof err);
+	if (rc != want || !strstr(err, needle))
+		fprintf(stderr, "gguf: rc %d, err \"%s\" (want %d, \"%s\")\n", rc, err, want, needle);
+	assert_int_equal(rc, want);
+	assert_non_null(strstr(err, needle));
+	assert_null(t);
+	gguf_close(g);
+	free(b->p);
+}
+
+static void test_gguf_malformed(void **state)
+{
+	(void)state;
+	const char *toks[] = { "<unk>", "a", "b", "ab" };
+	float scores[] = { 0, -1, -2, -3 }, short_scores[] = { 0, 0 };
+	int32_t bad_types[] = { 2, 1, 9, 1 };
+	struct gbuf b;
+
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "bert");
+	expect_gguf_error(&b, -ENOTSUP, "bert");
+
+	gb_begin(&b);
+	expect_gguf_error(&b, -ENOENT, "tokenizer.ggml.model");
+
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "llama");
+	expect_gguf_error(&b, -ENOENT, "tokenizer.ggml.tokens");
+
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "llama");
+	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
+	gb_kv_arr32(&b, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, short_scores, 2);
+	expect_gguf_error(&b, -EINVAL, "scores");
+
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "llama");
+	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
+	gb_kv_arr32(&b, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 4);
+	gb_kv_arr32(&b, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, bad_types, 4);
+	expect_gguf_error(&b, -EINVAL, "token_type[2]");
+
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "llama");
+	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
+	gb_kv_arr32(&b, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 4);
+	gb_kv_u32(&b, "tokenizer.ggml.bos_token_id", 4);
+	expect_gguf_error(&b, -EINVAL, "bos_token_id");
+
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
+	expect_gguf_error(&b, -ENOENT, "merges");
+
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+	gb_kv_str(&b, "tokenizer.ggml.pre", "deepseek-coder");
+	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
+	expect_gguf_error(&b, -ENOTSUP, "deepseek-coder");
+
+	const char *bad_merge[] = { "a c" };
+	gb_begin(&b);
+	gb_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
+	gb_kv_strs(&b, "tokenizer.ggml.merges", bad_merge, 1);
+	expect_gguf_error(&b, -EINVAL, "merges[0]");
+}
+
+/* A tiny SentencePiece vocabulary in GGUF, to pin the merge order: with scores "ab" > "bc" the
+ * leftmost-best rule gives ab|c, with "bc" preferred a|bc; "x" is missing so it falls back to
+ * <0x78>, and the missing "▁" is spelled as bytes too. */
+static void test_gguf_score_order(void **state)
+{
+	(void)state;
+	const char *toks[] = { "<unk>", "<s>", "</s>", "<0x78>", "<0xE2>", "<0x96>", "<0x81>",
+			       "a", "b", "c", "ab", "bc" };
+	int32_t types[] = { 2, 3, 3, 6, 6, 6, 6, 1, 1, 1, 1, 1 };
+	float s1[] = { 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -2, -3 };
+	float s2[] = { 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -3, -2 };
+	for (int k = 0; k < 2; k++) {
+		struct gbuf b;
+		char err[512] = "";
+		struct gguf_ctx *g = NULL;
+		struct fkv_tokenizer *t = NULL;
+		gb_begin(&b);
+		gb_kv_str(&b, "tokenizer.ggml.model", "llama");
+		gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 12);
+		gb_kv_arr32(&b, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, k ? s2 : s1, 12);
+		gb_kv_arr32(&b, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 12);
+		gb_kv_u32(&b, "tokenizer.ggml.bos_token_id", 1);
+		gb_kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
+		gb_kv_bool(&b, "tokenizer.ggml.add_space_prefix", false);
+		gb_end(&b);
+		assert_int_equal(gguf_open_buf(b.p, b.n, &g, err, sizeof err), 0);
+		assert_int_equal(tokenizer_load_gguf(g, &t, err, sizeof err), 0);
+		if (k == 0)
+			expect_ids(t, "abcx", true, (int[]){ 1, 10, 9, 3 }, 4);
+		else
+			expect_ids(t, "abcx", true, (int[]){ 1, 7, 11, 3 }, 4);
+		/* No dummy prefix here; the space becomes "▁", which only exists as bytes. Decoding
+		 * gives the bytes of "▁" back, as HF's decoder chain does (Replace runs on token texts
+		 * before ByteFallback turns <0xNN> into bytes). */
+		expect_ids(t, "a b", false, (int[]){ 7, 4, 5, 6, 8 }, 5);
+		char *text = NULL;
+		assert_int_equal(tokenizer_decode(t, (int[]){ 7, 4, 5, 6, 8 }, 5, &text), 5);
+		assert_string_equal(text, "a\xe2\x96\x81" "b");
+		free(text);
+		tokenizer_free(t);
+		gguf_close(g);
+		free(b.p);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_stories_known_ids),
+		cmocka_unit_test(test_stories_bos_eos_specials),
+		cmocka_unit_test(test_stories_gguf_json_identical),
+		cmocka_unit_test(test_stories_matches_naive_reference),
+		cmocka_unit_test(test_stories_long_input),
+		cmocka_unit_test(test_stories_from_model),
+		cmocka_unit_test(test_bytelevel_json_and_gguf),
+		cmocka_unit_test(test_json_malformed),
+		cmocka_unit_test(test_gguf_malformed),
+		cmocka_unit_test(test_gguf_score_order),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,131 @@
+/* backend — the compute interface the engine and the KV policies run on: an opaque handle plus
+ * an ops table, in the ggml-backend style.
+ *
+ * Every activation lives in backend memory: buffers come from buf_alloc() and are reached by the
+ * caller only through upload/download/copy, so a CUDA backend can hand out device pointers and
+ * implement the same table. Activations are f32; weights stay in their file dtype (f32, f16,
+ * bf16) and KV blocks in the sequence's dtype — ops that read them take the dtype. Weights are
+ * made resident with weight_load(): the CPU backend borrows the model's mapping, a device backend
+ * copies it. Ownership: the backend owns every buffer it allocated and every resident weight
+ * until buf_free()/weight_release() or backend_free(); the caller owns the handle. Shapes are
+ * row-major with the last index contiguous, written as `// (rows, cols)`.
+ *
+ * Ops return 0 or a negative errno; they do not check shapes against allocations (the caller
+ * sized the buffers), so a wrong shape is a bug, not a bad input. Ops on one backend run in
+ * order; sync() waits for all of them. Slots marked "(optional)" may be NULL. */
+#ifndef FREEKV_BACKEND_H
+#define FREEKV_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "model.h"
+
+/* A weight tensor resident on a backend. data is a backend pointer. 1-D tensors have cols = 1. */
+struct backend_mat {
+	const void *data;
+	enum fkv_dtype dtype;
+	int64_t rows, cols;
+	void *priv; /* backend-private (e.g. a device allocation to release) */
+};
+
+/* Rotary embedding parameters; llama3 scaling applies when scaling_factor > 0. */
+struct backend_rope {
+	enum fkv_rope_style style;
+	float theta;
+	float scaling_factor;
+	float low_freq_factor;
+	float high_freq_factor;
+	int original_ctx;
+};
+
+/* One contiguous run of cached tokens for decode attention: K and V rows of n tokens, each row
+ * (n_kv, d) in the cache dtype, consecutive rows row_stride elements apart. */
+struct backend_kv_span {
+	const void *k; /* (n, n_kv, d) with row stride row_stride */
+	const void *v; /* (n, n_kv, d) with row stride row_stride */
+	int64_t n;
+	int64_t row_stride; /* elements between token rows; n_kv * d when dense */
+};
+
+/* Shared geometry of an attention call. */
+struct backend_attn {
+	int n_heads;	/* query heads */
+	int n_kv_heads;
+	int head_dim;
+	enum fkv_dtype kv_dtype;
+	float scale;	/* usually 1/sqrt(head_dim) */
+};
+
+struct backend_ops {
+	const char *name;
+	void (*free)(void *ctx);
+
+	/* Memory. buf_alloc returns NULL when out of memory. */
+	void *(*buf_alloc)(void *ctx, size_t bytes);
+	void (*buf_free)(void *ctx, void *buf);
+	int (*upload)(void *ctx, void *dst, const void *host_src, size_t bytes);
+	int (*download)(void *ctx, void *host_dst, const void *src, size_t bytes);
+	int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+	/* Converts n f32 values to dtype t (a KV append). */
+	int (*convert)(void *ctx, void *dst, enum fkv_dtype t, const float *src, int64_t n);
+	/* Copies rows idx[i] of src (rows, cols) to row i of dst; idx is a host array. */
+	int (*gather_rows)(void *ctx, float *dst, const float *src, int64_t cols,
+			   const int32_t *idx, int64_t n);
+
+	/* Weights: make a model tensor resident / release it. */
+	int (*weight_load)(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst);
+	void (*weight_release)(void *ctx, struct backend_mat *w);
+
+	/* y (n, w.rows) = x (n, w.cols) · wᵀ, w in its dtype. */
+	int (*matmul)(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n);
+	/* y (n, dim) = x / rms(x) * w, w (dim) in its dtype. y may equal x. */
+	int (*rmsnorm)(void *ctx, float *y, const float *x, const struct backend_mat *w,
+		       int64_t n, int64_t dim, float eps);
+	/* In place on x (n, n_heads, head_dim); pos is a host array of n positions. */
+	int (*rope)(void *ctx, float *x, int64_t n, int n_heads, int head_dim, const int32_t *pos,
+		    const struct backend_rope *r);
+	/* out (n) = silu(gate) * up. out may equal gate. */
+	int (*silu_mul)(void *ctx, float *out, const float *gate, const float *up, int64_t n);
+	/* y (n) += x (n). */
+	int (*add)(void *ctx, float *y, const float *x, int64_t n);
+	/* y (n, b.rows) += b for every row; b (b.rows) in its dtype. */
+	int (*add_bias)(void *ctx, float *y, const struct backend_mat *b, int64_t n);
+	/* out (n, table.cols) = table[ids[i]]; ids is a host array, already range-checked. */
+	int (*embed)(void *ctx, float *out, const struct backend_mat *table, const int32_t *ids,
+		     int64_t n);
+	/* Row-wise softmax in place on x (rows, cols). */
+	int (*softmax)(void *ctx, float *x, int64_t rows, int64_t cols);
+	/* Causal prefill attention for one sequence. q (n_q, n_heads, d) holds the queries of the
+	 * last n_q of n_ctx cached tokens; k, v (n_ctx, n_kv, d) dense in a.kv_dtype. Query i sees
+	 * keys 0 .. n_ctx - n_q + i. out (n_q, n_heads, d). */
+	int (*attn_prefill)(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
+			    const void *v, int64_t n_ctx, const struct backend_attn *a);
+	/* Decode attention for one token of one sequence over every key of the spans (the set of KV
+	 * positions a policy chose). q (n_heads, d), out (n_heads, d). */
+	int (*attn_decode)(void *ctx, float *out, const float *q,
+			   const struct backend_kv_span *spans, int n_spans,
+			   const struct backend_attn *a);
+
+	/* (optional) Waits until every queued op has finished. */
+	int (*sync)(void *ctx);
+	/* (optional) Sets the number of compute threads. */
+	int (*set_threads)(void *ctx, int n);
+};
+
+/* A backend: ops plus private state. Allocated by the backend's constructor, freed by
+ * backend_free(). */
+struct backend {
+	const struct backend_ops *ops;
+	void *ctx;
+};
+
+/* The CPU backend (always built): f32 compute with OpenBLAS and OpenMP; threads <= 0 keeps the
+ * library defaults. Returns 0 or -ENOMEM. */
+int backend_cpu_new(struct backend **out, int threads);
+
+/* Frees the backend and everything it still owns. Safe on NULL. */
+void backend_free(struct backend *be);
+
+#endif

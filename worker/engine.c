@@ -1,0 +1,527 @@
+/* engine — see engine.h. One forward chunk ("ubatch") packs up to ubatch tokens from several
+ * sequences into one activation matrix, so every projection is one matmul over all of them;
+ * only RoPE positions and attention are per sequence, and attention goes through each
+ * sequence's KV policy. */
+#include "engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct engine_layer {
+	struct backend_mat attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
+	bool has_bias;
+};
+
+struct engine_seq {
+	bool live;
+	void *kv; /* policy state */
+};
+
+/* One sequence's share of a ubatch. */
+struct piece {
+	int seq;
+	int item;	     /* index into the caller's items */
+	int64_t off;	     /* first token within the item */
+	int64_t n;	     /* tokens */
+	int64_t row;	     /* first row in the ubatch */
+};
+
+struct engine {
+	const struct fkv_model *m;
+	struct backend *be;
+	const struct kv_policy_ops *policy;
+	struct fkv_model_config cfg;
+	struct backend_rope rope;
+	struct backend_attn attn;
+	int64_t max_ctx;
+	int ubatch, max_seqs;
+
+	struct backend_mat tok_embd, out_norm, output;
+	struct engine_layer *layers;
+	struct engine_seq *seqs;
+
+	/* Activations (backend memory), T = ubatch rows each. */
+	float *x, *xb;	   /* (T, dim) */
+	float *q, *att;	   /* (T, n_heads * d) */
+	float *k, *v;	   /* (T, n_kv * d) */
+	float *hb, *hb2;   /* (T, ffn) */
+	float *xo;	   /* (R, dim) rows whose logits are wanted */
+	float *logits;	   /* (R, vocab) */
+	int64_t logit_rows; /* R allocated */
+
+	/* Host scratch, T entries each. */
+	int32_t *ids, *pos, *out_rows;
+	struct piece *pieces;
+};
+
+static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return ret;
+}
+
+static void *bufa(struct engine *e, size_t bytes)
+{
+	return e->be->ops->buf_alloc(e->be->ctx, bytes);
+}
+
+static void buff(struct engine *e, void *p)
+{
+	if (p)
+		e->be->ops->buf_free(e->be->ctx, p);
+}
+
+/* Makes a tensor resident after checking its shape; absent optional tensors stay zeroed. */
+static int load_w(struct engine *e, const struct fkv_tensor *t, const char *name, int layer,
+		  int64_t rows, int64_t cols, bool optional, struct backend_mat *dst,
+		  char *err, size_t errlen)
+{
+	if (!t->data) {
+		if (optional)
+			return 0;
+		return fail(err, errlen, -EINVAL, "layer %d: tensor %s missing", layer, name);
+	}
+	int64_t tc = t->n_dims == 2 ? t->shape[1] : 1;
+	if (t->shape[0] != rows || tc != cols)
+		return fail(err, errlen, -EINVAL,
+			    "layer %d: tensor %s is (%lld, %lld), expected (%lld, %lld)", layer,
+			    name, (long long)t->shape[0], (long long)tc, (long long)rows,
+			    (long long)cols);
+	int ret = e->be->ops->weight_load(e->be->ctx, t, dst);
+	if (ret)
+		return fail(err, errlen, ret, "layer %d: cannot load %s: %s", layer, name,
+			    strerror(-ret));
+	return 0;
+}
+
+static void release_w(struct engine *e, struct backend_mat *w)
+{
+	if (w->data)
+		e->be->ops->weight_release(e->be->ctx, w);
+}
+
+static int load_weights(struct engine *e, char *err, size_t errlen)
+{
+	const struct fkv_model *m = e->m;
+	const struct fkv_model_config *c = &e->cfg;
+	int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim;
+	int64_t kvd = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim, V = c->vocab_size;
+	int ret = load_w(e, &m->tok_embd, "tok_embd", -1, V, dim, false, &e->tok_embd, err, errlen)
+		?: load_w(e, &m->out_norm, "out_norm", -1, dim, 1, false, &e->out_norm, err, errlen)
+		?: load_w(e, &m->output, "output", -1, V, dim, false, &e->output, err, errlen);
+	if (ret)
+		return ret;
+	for (int l = 0; l < c->n_layers; l++) {
+		const struct fkv_layer_weights *s = &m->layers[l];
+		struct engine_layer *d = &e->layers[l];
+		ret = load_w(e, &s->attn_norm, "attn_norm", l, dim, 1, false, &d->attn_norm, err, errlen)
+		   ?: load_w(e, &s->wq, "wq", l, qd, dim, false, &d->wq, err, errlen)
+		   ?: load_w(e, &s->wk, "wk", l, kvd, dim, false, &d->wk, err, errlen)
+		   ?: load_w(e, &s->wv, "wv", l, kvd, dim, false, &d->wv, err, errlen)
+		   ?: load_w(e, &s->wo, "wo", l, dim, qd, false, &d->wo, err, errlen)
+		   ?: load_w(e, &s->bq, "bq", l, qd, 1, true, &d->bq, err, errlen)
+		   ?: load_w(e, &s->bk, "bk", l, kvd, 1, true, &d->bk, err, errlen)
+		   ?: load_w(e, &s->bv, "bv", l, kvd, 1, true, &d->bv, err, errlen)
+		   ?: load_w(e, &s->ffn_norm, "ffn_norm", l, dim, 1, false, &d->ffn_norm, err, errlen)
+		   ?: load_w(e, &s->w_gate, "w_gate", l, ffn, dim, false, &d->w_gate, err, errlen)
+		   ?: load_w(e, &s->w_up, "w_up", l, ffn, dim, false, &d->w_up, err, errlen)
+		   ?: load_w(e, &s->w_down, "w_down", l, dim, ffn, false, &d->w_down, err, errlen);
+		if (ret)
+			return ret;
+		d->has_bias = d->bq.data || d->bk.data || d->bv.data;
+		if (d->has_bias && (!d->bq.data || !d->bk.data || !d->bv.data))
+			return fail(err, errlen, -EINVAL, "layer %d: q/k/v biases must come together", l);
+	}
+	return 0;
+}
+
+static int check_config(const struct fkv_model_config *c, char *err, size_t errlen)
+{
+	if (c->n_layers <= 0 || c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+	    c->head_dim <= 0 || c->ffn_dim <= 0 || c->vocab_size <= 0)
+		return fail(err, errlen, -EINVAL, "model config has a non-positive size");
+	if (c->n_heads % c->n_kv_heads)
+		return fail(err, errlen, -EINVAL, "n_heads %d is not a multiple of n_kv_heads %d",
+			    c->n_heads, c->n_kv_heads);
+	if (c->head_dim % 2)
+		return fail(err, errlen, -EINVAL, "head_dim %d is odd", c->head_dim);
+	if (c->rope_scaling_factor > 0.0f &&
+	    (c->rope_original_ctx <= 0 || c->rope_high_freq_factor <= c->rope_low_freq_factor))
+		return fail(err, errlen, -EINVAL, "inconsistent llama3 rope scaling parameters");
+	return 0;
+}
+
+static int alloc_logits(struct engine *e, int64_t rows)
+{
+	if (rows <= e->logit_rows)
+		return 0;
+	float *xo = bufa(e, (size_t)rows * (size_t)e->cfg.dim * sizeof(float));
+	float *lg = bufa(e, (size_t)rows * (size_t)e->cfg.vocab_size * sizeof(float));
+	if (!xo || !lg) {
+		buff(e, xo);
+		buff(e, lg);
+		return -ENOMEM;
+	}
+	buff(e, e->xo);
+	buff(e, e->logits);
+	e->xo = xo;
+	e->logits = lg;
+	e->logit_rows = rows;
+	return 0;
+}
+
+static int alloc_acts(struct engine *e)
+{
+	const struct fkv_model_config *c = &e->cfg;
+	size_t T = (size_t)e->ubatch, f = sizeof(float);
+	size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+	e->x = bufa(e, T * c->dim * f);
+	e->xb = bufa(e, T * c->dim * f);
+	e->q = bufa(e, T * qd * f);
+	e->att = bufa(e, T * qd * f);
+	e->k = bufa(e, T * kvd * f);
+	e->v = bufa(e, T * kvd * f);
+	e->hb = bufa(e, T * c->ffn_dim * f);
+	e->hb2 = bufa(e, T * c->ffn_dim * f);
+	e->ids = calloc(T, sizeof *e->ids);
+	e->pos = calloc(T, sizeof *e->pos);
+	e->out_rows = calloc(T, sizeof *e->out_rows);
+	e->pieces = calloc(T, sizeof *e->pieces);
+	if (!e->x || !e->xb || !e->q || !e->att || !e->k || !e->v || !e->hb || !e->hb2 ||
+	    !e->ids || !e->pos || !e->out_rows || !e->pieces)
+		return -ENOMEM;
+	return alloc_logits(e, e->max_seqs < e->ubatch ? e->max_seqs : e->ubatch);
+}
+
+void engine_free(struct engine *e)
+{
+	if (!e)
+		return;
+	for (int i = 0; e->seqs && i < e->max_seqs; i++)
+		if (e->seqs[i].live)
+			e->policy->destroy(e->seqs[i].kv);
+	free(e->seqs);
+	if (e->layers) {
+		for (int l = 0; l < e->cfg.n_layers; l++) {
+			struct engine_layer *d = &e->layers[l];
+			struct backend_mat *w[] = { &d->attn_norm, &d->wq, &d->wk, &d->wv, &d->wo,
+						    &d->bq, &d->bk, &d->bv, &d->ffn_norm,
+						    &d->w_gate, &d->w_up, &d->w_down };
+			for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+				release_w(e, w[i]);
+		}
+		free(e->layers);
+	}
+	release_w(e, &e->tok_embd);
+	release_w(e, &e->out_norm);
+	release_w(e, &e->output);
+	float *bufs[] = { e->x, e->xb, e->q, e->att, e->k, e->v, e->hb, e->hb2, e->xo, e->logits };
+	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+		buff(e, bufs[i]);
+	free(e->ids);
+	free(e->pos);
+	free(e->out_rows);
+	free(e->pieces);
+	free(e);
+}
+
+int engine_new(struct engine **out, const struct fkv_model *m, struct backend *be,
+	       const struct engine_opts *o, char *err, size_t errlen)
+{
+	struct engine_opts def = { 0 };
+	if (!o)
+		o = &def;
+	int ret = check_config(&m->cfg, err, errlen);
+	if (ret)
+		return ret;
+	const char *pname = o->policy ? o->policy : "full";
+	const struct kv_policy_ops *pol = kvcache_policy(pname);
+	if (!pol)
+		return fail(err, errlen, -EINVAL, "unknown KV policy '%s' (known: %s)", pname,
+			    kvcache_policy_names());
+	if (o->max_ctx < 0 || o->ubatch < 0 || o->max_seqs < 0)
+		return fail(err, errlen, -EINVAL, "negative engine option");
+	struct engine *e = calloc(1, sizeof *e);
+	if (!e)
+		return fail(err, errlen, -ENOMEM, "out of memory");
+	e->m = m;
+	e->be = be;
+	e->policy = pol;
+	e->cfg = m->cfg;
+	e->max_ctx = o->max_ctx ? o->max_ctx : (m->cfg.ctx_len > 0 ? m->cfg.ctx_len : 2048);
+	e->ubatch = o->ubatch ? o->ubatch : 256;
+	e->max_seqs = o->max_seqs ? o->max_seqs : 64;
+	e->rope = (struct backend_rope){
+		.style = m->cfg.rope_style,
+		.theta = m->cfg.rope_theta > 0.0f ? m->cfg.rope_theta : 10000.0f,
+		.scaling_factor = m->cfg.rope_scaling_factor,
+		.low_freq_factor = m->cfg.rope_low_freq_factor,
+		.high_freq_factor = m->cfg.rope_high_freq_factor,
+		.original_ctx = m->cfg.rope_original_ctx,
+	};
+	e->attn = (struct backend_attn){
+		.n_heads = m->cfg.n_heads,
+		.n_kv_heads = m->cfg.n_kv_heads,
+		.head_dim = m->cfg.head_dim,
+		.kv_dtype = o->kv_dtype_set ? o->kv_dtype : m->cfg.dtype,
+		.scale = 1.0f / sqrtf((float)m->cfg.head_dim),
+	};
+	e->layers = calloc((size_t)m->cfg.n_layers, sizeof *e->layers);
+	e->seqs = calloc((size_t)e->max_seqs, sizeof *e->seqs);
+	if (!e->layers || !e->seqs) {
+		engine_free(e);
+		return fail(err, errlen, -ENOMEM, "out of memory");
+	}
+	ret = load_weights(e, err, errlen);
+	if (ret) {
+		engine_free(e);
+		return ret;
+	}
+	ret = alloc_acts(e);
+	if (ret) {
+		engine_free(e);
+		return fail(err, errlen, ret, "cannot allocate activations for ubatch %d",
+			    o->ubatch ? o->ubatch : 256);
+	}
+	*out = e;
+	return 0;
+}
+
+int engine_vocab(const struct engine *e)
+{
+	return e->cfg.vocab_size;
+}
+
+int64_t engine_max_ctx(const struct engine *e)
+{
+	return e->max_ctx;
+}
+
+int engine_seq_new(struct engine *e, int *seq, char *err, size_t errlen)
+{
+	int i = 0;
+	while (i < e->max_seqs && e->seqs[i].live)
+		i++;
+	if (i == e->max_seqs)
+		return fail(err, errlen, -ENOSPC, "all %d sequence slots are in use", e->max_seqs);
+	struct kv_seq_params p = {
+		.be = e->be,
+		.n_layers = e->cfg.n_layers,
+		.attn = e->attn,
+		.max_tokens = e->max_ctx,
+	};
+	int ret = e->policy->create(&p, &e->seqs[i].kv);
+	if (ret)
+		return fail(err, errlen, ret, "policy %s: cannot create sequence state: %s",
+			    e->policy->name, strerror(-ret));
+	e->seqs[i].live = true;
+	*seq = i;
+	return 0;
+}
+
+static bool seq_ok(const struct engine *e, int seq)
+{
+	return seq >= 0 && seq < e->max_seqs && e->seqs[seq].live;
+}
+
+void engine_seq_free(struct engine *e, int seq)
+{
+	if (!seq_ok(e, seq))
+		return;
+	e->policy->destroy(e->seqs[seq].kv);
+	e->seqs[seq].kv = NULL;
+	e->seqs[seq].live = false;
+}
+
+int64_t engine_seq_len(const struct engine *e, int seq)
+{
+	if (!seq_ok(e, seq))
+		return -EINVAL;
+	return e->policy->length(e->seqs[seq].kv);
+}
+
+int engine_seq_stats(const struct engine *e, int seq, struct kv_stats *out)
+{
+	if (!seq_ok(e, seq))
+		return -EINVAL;
+	e->policy->stats(e->seqs[seq].kv, out);
+	return 0;
+}
+
+/* Attention block of one layer for every piece: append K/V, attend. */
+static int layer_attention(struct engine *e, int l, const struct piece *pc, int np)
+{
+	const struct kv_policy_ops *P = e->policy;
+	int64_t qd = (int64_t)e->cfg.n_heads * e->cfg.head_dim;
+	int64_t kvd = (int64_t)e->cfg.n_kv_heads * e->cfg.head_dim;
+	for (int i = 0; i < np; i++) {
+		void *kv = e->seqs[pc[i].seq].kv;
+		int64_t r = pc[i].row;
+		int ret = (P->layer_begin ? P->layer_begin(kv, l) : 0)
+		       ?: P->append(kv, l, e->k + r * kvd, e->v + r * kvd, pc[i].n)
+		       ?: P->attend(kv, l, e->att + r * qd, e->q + r * qd, pc[i].n)
+		       ?: (P->layer_end ? P->layer_end(kv, l) : 0);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/* Runs one ubatch of T tokens (ids and positions filled in) through every layer, then the
+ * logits of the n_out rows listed in out_rows into e->logits. */
+static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int np, int64_t n_out)
+{
+	const struct backend_ops *o = e->be->ops;
+	void *c = e->be->ctx;
+	const struct fkv_model_config *cf = &e->cfg;
+	int64_t dim = cf->dim, ffn = cf->ffn_dim;
+	int ret = o->embed(c, e->x, &e->tok_embd, e->ids, T);
+	for (int l = 0; l < cf->n_layers && !ret; l++) {
+		const struct engine_layer *L = &e->layers[l];
+		ret = o->rmsnorm(c, e->xb, e->x, &L->attn_norm, T, dim, cf->norm_eps)
+		   ?: o->matmul(c, e->q, e->xb, &L->wq, T)
+		   ?: o->matmul(c, e->k, e->xb, &L->wk, T)
+		   ?: o->matmul(c, e->v, e->xb, &L->wv, T);
+		if (!ret && L->has_bias)
+			ret = o->add_bias(c, e->q, &L->bq, T) ?: o->add_bias(c, e->k, &L->bk, T)
+			   ?: o->add_bias(c, e->v, &L->bv, T);
+		ret = ret ?: o->rope(c, e->q, T, cf->n_heads, cf->head_dim, e->pos, &e->rope)
+		   ?: o->rope(c, e->k, T, cf->n_kv_heads, cf->head_dim, e->pos, &e->rope)
+		   ?: layer_attention(e, l, pc, np)
+		   ?: o->matmul(c, e->xb, e->att, &L->wo, T)
+		   ?: o->add(c, e->x, e->xb, T * dim)
+		   ?: o->rmsnorm(c, e->xb, e->x, &L->ffn_norm, T, dim, cf->norm_eps)
+		   ?: o->matmul(c, e->hb, e->xb, &L->w_gate, T)
+		   ?: o->matmul(c, e->hb2, e->xb, &L->w_up, T)
+		   ?: o->silu_mul(c, e->hb, e->hb, e->hb2, T * ffn)
+		   ?: o->matmul(c, e->xb, e->hb, &L->w_down, T)
+		   ?: o->add(c, e->x, e->xb, T * dim);
+	}
+	if (ret || !n_out)
+		return ret;
+	return o->gather_rows(c, e->xo, e->x, dim, e->out_rows, n_out)
+	    ?: o->rmsnorm(c, e->xo, e->xo, &e->out_norm, n_out, dim, cf->norm_eps)
+	    ?: o->matmul(c, e->logits, e->xo, &e->output, n_out)
+	    ?: (o->sync ? o->sync(c) : 0);
+}
+
+/* Checks the whole request before anything runs, so a refused call changes nothing. */
+static int check_items(struct engine *e, int n_items, const int *seqs,
+		       const int32_t *const *ids, const int *n, char *err, size_t errlen)
+{
+	if (n_items <= 0)
+		return fail(err, errlen, -EINVAL, "no sequences given");
+	for (int i = 0; i < n_items; i++) {
+		if (!seq_ok(e, seqs[i]))
+			return fail(err, errlen, -EINVAL, "sequence %d does not exist", seqs[i]);
+		for (int j = 0; j < i; j++)
+			if (seqs[j] == seqs[i])
+				return fail(err, errlen, -EINVAL, "sequence %d given twice", seqs[i]);
+		if (n[i] <= 0)
+			return fail(err, errlen, -EINVAL, "sequence %d: no tokens given", seqs[i]);
+		int64_t len = e->policy->length(e->seqs[seqs[i]].kv);
+		if (len + n[i] > e->max_ctx)
+			return fail(err, errlen, -ENOSPC,
+				    "sequence %d: %lld + %d tokens exceed the context limit of %lld",
+				    seqs[i], (long long)len, n[i], (long long)e->max_ctx);
+		for (int t = 0; t < n[i]; t++)
+			if (ids[i][t] < 0 || ids[i][t] >= e->cfg.vocab_size)
+				return fail(err, errlen, -EINVAL,
+					    "sequence %d: token id %d out of range [0, %d)", seqs[i],
+					    ids[i][t], e->cfg.vocab_size);
+	}
+	return 0;
+}
+
+int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t *const *ids,
+		   const int *n, float *logits, bool all_logits, char *err, size_t errlen)
+{
+	int ret = check_items(e, n_items, seqs, ids, n, err, errlen);
+	if (ret)
+		return ret;
+	if (all_logits && (ret = alloc_logits(e, e->ubatch)))
+		return fail(err, errlen, ret, "cannot allocate logits for %d rows", e->ubatch);
+	const size_t V = (size_t)e->cfg.vocab_size;
+	int item = 0;
+	int64_t off = 0, out_row = 0; /* cursor: token off of item; next logits row to fill */
+	while (item < n_items) {
+		int64_t T = 0, n_out = 0;
+		int np = 0;
+		/* Fill a ubatch: consecutive items, the last one possibly cut. */
+		while (item < n_items && T < e->ubatch) {
+			int64_t take = n[item] - off;
+			if (take > e->ubatch - T)
+				take = e->ubatch - T;
+			if (n_out + (all_logits ? take : 1) > e->logit_rows &&
+			    (ret = alloc_logits(e, n_out + (all_logits ? take : 1))))
+				return fail(err, errlen, ret, "out of memory for logits");
+			struct piece *p = &e->pieces[np++];
+			*p = (struct piece){ seqs[item], item, off, take, T };
+			int64_t len = e->policy->length(e->seqs[p->seq].kv);
+			for (int64_t t = 0; t < take; t++) {
+				e->ids[T + t] = ids[item][off + t];
+				e->pos[T + t] = (int32_t)(len + t);
+				if (all_logits)
+					e->out_rows[n_out++] = (int32_t)(T + t);
+			}
+			T += take;
+			off += take;
+			if (off == n[item]) {
+				if (!all_logits)
+					e->out_rows[n_out++] = (int32_t)(T - 1);
+				item++;
+				off = 0;
+			}
+		}
+		for (int i = 0; i < np; i++) {
+			ret = e->policy->step_begin(e->seqs[e->pieces[i].seq].kv, e->pieces[i].n);
+			if (ret)
+				return fail(err, errlen, ret, "sequence %d: KV policy %s refused %lld tokens: %s",
+					    e->pieces[i].seq, e->policy->name,
+					    (long long)e->pieces[i].n, strerror(-ret));
+		}
+		ret = run_ubatch(e, T, e->pieces, np, logits ? n_out : 0);
+		if (ret)
+			return fail(err, errlen, ret, "forward pass failed: %s", strerror(-ret));
+		for (int i = 0; i < np; i++)
+			e->policy->step_end(e->seqs[e->pieces[i].seq].kv);
+		if (logits && n_out) {
+			ret = e->be->ops->download(e->be->ctx, logits + (size_t)out_row * V, e->logits,
+						   (size_t)n_out * V * sizeof(float));
+			if (ret)
+				return fail(err, errlen, ret, "cannot read logits: %s", strerror(-ret));
+		}
+		out_row += n_out;
+	}
+	return 0;
+}
+
+int engine_prefill(struct engine *e, int seq, const int32_t *ids, int n, float *logits,
+		   bool all_logits, char *err, size_t errlen)
+{
+	return engine_forward(e, 1, &seq, &ids, &n, logits, all_logits, err, errlen);
+}
+
+int engine_decode(struct engine *e, int n, const int *seqs, const int32_t *tokens, float *logits,
+		  char *err, size_t errlen)
+{
+	if (n <= 0 || n > e->max_seqs)
+		return fail(err, errlen, -EINVAL, "decode batch of %d sequences (1..%d allowed)", n,
+			    e->max_seqs);
+	const int32_t *ptrs[n];
+	int ones[n];
+	for (int i = 0; i < n; i++) {
+		ptrs[i] = tokens + i;
+		ones[i] = 1;
+	}
+	return engine_forward(e, n, seqs, ptrs, ones, logits, false, err, errlen);
+}

@@ -1,0 +1,63 @@
+/* engine — runs a Llama-family model on a backend: batches of sequences of different lengths,
+ * chunked causal prefill, one decode step for a whole batch, logits out.
+ *
+ * The engine borrows the model (the caller keeps it loaded until engine_free) and the backend
+ * (the caller frees it after engine_free); it owns the resident weights, its activation buffers
+ * and every sequence's KV policy state. Sequences are small integer handles from engine_seq_new;
+ * their KV lives behind the policy interface (kvcache.h), so the engine never knows which policy
+ * runs. Errors return a negative errno with a message in err. A request is validated whole
+ * before anything runs (handles, token ids, context limit), so a refused call changes nothing;
+ * a failure while running (out of memory) leaves each sequence at the last completed chunk. */
+#ifndef FREEKV_ENGINE_H
+#define FREEKV_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kvcache.h"
+#include "model.h"
+
+struct engine_opts {
+	int64_t max_ctx;	/* tokens per sequence; 0 = the model's trained context */
+	int ubatch;		/* tokens per forward chunk (prefill chunk size); 0 = 256 */
+	int max_seqs;		/* concurrent sequences; 0 = 64 */
+	const char *policy;	/* KV policy name; NULL = "full" */
+	enum fkv_dtype kv_dtype; /* with kv_dtype_set; otherwise the model's dtype */
+	bool kv_dtype_set;
+};
+
+struct engine;
+
+int engine_new(struct engine **out, const struct fkv_model *m, struct backend *be,
+	       const struct engine_opts *o, char *err, size_t errlen);
+void engine_free(struct engine *e);
+
+int engine_vocab(const struct engine *e);
+int64_t engine_max_ctx(const struct engine *e);
+
+/* A new empty sequence; -ENOSPC when max_seqs are live. */
+int engine_seq_new(struct engine *e, int *seq, char *err, size_t errlen);
+void engine_seq_free(struct engine *e, int seq);
+/* Committed tokens of a sequence, or -EINVAL for a bad handle. */
+int64_t engine_seq_len(const struct engine *e, int seq);
+/* The policy's statistics for a sequence; 0 or -EINVAL. */
+int engine_seq_stats(const struct engine *e, int seq, struct kv_stats *out);
+
+/* Appends n[i] tokens ids[i] to sequence seqs[i] for each of n_items distinct sequences and runs
+ * the model over them, chunked into ubatches. logits (host) receives, per item in order, the
+ * logits of its last token — (n_items, vocab) — or with all_logits every token's — (Σ n, vocab).
+ * logits may be NULL. Errors: -EINVAL (bad handle, id out of range, duplicate sequence),
+ * -ENOSPC (context limit). */
+int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t *const *ids,
+		   const int *n, float *logits, bool all_logits, char *err, size_t errlen);
+
+/* One sequence: logits of its last token (vocab), or of every token with all_logits. */
+int engine_prefill(struct engine *e, int seq, const int32_t *ids, int n, float *logits,
+		   bool all_logits, char *err, size_t errlen);
+/* One decode step: token tokens[i] appended to seqs[i]; logits (n, vocab). */
+int engine_decode(struct engine *e, int n, const int *seqs, const int32_t *tokens, float *logits,
+		  char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,38 @@
+/* kvworker — the worker executable: a table of commands (generate, perplexity, synth), each
+ * parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd_common.h"
+
+static const struct cmd commands[] = {
+	{ "generate", "continue a prompt with a model", cmd_generate },
+	{ "perplexity", "teacher-forced perplexity of a text file", cmd_perplexity },
+	{ "synth", "write a random-weight model with a real model's geometry", cmd_synth },
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvworker COMMAND [OPTIONS]   (kvworker COMMAND --help for its options)\n\n"
+		   "commands:\n");
+	for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+		fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return CMD_USAGE;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return CMD_OK;
+	}
+	for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+		if (!strcmp(argv[1], commands[i].name))
+			return commands[i].run(argc - 1, argv + 1);
+	fprintf(stderr, "kvworker: unknown command '%s'\n", argv[1]);
+	usage(stderr);
+	return CMD_USAGE;
+}

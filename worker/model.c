@@ -1,0 +1,524 @@
+/* model — model_load(): GGUF or Hugging Face folder -> struct fkv_model. See model.h.
+ *
+ * Both formats go through one declarative table of tensors (our slot, GGUF name, HF name,
+ * expected shape in config terms); a format-specific lookup turns a name into a raw view
+ * (dtype, row-major dims, bytes). Every tensor of the file must be claimed by the table (old HF
+ * rotary_emb.inv_freq buffers excepted), so a file with weights we would silently ignore is
+ * refused rather than run wrong. */
+#include "model.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <openssl/evp.h>
+
+#include "gguf.h"
+#include "hf_config.h"
+#include "safetensors.h"
+
+/* Bytes hashed from the start, the middle and the end of each tensor for the fingerprint. */
+#define FP_SAMPLE 4096
+
+struct model_priv {
+	struct gguf_ctx *gguf;
+	struct st_ctx *st;
+	uint8_t *claimed;	/* per file tensor: claimed by the table */
+	void **copies;		/* aligned copies of tensors the file left misaligned */
+	int n_copies;
+};
+
+/* A tensor as found in the file, dims in row-major order (dims[n_dims-1] contiguous). */
+struct raw {
+	enum fkv_dtype dtype;
+	int n_dims;
+	int64_t dims[8];
+	const void *data;
+	uint64_t size;
+	int64_t index;		/* in the file's table, for claiming */
+};
+
+enum shape_kind { SK_ONE, SK_DIM, SK_QDIM, SK_KVDIM, SK_FFN, SK_VOCAB };
+
+#define TS_BIAS 1u	/* only when cfg.qkv_bias */
+#define TS_OPTIONAL 2u	/* absent is fine (output: tied) */
+
+struct tensor_spec {
+	size_t off;		/* offset of the struct fkv_tensor in its parent */
+	const char *gguf;
+	const char *hf;
+	enum shape_kind rows, cols;
+	unsigned flags;
+};
+
+#define LW(f) offsetof(struct fkv_layer_weights, f)
+static const struct tensor_spec layer_specs[] = {
+	{ LW(attn_norm), "attn_norm.weight", "input_layernorm.weight", SK_DIM, SK_ONE, 0 },
+	{ LW(wq), "attn_q.weight", "self_attn.q_proj.weight", SK_QDIM, SK_DIM, 0 },
+	{ LW(wk), "attn_k.weight", "self_attn.k_proj.weight", SK_KVDIM, SK_DIM, 0 },
+	{ LW(wv), "attn_v.weight", "self_attn.v_proj.weight", SK_KVDIM, SK_DIM, 0 },
+	{ LW(wo), "attn_output.weight", "self_attn.o_proj.weight", SK_DIM, SK_QDIM, 0 },
+	{ LW(bq), "attn_q.bias", "self_attn.q_proj.bias", SK_QDIM, SK_ONE, TS_BIAS },
+	{ LW(bk), "attn_k.bias", "self_attn.k_proj.bias", SK_KVDIM, SK_ONE, TS_BIAS },
+	{ LW(bv), "attn_v.bias", "self_attn.v_proj.bias", SK_KVDIM, SK_ONE, TS_BIAS },
+	{ LW(ffn_norm), "ffn_norm.weight", "post_attention_layernorm.weight", SK_DIM, SK_ONE, 0 },
+	{ LW(w_gate), "ffn_gate.weight", "mlp.gate_proj.weight", SK_FFN, SK_DIM, 0 },
+	{ LW(w_up), "ffn_up.weight", "mlp.up_proj.weight", SK_FFN, SK_DIM, 0 },
+	{ LW(w_down), "ffn_down.weight", "mlp.down_proj.weight", SK_DIM, SK_FFN, 0 },
+};
+#undef LW
+
+#define MW(f) offsetof(struct fkv_model, f)
+static const struct tensor_spec global_specs[] = {
+	{ MW(tok_embd), "token_embd.weight", "model.embed_tokens.weight", SK_VOCAB, SK_DIM, 0 },
+	{ MW(out_norm), "output_norm.weight", "model.norm.weight", SK_DIM, SK_ONE, 0 },
+	{ MW(output), "output.weight", "lm_head.weight", SK_VOCAB, SK_DIM, TS_OPTIONAL },
+};
+#undef MW
+
+/* GGUF architectures: the key prefix and the rotary layout their converter writes. */
+static const struct {
+	const char *arch;
+	enum fkv_rope_style rope;
+} gguf_archs[] = {
+	{ "llama", FKV_ROPE_INTERLEAVED },
+	{ "qwen2", FKV_ROPE_HALVES },
+};
+
+static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return ret;
+}
+
+int model_config_validate(const struct fkv_model_config *c, char *err, size_t errlen)
+{
+	if (c->n_layers <= 0 || c->n_layers > FKV_MAX_LAYERS)
+		return fail(err, errlen, -EINVAL, "model: %d layers (1..%d supported)", c->n_layers, FKV_MAX_LAYERS);
+	if (c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 || c->ffn_dim <= 0 ||
+	    c->vocab_size <= 0 || c->ctx_len <= 0)
+		return fail(err, errlen, -EINVAL,
+			    "model: sizes must be positive (dim %d, heads %d, kv heads %d, head_dim %d, ffn %d, vocab %d, ctx %d)",
+			    c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->vocab_size, c->ctx_len);
+	if (c->n_heads % c->n_kv_heads)
+		return fail(err, errlen, -EINVAL, "model: %d query heads is not a multiple of %d KV heads", c->n_heads,
+			    c->n_kv_heads);
+	if (c->head_dim % 2)
+		return fail(err, errlen, -EINVAL, "model: head_dim %d is odd (rotary pairs need it even)", c->head_dim);
+	if ((int64_t)c->n_heads * c->head_dim > (1 << 20) || c->dim > (1 << 20) || c->ffn_dim > (1 << 22))
+		return fail(err, errlen, -EINVAL, "model: implausibly large geometry");
+	if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
+		return fail(err, errlen, -EINVAL, "model: rms_norm_eps and rope_theta must be positive");
+	bool ids_ok = c->bos_id < c->vocab_size && c->eos_id < c->vocab_size && c->n_eos >= 0 &&
+		      c->n_eos <= FKV_MAX_EOS;
+	for (int i = 0; ids_ok && i < c->n_eos; i++)
+		ids_ok = c->eos_ids[i] >= 0 && c->eos_ids[i] < c->vocab_size;
+	if (!ids_ok)
+		return fail(err, errlen, -EINVAL, "model: bos/eos id outside the vocabulary of %d", c->vocab_size);
+	return 0;
+}
+
+static int64_t shape_of(const struct fkv_model_config *c, enum shape_kind k)
+{
+	switch (k) {
+	case SK_ONE: return 1;
+	case SK_DIM: return c->dim;
+	case SK_QDIM: return (int64_t)c->n_heads * c->head_dim;
+	case SK_KVDIM: return (int64_t)c->n_kv_heads * c->head_dim;
+	case SK_FFN: return c->ffn_dim;
+	case SK_VOCAB: return c->vocab_size;
+	}
+	return 0;
+}
+
+/* Looks a tensor up in whichever file the model came from. 0 or -ENOENT. */
+static int find_raw(const struct model_priv *p, const char *name, struct raw *r)
+{
+	memset(r, 0, sizeof *r);
+	if (p->gguf) {
+		int64_t i = gguf_find_tensor(p->gguf, name);
+		if (i < 0)
+			return -ENOENT;
+		const struct gguf_tensor_info *t = gguf_tensor(p->gguf, i);
+		r->dtype = t->dtype;
+		r->n_dims = t->n_dims;
+		for (int d = 0; d < t->n_dims; d++)
+			r->dims[d] = t->ne[t->n_dims - 1 - d];
+		r->data = t->data;
+		r->size = t->size;
+		r->index = i;
+		return 0;
+	}
+	const struct st_tensor *t = st_find(p->st, name);
+	if (!t)
+		return -ENOENT;
+	r->dtype = t->dtype;
+	r->n_dims = t->n_dims;
+	for (int d = 0; d < t->n_dims; d++)
+		r->dims[d] = t->shape[d];
+	r->data = t->data;
+	r->size = t->size;
+	r->index = t - st_tensor(p->st, 0);
+	return 0;
+}
+
+static void fmt_shape(char *buf, size_t len, const int64_t *dims, int n)
+{
+	size_t o = (size_t)snprintf(buf, len, "(");
+	for (int i = 0; i < n && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%s%" PRId64, i ? ", " : "", dims[i]);
+	if (o < len)
+		snprintf(buf + o, len - o, ")");
+}
+
+/* Finds, checks and binds one tensor. Returns 0, -ENOENT (absent: caller decides) or an error. */
+static int bind(struct fkv_model *m, struct model_priv *p, const char *name, enum shape_kind rk,
+		enum shape_kind ck, struct fkv_tensor *dst, char *err, size_t errlen)
+{
+	struct raw r;
+	if (find_raw(p, name, &r))
+		return -ENOENT;
+	int64_t want[2] = { shape_of(&m->cfg, rk), shape_of(&m->cfg, ck) };
+	int want_dims = ck == SK_ONE ? 1 : 2;
+	if (r.n_dims != want_dims || r.dims[0] != want[0] || (want_dims == 2 && r.dims[1] != want[1])) {
+		char a[96], b[96];
+		fmt_shape(a, sizeof a, want, want_dims);
+		fmt_shape(b, sizeof b, r.dims, r.n_dims);
+		return fail(err, errlen, -EINVAL, "model: tensor '%s' has shape %s, expected %s", name, b, a);
+	}
+	const void *data = r.data;
+	if ((uintptr_t)data % dtype_size(r.dtype)) {
+		/* the format allows it; the backends read whole elements */
+		void **nc = realloc(p->copies, (size_t)(p->n_copies + 1) * sizeof *nc);
+		if (!nc)
+			return fail(err, errlen, -ENOMEM, "model: out of memory");
+		p->copies = nc;
+		void *copy = aligned_alloc(64, (r.size + 63) / 64 * 64);
+		if (!copy)
+			return fail(err, errlen, -ENOMEM, "model: out of memory copying tensor '%s'", name);
+		memcpy(copy, data, r.size);
+		p->copies[p->n_copies++] = copy;
+		data = copy;
+	}
+	dst->data = data;
+	dst->dtype = r.dtype;
+	dst->n_dims = want_dims;
+	dst->shape[0] = want[0];
+	dst->shape[1] = want_dims == 2 ? want[1] : 1;
+	p->claimed[r.index] = 1;
+	return 0;
+}
+
+static int bind_all(struct fkv_model *m, struct model_priv *p, char *err, size_t errlen)
+{
+	char name[256];
+	int ret;
+	for (size_t i = 0; i < sizeof global_specs / sizeof global_specs[0]; i++) {
+		const struct tensor_spec *s = &global_specs[i];
+		const char *n = m->is_gguf ? s->gguf : s->hf;
+		struct fkv_tensor *dst = (struct fkv_tensor *)((char *)m + s->off);
+		ret = bind(m, p, n, s->rows, s->cols, dst, err, errlen);
+		if (ret == -ENOENT && !(s->flags & TS_OPTIONAL))
+			return fail(err, errlen, -EINVAL, "model: missing tensor '%s'", n);
+		if (ret && ret != -ENOENT)
+			return ret;
+	}
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		for (size_t i = 0; i < sizeof layer_specs / sizeof layer_specs[0]; i++) {
+			const struct tensor_spec *s = &layer_specs[i];
+			snprintf(name, sizeof name, m->is_gguf ? "blk.%d.%s" : "model.layers.%d.%s", l,
+				 m->is_gguf ? s->gguf : s->hf);
+			if ((s->flags & TS_BIAS) && !m->cfg.qkv_bias)
+				continue;
+			struct fkv_tensor *dst = (struct fkv_tensor *)((char *)&m->layers[l] + s->off);
+			ret = bind(m, p, name, s->rows, s->cols, dst, err, errlen);
+			if (ret == -ENOENT)
+				return fail(err, errlen, -EINVAL, "model: missing tensor '%s'", name);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+/* Output head: absent -> tied; present with the embedding's exact bytes (GGUF converters write
+ * the tied matrix twice) -> tied too; the config's tie flag wins for HF. */
+static void resolve_output(struct fkv_model *m)
+{
+	const struct fkv_tensor *e = &m->tok_embd, *o = &m->output;
+	bool same = o->data && o->dtype == e->dtype &&
+		    !memcmp(o->data, e->data, (size_t)(e->shape[0] * e->shape[1]) * dtype_size(e->dtype));
+	if (!o->data || same || (!m->is_gguf && m->cfg.tied_embeddings)) {
+		m->output = m->tok_embd;
+		m->cfg.tied_embeddings = true;
+	} else {
+		m->cfg.tied_embeddings = false;
+	}
+}
+
+static int check_claimed(const struct fkv_model *m, const struct model_priv *p, char *err, size_t errlen)
+{
+	int64_t n = p->gguf ? gguf_n_tensors(p->gguf) : st_n_tensors(p->st);
+	for (int64_t i = 0; i < n; i++) {
+		if (p->claimed[i])
+			continue;
+		const char *name = p->gguf ? gguf_tensor(p->gguf, i)->name : st_tensor(p->st, (int)i)->name;
+		size_t len = strlen(name), sfx = strlen("rotary_emb.inv_freq");
+		if (!m->is_gguf && len >= sfx && !strcmp(name + len - sfx, "rotary_emb.inv_freq"))
+			continue;
+		if (!strcmp(name, "rope_freqs.weight"))
+			return fail(err, errlen, -EPROTO,
+				    "model: GGUF tensor 'rope_freqs.weight' (precomputed llama3 rope scaling) is not "
+				    "supported; load the Hugging Face folder instead");
+		return fail(err, errlen, -EINVAL, "model: unexpected tensor '%s' (not part of a %s model%s)", name,
+			    m->cfg.arch, m->cfg.qkv_bias ? "" : " without q/k/v biases");
+	}
+	return 0;
+}
+
+/* GGUF metadata -> config. Keys are "<arch>.<name>". */
+static int gguf_config(struct gguf_ctx *g, struct fkv_model_config *c, char *err, size_t errlen)
+{
+	const char *arch;
+	char key[128];
+	int ret;
+	if (gguf_get_str(g, "general.architecture", &arch, NULL))
+		return fail(err, errlen, -EINVAL, "gguf: missing key 'general.architecture'");
+	size_t ai;
+	for (ai = 0; ai < sizeof gguf_archs / sizeof gguf_archs[0]; ai++) {
+		if (!strcmp(arch, gguf_archs[ai].arch))
+			break;
+	}
+	if (ai == sizeof gguf_archs / sizeof gguf_archs[0])
+		return fail(err, errlen, -EPROTO, "gguf: architecture '%s' is not supported (llama, qwen2 are)", arch);
+	snprintf(c->arch, sizeof c->arch, "%s", arch);
+	c->rope_style = gguf_archs[ai].rope;
+	static const struct {
+		const char *suffix;
+		size_t off;
+		bool required;
+	} ints[] = {
+		{ "context_length", offsetof(struct fkv_model_config, ctx_len), true },
+		{ "embedding_length", offsetof(struct fkv_model_config, dim), true },
+		{ "block_count", offsetof(struct fkv_model_config, n_layers), true },
+		{ "feed_forward_length", offsetof(struct fkv_model_config, ffn_dim), true },
+		{ "attention.head_count", offsetof(struct fkv_model_config, n_heads), true },
+		{ "attention.head_count_kv", offsetof(struct fkv_model_config, n_kv_heads), false },
+		{ "attention.key_length", offsetof(struct fkv_model_config, head_dim), false },
+	};
+	for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+		int32_t v;
+		snprintf(key, sizeof key, "%s.%s", arch, ints[i].suffix);
+		ret = gguf_get_i32(g, key, &v);
+		if (ret == -ENOENT && !ints[i].required)
+			continue;
+		if (ret || v <= 0)
+			return fail(err, errlen, -EINVAL, "gguf: %s key '%s'", ret == -ENOENT ? "missing" : "invalid", key);
+		*(int *)((char *)c + ints[i].off) = v;
+	}
+	if (!c->n_kv_heads)
+		c->n_kv_heads = c->n_heads;
+	if (!c->head_dim)
+		c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
+	snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+	if (gguf_get_f32(g, key, &c->norm_eps))
+		return fail(err, errlen, -EINVAL, "gguf: missing or invalid key '%s'", key);
+	snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+	ret = gguf_get_f32(g, key, &c->rope_theta);
+	if (ret == -ENOENT)
+		c->rope_theta = 10000.0f;
+	else if (ret)
+		return fail(err, errlen, -EINVAL, "gguf: invalid key '%s'", key);
+	uint32_t rdim;
+	snprintf(key, sizeof key, "%s.rope.dimension_count", arch);
+	if (!gguf_get_u32(g, key, &rdim) && (int)rdim != c->head_dim)
+		return fail(err, errlen, -EPROTO, "gguf: key '%s' = %u: partial rotary (head dim %d) is not supported",
+			    key, rdim, c->head_dim);
+	const char *st;
+	snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+	if (!gguf_get_str(g, key, &st, NULL) && strcmp(st, "none"))
+		return fail(err, errlen, -EPROTO, "gguf: key '%s' = '%s': rope scaling is not supported from GGUF", key, st);
+	struct gguf_arr toks;
+	if (!gguf_get_arr(g, "tokenizer.ggml.tokens", &toks)) {
+		if (toks.n == 0 || toks.n > (1u << 24))
+			return fail(err, errlen, -EINVAL, "gguf: key 'tokenizer.ggml.tokens' has %" PRIu64 " entries", toks.n);
+		c->vocab_size = (int)toks.n;
+	} else {
+		int64_t ti = gguf_find_tensor(g, "token_embd.weight");
+		if (ti < 0)
+			return fail(err, errlen, -EINVAL, "gguf: missing tensor 'token_embd.weight'");
+		c->vocab_size = (int)gguf_tensor(g, ti)->ne[1];
+	}
+	uint32_t id;
+	c->bos_id = c->eos_id = -1;
+	if (!gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &id) && id < (uint32_t)c->vocab_size)
+		c->bos_id = (int)id;
+	if (!gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &id) && id < (uint32_t)c->vocab_size) {
+		c->eos_id = (int)id;
+		c->eos_ids[0] = c->eos_id;
+		c->n_eos = 1;
+	}
+	c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0;
+	return model_config_validate(c, err, errlen);
+}
+
+static int fp_update_u32(EVP_MD_CTX *h, uint32_t v)
+{
+	return EVP_DigestUpdate(h, &v, sizeof v);
+}
+
+static int fp_tensor(EVP_MD_CTX *h, const char *name, const struct fkv_tensor *t)
+{
+	char line[320];
+	if (!t->data) {
+		int n = snprintf(line, sizeof line, "tensor %s absent\n", name);
+		return EVP_DigestUpdate(h, line, (size_t)n);
+	}
+	uint64_t size = (uint64_t)(t->shape[0] * t->shape[1]) * dtype_size(t->dtype);
+	int n = snprintf(line, sizeof line, "tensor %s %s %d %" PRId64 " %" PRId64 " %" PRIu64 "\n", name,
+			 dtype_name(t->dtype), t->n_dims, t->shape[0], t->shape[1], size);
+	if (!EVP_DigestUpdate(h, line, (size_t)n))
+		return 0;
+	const uint8_t *d = t->data;
+	if (size <= 3 * FP_SAMPLE)
+		return EVP_DigestUpdate(h, d, size);
+	return EVP_DigestUpdate(h, d, FP_SAMPLE) && EVP_DigestUpdate(h, d + size / 2, FP_SAMPLE) &&
+	       EVP_DigestUpdate(h, d + size - FP_SAMPLE, FP_SAMPLE);
+}
+
+static int fingerprint(struct fkv_model *m, char *err, size_t errlen)
+{
+	const struct fkv_model_config *c = &m->cfg;
+	EVP_MD_CTX *h = EVP_MD_CTX_new();
+	if (!h)
+		return fail(err, errlen, -ENOMEM, "model: out of memory (fingerprint)");
+	char buf[1024];
+	float fl[5] = { c->norm_eps, c->rope_theta, c->rope_scaling_factor, c->rope_low_freq_factor,
+			c->rope_high_freq_factor };
+	uint32_t bits[5];
+	memcpy(bits, fl, sizeof bits);
+	int n = snprintf(buf, sizeof buf,
+			 "freekv-model-fingerprint-v1\narch=%s\nlayers=%d\ndim=%d\nheads=%d\nkv_heads=%d\n"
+			 "head_dim=%d\nffn=%d\nvocab=%d\nctx=%d\neps=%08x\ntheta=%08x\nrope_style=%d\n"
+			 "rope_scaling=%08x,%08x,%08x,%d\ntied=%d\nqkv_bias=%d\nbos=%d\nsliding=%d\ndtype=%s\n"
+			 "eos=%d",
+			 c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim,
+			 c->vocab_size, c->ctx_len, bits[0], bits[1], (int)c->rope_style, bits[2], bits[3], bits[4],
+			 c->rope_original_ctx, c->tied_embeddings, c->qkv_bias, c->bos_id, c->sliding_window,
+			 dtype_name(c->dtype), c->n_eos);
+	bool ok = EVP_DigestInit_ex(h, EVP_sha256(), NULL) && EVP_DigestUpdate(h, buf, (size_t)n);
+	for (int i = 0; i < c->n_eos && ok; i++)
+		ok = fp_update_u32(h, (uint32_t)c->eos_ids[i]);
+	ok = ok && fp_tensor(h, "tok_embd", &m->tok_embd) && fp_tensor(h, "out_norm", &m->out_norm) &&
+	     fp_tensor(h, c->tied_embeddings ? "output(tied)" : "output", &m->output);
+	static const char *const lnames[] = { "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv",
+					      "ffn_norm", "w_gate", "w_up", "w_down" };
+	for (int l = 0; l < c->n_layers && ok; l++) {
+		const struct fkv_layer_weights *w = &m->layers[l];
+		const struct fkv_tensor *ts[] = { &w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
+						  &w->bk, &w->bv, &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down };
+		for (size_t i = 0; i < sizeof ts / sizeof ts[0] && ok; i++) {
+			snprintf(buf, sizeof buf, "%d.%s", l, lnames[i]);
+			ok = fp_tensor(h, buf, ts[i]);
+		}
+	}
+	unsigned int len = 0;
+	ok = ok && EVP_DigestFinal_ex(h, m->fingerprint, &len) && len == FKV_FINGERPRINT_BYTES;
+	EVP_MD_CTX_free(h);
+	return ok ? 0 : fail(err, errlen, -EIO, "model: SHA-256 failed (OpenSSL)");
+}
+
+void model_fingerprint_hex(const struct fkv_model *m, char out[2 * FKV_FINGERPRINT_BYTES + 1])
+{
+	for (int i = 0; i < FKV_FINGERPRINT_BYTES; i++)
+		snprintf(out + 2 * i, 3, "%02x", m->fingerprint[i]);
+}
+
+static bool has_suffix(const char *s, const char *sfx)
+{
+	size_t a = strlen(s), b = strlen(sfx);
+	return a >= b && !strcmp(s + a - b, sfx);
+}
+
+static int load(const char *path, struct fkv_model *m, struct model_priv *p, char *err, size_t errlen)
+{
+	struct stat st;
+	int ret;
+	if (stat(path, &st) < 0)
+		return fail(err, errlen, -errno, "model: %s: %s", path, strerror(errno));
+	if ((size_t)snprintf(m->path, sizeof m->path, "%s", path) >= sizeof m->path)
+		return fail(err, errlen, -ENAMETOOLONG, "model: path too long");
+	if (S_ISDIR(st.st_mode)) {
+		if ((ret = hf_config_load(path, &m->cfg, err, errlen)))
+			return ret;
+		if ((ret = st_open(path, &p->st, err, errlen)))
+			return ret;
+	} else if (S_ISREG(st.st_mode) && has_suffix(path, ".gguf")) {
+		m->is_gguf = true;
+		if ((ret = gguf_open(path, &p->gguf, err, errlen)))
+			return ret;
+		if ((ret = gguf_config(p->gguf, &m->cfg, err, errlen)))
+			return ret;
+	} else {
+		return fail(err, errlen, -EINVAL,
+			    "model: %s is neither a .gguf file nor a Hugging Face folder (config.json + safetensors)", path);
+	}
+	int64_t nt = p->gguf ? gguf_n_tensors(p->gguf) : st_n_tensors(p->st);
+	p->claimed = calloc((size_t)(nt ? nt : 1), 1);
+	m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+	if (!p->claimed || !m->layers)
+		return fail(err, errlen, -ENOMEM, "model: out of memory");
+	if ((ret = bind_all(m, p, err, errlen)) || (ret = check_claimed(m, p, err, errlen)))
+		return ret;
+	resolve_output(m);
+	m->cfg.dtype = m->layers[0].wq.dtype;
+	return fingerprint(m, err, errlen);
+}
+
+int model_load(const char *path, struct fkv_model *m, char *err, size_t errlen)
+{
+	memset(m, 0, sizeof *m);
+	struct model_priv *p = calloc(1, sizeof *p);
+	if (!p)
+		return fail(err, errlen, -ENOMEM, "model: out of memory");
+	m->priv = p;
+	int ret = load(path, m, p, err, errlen);
+	if (ret)
+		model_free(m);
+	return ret;
+}
+
+void model_free(struct fkv_model *m)
+{
+	struct model_priv *p = m->priv;
+	if (p) {
+		gguf_close(p->gguf);
+		st_close(p->st);
+		for (int i = 0; i < p->n_copies; i++)
+			free(p->copies[i]);
+		free(p->copies);
+		free(p->claimed);
+		free(p);
+	}
+	free(m->layers);
+	memset(m, 0, sizeof *m);
+}
+
+const struct gguf_ctx *model_gguf(const struct fkv_model *m)
+{
+	const struct model_priv *p = m->priv;
+	return p ? p->gguf : NULL;
+}

@@ -1,0 +1,205 @@
+/* policy_full — the `full` KV policy: all keys and values stay on the backend and every decode
+ * step attends to all of them. The accuracy reference for the retrieval policies.
+ *
+ * Storage per layer: K and V, each (capacity, n_kv, d) in the KV dtype, grown by doubling up to
+ * max_tokens (a grow copies the committed rows into fresh buffers). Also the policy table. */
+#include "kvcache.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct full_state {
+	struct kv_seq_params p;
+	int64_t len;	  /* committed tokens */
+	int64_t pending;  /* tokens of the current step */
+	int64_t cap;	  /* rows allocated per layer */
+	size_t row_bytes; /* one token's (n_kv, d) row */
+	void **k, **v;	  /* n_layers buffers each: (cap, n_kv, d) */
+	int64_t attended;
+};
+
+static void full_free_bufs(struct full_state *s)
+{
+	struct backend *be = s->p.be;
+	for (int l = 0; l < s->p.n_layers; l++) {
+		if (s->k[l])
+			be->ops->buf_free(be->ctx, s->k[l]);
+		if (s->v[l])
+			be->ops->buf_free(be->ctx, s->v[l]);
+	}
+}
+
+static void full_destroy(void *st)
+{
+	struct full_state *s = st;
+	if (!s)
+		return;
+	full_free_bufs(s);
+	free(s->k);
+	free(s->v);
+	free(s);
+}
+
+static int full_create(const struct kv_seq_params *p, void **st)
+{
+	if (!p->be || p->n_layers <= 0 || p->max_tokens <= 0 || p->attn.n_kv_heads <= 0 ||
+	    p->attn.head_dim <= 0)
+		return -EINVAL;
+	struct full_state *s = calloc(1, sizeof *s);
+	if (!s)
+		return -ENOMEM;
+	s->p = *p;
+	s->row_bytes = (size_t)p->attn.n_kv_heads * (size_t)p->attn.head_dim *
+		       dtype_size(p->attn.kv_dtype);
+	s->k = calloc((size_t)p->n_layers, sizeof *s->k);
+	s->v = calloc((size_t)p->n_layers, sizeof *s->v);
+	if (!s->k || !s->v) {
+		full_destroy(s);
+		return -ENOMEM;
+	}
+	*st = s;
+	return 0;
+}
+
+/* Grows every layer's buffers to hold need rows; on failure the old buffers stay intact. */
+static int full_grow(struct full_state *s, int64_t need)
+{
+	struct backend *be = s->p.be;
+	int64_t cap = s->cap ? s->cap : 256;
+	while (cap < need)
+		cap *= 2;
+	if (cap > s->p.max_tokens)
+		cap = s->p.max_tokens;
+	int L = s->p.n_layers;
+	void **nk = calloc((size_t)L, sizeof *nk), **nv = calloc((size_t)L, sizeof *nv);
+	int ret = nk && nv ? 0 : -ENOMEM;
+	for (int l = 0; l < L && !ret; l++) {
+		nk[l] = be->ops->buf_alloc(be->ctx, (size_t)cap * s->row_bytes);
+		nv[l] = be->ops->buf_alloc(be->ctx, (size_t)cap * s->row_bytes);
+		if (!nk[l] || !nv[l])
+			ret = -ENOMEM;
+		else if (s->len)
+			ret = be->ops->copy(be->ctx, nk[l], s->k[l], (size_t)s->len * s->row_bytes) ?:
+			      be->ops->copy(be->ctx, nv[l], s->v[l], (size_t)s->len * s->row_bytes);
+	}
+	if (ret) {
+		for (int l = 0; nk && nv && l < L; l++) {
+			if (nk[l])
+				be->ops->buf_free(be->ctx, nk[l]);
+			if (nv[l])
+				be->ops->buf_free(be->ctx, nv[l]);
+		}
+		free(nk);
+		free(nv);
+		return ret;
+	}
+	full_free_bufs(s);
+	free(s->k);
+	free(s->v);
+	s->k = nk;
+	s->v = nv;
+	s->cap = cap;
+	return 0;
+}
+
+static int full_step_begin(void *st, int64_t n)
+{
+	struct full_state *s = st;
+	if (n <= 0)
+		return -EINVAL;
+	if (s->len + n > s->p.max_tokens)
+		return -ENOSPC;
+	if (s->len + n > s->cap) {
+		int ret = full_grow(s, s->len + n);
+		if (ret)
+			return ret;
+	}
+	s->pending = n;
+	return 0;
+}
+
+static int full_append(void *st, int layer, const float *k, const float *v, int64_t n)
+{
+	struct full_state *s = st;
+	struct backend *be = s->p.be;
+	if (n != s->pending || layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	int64_t per_row = (int64_t)s->p.attn.n_kv_heads * s->p.attn.head_dim;
+	size_t off = (size_t)s->len * s->row_bytes;
+	enum fkv_dtype t = s->p.attn.kv_dtype;
+	return be->ops->convert(be->ctx, (char *)s->k[layer] + off, t, k, n * per_row) ?:
+	       be->ops->convert(be->ctx, (char *)s->v[layer] + off, t, v, n * per_row);
+}
+
+static int full_attend(void *st, int layer, float *out, const float *q, int64_t n)
+{
+	struct full_state *s = st;
+	struct backend *be = s->p.be;
+	if (n != s->pending || layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	int64_t n_ctx = s->len + n;
+	s->attended += n_ctx;
+	if (n == 1) {
+		struct backend_kv_span span = {
+			.k = s->k[layer], .v = s->v[layer], .n = n_ctx,
+			.row_stride = (int64_t)s->p.attn.n_kv_heads * s->p.attn.head_dim,
+		};
+		return be->ops->attn_decode(be->ctx, out, q, &span, 1, &s->p.attn);
+	}
+	return be->ops->attn_prefill(be->ctx, out, q, n, s->k[layer], s->v[layer], n_ctx,
+				     &s->p.attn);
+}
+
+static void full_step_end(void *st)
+{
+	struct full_state *s = st;
+	s->len += s->pending;
+	s->pending = 0;
+}
+
+static int64_t full_length(void *st)
+{
+	return ((struct full_state *)st)->len;
+}
+
+static void full_stats(void *st, struct kv_stats *out)
+{
+	struct full_state *s = st;
+	out->tokens = s->len;
+	out->capacity = s->cap;
+	out->device_bytes = 2 * (int64_t)s->p.n_layers * s->cap * (int64_t)s->row_bytes;
+	out->attended = s->attended;
+}
+
+const struct kv_policy_ops kv_policy_full = {
+	.name = "full",
+	.create = full_create,
+	.destroy = full_destroy,
+	.step_begin = full_step_begin,
+	.layer_begin = NULL,
+	.append = full_append,
+	.attend = full_attend,
+	.layer_end = NULL,
+	.step_end = full_step_end,
+	.length = full_length,
+	.stats = full_stats,
+};
+
+/* Every built policy; retrieval policies add a line here. */
+static const struct kv_policy_ops *const policies[] = {
+	&kv_policy_full,
+};
+
+const struct kv_policy_ops *kvcache_policy(const char *name)
+{
+	for (size_t i = 0; i < sizeof policies / sizeof *policies; i++)
+		if (!strcmp(policies[i]->name, name))
+			return policies[i];
+	return NULL;
+}
+
+const char *kvcache_policy_names(void)
+{
+	return "full";
+}
