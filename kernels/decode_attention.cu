@@ -17,7 +17,8 @@ static size_t dec_smem_floats(int G, int d, int p)
 
 // Block (KV head, sequence, chunk): the G query heads of one KV head over one chunk of pages.
 // Unsplit, it writes out directly; split, it writes (max, sum, unnormalised accumulator).
-template <typename T>
+// Vec: K and V rows are read 16 bytes per thread.
+template <typename T, bool Vec>
 static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n_q, d)
 					float *__restrict__ part,	   // (batch, n_q, splits, d + 2)
 					const float *__restrict__ q,	   // (batch, n_q, d)
@@ -56,10 +57,26 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 		const T *kp = slots + (size_t)list[pg] * 2 * p * row + (size_t)h * d;
 		const T *vp = kp + (size_t)p * row;
 		__syncthreads(); // the previous page's K, V and probabilities are no longer read
-		for (int e = tid; e < n * d; e += blockDim.x) {
-			const int t = e / d, c = e - t * d;
-			ks[t * dk + c] = kv_to_f32(kp[t * row + c]);
-			vs[t * d + c] = kv_to_f32(vp[t * row + c]);
+		if (Vec) { // 16-byte loads: d is a multiple of kv_vec<T>::n
+			constexpr int V = kv_vec<T>::n;
+			const int dv = d / V;
+			for (int e = tid; e < n * dv; e += blockDim.x) {
+				const int t = e / dv, c = (e - t * dv) * V;
+				float kf[V], vf[V];
+				kv_load16_f32(kf, kp + t * row + c);
+				kv_load16_f32(vf, vp + t * row + c);
+#pragma unroll
+				for (int i = 0; i < V; i++) {
+					ks[t * dk + c + i] = kf[i];
+					vs[t * d + c + i] = vf[i];
+				}
+			}
+		} else {
+			for (int e = tid; e < n * d; e += blockDim.x) {
+				const int t = e / d, c = e - t * d;
+				ks[t * dk + c] = kv_to_f32(kp[t * row + c]);
+				vs[t * d + c] = kv_to_f32(vp[t * row + c]);
+			}
 		}
 		__syncthreads();
 		for (int e = tid; e < G * n; e += blockDim.x) {
@@ -209,12 +226,14 @@ extern "C" cudaError_t decode_attention(float *out, const float *q, const void *
 	cudaError_t inner = cudaSuccess;
 	e = kv_dispatch(dt, [&](auto tag) {
 		using T = decltype(tag);
+		auto kernel = kv_vec_ok(slots, d, sizeof(T)) ? dec_chunk_kernel<T, true>
+							     : dec_chunk_kernel<T, false>;
 		if (smem > 48 * 1024)
-			inner = cudaFuncSetAttribute(dec_chunk_kernel<T>,
+			inner = cudaFuncSetAttribute(kernel,
 						     cudaFuncAttributeMaxDynamicSharedMemorySize,
 						     (int)smem);
 		if (inner == cudaSuccess)
-			dec_chunk_kernel<T><<<grid, DEC_THREADS, smem, stream>>>(
+			kernel<<<grid, DEC_THREADS, smem, stream>>>(
 				out, (float *)workspace, q, (const T *)slots, slot_list, n_tok,
 				n_q, n_kv, d, p, max_pages, pps, scale);
 	});

@@ -26,6 +26,27 @@ template <> __device__ __forceinline__ __nv_bfloat16 kv_from_f32<__nv_bfloat16>(
 	return __float2bfloat16_rn(v);
 }
 
+// 16-byte vector accesses: KV_VEC<T> elements of T per uint4.
+template <typename T> struct kv_vec {
+	static constexpr int n = 16 / (int)sizeof(T);
+};
+
+// Converts the KV_VEC elements at src (16-byte aligned) to f32 in dst.
+template <typename T> static __device__ __forceinline__ void kv_load16_f32(float *dst, const T *src)
+{
+	const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+	const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+	for (int i = 0; i < kv_vec<T>::n; i++)
+		dst[i] = kv_to_f32(e[i]);
+}
+
+// True when rows of d elements of elem_size bytes starting at p can be read 16 bytes at a time.
+static inline bool kv_vec_ok(const void *p, int d, size_t elem_size)
+{
+	return ((size_t)p % 16) == 0 && ((size_t)d * elem_size) % 16 == 0;
+}
+
 // Calls f(T{}) with T the C++ type of dt; returns cudaErrorInvalidValue for an unknown dtype.
 // Launchers use it to pick a kernel instantiation once per call.
 template <typename F> static cudaError_t kv_dispatch(enum fkv_dtype dt, F f)

@@ -84,6 +84,15 @@ void kvs_close(struct kvs *k)
 {
 	if (!k)
 		return;
+	if (k->worker_id && !k->shutdown) {
+		/* Best effort: without it the daemon notices at process exit or heartbeat timeout. */
+		Freekv__Request q = FREEKV__REQUEST__INIT;
+		Freekv__Empty e = FREEKV__EMPTY__INIT;
+		q.body_case = FREEKV__REQUEST__BODY_GOODBYE;
+		q.goodbye = &e;
+		k->timeout_ms = k->timeout_ms < 1000 ? k->timeout_ms : 1000;
+		kvs_call(k, &q, NULL);
+	}
 	if (k->ring)
 		ring_close(k->ring);
 	if (k->pool_mapped)
@@ -537,7 +546,8 @@ int kvs_commit(struct kvs *k, uint64_t seq_id, uint64_t committed_tokens, const 
 				.count = n, .n_payload = n };
 	if (n > RING_PAYLOAD_MAX)
 		return seterr(k, -EINVAL, "COMMIT of %u blocks exceeds %u", n, RING_PAYLOAD_MAX);
-	memcpy(e.payload, offsets, n * sizeof *offsets);
+	if (n)
+		memcpy(e.payload, offsets, n * sizeof *offsets);
 	return ring_sync(k, &e);
 }
 

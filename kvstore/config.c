@@ -222,8 +222,9 @@ int cfg_set(struct cfg *c, const char *key, const char *value, bool runtime, cha
 	int ret = set_key(&next, k, value, err, errlen);
 	if (ret)
 		return ret;
-	ret = cfg_validate(&next, err, errlen);
-	if (ret)
+	/* While running, the result must hold together now; at start-up cfg_validate() runs once
+	 * after every --set, so their order does not matter. */
+	if (runtime && (ret = cfg_validate(&next, err, errlen)))
 		return ret;
 	*c = next;
 	return 0;

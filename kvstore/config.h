@@ -44,10 +44,11 @@ struct cfg {
 void cfg_defaults(struct cfg *c);
 
 /* Parse and store one value. `runtime` true refuses keys that cannot change while running
- * (-EPERM). Unknown key -ENOENT, bad value or out of bounds -EINVAL. On error *c is unchanged. */
+ * (-EPERM) and checks the result with cfg_validate(). Unknown key -ENOENT, bad value or out of
+ * bounds -EINVAL. On error *c is unchanged. */
 int cfg_set(struct cfg *c, const char *key, const char *value, bool runtime, char *err, size_t errlen);
 
-/* Parse "key=value" (as given to --set). */
+/* Parse "key=value" (as given to --set); cross-key checks are left to cfg_validate(). */
 int cfg_set_arg(struct cfg *c, const char *kv, char *err, size_t errlen);
 
 /* Read a config file. With `runtime` only run-time keys are applied and the others are checked

@@ -20,6 +20,7 @@
 #define DP_ALLOC_MAX 64u
 #define DP_RECALL_MAX 32u
 #define DP_POP_BATCH 64u
+#define DP_DEMOTE_QUEUE 64u		/* sequences whose explicit demotion is still going */
 
 enum { COOKIE_WRITE = 1, COOKIE_READ = 2 };
 
@@ -57,6 +58,8 @@ struct dp {
 	uint64_t demoted, promoted, crc_errors, demoting;
 	struct dp_opstat ops[DP_N_OPS];
 	char ring_prefix[CFG_STR_MAX];
+	uint64_t demote_q[DP_DEMOTE_QUEUE];	/* sequence ids, see demote_queue_run */
+	size_t n_demote_q;
 };
 
 static void seterr(char *err, size_t len, const char *fmt, ...)
@@ -617,6 +620,8 @@ static void tier_done(void *ctx, const struct tier_result *r)
 	fail_recalls_of(dp, id, r->status);
 }
 
+static void demote_queue_run(struct dp *dp);
+
 /* ---------------------------------------------------------------- loop */
 
 size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
@@ -631,6 +636,9 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
 
 int dp_poll_timeout(const struct dp *dp, int dflt)
 {
+	for (size_t i = 0; i < dp->max_w; i++)
+		if (dp->w[i].ring && ring_ready(dp->w[i].ring))
+			return 0; /* left over by the bounded pass: no new doorbell will come */
 	if (dp->tier && tier_pending(dp->tier) && tier_eventfd(dp->tier) < 0)
 		return 1;
 	return dflt;
@@ -651,8 +659,9 @@ void dp_run(struct dp *dp)
 				continue;
 			if (w->pending)
 				retry_pending(dp, w);
-			int n;
-			while ((n = ring_pop(w->ring, batch, DP_POP_BATCH)) > 0) {
+			/* Bounded per pass so one busy worker cannot starve the control plane. */
+			int n = 0;
+			for (int b = 0; b < 4 && (n = ring_pop(w->ring, batch, DP_POP_BATCH)) > 0; b++) {
 				progress += n;
 				for (int k = 0; k < n; k++)
 					serve_entry(dp, w, &batch[k]);
@@ -661,6 +670,8 @@ void dp_run(struct dp *dp)
 				fprintf(stderr, "kvstored: worker %u: ring corrupted (%s)\n", w->wid, strerror(-n));
 		}
 		demote_watermark(dp);
+		if (dp->n_demote_q)
+			demote_queue_run(dp);
 		if (dp->tier && tier_flush(dp->tier) > 0)
 			progress++;
 		if (progress <= 0)
@@ -800,6 +811,39 @@ uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid)
 
 /* ---------------------------------------------------------------- sequences */
 
+/* Start demotion of seq's eligible blocks; *started counts them. Returns 0 when none is left,
+ * -EBUSY when the tier's request table filled up first, -ENOSPC when the tier is full. */
+static int demote_seq_some(struct dp *dp, struct seq *s, uint64_t *started)
+{
+	int ret = 0;
+	for (uint32_t l = 0; l < s->geo.n_layers && !ret; l++) {
+		for (uint32_t p = 0; p < s->n_pages && !ret; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (!b || b->tier != POOL_TIER_DRAM || !b->committed || b->leases)
+				continue;
+			ret = demote_block(dp, id);
+			if (!ret)
+				++*started;
+		}
+	}
+	tier_flush(dp->tier);
+	return ret;
+}
+
+/* Sequences whose demotion continues as the tier's request table drains. */
+static void demote_queue_run(struct dp *dp)
+{
+	size_t keep = 0;
+	for (size_t i = 0; i < dp->n_demote_q; i++) {
+		struct seq *s = seq_find(dp->seqs, dp->demote_q[i]);
+		uint64_t n = 0;
+		if (s && demote_seq_some(dp, s, &n) == -EBUSY)
+			dp->demote_q[keep++] = dp->demote_q[i];
+	}
+	dp->n_demote_q = keep;
+}
+
 int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen)
 {
 	*blocks = 0;
@@ -807,24 +851,18 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 		seterr(err, errlen, "no NVMe tier configured (nvme_path is empty)");
 		return -ENODEV;
 	}
-	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
-		for (uint32_t p = 0; p < s->n_pages; p++) {
-			uint32_t id = seq_block(s, l, p);
-			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
-			if (!b || b->tier != POOL_TIER_DRAM || !b->committed || b->leases)
-				continue;
-			int ret = demote_block(dp, id);
-			if (ret == -ENOSPC && *blocks == 0) {
-				seterr(err, errlen, "NVMe tier full");
-				return ret;
-			}
-			if (ret)
-				goto out;
-			++*blocks;
-		}
+	int ret = demote_seq_some(dp, s, blocks);
+	if (ret == -ENOSPC && *blocks == 0) {
+		seterr(err, errlen, "NVMe tier full");
+		return ret;
 	}
-out:
-	tier_flush(dp->tier);
+	if (ret == -EBUSY) {
+		bool queued = false;
+		for (size_t i = 0; i < dp->n_demote_q; i++)
+			queued |= dp->demote_q[i] == s->id;
+		if (!queued && dp->n_demote_q < DP_DEMOTE_QUEUE)
+			dp->demote_q[dp->n_demote_q++] = s->id;
+	}
 	return 0;
 }
 

@@ -10,8 +10,9 @@
  * to kvs_connect; an unreachable daemon gives -ETIMEDOUT (kvctl exits 3 on it).
  * After the daemon announces its shutdown every call returns -ESHUTDOWN.
  *
- * Ownership: kvs_connect allocates the handle, its ZeroMQ context and socket; kvs_close unmaps
- * the pool and ring and frees everything. kvs_pool_base() points into the mapping and is valid
+ * Ownership: kvs_connect allocates the handle, its ZeroMQ context and socket; kvs_close says
+ * Goodbye (a worker's attached sequences become detached, its leases and uncommitted blocks are
+ * dropped), unmaps the pool and ring and frees everything. kvs_pool_base() points into the mapping and is valid
  * until kvs_close. Strings passed in are borrowed for the duration of the call. A handle is used
  * by one thread at a time; the ring helpers below are synchronous (submit one entry, wait for
  * its completion) and must not be mixed with kvs_ring_submit() calls still outstanding. */
@@ -53,6 +54,9 @@ uint32_t kvs_heartbeat_ms(const struct kvs *k);
 int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out);
 void kvs_reply_free(Freekv__Reply *r);
 
+/* Liveness: a worker must send a request at least every kvs_heartbeat_ms() (any control request
+ * counts; ring traffic does not). A worker that goes silent for heartbeat_timeout_ms, or whose
+ * process exits, is dropped: its leases and uncommitted blocks go, its sequences are orphaned. */
 int kvs_heartbeat(struct kvs *k);
 int kvs_open_sequence(struct kvs *k, const char *name, const void *fp, size_t fp_len,
 		      const struct kvs_geometry *g, const uint32_t *tokens, size_t n_tokens, bool create,

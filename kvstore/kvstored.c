@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "dataplane.h"
+#include "freekv_store.h"
 #include "rpc.h"
 #include "sdnotify.h"
 #include "seq.h"
@@ -132,6 +133,19 @@ static void send_status(struct daemon_state *d)
 		 st.nvme_used_bytes >> 20, st.nvme_bytes >> 20);
 }
 
+/* Another kvstored answering at our endpoint would lose its pool and socket to us: refuse. */
+static bool already_served(const struct cfg *c)
+{
+	struct kvs *k;
+	if (!strncmp(c->endpoint, "ipc://", 6) && access(c->endpoint + 6, F_OK) != 0)
+		return false;
+	if (kvs_connect(c->endpoint, 300, &k))
+		return false;
+	bool answered = kvs_stats(k, NULL) == 0;
+	kvs_close(k);
+	return answered;
+}
+
 /* Returns when SIGTERM or SIGINT arrives. */
 static void event_loop(struct daemon_state *d)
 {
@@ -152,6 +166,11 @@ static void event_loop(struct daemon_state *d)
 			items[n++] = (zmq_pollitem_t){ .fd = pidfds[i], .events = ZMQ_POLLIN };
 
 		int timeout = dp_poll_timeout(d->dp, LOOP_TICK_MS);
+		if (wd_ms) {
+			uint64_t since = now_ms() - last_wd;
+			int left = since >= wd_ms ? 0 : (int)(wd_ms - since);
+			timeout = left < timeout ? left : timeout;
+		}
 		if (zmq_poll(items, (int)n, timeout) < 0 && errno != EINTR) {
 			fprintf(stderr, "kvstored: zmq_poll: %s\n", zmq_strerror(errno));
 			return;
@@ -215,6 +234,10 @@ int main(int argc, char **argv)
 	if (d.sigfd < 0) {
 		fprintf(stderr, "kvstored: signalfd: %s\n", strerror(errno));
 		return 1;
+	}
+	if (already_served(&d.cfg)) {
+		fprintf(stderr, "kvstored: another kvstored already serves %s\n", d.cfg.endpoint);
+		goto out_sig;
 	}
 	if ((ret = sdn_init(&d.sdn))) {
 		fprintf(stderr, "kvstored: NOTIFY_SOCKET: %s\n", strerror(-ret));

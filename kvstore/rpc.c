@@ -165,12 +165,9 @@ static int h_hello(struct call *c)
 	struct rpc_ctx *x = &c->s->ctx;
 	if (h->role != FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER && h->role != FREEKV__CLIENT_ROLE__CLIENT_ROLE_CONTROL)
 		return fail(c, -EINVAL, "unknown client role %d", h->role);
-	for (size_t i = 0; i < x->workers->max; i++) {
-		struct wk_worker *o = &x->workers->v[i];
-		if (o->id && !o->dead && o->ident_len == c->ident_len && !memcmp(o->ident, c->ident, c->ident_len))
-			return fail(c, -EALREADY, "this connection is already worker %u", o->id);
-	}
-	struct wk_worker *w;
+	struct wk_worker *w = wk_find_ident(x->workers, c->ident, c->ident_len);
+	if (w)
+		return fail(c, -EALREADY, "this connection is already worker %u", w->id);
 	int ret = wk_add(x->workers, h->pid, (enum wk_role)h->role, h->name, c->ident, c->ident_len, x->now_ms(), &w);
 	if (ret == -ESRCH)
 		return fail(c, ret, "pid %u does not exist", h->pid);
@@ -193,6 +190,8 @@ static int h_hello(struct call *c)
 		wel->ring_name = ring;
 	}
 	wel->worker_id = w->id;
+	wel->has_protocol_version = true;
+	wel->protocol_version = FREEKV__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
 	wel->pool_name = (char *)dp_pool_name(x->dp);
 	wel->pool_bytes = dp_pool_bytes(x->dp);
 	wel->ring_entries = (uint32_t)x->cfg->ring_entries;
@@ -533,6 +532,24 @@ static int h_commit_tokens(struct call *c)
 	return ret ? ret : reply_ack(c);
 }
 
+/* A clean exit: attached sequences become detached (not orphaned), then the worker is gone. */
+static int h_goodbye(struct call *c)
+{
+	struct rpc_ctx *x = &c->s->ctx;
+	uint32_t wid = c->w->id;
+	for (size_t i = 0; i < x->seqs->n; i++) {
+		struct seq *s = x->seqs->v[i];
+		if (s->state == SEQ_ATTACHED && s->worker_id == wid) {
+			dp_worker_detach(x->dp, wid, s);
+			seq_detach(s, wid, NULL, 0);
+		}
+	}
+	dp_worker_gone(x->dp, wid);
+	wk_remove(x->workers, wid);
+	c->w = NULL;
+	return reply_ack(c);
+}
+
 /* ---------------------------------------------------------------- table */
 
 enum { NEED_WORKER = 1 };
@@ -558,6 +575,7 @@ static const struct rpc_cmd {
 	{ "ConfigGet", FREEKV__REQUEST__BODY_CONFIG_GET, 0, h_config_get },
 	{ "ConfigSet", FREEKV__REQUEST__BODY_CONFIG_SET, 0, h_config_set },
 	{ "CommitTokens", FREEKV__REQUEST__BODY_COMMIT_TOKENS, NEED_WORKER, h_commit_tokens },
+	{ "Goodbye", FREEKV__REQUEST__BODY_GOODBYE, NEED_WORKER, h_goodbye },
 };
 
 #define N_CMDS (sizeof cmds / sizeof cmds[0])

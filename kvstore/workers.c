@@ -84,6 +84,16 @@ struct wk_worker *wk_check(struct wk_registry *r, uint32_t id, const void *ident
 	return w;
 }
 
+struct wk_worker *wk_find_ident(struct wk_registry *r, const void *ident, size_t ident_len)
+{
+	for (size_t i = 0; i < r->max; i++) {
+		struct wk_worker *w = &r->v[i];
+		if (w->id && !w->dead && w->ident_len == ident_len && !memcmp(w->ident, ident, ident_len))
+			return w;
+	}
+	return NULL;
+}
+
 void wk_heartbeat(struct wk_worker *w, uint64_t now_ms)
 {
 	w->last_heartbeat_ms = now_ms;

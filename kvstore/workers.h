@@ -58,6 +58,9 @@ struct wk_worker *wk_find(struct wk_registry *r, uint32_t id);
 /* The worker `id` if it exists and `ident` is the identity it registered from, else NULL. */
 struct wk_worker *wk_check(struct wk_registry *r, uint32_t id, const void *ident, size_t ident_len);
 
+/* The live worker registered from `ident`, or NULL. */
+struct wk_worker *wk_find_ident(struct wk_registry *r, const void *ident, size_t ident_len);
+
 void wk_heartbeat(struct wk_worker *w, uint64_t now_ms);
 
 /* Fill up to `max` pollable pidfds into fds[] (with the matching worker ids in ids[]); returns

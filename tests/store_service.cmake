@@ -11,6 +11,6 @@ foreach(t data liveness badinput lifecycle kvctl)
   if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_kvstored_${t}.c)
     freekv_add_test(test_kvstored_${t} SOURCES test_kvstored_${t}.c
       LIBS freekv_store PkgConfig::JSONC LABELS integration TIMEOUT 120)
-    add_dependencies(test_kvstored_${t} kvstored)
+    add_dependencies(test_kvstored_${t} kvstored kvctl)
   endif()
 endforeach()

@@ -106,9 +106,36 @@ static void test_matmul(void **state)
 	for (size_t i = 0; i < 3; i++)
 		for (size_t j = 0; j < sizeof ns / sizeof *ns; j++)
 			check_matmul(dtypes[i], ns[j], 67, 300);
-	/* Several converted tiles (tile = 4 MiB of f32 rows). */
+	/* Several converted tiles (tile = 1 MiB of f32 rows). */
 	check_matmul(FKV_BF16, 9, 4000, 300);
 	check_matmul(FKV_F16, 12, 4000, 300);
+}
+
+/* The backend's own 16-bit conversion (used by every op) on all 65536 patterns, through the
+ * one-row dot path (n = 1) and the tile path (n = 2): y = w · 1 must be exactly w. */
+static void test_matmul_all_16bit_patterns(void **state)
+{
+	(void)state;
+	uint16_t *w = malloc(65536 * sizeof *w);
+	float x[2] = { 1.0f, 1.0f }, *y = malloc(2 * 65536 * sizeof *y);
+	assert_true(w && y);
+	for (int i = 0; i < 65536; i++)
+		w[i] = (uint16_t)i;
+	for (size_t t = 1; t < 3; t++) {
+		struct backend_mat m = mat(w, dtypes[t], 65536, 1);
+		for (int n = 1; n <= 2; n++) {
+			assert_int_equal(be->ops->matmul(be->ctx, y, x, &m, n), 0);
+			for (int i = 0; i < 65536 * n; i++) {
+				float want;
+				dtype_to_f32(&want, &w[i % 65536], dtypes[t], 1);
+				if (isnan(want) ? !isnan(y[i]) : y[i] != want)
+					fail_msg("%s pattern 0x%04x (n=%d): got %g, want %g",
+						 dtype_name(dtypes[t]), i % 65536, n, y[i], want);
+			}
+		}
+	}
+	free(w);
+	free(y);
 }
 
 static void test_rmsnorm(void **state)
@@ -326,43 +353,53 @@ static void test_attn_prefill(void **state)
 {
 	(void)state;
 	const int H = 8, KV = 2, d = 16;
-	const int64_t n_ctx = 45, n_q = 13; /* a chunk after 32 cached tokens */
-	for (size_t t = 0; t < 3; t++) {
-		struct backend_attn a = { H, KV, d, dtypes[t], 1.0f / sqrtf(d) };
-		double *k64, *v64;
-		void *k = rand_typed(dtypes[t], n_ctx * KV * d, &k64);
-		void *v = rand_typed(dtypes[t], n_ctx * KV * d, &v64);
-		float *q = randv(n_q * H * d, 2.0f), *out = malloc((size_t)(n_q * H * d) * 4);
-		double *ref = malloc((size_t)(n_q * H * d) * sizeof *ref);
-		for (int64_t i = 0; i < n_q; i++)
-			for (int h = 0; h < H; h++) {
-				int kvh = h / (H / KV);
-				ref_attn(ref + (i * H + h) * d, q + (i * H + h) * d, k64 + kvh * d,
-					 v64 + kvh * d, n_ctx - n_q + i + 1, KV * d, d, a.scale);
-			}
-		assert_int_equal(be->ops->attn_prefill(be->ctx, out, q, n_q, k, v, n_ctx, &a), 0);
-		double e = nerr(out, ref, n_q * H * d);
-		if (e > 1e-5)
-			fail_msg("attn_prefill %s: error %g", dtype_name(dtypes[t]), e);
-		assert_int_equal(be->ops->attn_prefill(be->ctx, out, q, n_ctx + 1, k, v, n_ctx, &a),
-				 -EINVAL);
-		free(k);
-		free(v);
-		free(k64);
-		free(v64);
-		free(q);
-		free(out);
-		free(ref);
-	}
+	/* A chunk of 70 queries after 130 cached tokens; large enough for the threaded path. */
+	const int64_t n_ctx = 200, n_q = 70;
+	static const int64_t windows[] = { 0, 17 };
+	for (size_t t = 0; t < 3; t++)
+		for (size_t wi = 0; wi < 2; wi++) {
+			int64_t W = windows[wi];
+			struct backend_attn a = { H, KV, d, dtypes[t], 1.0f / sqrtf(d), W };
+			double *k64, *v64;
+			void *k = rand_typed(dtypes[t], n_ctx * KV * d, &k64);
+			void *v = rand_typed(dtypes[t], n_ctx * KV * d, &v64);
+			float *q = randv(n_q * H * d, 2.0f), *out = malloc((size_t)(n_q * H * d) * 4);
+			double *ref = malloc((size_t)(n_q * H * d) * sizeof *ref);
+			for (int64_t i = 0; i < n_q; i++)
+				for (int h = 0; h < H; h++) {
+					int kvh = h / (H / KV);
+					int64_t last = n_ctx - n_q + i;
+					int64_t j0 = W && last + 1 > W ? last + 1 - W : 0;
+					ref_attn(ref + (i * H + h) * d, q + (i * H + h) * d,
+						 k64 + j0 * KV * d + kvh * d, v64 + j0 * KV * d + kvh * d,
+						 last + 1 - j0, KV * d, d, a.scale);
+				}
+			assert_int_equal(be->ops->attn_prefill(be->ctx, out, q, n_q, k, v, n_ctx, &a),
+					 0);
+			double e = nerr(out, ref, n_q * H * d);
+			if (e > 1e-5)
+				fail_msg("attn_prefill %s window %lld: error %g", dtype_name(dtypes[t]),
+					 (long long)W, e);
+			assert_int_equal(be->ops->attn_prefill(be->ctx, out, q, n_ctx + 1, k, v, n_ctx,
+							       &a), -EINVAL);
+			free(k);
+			free(v);
+			free(k64);
+			free(v64);
+			free(q);
+			free(out);
+			free(ref);
+		}
 }
 
 static void test_attn_decode(void **state)
 {
 	(void)state;
-	const int H = 4, KV = 2, d = 8, stride = 3 * KV * d; /* spans interleave with other data */
-	const int64_t lens[3] = { 5, 1, 11 }, total = 17;
+	/* Spans interleave with other data (stride); large enough for the threaded path. */
+	enum { H = 16, KV = 4, d = 64, stride = 3 * KV * d };
+	const int64_t lens[3] = { 50, 1, 300 }, total = 351;
 	for (size_t t = 0; t < 3; t++) {
-		struct backend_attn a = { H, KV, d, dtypes[t], 0.3f };
+		struct backend_attn a = { H, KV, d, dtypes[t], 0.3f, 0 };
 		struct backend_kv_span spans[3];
 		double *k64 = malloc((size_t)(total * KV * d) * sizeof *k64);
 		double *v64 = malloc((size_t)(total * KV * d) * sizeof *v64);
@@ -380,11 +417,11 @@ static void test_attn_decode(void **state)
 					v64[row * KV * d + i] = ex[2 * s + 1][j * stride + i];
 				}
 		}
-		float *q = randv(H * d, 2.0f), out[4 * 8];
-		double ref[4 * 8];
+		float *q = randv(H * d, 0.5f), out[H * d];
+		double ref[H * d];
 		for (int h = 0; h < H; h++)
-			ref_attn(ref + h * d, q + h * d, k64 + (h / 2) * d, v64 + (h / 2) * d, total,
-				 KV * d, d, a.scale);
+			ref_attn(ref + h * d, q + h * d, k64 + (h / (H / KV)) * d,
+				 v64 + (h / (H / KV)) * d, total, KV * d, d, a.scale);
 		assert_int_equal(be->ops->attn_decode(be->ctx, out, q, spans, 3, &a), 0);
 		double e = nerr(out, ref, H * d);
 		if (e > 1e-5)
@@ -403,6 +440,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_matmul_all_16bit_patterns),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_elementwise),

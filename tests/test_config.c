@@ -61,7 +61,8 @@ static void test_set_types_and_bounds(void **state)
 	assert_int_equal(cfg_set(&c, "heartbeat_timeout_ms", "5", false, err, sizeof err), -EINVAL);
 	assert_int_equal(cfg_set(&c, "no_such_key", "1", false, err, sizeof err), -ENOENT);
 	assert_non_null(strstr(err, "no_such_key"));
-	assert_int_equal(cfg_set(&c, "ring_entries", "1000", false, err, sizeof err), -EINVAL);
+	assert_int_equal(cfg_set(&c, "ring_entries", "1000", false, err, sizeof err), 0);
+	assert_int_equal(cfg_validate(&c, err, sizeof err), -EINVAL); /* not a power of two */
 	assert_int_equal(cfg_set(&c, "ring_entries", "512", false, err, sizeof err), 0);
 	char buf[CFG_STR_MAX];
 	assert_int_equal(cfg_get(&c, "ring_entries", buf, sizeof buf), 0);
@@ -85,16 +86,33 @@ static void test_endpoint_and_watermarks(void **state)
 	(void)state;
 	struct cfg c;
 	char err[CFG_ERR_MAX];
+	static const char *const ok[] = { "tcp://127.0.0.1:5555", "tcp://[::1]:5555", "tcp://localhost:1",
+					  "ipc:///run/x.sock" };
+	static const char *const bad[] = { "tcp://0.0.0.0:5555", "tcp://10.1.2.3:5555", "inproc://x", "ipc://" };
+	for (size_t i = 0; i < 4; i++) {
+		cfg_defaults(&c);
+		assert_int_equal(cfg_set(&c, "endpoint", ok[i], false, err, sizeof err), 0);
+		assert_int_equal(cfg_validate(&c, err, sizeof err), 0);
+		cfg_defaults(&c);
+		assert_int_equal(cfg_set(&c, "endpoint", bad[i], false, err, sizeof err), 0);
+		assert_int_equal(cfg_validate(&c, err, sizeof err), -EINVAL);
+		assert_non_null(strstr(err, "endpoint"));
+	}
+	/* Start-up: --set order does not matter, the result is validated once. */
 	cfg_defaults(&c);
-	assert_int_equal(cfg_set(&c, "endpoint", "tcp://127.0.0.1:5555", false, err, sizeof err), 0);
-	assert_int_equal(cfg_set(&c, "endpoint", "tcp://[::1]:5555", false, err, sizeof err), 0);
-	assert_int_equal(cfg_set(&c, "endpoint", "tcp://0.0.0.0:5555", false, err, sizeof err), -EINVAL);
-	assert_non_null(strstr(err, "loopback"));
-	assert_int_equal(cfg_set(&c, "endpoint", "tcp://10.1.2.3:5555", false, err, sizeof err), -EINVAL);
-	assert_int_equal(cfg_set(&c, "endpoint", "inproc://x", false, err, sizeof err), -EINVAL);
-	assert_int_equal(cfg_set(&c, "dram_low_watermark", "95", false, err, sizeof err), -EINVAL);
+	assert_int_equal(cfg_set_arg(&c, "dram_high_watermark=60", err, sizeof err), 0);
+	assert_int_equal(cfg_set_arg(&c, "dram_low_watermark=40", err, sizeof err), 0);
+	assert_int_equal(cfg_validate(&c, err, sizeof err), 0);
+	assert_int_equal(cfg_set_arg(&c, "dram_low_watermark=70", err, sizeof err), 0);
+	assert_int_equal(cfg_validate(&c, err, sizeof err), -EINVAL);
 	assert_non_null(strstr(err, "dram_high_watermark"));
-	assert_int_equal(cfg_set(&c, "shm_name", "no-slash", false, err, sizeof err), -EINVAL);
+	/* Run time: each change must leave a valid configuration, else nothing changes. */
+	cfg_defaults(&c);
+	assert_int_equal(cfg_set(&c, "dram_low_watermark", "95", true, err, sizeof err), -EINVAL);
+	assert_int_equal(c.dram_low_watermark, 75);
+	cfg_defaults(&c);
+	assert_int_equal(cfg_set(&c, "shm_name", "no-slash", false, err, sizeof err), 0);
+	assert_int_equal(cfg_validate(&c, err, sizeof err), -EINVAL);
 }
 
 static char *write_tmp(const char *text)

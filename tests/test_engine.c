@@ -115,7 +115,9 @@ static void ref_forward(const struct fkv_model *m, const int32_t *ids, int n, do
 			for (int h = 0; h < H; h++) {
 				int g = h / (H / KV);
 				double mx = -INFINITY, z = 0;
-				for (int j = 0; j <= t; j++) {
+				int j0 = c->sliding_window > 0 && t + 1 > c->sliding_window ?
+					 t + 1 - c->sliding_window : 0;
+				for (int j = j0; j <= t; j++) {
 					const double *kj = K + ((size_t)l * n + j) * kvd + g * d;
 					s[j] = 0;
 					for (int i = 0; i < d; i++)
@@ -123,11 +125,11 @@ static void ref_forward(const struct fkv_model *m, const int32_t *ids, int n, do
 					s[j] /= sqrt((double)d);
 					mx = fmax(mx, s[j]);
 				}
-				for (int j = 0; j <= t; j++)
+				for (int j = j0; j <= t; j++)
 					z += (s[j] = exp(s[j] - mx));
 				for (int i = 0; i < d; i++) {
 					double a = 0;
-					for (int j = 0; j <= t; j++)
+					for (int j = j0; j <= t; j++)
 						a += s[j] / z * Vc[((size_t)l * n + j) * kvd + g * d + i];
 					att[h * d + i] = a;
 				}
@@ -158,6 +160,7 @@ struct geo {
 	enum fkv_dtype dt;
 	enum fkv_rope_style rs;
 	bool bias, tied, llama3;
+	int window; /* sliding window, 0 = none */
 };
 
 static struct fkv_tensor rand_tensor(enum fkv_dtype t, int64_t rows, int64_t cols, float scale,
@@ -183,7 +186,7 @@ static void mem_model(struct fkv_model *m, const struct geo *g)
 		.n_kv_heads = g->KV, .head_dim = g->d, .ffn_dim = g->F, .vocab_size = g->V,
 		.ctx_len = 64, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_style = g->rs,
 		.tied_embeddings = g->tied, .qkv_bias = g->bias, .bos_id = 1, .eos_id = 2,
-		.dtype = g->dt,
+		.dtype = g->dt, .sliding_window = g->window,
 	};
 	if (g->llama3) {
 		c->rope_theta = 500000.0f;
@@ -298,10 +301,12 @@ static void test_mem_models_vs_reference(void **state)
 {
 	(void)state;
 	static const struct geo geos[] = {
-		{ 2, 48, 4, 2, 12, 80, 61, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false },
-		{ 2, 48, 4, 2, 12, 80, 61, FKV_F16, FKV_ROPE_HALVES, false, false, false },
-		{ 2, 64, 8, 2, 8, 96, 70, FKV_BF16, FKV_ROPE_HALVES, true, false, true },
-		{ 1, 32, 4, 4, 8, 40, 33, FKV_BF16, FKV_ROPE_INTERLEAVED, true, true, true },
+		{ 2, 48, 4, 2, 12, 80, 61, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false, 0 },
+		{ 2, 48, 4, 2, 12, 80, 61, FKV_F16, FKV_ROPE_HALVES, false, false, false, 0 },
+		{ 2, 64, 8, 2, 8, 96, 70, FKV_BF16, FKV_ROPE_HALVES, true, false, true, 0 },
+		{ 1, 32, 4, 4, 8, 40, 33, FKV_BF16, FKV_ROPE_INTERLEAVED, true, true, true, 0 },
+		/* Mistral v0.1-style sliding window, shorter than the sequence. */
+		{ 2, 48, 4, 2, 12, 80, 61, FKV_F16, FKV_ROPE_HALVES, false, false, false, 5 },
 	};
 	int32_t ids[20];
 	for (size_t i = 0; i < sizeof geos / sizeof *geos; i++) {
@@ -324,12 +329,31 @@ static void test_mem_models_vs_reference(void **state)
 	}
 }
 
+/* The full policy grows its cache by doubling from 256 tokens: a sequence that crosses 256 and
+ * 512 during prefill chunks and decode steps must keep every earlier key and value. */
+static void test_cache_growth(void **state)
+{
+	(void)state;
+	struct geo g = { 1, 32, 4, 2, 8, 40, 33, FKV_F16, FKV_ROPE_HALVES, false, true, false, 0 };
+	struct fkv_model m;
+	mem_model(&m, &g);
+	m.cfg.ctx_len = 600;
+	enum { N = 530 };
+	int32_t *ids = malloc(N * sizeof *ids);
+	rand_ids(ids, N, g.V);
+	double e = engine_vs_ref(&m, ids, N, 250, 100, true);
+	fprintf(stderr, "cache growth to %d tokens: error %.3g\n", N, e);
+	assert_true(e < 1e-4);
+	free(ids);
+	mem_model_free(&m);
+}
+
 /* A wrong reference would also be caught: a model whose rope style is flipped after building
  * must disagree with the reference computed for the original. */
 static void test_reference_detects_rope_mismatch(void **state)
 {
 	(void)state;
-	struct geo g = { 1, 32, 4, 2, 8, 40, 33, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false };
+	struct geo g = { 1, 32, 4, 2, 8, 40, 33, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false, 0 };
 	struct fkv_model m;
 	mem_model(&m, &g);
 	int32_t ids[12];
@@ -406,7 +430,7 @@ static void check_batch(const struct fkv_model *m)
 static void test_batch_matches_alone(void **state)
 {
 	(void)state;
-	struct geo g = { 2, 64, 8, 2, 8, 96, 70, FKV_BF16, FKV_ROPE_HALVES, true, false, false };
+	struct geo g = { 2, 64, 8, 2, 8, 96, 70, FKV_BF16, FKV_ROPE_HALVES, true, false, false, 0 };
 	struct fkv_model m;
 	mem_model(&m, &g);
 	check_batch(&m);
@@ -416,7 +440,7 @@ static void test_batch_matches_alone(void **state)
 static void test_limits_and_bad_input(void **state)
 {
 	(void)state;
-	struct geo g = { 1, 32, 4, 2, 8, 40, 33, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false };
+	struct geo g = { 1, 32, 4, 2, 8, 40, 33, FKV_F32, FKV_ROPE_INTERLEAVED, false, true, false, 0 };
 	struct fkv_model m;
 	mem_model(&m, &g);
 	struct engine *e;
@@ -601,6 +625,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest fast[] = {
 		cmocka_unit_test(test_mem_models_vs_reference),
 		cmocka_unit_test(test_reference_detects_rope_mismatch),
+		cmocka_unit_test(test_cache_growth),
 		cmocka_unit_test(test_batch_matches_alone),
 		cmocka_unit_test(test_limits_and_bad_input),
 		cmocka_unit_test(test_stories_vs_reference),

@@ -301,6 +301,8 @@ static void test_bad_files(void **state)
 	expect_error(&o, -EPROTO, "version 1");
 	o.version = 4;
 	expect_error(&o, -EPROTO, "version 4");
+	o.version = 0x03000000u;
+	expect_error(&o, -EPROTO, "big-endian");
 	o = (struct mk)MK_DEFAULT;
 	o.tensor_type = 2; /* Q4_0 */
 	expect_error(&o, -EPROTO, "tensor 'b' has type Q4_0");

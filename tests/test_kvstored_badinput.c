@@ -266,11 +266,66 @@ static void test_ring_fuzz(void **state)
 	harness_stop(&h);
 }
 
+static size_t count_dir(const char *path)
+{
+	char cmd[256];
+	snprintf(cmd, sizeof cmd, "ls %s | wc -l", path);
+	FILE *p = popen(cmd, "r");
+	size_t n = 0;
+	assert_non_null(p);
+	assert_int_equal(fscanf(p, "%zu", &n), 1);
+	pclose(p);
+	return n;
+}
+
+/* Workers come and go (Hello creates a ring segment and its watch thread; Goodbye or death
+ * removes them): descriptors and threads of the daemon stay level, no ring segment is left. */
+static void test_worker_churn(void **state)
+{
+	(void)state;
+	struct harness h;
+	char fd_dir[64], task_dir[64];
+	harness_start(&h, NULL);
+	snprintf(fd_dir, sizeof fd_dir, "/proc/%d/fd", (int)h.pid);
+	snprintf(task_dir, sizeof task_dir, "/proc/%d/task", (int)h.pid);
+	size_t fds0 = 0, tasks0 = 0;
+	for (int i = 0; i < 200; i++) {
+		char name[32];
+		uint64_t seq, off[1];
+		snprintf(name, sizeof name, "churn-%d", i % 7);
+		struct kvs *k = h_worker(&h, name, &seq);
+		assert_non_null(k);
+		assert_int_equal(kvs_alloc(k, seq, 0, (uint32_t)i, 1, off), 0);
+		if (i % 2) /* odd pages stay (committed), even ones are freed at Goodbye */
+			assert_int_equal(kvs_commit(k, seq, 16, off, 1), 0);
+		kvs_close(k);
+		if (i == 9) {
+			fds0 = count_dir(fd_dir);
+			tasks0 = count_dir(task_dir);
+		}
+	}
+	assert_int_equal(count_dir(fd_dir), fds0);
+	assert_int_equal(count_dir(task_dir), tasks0);
+	struct kvs *c;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &c), 0);
+	assert_int_equal(kvs_stats(c, &r), 0);
+	assert_int_equal(r->stats->blocks_dram, 100);
+	assert_int_equal(r->stats->workers, 0);
+	kvs_reply_free(r);
+	kvs_close(c);
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "ls /dev/shm | grep -c -- '%s-ring' >/dev/null", h.shm + 1);
+	assert_int_not_equal(WEXITSTATUS(system(cmd)), 0); /* grep finds no ring segment */
+	harness_stop(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_control_fuzz),
-		cmocka_unit_test(test_ring_fuzz),
+		cmocka_unit_test_teardown(test_control_fuzz, h_teardown),
+		cmocka_unit_test_teardown(test_ring_fuzz, h_teardown),
+		cmocka_unit_test_teardown(test_worker_churn, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,12 @@
  *   through RECALL (promotion from NVMe): every byte identical.
  * - A pool smaller than the data: ALLOC waits while demotion makes room; all bytes read back.
  * - Pool and NVMe both full: ALLOC fails with ENOSPC; nothing committed is lost.
- * - A byte flipped in the NVMe file: RECALL reports a checksum error (EBADMSG). */
+ * - A byte flipped in the NVMe file: RECALL reports a checksum error (EBADMSG).
+ * - A Demote larger than the tier's request table completes in later passes.
+ * - Above dram_high_watermark, demotion takes detached sequences' blocks first. */
 #include "test_kvstored_harness.h"
+
+#include <inttypes.h>
 
 #define PAGES 8
 
@@ -226,13 +230,80 @@ static void test_nvme_corruption_detected(void **state)
 	harness_stop(&h);
 }
 
+/* dram_bytes=8M holds 1024 blocks; above 60 % in use, demotion brings it down to 40 %, taking
+ * the detached sequence's blocks before the attached one's. */
+static void test_watermarks_detached_first(void **state)
+{
+	(void)state;
+	static const char *const extra[] = { "--set", "dram_bytes=8M", "--set", "dram_high_watermark=60",
+					     "--set", "dram_low_watermark=40", NULL };
+	struct harness h;
+	uint64_t a, b;
+	harness_start(&h, extra);
+	struct kvs *k = h_worker(&h, "cold", &a);
+	assert_non_null(k);
+	assert_int_equal(write_pages(k, a, 1, 0, 150), 0); /* 300 blocks */
+	assert_int_equal(kvs_detach(k, a), 0);
+	assert_int_equal(kvs_open_sequence(k, "hot", h_fp, sizeof h_fp, &h_geo, NULL, 0, true, &b), 0);
+	assert_int_equal(kvs_attach(k, b, NULL), 0);
+	assert_int_equal(write_pages(k, b, 2, 0, 200), 0); /* 400 more: 700 > 60 % of 1024 */
+	Freekv__Reply *ra = h_settled(k, "cold"), *rb = h_settled(k, "hot"), *st;
+	assert_non_null(ra);
+	assert_non_null(rb);
+	fprintf(stderr, "cold: %" PRIu64 " DRAM / %" PRIu64 " NVMe, hot: %" PRIu64 " DRAM / %" PRIu64 " NVMe\n",
+		ra->sequence->pages->dram, ra->sequence->pages->nvme, rb->sequence->pages->dram,
+		rb->sequence->pages->nvme);
+	assert_true(ra->sequence->pages->nvme >= 200);
+	assert_int_equal(rb->sequence->pages->nvme, 0);
+	assert_int_equal(kvs_stats(k, &st), 0);
+	assert_true(st->stats->dram_used_bytes <= st->stats->dram_bytes * 60 / 100);
+	kvs_reply_free(ra);
+	kvs_reply_free(rb);
+	kvs_reply_free(st);
+	assert_int_equal(read_pages(k, b, 2, 0, 200), 0);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
+/* io_queue_depth=8 allows 32 tier requests at once: a 200-block Demote must still finish. */
+static void test_demote_more_than_queue(void **state)
+{
+	(void)state;
+	static const char *const extra[] = { "--set", "io_queue_depth=8", NULL };
+	struct harness h;
+	uint64_t seq;
+	harness_start(&h, extra);
+	struct kvs *k = h_worker(&h, "long", &seq);
+	assert_non_null(k);
+	assert_int_equal(write_pages(k, seq, 3, 0, 100), 0);
+	Freekv__Reply *r;
+	assert_int_equal(kvs_demote(k, seq, NULL, &r), 0);
+	assert_true(r->evicted->blocks > 0);
+	kvs_reply_free(r);
+	uint64_t t0 = h_now_ms();
+	for (;;) {
+		assert_int_equal(kvs_show_sequence(k, seq, NULL, false, &r), 0);
+		bool done = r->sequence->pages->nvme == 200;
+		kvs_reply_free(r);
+		if (done)
+			break;
+		assert_true(h_now_ms() - t0 < 10000);
+		h_sleep_ms(5);
+	}
+	assert_int_equal(read_pages(k, seq, 3, 0, 100), 0);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_four_clients_demote_recall),
-		cmocka_unit_test(test_pool_full_demotes),
-		cmocka_unit_test(test_pool_and_nvme_full),
-		cmocka_unit_test(test_nvme_corruption_detected),
+		cmocka_unit_test_teardown(test_four_clients_demote_recall, h_teardown),
+		cmocka_unit_test_teardown(test_pool_full_demotes, h_teardown),
+		cmocka_unit_test_teardown(test_pool_and_nvme_full, h_teardown),
+		cmocka_unit_test_teardown(test_nvme_corruption_detected, h_teardown),
+		cmocka_unit_test_teardown(test_demote_more_than_queue, h_teardown),
+		cmocka_unit_test_teardown(test_watermarks_detached_first, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,11 @@ struct harness {
 	pid_t pid;
 };
 
+/* A copy of the running test's daemon (the test's own struct is gone once an assertion has
+ * jumped out of it), cleaned up by h_teardown. */
+static struct harness h_cur;
+static bool h_active;
+
 /* 2 layers, 2 KV heads, d 64, p 16, f16: 8 KiB blocks. */
 static const struct kvs_geometry h_geo = { 2, 2, 64, 16, 2 };
 static const uint8_t h_fp[32] = { 0xf1, 0xee, 0x4b, 0x01 };
@@ -93,6 +98,8 @@ static inline void harness_start_env(struct harness *h, const char *const *extra
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
+	h_cur = *h;
+	h_active = true;
 	/* Ready when it answers Stats. */
 	uint64_t t0 = h_now_ms();
 	for (;;) {
@@ -137,6 +144,7 @@ static inline bool shm_exists(const char *name)
 static inline void harness_stop(struct harness *h)
 {
 	int st = 0;
+	h_active = false;
 	assert_int_equal(kill(h->pid, SIGTERM), 0);
 	uint64_t t0 = h_now_ms();
 	while (waitpid(h->pid, &st, WNOHANG) == 0) {
@@ -156,6 +164,23 @@ static inline void harness_stop(struct harness *h)
 	snprintf(sock, sizeof sock, "%s/kvstored.sock", h->dir);
 	assert_int_not_equal(access(sock, F_OK), 0); /* socket file removed */
 	rmdir(h->dir);
+}
+
+/* cmocka teardown: after a failed test, kill its daemon and remove what it left behind. */
+static inline int h_teardown(void **state)
+{
+	(void)state;
+	struct harness *h = &h_cur;
+	if (!h_active)
+		return 0;
+	h_active = false;
+	kill(h->pid, SIGKILL);
+	waitpid(h->pid, NULL, 0);
+	char p[1024];
+	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s /dev/shm%s-ring-*", h->dir, h->shm, h->shm);
+	if (system(p) != 0)
+		fprintf(stderr, "cleanup of %s failed\n", h->dir);
+	return 0;
 }
 
 /* Deterministic contents of (seq tag, layer, page). */

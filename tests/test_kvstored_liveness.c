@@ -2,7 +2,8 @@
  * killed with SIGKILL: within 1 s its leases are gone, its uncommitted block freed and its
  * sequence orphaned (noticed through the pidfd); another worker keeps working throughout; a new
  * worker attaches the orphan, gets its token ids back and reads every committed byte. A silent
- * worker (alive, no heartbeat) is dropped after heartbeat_timeout_ms. */
+ * worker (alive, no heartbeat) is dropped after heartbeat_timeout_ms. A worker that says Goodbye
+ * leaves its sequences detached, not orphaned. */
 #include "test_kvstored_harness.h"
 
 #define N_PAGES 6
@@ -197,11 +198,41 @@ static void test_silent_worker_times_out(void **state)
 	harness_stop(&h);
 }
 
+static void test_goodbye_detaches(void **state)
+{
+	(void)state;
+	struct harness h;
+	uint64_t seq, off[2], lease;
+	uint64_t mask = 1;
+	uint32_t page = 0;
+	harness_start(&h, NULL);
+	struct kvs *k = h_worker(&h, "polite", &seq);
+	assert_non_null(k);
+	assert_int_equal(kvs_alloc(k, seq, 0, 0, 2, off), 0);
+	assert_int_equal(kvs_commit(k, seq, 16, off, 1), 0);
+	assert_int_equal(kvs_recall(k, seq, 0, &page, &mask, 1, off, &lease), 0);
+	kvs_close(k);
+	struct kvs *ctl;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &ctl), 0);
+	assert_int_equal(kvs_show_sequence(ctl, seq, NULL, false, &r), 0);
+	assert_int_equal(r->sequence->state, FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_DETACHED);
+	assert_int_equal(r->sequence->leases, 0);
+	assert_int_equal(r->sequence->pages->dram, 1); /* the uncommitted page is gone */
+	kvs_reply_free(r);
+	assert_int_equal(kvs_list_workers(ctl, &r), 0);
+	assert_int_equal(r->workers->n_workers, 0);
+	kvs_reply_free(r);
+	kvs_close(ctl);
+	harness_stop(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_kill9_orphans_within_1s),
-		cmocka_unit_test(test_silent_worker_times_out),
+		cmocka_unit_test_teardown(test_kill9_orphans_within_1s, h_teardown),
+		cmocka_unit_test_teardown(test_silent_worker_times_out, h_teardown),
+		cmocka_unit_test_teardown(test_goodbye_detaches, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

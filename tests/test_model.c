@@ -14,6 +14,7 @@
 #include "gguf.h"
 #include "hf_config.h"
 #include "model.h"
+#include "synth.h"
 
 static char gguf_path[4096], hf_dir[4096];
 
@@ -392,6 +393,13 @@ static void test_hf_config_parse(void **state)
 				 ret, err);
 		json_object_put(o);
 	}
+	/* every prefix of a valid config is refused (and nothing leaks) */
+	size_t n = strlen(llama31);
+	for (size_t cut = 0; cut < n; cut++) {
+		int ret = hf_config_parse(llama31, cut, &c, err, sizeof err);
+		if (ret != -EINVAL)
+			fail_msg("prefix of %zu bytes: %d %s", cut, ret, err);
+	}
 	assert_int_equal(hf_config_parse("{\"hidden_size\":", 15, &c, err, sizeof err), -EINVAL);
 	assert_non_null(strstr(err, "invalid JSON"));
 	assert_int_equal(hf_config_parse("[]", 2, &c, err, sizeof err), -EINVAL);
@@ -486,6 +494,232 @@ static void test_load_errors(void **state)
 	assert_int_equal(model_load(tmpdir, &m, err, sizeof err), -ENOENT);
 }
 
+/* model_load over GGUF files with random bytes of the metadata/tensor table changed or cut:
+ * every outcome is a clean success or a clean error (run under ASan: no crash, no leak). */
+static void test_load_fuzz(void **state)
+{
+	(void)state;
+	if (!gguf_path[0])
+		skip();
+	make_tmpdir();
+	size_t len;
+	uint8_t *orig = read_all(gguf_path, &len), *p = malloc(len);
+	assert_non_null(p);
+	char path[128], err[512];
+	snprintf(path, sizeof path, "%s/x.gguf", tmpdir);
+	uint64_t seed = 77;
+	int ok = 0, bad = 0;
+	for (int it = 0; it < 120; it++) {
+		memcpy(p, orig, len);
+		for (int k = 0; k < 2; k++)
+			p[test_rand(&seed) % 14176] = (uint8_t)test_rand(&seed);
+		size_t cut = it % 4 ? len : test_rand(&seed) % len;
+		write_all("x.gguf", p, cut);
+		struct fkv_model m;
+		err[0] = 0;
+		int ret = model_load(path, &m, err, sizeof err);
+		if (ret == 0) {
+			assert_true(m.cfg.n_layers > 0 && m.layers);
+			model_free(&m);
+			ok++;
+		} else {
+			assert_true(err[0] != 0);
+			bad++;
+		}
+	}
+	assert_true(bad > 0);
+	free(p);
+	free(orig);
+	rm_tmpdir();
+}
+
+/* ---- a GGUF written here from a loaded HF model (tests the GGUF path for qwen2) ---- */
+
+struct gw {
+	FILE *f;
+	uint64_t data_off; /* running offset of the next tensor's data */
+};
+
+static void gw_str(FILE *f, const char *s)
+{
+	uint64_t n = strlen(s);
+	fwrite(&n, 8, 1, f);
+	fwrite(s, 1, n, f);
+}
+
+static void gw_u32(FILE *f, const char *key, uint32_t v)
+{
+	uint32_t t = GGUF_TYPE_UINT32;
+	gw_str(f, key);
+	fwrite(&t, 4, 1, f);
+	fwrite(&v, 4, 1, f);
+}
+
+static void gw_f32(FILE *f, const char *key, float v)
+{
+	uint32_t t = GGUF_TYPE_FLOAT32;
+	gw_str(f, key);
+	fwrite(&t, 4, 1, f);
+	fwrite(&v, 4, 1, f);
+}
+
+struct gw_tensor {
+	char name[64];
+	const struct fkv_tensor *t;
+};
+
+/* Writes m as a GGUF of architecture arch; output: 0 none, 1 a copy of the embedding, 2 a copy
+ * with one byte changed. */
+static void write_gguf_from(const struct fkv_model *m, const char *arch, int output, const char *path)
+{
+	struct gw_tensor ts[3 + 12 * 4];
+	int n = 0;
+	static const char *const ln[] = { "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+					  "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
+					  "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight" };
+	snprintf(ts[n].name, sizeof ts[n].name, "token_embd.weight");
+	ts[n++].t = &m->tok_embd;
+	snprintf(ts[n].name, sizeof ts[n].name, "output_norm.weight");
+	ts[n++].t = &m->out_norm;
+	if (output) {
+		snprintf(ts[n].name, sizeof ts[n].name, "output.weight");
+		ts[n++].t = &m->tok_embd;
+	}
+	assert_true(m->cfg.n_layers <= 4);
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		const struct fkv_layer_weights *w = &m->layers[l];
+		const struct fkv_tensor *lt[] = { &w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq,
+						  &w->bk, &w->bv, &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down };
+		for (int i = 0; i < 12; i++) {
+			if (!lt[i]->data)
+				continue;
+			snprintf(ts[n].name, sizeof ts[n].name, "blk.%d.%s", l, ln[i]);
+			ts[n++].t = lt[i];
+		}
+	}
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	const struct fkv_model_config *c = &m->cfg;
+	uint32_t u = 0x46554747u, ver = 3;
+	uint64_t nt = (uint64_t)n, nkv = 11;
+	fwrite(&u, 4, 1, f);
+	fwrite(&ver, 4, 1, f);
+	fwrite(&nt, 8, 1, f);
+	fwrite(&nkv, 8, 1, f);
+	uint32_t st = GGUF_TYPE_STRING;
+	gw_str(f, "general.architecture");
+	fwrite(&st, 4, 1, f);
+	gw_str(f, arch);
+	char key[128];
+	const struct {
+		const char *k;
+		int v;
+	} ints[] = { { "context_length", c->ctx_len }, { "embedding_length", c->dim }, { "block_count", c->n_layers },
+		     { "feed_forward_length", c->ffn_dim }, { "attention.head_count", c->n_heads },
+		     { "attention.head_count_kv", c->n_kv_heads } };
+	for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+		snprintf(key, sizeof key, "%s.%s", arch, ints[i].k);
+		gw_u32(f, key, (uint32_t)ints[i].v);
+	}
+	snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+	gw_f32(f, key, c->norm_eps);
+	snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+	gw_f32(f, key, c->rope_theta);
+	gw_u32(f, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
+	gw_u32(f, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
+	static const uint32_t ggml_type[] = { [FKV_F32] = 0, [FKV_F16] = 1, [FKV_BF16] = 30 };
+	uint64_t off = 0;
+	for (int i = 0; i < n; i++) {
+		const struct fkv_tensor *t = ts[i].t;
+		gw_str(f, ts[i].name);
+		uint32_t nd = (uint32_t)t->n_dims, ty = ggml_type[t->dtype];
+		fwrite(&nd, 4, 1, f);
+		uint64_t ne0 = (uint64_t)(nd == 2 ? t->shape[1] : t->shape[0]), ne1 = (uint64_t)t->shape[0];
+		fwrite(&ne0, 8, 1, f);
+		if (nd == 2)
+			fwrite(&ne1, 8, 1, f);
+		fwrite(&ty, 4, 1, f);
+		fwrite(&off, 8, 1, f);
+		off += (tensor_bytes(t) + 31) / 32 * 32;
+	}
+	while (ftell(f) % 32)
+		fputc(0, f);
+	for (int i = 0; i < n; i++) {
+		size_t b = tensor_bytes(ts[i].t);
+		uint8_t *copy = malloc(b);
+		memcpy(copy, ts[i].t->data, b);
+		if (output == 2 && !strcmp(ts[i].name, "output.weight"))
+			copy[b - 1] ^= 1;
+		fwrite(copy, 1, b, f);
+		free(copy);
+		while (ftell(f) % 32)
+			fputc(0, f);
+	}
+	assert_int_equal(ferror(f), 0);
+	fclose(f);
+}
+
+static void test_gguf_qwen2(void **state)
+{
+	(void)state;
+	make_tmpdir();
+	char err[512], path[128];
+	assert_int_equal(synth_write("tiny-qwen2", 0, FKV_BF16, tmpdir, 11, 0, err, sizeof err), 0);
+	struct fkv_model h, g;
+	load_ok(tmpdir, &h);
+	snprintf(path, sizeof path, "%s/x.gguf", tmpdir);
+	for (int output = 0; output < 3; output++) {
+		write_gguf_from(&h, "qwen2", output, path);
+		load_ok(path, &g);
+		assert_string_equal(g.cfg.arch, "qwen2");
+		assert_int_equal(g.cfg.rope_style, FKV_ROPE_HALVES); /* qwen2 GGUFs are not permuted */
+		assert_true(g.cfg.qkv_bias);
+		assert_int_equal(g.cfg.n_kv_heads, h.cfg.n_kv_heads);
+		assert_int_equal(g.cfg.head_dim, h.cfg.head_dim);
+		assert_int_equal(g.cfg.vocab_size, h.cfg.vocab_size); /* from token_embd: no token list */
+		assert_int_equal(g.cfg.bos_id, h.cfg.bos_id);
+		assert_true(g.cfg.norm_eps == h.cfg.norm_eps && g.cfg.rope_theta == h.cfg.rope_theta);
+		assert_int_equal(g.cfg.dtype, FKV_BF16);
+		assert_int_equal(g.cfg.tied_embeddings, output != 2);
+		if (output == 2)
+			assert_ptr_not_equal(g.output.data, g.tok_embd.data);
+		else
+			assert_ptr_equal(g.output.data, g.tok_embd.data);
+		for (int l = 0; l < h.cfg.n_layers; l++) {
+			assert_same_tensor(&g.layers[l].wq, &h.layers[l].wq);
+			assert_same_tensor(&g.layers[l].bk, &h.layers[l].bk);
+			assert_same_tensor(&g.layers[l].w_down, &h.layers[l].w_down);
+		}
+		/* the fingerprint identifies the model, not the container: same config and weights,
+		 * same fingerprint; a different output head, a different one */
+		if (output == 2)
+			assert_memory_not_equal(g.fingerprint, h.fingerprint, FKV_FINGERPRINT_BYTES);
+		else
+			assert_memory_equal(g.fingerprint, h.fingerprint, FKV_FINGERPRINT_BYTES);
+		model_free(&g);
+	}
+	/* the same tensors as a llama GGUF: biases are taken from the tensors, rope is interleaved,
+	 * and the fingerprint changes with the rope layout */
+	write_gguf_from(&h, "llama", 0, path);
+	load_ok(path, &g);
+	assert_int_equal(g.cfg.rope_style, FKV_ROPE_INTERLEAVED);
+	assert_true(g.cfg.qkv_bias);
+	assert_memory_not_equal(g.fingerprint, h.fingerprint, FKV_FINGERPRINT_BYTES);
+	model_free(&g);
+	write_gguf_from(&h, "gpt2", 0, path);
+	struct fkv_model m;
+	assert_int_equal(model_load(path, &m, err, sizeof err), -EPROTO);
+	assert_non_null(strstr(err, "'gpt2'"));
+	model_free(&h);
+	char p[256];
+	const char *names[] = { "tokenizer.json", "tokenizer_config.json" };
+	for (size_t i = 0; i < 2; i++) {
+		snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
+		unlink(p);
+	}
+	rm_tmpdir();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -493,6 +727,8 @@ int main(void)
 		cmocka_unit_test(test_fingerprint),
 		cmocka_unit_test(test_hf_config_parse),
 		cmocka_unit_test(test_load_errors),
+		cmocka_unit_test(test_load_fuzz),
+		cmocka_unit_test(test_gguf_qwen2),
 	};
 	return cmocka_run_group_tests(tests, setup, NULL);
 }

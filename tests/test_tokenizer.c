@@ -757,6 +757,40 @@ static void test_bytelevel_json_and_gguf(void **state)
 	rm_tmpdir(dir);
 }
 
+/* Qwen2 ships a ByteLevel post_processor with no "single" template and no bos_token: loading
+ * must not trip over the missing template, and no BOS is added. */
+static void test_bytelevel_post_processor_without_template(void **state)
+{
+	(void)state;
+	char *dir = make_tmpdir(), path[512], err[512] = "";
+	bl_write_json(dir, false);
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	json_object *root = json_object_from_file(path);
+	assert_non_null(root);
+	json_object_object_add(root, "post_processor", json_tokener_parse(
+		"{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":false,"
+		"\"use_regex\":false}"));
+	assert_int_equal(json_object_to_file_ext(path, root, JSON_C_TO_STRING_PLAIN), 0);
+	json_object_put(root);
+	snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+	write_file(path, "{\"eos_token\": \"<|end_of_text|>\", \"bos_token\": null}");
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	struct fkv_tokenizer *t = NULL;
+	int rc = tokenizer_load_json(path, &t, err, sizeof err);
+	if (rc)
+		fprintf(stderr, "%s\n", err);
+	assert_int_equal(rc, 0);
+	assert_false(tokenizer_adds_bos(t));
+	int *ids = NULL;
+	int n = tokenizer_encode(t, "hello", true, &ids);
+	assert_true(n > 0);
+	for (int i = 0; i < n; i++)
+		assert_int_not_equal(ids[i], 262); /* <|begin_of_text|> */
+	free(ids);
+	tokenizer_free(t);
+	rm_tmpdir(dir);
+}
+
 /* ---- malformed input ---- */
 
 static void expect_json_error(const char *dir, const char *text, int want, const char *needle)
@@ -955,6 +989,7 @@ int main(void)
 		cmocka_unit_test(test_stories_long_input),
 		cmocka_unit_test(test_stories_from_model),
 		cmocka_unit_test(test_bytelevel_json_and_gguf),
+		cmocka_unit_test(test_bytelevel_post_processor_without_template),
 		cmocka_unit_test(test_json_malformed),
 		cmocka_unit_test(test_gguf_malformed),
 		cmocka_unit_test(test_gguf_score_order),

@@ -56,6 +56,8 @@ struct backend_attn {
 	int head_dim;
 	enum fkv_dtype kv_dtype;
 	float scale;	/* usually 1/sqrt(head_dim) */
+	int64_t window;	/* sliding window (Mistral v0.1): keys a prefill query sees, itself
+			 * included; 0 = all. Decode reads what the spans hold. */
 };
 
 struct backend_ops {
@@ -99,7 +101,8 @@ struct backend_ops {
 	int (*softmax)(void *ctx, float *x, int64_t rows, int64_t cols);
 	/* Causal prefill attention for one sequence. q (n_q, n_heads, d) holds the queries of the
 	 * last n_q of n_ctx cached tokens; k, v (n_ctx, n_kv, d) dense in a.kv_dtype. Query i sees
-	 * keys 0 .. n_ctx - n_q + i. out (n_q, n_heads, d). */
+	 * keys 0 .. n_ctx - n_q + i (only the last a.window of them with a window). out (n_q,
+	 * n_heads, d). */
 	int (*attn_prefill)(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
 			    const void *v, int64_t n_ctx, const struct backend_attn *a);
 	/* Decode attention for one token of one sequence over every key of the spans (the set of KV
@@ -112,6 +115,8 @@ struct backend_ops {
 	int (*sync)(void *ctx);
 	/* (optional) Sets the number of compute threads. */
 	int (*set_threads)(void *ctx, int n);
+	/* (optional) The number of compute threads ops use. */
+	int (*get_threads)(void *ctx);
 };
 
 /* A backend: ops plus private state. Allocated by the backend's constructor, freed by
@@ -121,8 +126,10 @@ struct backend {
 	void *ctx;
 };
 
-/* The CPU backend (always built): f32 compute with OpenBLAS and OpenMP; threads <= 0 keeps the
- * library defaults. Returns 0 or -ENOMEM. */
+/* The CPU backend (always built): f32 compute with OpenBLAS and OpenMP. threads sets the OpenMP
+ * pool (<= 0 keeps its default, one per core); OpenBLAS is set to one thread and called from
+ * inside the OpenMP tasks, so only one pool ever runs. The pool is per process: the last
+ * thread count set wins for every CPU backend. Returns 0 or -ENOMEM. */
 int backend_cpu_new(struct backend **out, int threads);
 
 /* Frees the backend and everything it still owns. Safe on NULL. */

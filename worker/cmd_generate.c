@@ -25,15 +25,15 @@ static void usage(FILE *f)
 		"      --temp T         temperature, 0 = greedy (default 0.8)\n"
 		"      --top-k K        keep the K most likely tokens, 0 = all (default 40)\n"
 		"      --top-p P        nucleus mass, 1 = off (default 0.95)\n"
-		"      --seed S         sampling seed (default: from the clock)\n"
+		"  -s, --seed S         sampling seed (default: from the clock)\n"
 		"  -t, --threads N      compute threads (default: all cores)\n"
-		"  -c, --ctx N          context limit in tokens (default: the model's)\n"
+		"  -c, --ctx-size N     context limit in tokens (default: the model's)\n"
 		"      --ids            print token ids, space-separated, instead of text\n"
 		"      --stats          print a JSON line of timings to stderr\n"
 		"  -h, --help           this text\n");
 }
 
-enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_IDS, OPT_STATS };
+enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_IDS, OPT_STATS };
 
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, 'm' },
@@ -42,10 +42,11 @@ static const struct option opts[] = {
 	{ "n-predict", required_argument, NULL, 'n' },
 	{ "threads", required_argument, NULL, 't' },
 	{ "ctx", required_argument, NULL, 'c' },
+	{ "ctx-size", required_argument, NULL, 'c' },
 	{ "temp", required_argument, NULL, OPT_TEMP },
 	{ "top-k", required_argument, NULL, OPT_TOPK },
 	{ "top-p", required_argument, NULL, OPT_TOPP },
-	{ "seed", required_argument, NULL, OPT_SEED },
+	{ "seed", required_argument, NULL, 's' },
 	{ "ids", no_argument, NULL, OPT_IDS },
 	{ "stats", no_argument, NULL, OPT_STATS },
 	{ "help", no_argument, NULL, 'h' },
@@ -73,7 +74,7 @@ static int parse(int argc, char **argv, struct gen_args *a)
 	a->sp.seed = (uint64_t)time(NULL);
 	optind = 1;
 	int c;
-	while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:s:h", opts, NULL)) != -1) {
 		long v;
 		switch (c) {
 		case 'm': a->model = optarg; break;
@@ -106,7 +107,7 @@ static int parse(int argc, char **argv, struct gen_args *a)
 				return bad("--top-p", optarg);
 			a->sp.top_p = (float)d;
 			break;
-		case OPT_SEED:
+		case 's':
 			if (cmd_parse_u64(optarg, &a->sp.seed))
 				return bad("--seed", optarg);
 			break;
@@ -154,7 +155,8 @@ static void emit(const struct fkv_tokenizer *tok, int id, bool ids, int index)
 
 /* Prefill + decode loop; the engine, model and tokenizer are set up by the caller. */
 static int run(const struct gen_args *a, const struct fkv_model *m,
-	       const struct fkv_tokenizer *tok, struct engine *e, const int *prompt, int n_prompt)
+	       const struct fkv_tokenizer *tok, struct backend *be, struct engine *e,
+	       const int *prompt, int n_prompt)
 {
 	char err[512];
 	int V = engine_vocab(e), seq, ret = CMD_FAIL;
@@ -211,10 +213,12 @@ static int run(const struct gen_args *a, const struct fkv_model *m,
 		fprintf(stderr,
 			"{\"prompt_tokens\": %d, \"generated_tokens\": %d, \"decode_steps\": %d, "
 			"\"prefill_ms\": %.3f, \"decode_ms\": %.3f, \"prefill_tok_s\": %.2f, "
-			"\"decode_tok_s\": %.2f, \"threads\": %ld}\n",
+			"\"decode_tok_s\": %.2f, \"threads\": %d, \"seed\": %llu}\n",
 			n_prompt, generated, steps, t1 - t0, t2 - t1,
 			t1 > t0 ? n_prompt / ((t1 - t0) / 1e3) : 0.0,
-			steps && t2 > t1 ? steps / ((t2 - t1) / 1e3) : 0.0, a->threads);
+			steps && t2 > t1 ? steps / ((t2 - t1) / 1e3) : 0.0,
+			be->ops->get_threads ? be->ops->get_threads(be->ctx) : (int)a->threads,
+			(unsigned long long)a->sp.seed);
 	ret = CMD_OK;
 out:
 	sampler_free(&smp);
@@ -271,7 +275,7 @@ int cmd_generate(int argc, char **argv)
 			"limit of %lld\n", n_prompt, (long long)engine_max_ctx(e));
 		goto out;
 	}
-	ret = run(&a, &m, tok, e, prompt, n_prompt);
+	ret = run(&a, &m, tok, be, e, prompt, n_prompt);
 out:
 	engine_free(e);
 	backend_free(be);

@@ -21,7 +21,7 @@ static void usage(FILE *f)
 		"usage: kvworker perplexity -m MODEL -f TEXTFILE [options]\n"
 		"  -m, --model PATH     .gguf file or Hugging Face folder\n"
 		"  -f, --file PATH      text to score; '-' reads stdin\n"
-		"  -c, --ctx N          window length in tokens (default: min(512, the model's))\n"
+		"  -c, --ctx-size N     window length in tokens (default: min(512, the model's))\n"
 		"  -t, --threads N      compute threads (default: all cores)\n"
 		"  -h, --help           this text\n");
 }
@@ -30,6 +30,7 @@ static const struct option opts[] = {
 	{ "model", required_argument, NULL, 'm' },
 	{ "file", required_argument, NULL, 'f' },
 	{ "ctx", required_argument, NULL, 'c' },
+	{ "ctx-size", required_argument, NULL, 'c' },
 	{ "threads", required_argument, NULL, 't' },
 	{ "help", no_argument, NULL, 'h' },
 	{ NULL, 0, NULL, 0 },

@@ -39,6 +39,7 @@ struct engine {
 	struct backend_attn attn;
 	int64_t max_ctx;
 	int ubatch, max_seqs;
+	struct kv_policy_opts kv_opts;
 
 	struct backend_mat tok_embd, out_norm, output;
 	struct engine_layer *layers;
@@ -260,6 +261,7 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	e->max_ctx = o->max_ctx ? o->max_ctx : (m->cfg.ctx_len > 0 ? m->cfg.ctx_len : 2048);
 	e->ubatch = o->ubatch ? o->ubatch : 256;
 	e->max_seqs = o->max_seqs ? o->max_seqs : 64;
+	e->kv_opts = o->kv;
 	e->rope = (struct backend_rope){
 		.style = m->cfg.rope_style,
 		.theta = m->cfg.rope_theta > 0.0f ? m->cfg.rope_theta : 10000.0f,
@@ -274,6 +276,7 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 		.head_dim = m->cfg.head_dim,
 		.kv_dtype = o->kv_dtype_set ? o->kv_dtype : m->cfg.dtype,
 		.scale = 1.0f / sqrtf((float)m->cfg.head_dim),
+		.window = m->cfg.sliding_window > 0 ? m->cfg.sliding_window : 0,
 	};
 	e->layers = calloc((size_t)m->cfg.n_layers, sizeof *e->layers);
 	e->seqs = calloc((size_t)e->max_seqs, sizeof *e->seqs);
@@ -318,6 +321,7 @@ int engine_seq_new(struct engine *e, int *seq, char *err, size_t errlen)
 		.n_layers = e->cfg.n_layers,
 		.attn = e->attn,
 		.max_tokens = e->max_ctx,
+		.opts = e->kv_opts,
 	};
 	int ret = e->policy->create(&p, &e->seqs[i].kv);
 	if (ret)

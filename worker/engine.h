@@ -24,6 +24,7 @@ struct engine_opts {
 	int ubatch;		/* tokens per forward chunk (prefill chunk size); 0 = 256 */
 	int max_seqs;		/* concurrent sequences; 0 = 64 */
 	const char *policy;	/* KV policy name; NULL = "full" */
+	struct kv_policy_opts kv; /* passed to the policy of every sequence */
 	enum fkv_dtype kv_dtype; /* with kv_dtype_set; otherwise the model's dtype */
 	bool kv_dtype_set;
 };

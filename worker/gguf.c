@@ -325,8 +325,8 @@ static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, 
 		uint64_t ne;
 		if (!rd_u64(r, &ne))
 			return fail(err, errlen, -EINVAL, "gguf: truncated shape of tensor '%s'", tname);
-		/* 2^40 elements per dim and 2^50 in all are far past any real model: no overflow below */
-		if (ne == 0 || ne > (1ull << 40) || nel * ne > (1ull << 50))
+		/* 2^40 elements per dim and 2^50 in all are far past any real model */
+		if (ne == 0 || ne > (1ull << 40) || nel > (1ull << 50) / ne)
 			return fail(err, errlen, -EINVAL, "gguf: tensor '%s' has an impossible shape (dim %u = %" PRIu64 ")",
 				    tname, d, ne);
 		ti->ne[d] = (int64_t)ne;
@@ -428,6 +428,8 @@ static int parse(struct gguf_ctx *g, char *err, size_t errlen)
 		return fail(err, errlen, -EPROTO, "gguf: bad magic 0x%08x (not a GGUF file)", magic);
 	if (!rd_u32(&r, &g->version) || !rd_u64(&r, &nt) || !rd_u64(&r, &nkv))
 		return fail(err, errlen, -EINVAL, "gguf: file too short for a header (%zu bytes)", g->size);
+	if (g->version == 0x02000000u || g->version == 0x03000000u)
+		return fail(err, errlen, -EPROTO, "gguf: big-endian GGUF files are not supported");
 	if (g->version != 2 && g->version != 3)
 		return fail(err, errlen, -EPROTO, "gguf: unsupported version %u (2 and 3 are)", g->version);
 	/* a key/value takes at least 8 + 1 + 4 + 1 bytes, a tensor info at least 8 + 1 + 4 + 8 + 4 + 8 */

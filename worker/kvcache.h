@@ -21,18 +21,29 @@
 
 #include "backend.h"
 
+/* Retrieval settings (DESIGN §3, §5); 0 means the policy's default. `full` ignores them. */
+struct kv_policy_opts {
+	int page;	 /* p, tokens per page */
+	int budget;	 /* B, tokens attended per decode step */
+	int sink;	 /* S, tokens */
+	int window;	 /* W, tokens */
+	int full_layers; /* first layers that keep full attention */
+	float tau;	 /* correction threshold on the cosine of adjacent queries */
+};
+
 struct kv_seq_params {
 	struct backend *be;	 /* borrowed; outlives the state */
 	int n_layers;
 	struct backend_attn attn; /* heads, head_dim, kv dtype, scale */
 	int64_t max_tokens;	 /* context limit: step_begin refuses to go past it */
+	struct kv_policy_opts opts;
 };
 
 struct kv_stats {
 	int64_t tokens;		/* committed length */
 	int64_t capacity;	/* tokens storable without growing, per layer */
 	int64_t device_bytes;	/* KV bytes held on the backend, all layers */
-	int64_t attended;	/* keys read by attention over the state's life, summed over layers */
+	int64_t attended;	/* keys read by the last query of each attend call, summed */
 };
 
 struct kv_policy_ops {

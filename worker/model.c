@@ -360,7 +360,10 @@ static int gguf_config(struct gguf_ctx *g, struct fkv_model_config *c, char *err
 		int64_t ti = gguf_find_tensor(g, "token_embd.weight");
 		if (ti < 0)
 			return fail(err, errlen, -EINVAL, "gguf: missing tensor 'token_embd.weight'");
-		c->vocab_size = (int)gguf_tensor(g, ti)->ne[1];
+		int64_t rows = gguf_tensor(g, ti)->ne[1];
+		if (rows > (1 << 24))
+			return fail(err, errlen, -EINVAL, "gguf: tensor 'token_embd.weight' has %" PRId64 " rows", rows);
+		c->vocab_size = (int)rows;
 	}
 	uint32_t id;
 	c->bos_id = c->eos_id = -1;

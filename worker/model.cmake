@@ -6,4 +6,4 @@ target_sources(freekv_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/hf_config.c
   ${CMAKE_CURRENT_LIST_DIR}/model.c
   ${CMAKE_CURRENT_LIST_DIR}/synth.c)
-target_link_libraries(freekv_runtime PUBLIC PkgConfig::JSONC PkgConfig::CRYPTO)
+target_link_libraries(freekv_runtime PUBLIC PkgConfig::JSONC PkgConfig::CRYPTO OpenMP::OpenMP_C)

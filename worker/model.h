@@ -100,8 +100,9 @@ struct fkv_model {
 	 * (tok_embd, out_norm, output, then per layer attn_norm wq wk wv wo bq bk bv ffn_norm
 	 * w_gate w_up w_down) a line with its name, dtype, shape and byte size followed by its
 	 * bytes — all of them up to 12 KiB, else the first, middle and last 4 KiB. Stable across
-	 * runs and machines; any change to config, dtype, shape or sampled bytes changes it. The
-	 * GGUF and HF forms of one model differ (rope layout and q/k rows differ). */
+	 * runs and machines; any change to config, dtype, shape or sampled bytes changes it. It
+	 * names the model, not the container: a GGUF and an HF folder with equal config (rope
+	 * layout included) and weights share it; stories260K's two forms differ (rope layout). */
 	uint8_t fingerprint[FKV_FINGERPRINT_BYTES];
 	char path[4096];	      /* what was loaded */
 	bool is_gguf;

@@ -6,6 +6,7 @@
 #include "kvcache.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,14 +140,20 @@ static int full_attend(void *st, int layer, float *out, const float *q, int64_t 
 	if (n != s->pending || layer < 0 || layer >= s->p.n_layers)
 		return -EINVAL;
 	int64_t n_ctx = s->len + n;
-	s->attended += n_ctx;
 	if (n == 1) {
+		/* With a sliding window, decode reads only the window's tail of the cache. */
+		int64_t first = s->p.attn.window > 0 && n_ctx > s->p.attn.window ?
+				n_ctx - s->p.attn.window : 0;
+		size_t off = (size_t)first * s->row_bytes;
 		struct backend_kv_span span = {
-			.k = s->k[layer], .v = s->v[layer], .n = n_ctx,
+			.k = (char *)s->k[layer] + off, .v = (char *)s->v[layer] + off,
+			.n = n_ctx - first,
 			.row_stride = (int64_t)s->p.attn.n_kv_heads * s->p.attn.head_dim,
 		};
+		s->attended += span.n;
 		return be->ops->attn_decode(be->ctx, out, q, &span, 1, &s->p.attn);
 	}
+	s->attended += s->p.attn.window > 0 && n_ctx > s->p.attn.window ? s->p.attn.window : n_ctx;
 	return be->ops->attn_prefill(be->ctx, out, q, n, s->k[layer], s->v[layer], n_ctx,
 				     &s->p.attn);
 }
@@ -201,5 +208,10 @@ const struct kv_policy_ops *kvcache_policy(const char *name)
 
 const char *kvcache_policy_names(void)
 {
-	return "full";
+	static char names[256];
+	if (!names[0])
+		for (size_t i = 0; i < sizeof policies / sizeof *policies; i++)
+			snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+				 i ? ", " : "", policies[i]->name);
+	return names;
 }

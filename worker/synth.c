@@ -15,7 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define SYNTH_CHUNK (1u << 20) /* elements generated per write */
+#define SYNTH_CHUNK (1u << 22) /* elements generated per write */
+#define SYNTH_SLICE (1u << 16) /* elements per parallel work item */
 #define SYNTH_STD 0.02f
 #define SYNTH_NORM_JITTER 0.05f
 
@@ -289,9 +290,16 @@ static int write_shard(const struct synth_job *j, int s, const char *dir, float 
 			continue;
 		for (uint64_t done = 0; done < t->nel && !ferror(f);) {
 			size_t n = t->nel - done < SYNTH_CHUNK ? (size_t)(t->nel - done) : SYNTH_CHUNK;
-			synth_values(j->seed, t->name, done, n, fbuf);
-			dtype_from_f32(obuf, fbuf, j->dtype, n);
-			fwrite(obuf, dtype_size(j->dtype), n, f);
+			size_t es = dtype_size(j->dtype);
+			/* the generator is counter-based: slices are independent, any thread count
+			 * gives the same bytes */
+#pragma omp parallel for schedule(static)
+			for (size_t b = 0; b < n; b += SYNTH_SLICE) {
+				size_t m = n - b < SYNTH_SLICE ? n - b : SYNTH_SLICE;
+				synth_values(j->seed, t->name, done + b, m, fbuf + b);
+				dtype_from_f32((uint8_t *)obuf + b * es, fbuf + b, j->dtype, m);
+			}
+			fwrite(obuf, es, n, f);
 			done += n;
 		}
 	}

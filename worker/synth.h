@@ -12,8 +12,9 @@
  * Weights come from a counter-based generator keyed by (seed, tensor name, element index):
  * uniform with standard deviation 0.02 for matrices and biases, 1 + uniform(+-0.05) for RMSNorm
  * weights, so activations stay finite at any depth. synth_values() reproduces them, which is how
- * tests check that what loads is what was written. Tensors are generated and written in chunks:
- * memory use is a few MiB whatever the model size.
+ * tests check that what loads is what was written. Tensors are generated (OpenMP threads; the
+ * bytes do not depend on the thread count) and written in chunks of 4 Mi elements: memory use
+ * is about 32 MiB whatever the model size.
  *
  * Nothing is kept between calls; all functions are thread-compatible. */
 #ifndef FREEKV_SYNTH_H

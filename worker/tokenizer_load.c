@@ -235,6 +235,14 @@ static json_object *jget(json_object *o, const char *key)
 	return v;
 }
 
+/* Element i of o when o is an array that long; NULL otherwise (json-c asserts on non-arrays). */
+static json_object *jidx(json_object *o, size_t i)
+{
+	if (!o || !json_object_is_type(o, json_type_array) || i >= json_object_array_length(o))
+		return NULL;
+	return json_object_array_get_idx(o, i);
+}
+
 static const char *jstr(json_object *o, const char *key)
 {
 	json_object *v = jget(o, key);
@@ -544,12 +552,12 @@ static int json_specials(struct fkv_tokenizer *t, json_object *root, const char 
 
 	/* Template: the first item of "single" being a SpecialToken means BOS is added. */
 	json_object *pp = jget(root, "post_processor"), *procs = jget(pp, "processors");
-	for (size_t i = 0; procs && i < json_object_array_length(procs); i++)
-		if (jstr(json_object_array_get_idx(procs, i), "type") &&
-		    !strcmp(jstr(json_object_array_get_idx(procs, i), "type"), "TemplateProcessing"))
-			pp = json_object_array_get_idx(procs, i);
-	const char *tmpl_bos = jstr(jget(json_object_array_get_idx(jget(pp, "single"), 0),
-					 "SpecialToken"), "id");
+	for (size_t i = 0; jidx(procs, i); i++)
+		if (jstr(jidx(procs, i), "type") &&
+		    !strcmp(jstr(jidx(procs, i), "type"), "TemplateProcessing"))
+			pp = jidx(procs, i);
+	/* Qwen2 ships a ByteLevel post_processor with no "single" template: no BOS from it. */
+	const char *tmpl_bos = jstr(jget(jidx(jget(pp, "single"), 0), "SpecialToken"), "id");
 	int tmpl_id = tmpl_bos ? find_text(t, tmpl_bos) : -1;
 
 	const char *s;

@@ -2,7 +2,8 @@
  * KV head) over that head's own slot list (one span per page, the tail page partial). Cases:
  * Llama-3.1-8B geometry at B=2048 with split-K (including chunks past a short sequence's last
  * page), an unsplit tiny-head batch with an empty sequence (zeros), and a 32-query-head group
- * that needs the opt-in shared-memory limit; every KV dtype. Bound 2e-5: both sides read the
+ * that needs the opt-in shared-memory limit, and a head dim whose 16-bit rows cannot be read 16
+ * bytes at a time (the scalar load path); every KV dtype. Bound 2e-5: both sides read the
  * same converted values and differ only in f32 summation order and expf ulps. */
 #include "gpu_test.h"
 
@@ -96,6 +97,7 @@ static void test_decode_attention_matches_cpu(void **state)
 		{ "tiny unsplit", 6, 8, 4, 8, 4, 1, 10, { 4, 0, 1 } },
 		{ "tiny split", 5, 8, 4, 8, 4, 9, 30, { 36, 5, -1 } },
 		{ "group of 32", 2, 64, 2, 128, 32, 16, 40, { 500, 512, -1 } },
+		{ "d=12 (16-bit rows not 16-byte multiples)", 2, 6, 3, 12, 4, 5, 12, { 17, 20, -1 } },
 	};
 	uint64_t rng = 81;
 	struct backend *cpu;

@@ -1,0 +1,7 @@
+# bench/store_service.cmake — control-plane and ring round trips of a real kvstored against a raw
+# ZeroMQ REQ/REP baseline on the same transport. Run: build/bench/bench_rpc [ROUNDS]
+add_executable(bench_rpc ${CMAKE_CURRENT_LIST_DIR}/bench_rpc.c)
+freekv_target(bench_rpc)
+target_link_libraries(bench_rpc PRIVATE freekv_store)
+target_compile_definitions(bench_rpc PRIVATE FREEKV_BUILD_DIR="${PROJECT_BINARY_DIR}")
+add_dependencies(bench_rpc kvstored)

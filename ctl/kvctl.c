@@ -1,0 +1,577 @@
+/* kvctl — the operator's view of kvstored (DESIGN §6). Each verb is one row of a table (name,
+ * usage, handler); every handler sends control requests through libfreekv_store and prints a
+ * human table, or one JSON object with --json (built with json-c). Exit codes: 0 ok, 1 the daemon
+ * refused, 2 usage, 3 the daemon cannot be reached (a receive timeout bounds every request). */
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "freekv_store.h"
+
+enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
+
+struct opts {
+	const char *endpoint;
+	int timeout_ms;
+	bool json, tokens, detached, demote;
+	const char *worker;
+	double interval;
+	long count;
+	const char *pos[4];
+	int npos;
+};
+
+struct verb {
+	const char *name;
+	const char *usage;
+	int min_pos, max_pos;
+	int (*fn)(struct kvs *k, const struct opts *o);
+};
+
+static int failed(struct kvs *k, int ret)
+{
+	fprintf(stderr, "kvctl: %s\n", kvs_error(k));
+	if (ret == -ETIMEDOUT || ret == -EHOSTUNREACH || ret == -ECONNREFUSED || ret == -ESHUTDOWN)
+		return EXIT_UNREACHABLE;
+	return EXIT_REFUSED;
+}
+
+static void emit(json_object *j)
+{
+	puts(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
+	json_object_put(j);
+}
+
+static void mib(char *buf, size_t n, uint64_t bytes)
+{
+	snprintf(buf, n, "%.1f MiB", (double)bytes / (1 << 20));
+}
+
+static const char *state_name(Freekv__SequenceState s)
+{
+	switch (s) {
+	case FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_ATTACHED: return "attached";
+	case FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_DETACHED: return "detached";
+	case FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_ORPHANED: return "orphaned";
+	default: return "unknown";
+	}
+}
+
+static const char *dtype_name(Freekv__DType d)
+{
+	switch (d) {
+	case FREEKV__DTYPE__DTYPE_F32: return "f32";
+	case FREEKV__DTYPE__DTYPE_F16: return "f16";
+	case FREEKV__DTYPE__DTYPE_BF16: return "bf16";
+	default: return "?";
+	}
+}
+
+/* "id:N" names a sequence by id, anything else by name. */
+static void seq_arg(const char *a, uint64_t *id, const char **name)
+{
+	*id = 0;
+	*name = a;
+	if (!strncmp(a, "id:", 3)) {
+		*id = strtoull(a + 3, NULL, 10);
+		*name = NULL;
+	}
+}
+
+static json_object *seq_json(const Freekv__SequenceInfo *s, bool tokens)
+{
+	json_object *j = json_object_new_object(), *g = json_object_new_object();
+	char fp[2 * 64 + 1] = "";
+	for (size_t i = 0; i < s->model_fingerprint.len && i < 64; i++)
+		sprintf(fp + 2 * i, "%02x", s->model_fingerprint.data[i]);
+	json_object_object_add(j, "id", json_object_new_uint64(s->seq_id));
+	json_object_object_add(j, "name", json_object_new_string(s->name));
+	json_object_object_add(j, "state", json_object_new_string(state_name(s->state)));
+	if (s->has_worker_id)
+		json_object_object_add(j, "worker", json_object_new_int64(s->worker_id));
+	json_object_object_add(j, "committed_tokens", json_object_new_uint64(s->committed_tokens));
+	json_object_object_add(g, "n_layers", json_object_new_int64(s->geometry->n_layers));
+	json_object_object_add(g, "n_kv_heads", json_object_new_int64(s->geometry->n_kv_heads));
+	json_object_object_add(g, "head_dim", json_object_new_int64(s->geometry->head_dim));
+	json_object_object_add(g, "page_size", json_object_new_int64(s->geometry->page_size));
+	json_object_object_add(g, "dtype", json_object_new_string(dtype_name(s->geometry->dtype)));
+	json_object_object_add(j, "geometry", g);
+	json_object_object_add(j, "block_bytes", json_object_new_uint64(s->block_bytes));
+	json_object_object_add(j, "pages_dram", json_object_new_uint64(s->pages->dram));
+	json_object_object_add(j, "pages_nvme", json_object_new_uint64(s->pages->nvme));
+	json_object_object_add(j, "pages_in_flight", json_object_new_uint64(s->pages->in_flight));
+	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
+	json_object_object_add(j, "model_fingerprint", json_object_new_string(fp));
+	if (tokens) {
+		json_object *t = json_object_new_array();
+		for (size_t i = 0; i < s->n_token_ids; i++)
+			json_object_array_add(t, json_object_new_int64(s->token_ids[i]));
+		json_object_object_add(j, "token_ids", t);
+	}
+	return j;
+}
+
+/* ---------------------------------------------------------------- verbs */
+
+static json_object *status_json(const Freekv__StatsReply *s)
+{
+	json_object *j = json_object_new_object();
+	json_object_object_add(j, "uptime_ms", json_object_new_uint64(s->uptime_ms));
+	json_object_object_add(j, "workers", json_object_new_int64(s->workers));
+	json_object_object_add(j, "sequences", json_object_new_int64(s->sequences));
+	json_object_object_add(j, "dram_bytes", json_object_new_uint64(s->dram_bytes));
+	json_object_object_add(j, "dram_used_bytes", json_object_new_uint64(s->dram_used_bytes));
+	json_object_object_add(j, "nvme_bytes", json_object_new_uint64(s->nvme_bytes));
+	json_object_object_add(j, "nvme_used_bytes", json_object_new_uint64(s->nvme_used_bytes));
+	json_object_object_add(j, "blocks_dram", json_object_new_uint64(s->blocks_dram));
+	json_object_object_add(j, "blocks_nvme", json_object_new_uint64(s->blocks_nvme));
+	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
+	return j;
+}
+
+static int v_status(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	int ret = kvs_stats(k, &r);
+	if (ret)
+		return failed(k, ret);
+	const Freekv__StatsReply *s = r->stats;
+	if (o->json) {
+		emit(status_json(s));
+	} else {
+		char a[32], b[32], c[32], d[32];
+		mib(a, sizeof a, s->dram_used_bytes);
+		mib(b, sizeof b, s->dram_bytes);
+		mib(c, sizeof c, s->nvme_used_bytes);
+		mib(d, sizeof d, s->nvme_bytes);
+		printf("kvstored up %.1f s: %u workers, %u sequences, %" PRIu64 " leases\n", s->uptime_ms / 1e3,
+		       s->workers, s->sequences, s->leases);
+		printf("  DRAM  %12s / %-12s %8" PRIu64 " blocks\n", a, b, s->blocks_dram);
+		printf("  NVMe  %12s / %-12s %8" PRIu64 " blocks\n", c, d, s->blocks_nvme);
+	}
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+static int v_workers(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	int ret = kvs_list_workers(k, &r);
+	if (ret)
+		return failed(k, ret);
+	json_object *arr = json_object_new_array();
+	if (!o->json)
+		printf("%-6s %-8s %-8s %-16s %8s %5s %10s\n", "ID", "PID", "ROLE", "NAME", "LEASES", "SEQS", "HB_AGO_MS");
+	for (size_t i = 0; i < r->workers->n_workers; i++) {
+		const Freekv__WorkerInfo *w = r->workers->workers[i];
+		const char *role = w->role == FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER ? "worker" : "control";
+		if (o->json) {
+			json_object *j = json_object_new_object();
+			json_object_object_add(j, "id", json_object_new_int64(w->worker_id));
+			json_object_object_add(j, "pid", json_object_new_int64(w->pid));
+			json_object_object_add(j, "role", json_object_new_string(role));
+			json_object_object_add(j, "name", json_object_new_string(w->name ? w->name : ""));
+			json_object_object_add(j, "leases", json_object_new_uint64(w->leases));
+			json_object_object_add(j, "sequences", json_object_new_int64(w->sequences));
+			json_object_object_add(j, "last_heartbeat_ms_ago", json_object_new_uint64(w->last_heartbeat_ms_ago));
+			if (w->stats && w->stats->has_decode_tok_s)
+				json_object_object_add(j, "decode_tok_s", json_object_new_double(w->stats->decode_tok_s));
+			json_object_array_add(arr, j);
+		} else {
+			printf("%-6u %-8u %-8s %-16s %8" PRIu64 " %5u %10" PRIu64 "\n", w->worker_id, w->pid, role,
+			       w->name ? w->name : "", w->leases, w->sequences, w->last_heartbeat_ms_ago);
+		}
+	}
+	if (o->json) {
+		json_object *j = json_object_new_object();
+		json_object_object_add(j, "workers", arr);
+		emit(j);
+	} else {
+		json_object_put(arr);
+	}
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+static void ls_table(const Freekv__SequenceList *l)
+{
+	printf("%-6s %-24s %-9s %-6s %10s %6s %6s %6s %6s\n", "ID", "NAME", "STATE", "WORKER", "TOKENS", "DRAM",
+	       "NVME", "IO", "LEASES");
+	for (size_t i = 0; i < l->n_sequences; i++) {
+		const Freekv__SequenceInfo *s = l->sequences[i];
+		char w[16] = "-";
+		if (s->has_worker_id)
+			snprintf(w, sizeof w, "%u", s->worker_id);
+		printf("%-6" PRIu64 " %-24s %-9s %-6s %10" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 "\n",
+		       s->seq_id, s->name, state_name(s->state), w, s->committed_tokens, s->pages->dram, s->pages->nvme,
+		       s->pages->in_flight, s->leases);
+	}
+}
+
+static int v_ls(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	int ret = kvs_list_sequences(k, &r);
+	if (ret)
+		return failed(k, ret);
+	if (o->json) {
+		json_object *j = json_object_new_object(), *arr = json_object_new_array();
+		for (size_t i = 0; i < r->sequences->n_sequences; i++)
+			json_object_array_add(arr, seq_json(r->sequences->sequences[i], false));
+		json_object_object_add(j, "sequences", arr);
+		emit(j);
+	} else {
+		ls_table(r->sequences);
+	}
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+static int v_show(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	uint64_t id;
+	const char *name;
+	seq_arg(o->pos[0], &id, &name);
+	int ret = kvs_show_sequence(k, id, name, o->tokens, &r);
+	if (ret)
+		return failed(k, ret);
+	const Freekv__SequenceInfo *s = r->sequence;
+	if (o->json) {
+		emit(seq_json(s, o->tokens));
+	} else {
+		printf("sequence   %s (id %" PRIu64 ")\n", s->name, s->seq_id);
+		printf("state      %s", state_name(s->state));
+		if (s->has_worker_id)
+			printf(" (worker %u)", s->worker_id);
+		printf("\ngeometry   %u layers, %u KV heads, head dim %u, page %u, %s (%" PRIu64 " B/block)\n",
+		       s->geometry->n_layers, s->geometry->n_kv_heads, s->geometry->head_dim, s->geometry->page_size,
+		       dtype_name(s->geometry->dtype), s->block_bytes);
+		printf("committed  %" PRIu64 " tokens\n", s->committed_tokens);
+		printf("pages      %" PRIu64 " DRAM, %" PRIu64 " NVMe, %" PRIu64 " in flight\n", s->pages->dram,
+		       s->pages->nvme, s->pages->in_flight);
+		printf("leases     %" PRIu64 "\n", s->leases);
+		if (o->tokens) {
+			printf("tokens    ");
+			for (size_t i = 0; i < s->n_token_ids; i++)
+				printf(" %u", s->token_ids[i]);
+			printf("\n");
+		}
+	}
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+static int print_evicted(Freekv__Reply *r, const struct opts *o, const char *verb)
+{
+	if (o->json) {
+		json_object *j = json_object_new_object();
+		json_object_object_add(j, "sequences", json_object_new_uint64(r->evicted->sequences));
+		json_object_object_add(j, "blocks", json_object_new_uint64(r->evicted->blocks));
+		emit(j);
+	} else {
+		printf("%s %" PRIu64 " sequence(s), %" PRIu64 " block(s)\n", verb, r->evicted->sequences,
+		       r->evicted->blocks);
+	}
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+static int v_evict(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	int ret;
+	if ((o->npos == 1) + (o->worker != NULL) + o->detached != 1) {
+		fprintf(stderr, "kvctl: evict takes exactly one of SEQ, --worker ID, --detached\n");
+		return EXIT_USAGE;
+	}
+	if (o->npos == 1) {
+		uint64_t id;
+		const char *name;
+		seq_arg(o->pos[0], &id, &name);
+		ret = kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_SEQUENCE, id, name, 0, o->demote, &r);
+	} else if (o->worker) {
+		char *end;
+		unsigned long w = strtoul(o->worker, &end, 10);
+		if (*end || !*o->worker) {
+			fprintf(stderr, "kvctl: --worker wants a number\n");
+			return EXIT_USAGE;
+		}
+		ret = kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_WORKER, 0, NULL, (uint32_t)w, true, &r);
+	} else {
+		ret = kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_DETACHED, 0, NULL, 0, o->demote, &r);
+	}
+	if (ret)
+		return failed(k, ret);
+	return print_evicted(r, o, o->demote || o->worker ? "demoting" : "evicted");
+}
+
+static int v_demote(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	uint64_t id;
+	const char *name;
+	seq_arg(o->pos[0], &id, &name);
+	int ret = kvs_demote(k, id, name, &r);
+	if (ret)
+		return failed(k, ret);
+	return print_evicted(r, o, "demoting");
+}
+
+static json_object *stat_rows(Freekv__CommandStat **v, size_t n, bool print, const char *title)
+{
+	json_object *arr = json_object_new_array();
+	if (print)
+		printf("%-16s %10s %8s %10s\n", title, "CALLS", "ERRORS", "AVG_US");
+	for (size_t i = 0; i < n; i++) {
+		double avg = v[i]->calls ? (double)v[i]->total_us / (double)v[i]->calls : 0;
+		if (print) {
+			printf("%-16s %10" PRIu64 " %8" PRIu64 " %10.1f\n", v[i]->name, v[i]->calls, v[i]->errors, avg);
+			continue;
+		}
+		json_object *j = json_object_new_object();
+		json_object_object_add(j, "name", json_object_new_string(v[i]->name));
+		json_object_object_add(j, "calls", json_object_new_uint64(v[i]->calls));
+		json_object_object_add(j, "errors", json_object_new_uint64(v[i]->errors));
+		json_object_object_add(j, "total_us", json_object_new_uint64(v[i]->total_us));
+		json_object_array_add(arr, j);
+	}
+	return arr;
+}
+
+static int v_stats(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	int ret = kvs_stats(k, &r);
+	if (ret)
+		return failed(k, ret);
+	const Freekv__StatsReply *s = r->stats;
+	if (o->json) {
+		json_object *j = json_object_new_object();
+		json_object_object_add(j, "demoted_blocks", json_object_new_uint64(s->demoted_blocks));
+		json_object_object_add(j, "promoted_blocks", json_object_new_uint64(s->promoted_blocks));
+		json_object_object_add(j, "crc_errors", json_object_new_uint64(s->crc_errors));
+		json_object_object_add(j, "pending_ops", json_object_new_uint64(s->pending_ops));
+		json_object_object_add(j, "tier_in_flight", json_object_new_uint64(s->tier_in_flight));
+		json_object_object_add(j, "commands", stat_rows(s->commands, s->n_commands, false, NULL));
+		json_object_object_add(j, "ring_ops", stat_rows(s->ring_ops, s->n_ring_ops, false, NULL));
+		emit(j);
+	} else {
+		printf("demoted %" PRIu64 ", promoted %" PRIu64 ", crc errors %" PRIu64 ", pending ops %" PRIu64
+		       ", tier I/O %" PRIu64 "\n\n",
+		       s->demoted_blocks, s->promoted_blocks, s->crc_errors, s->pending_ops, s->tier_in_flight);
+		json_object_put(stat_rows(s->commands, s->n_commands, true, "REQUEST"));
+		printf("\n");
+		json_object_put(stat_rows(s->ring_ops, s->n_ring_ops, true, "RING OP"));
+	}
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+static int v_config(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	int ret;
+	if (!strcmp(o->pos[0], "get") && o->npos <= 2) {
+		ret = kvs_config_get(k, o->npos == 2 ? o->pos[1] : NULL, &r);
+	} else if (!strcmp(o->pos[0], "set") && o->npos == 3) {
+		ret = kvs_config_set(k, o->pos[1], o->pos[2], &r);
+	} else {
+		fprintf(stderr, "kvctl: usage: config get [KEY] | config set KEY VALUE\n");
+		return EXIT_USAGE;
+	}
+	if (ret)
+		return failed(k, ret);
+	json_object *j = json_object_new_object();
+	for (size_t i = 0; i < r->config->n_entries; i++) {
+		const Freekv__ConfigEntry *e = r->config->entries[i];
+		if (o->json)
+			json_object_object_add(j, e->key, json_object_new_string(e->value));
+		else
+			printf("%-22s = %-32s%s\n", e->key, e->value, e->runtime ? " (run-time)" : "");
+	}
+	if (o->json)
+		emit(j);
+	else
+		json_object_put(j);
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+/* One JSON object per refresh with --json: {"status": {...}, "sequences": [...]}. */
+static int watch_json(struct kvs *k)
+{
+	Freekv__Reply *st, *ls;
+	int ret = kvs_stats(k, &st);
+	if (ret)
+		return failed(k, ret);
+	ret = kvs_list_sequences(k, &ls);
+	if (ret) {
+		kvs_reply_free(st);
+		return failed(k, ret);
+	}
+	json_object *j = json_object_new_object(), *arr = json_object_new_array();
+	json_object_object_add(j, "status", status_json(st->stats));
+	for (size_t i = 0; i < ls->sequences->n_sequences; i++)
+		json_object_array_add(arr, seq_json(ls->sequences->sequences[i], false));
+	json_object_object_add(j, "sequences", arr);
+	emit(j);
+	kvs_reply_free(st);
+	kvs_reply_free(ls);
+	return EXIT_OK;
+}
+
+static int v_watch(struct kvs *k, const struct opts *o)
+{
+	struct opts plain = *o;
+	plain.npos = 0;
+	for (long i = 0; o->count <= 0 || i < o->count; i++) {
+		int rc;
+		if (o->json) {
+			rc = watch_json(k);
+		} else {
+			printf(isatty(STDOUT_FILENO) ? "\033[H\033[2J" : i ? "\n" : "");
+			rc = v_status(k, &plain);
+			if (!rc) {
+				printf("\n");
+				rc = v_ls(k, &plain);
+			}
+		}
+		if (rc)
+			return rc;
+		fflush(stdout);
+		if (o->count > 0 && i + 1 == o->count)
+			break;
+		struct timespec ts = { (time_t)o->interval, (long)((o->interval - (double)(time_t)o->interval) * 1e9) };
+		nanosleep(&ts, NULL);
+	}
+	return EXIT_OK;
+}
+
+static const struct verb verbs[] = {
+	{ "status", "status", 0, 0, v_status },
+	{ "workers", "workers", 0, 0, v_workers },
+	{ "ls", "ls", 0, 0, v_ls },
+	{ "show", "show SEQ [--tokens]", 1, 1, v_show },
+	{ "evict", "evict SEQ | --worker ID | --detached  [--demote]", 0, 1, v_evict },
+	{ "demote", "demote SEQ", 1, 1, v_demote },
+	{ "stats", "stats", 0, 0, v_stats },
+	{ "config", "config get [KEY] | config set KEY VALUE", 1, 3, v_config },
+	{ "watch", "watch [--interval SECONDS] [--count N]", 0, 0, v_watch },
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvctl [-e ENDPOINT] [--json] [--timeout MS] VERB ...\n"
+		   "  SEQ is a sequence name, or id:N\n");
+	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+		fprintf(f, "  kvctl %s\n", verbs[i].usage);
+	fprintf(f, "exit codes: 0 ok, 1 refused by kvstored, 2 usage, 3 kvstored unreachable\n");
+}
+
+/* "--opt VALUE", "-o VALUE" or "--opt=VALUE": 1 with *val set, -1 when the value is missing,
+ * 0 when argv[*i] is another argument. */
+static int take(int argc, char **argv, int *i, const char *lng, const char *shrt, const char **val)
+{
+	const char *a = argv[*i];
+	size_t n = strlen(lng);
+	if (!strcmp(a, lng) || (shrt && !strcmp(a, shrt))) {
+		if (*i + 1 >= argc)
+			return -1;
+		*val = argv[++*i];
+		return 1;
+	}
+	if (!strncmp(a, lng, n) && a[n] == '=') {
+		*val = a + n + 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* Options may appear anywhere; returns -1 on a usage error, 1 after --help. */
+static int parse(int argc, char **argv, struct opts *o, const char **verb)
+{
+	*verb = NULL;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *val = NULL;
+		int t;
+		if ((t = take(argc, argv, &i, "--endpoint", "-e", &val))) {
+			if (t < 0)
+				return -1;
+			o->endpoint = val;
+		} else if ((t = take(argc, argv, &i, "--timeout", NULL, &val))) {
+			if (t < 0 || (o->timeout_ms = atoi(val)) <= 0)
+				return -1;
+		} else if ((t = take(argc, argv, &i, "--worker", NULL, &val))) {
+			if (t < 0)
+				return -1;
+			o->worker = val;
+		} else if ((t = take(argc, argv, &i, "--interval", NULL, &val))) {
+			if (t < 0 || (o->interval = atof(val)) <= 0)
+				return -1;
+		} else if ((t = take(argc, argv, &i, "--count", NULL, &val))) {
+			if (t < 0 || (o->count = atol(val)) <= 0)
+				return -1;
+		} else if (!strcmp(a, "--json")) {
+			o->json = true;
+		} else if (!strcmp(a, "--tokens")) {
+			o->tokens = true;
+		} else if (!strcmp(a, "--detached")) {
+			o->detached = true;
+		} else if (!strcmp(a, "--demote")) {
+			o->demote = true;
+		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage(stdout);
+			return 1;
+		} else if (a[0] == '-' && a[1]) {
+			fprintf(stderr, "kvctl: unknown option %s\n", a);
+			return -1;
+		} else if (!*verb) {
+			*verb = a;
+		} else if (o->npos < 4) {
+			o->pos[o->npos++] = a;
+		} else {
+			return -1;
+		}
+	}
+	return *verb ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { .endpoint = KVS_DEFAULT_ENDPOINT, .timeout_ms = 2000, .interval = 1.0 };
+	const char *verb;
+	int ret = parse(argc, argv, &o, &verb);
+	if (ret > 0)
+		return EXIT_OK;
+	if (ret < 0) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	const struct verb *v = NULL;
+	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+		if (!strcmp(verbs[i].name, verb))
+			v = &verbs[i];
+	if (!v || o.npos < v->min_pos || o.npos > v->max_pos) {
+		fprintf(stderr, v ? "kvctl: usage: kvctl %s\n" : "kvctl: unknown verb '%s'\n", v ? v->usage : verb);
+		if (!v)
+			usage(stderr);
+		return EXIT_USAGE;
+	}
+	struct kvs *k;
+	ret = kvs_connect(o.endpoint, o.timeout_ms, &k);
+	if (ret) {
+		fprintf(stderr, "kvctl: cannot connect to %s: %s\n", o.endpoint, strerror(-ret));
+		return ret == -EINVAL || ret == -EPROTONOSUPPORT ? EXIT_USAGE : EXIT_UNREACHABLE;
+	}
+	int rc = v->fn(k, &o);
+	kvs_close(k);
+	return rc;
+}

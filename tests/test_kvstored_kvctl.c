@@ -1,0 +1,165 @@
+/* Integration: the kvctl binary against a real kvstored. Every verb with --json parses with
+ * json-c and carries the daemon's numbers; human output names the sequence; exit codes are 0 ok,
+ * 1 refused, 2 usage, 3 unreachable (quickly, thanks to the receive timeout). */
+#include "test_kvstored_harness.h"
+
+#include <json-c/json.h>
+
+static char out[1 << 16];
+
+/* Run kvctl with args; returns its exit code, output in out[]. */
+static int kvctl(const struct harness *h, const char *args)
+{
+	char cmd[8192];
+	snprintf(cmd, sizeof cmd, "%s/ctl/kvctl -e %s --timeout 1000 %s 2>/dev/null", FREEKV_BUILD_DIR,
+		 h ? h->endpoint : "ipc:///tmp/fkv-h2-nobody-here.sock", args);
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	size_t n = fread(out, 1, sizeof out - 1, p);
+	out[n] = '\0';
+	int st = pclose(p);
+	assert_true(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+static json_object *parsed(void)
+{
+	json_object *j = json_tokener_parse(out);
+	if (!j)
+		fprintf(stderr, "not JSON: %s\n", out);
+	assert_non_null(j);
+	return j;
+}
+
+static int64_t jint(json_object *j, const char *key)
+{
+	json_object *v;
+	assert_true(json_object_object_get_ex(j, key, &v));
+	return json_object_get_int64(v);
+}
+
+static void test_verbs(void **state)
+{
+	(void)state;
+	struct harness h;
+	uint64_t seq, off[4];
+	uint32_t tokens[3] = { 11, 22, 33 };
+	harness_start(&h, NULL);
+	struct kvs *k = h_worker(&h, "chat-1", &seq);
+	assert_non_null(k);
+	assert_int_equal(kvs_alloc(k, seq, 0, 0, 4, off), 0);
+	assert_int_equal(kvs_commit(k, seq, 64, off, 4), 0);
+	assert_int_equal(kvs_commit_tokens(k, seq, 64, 0, tokens, 3), 0);
+
+	assert_int_equal(kvctl(&h, "status"), 0);
+	assert_non_null(strstr(out, "1 sequences"));
+	assert_int_equal(kvctl(&h, "status --json"), 0);
+	json_object *j = parsed();
+	assert_int_equal(jint(j, "sequences"), 1);
+	assert_int_equal(jint(j, "blocks_dram"), 4);
+	json_object_put(j);
+
+	assert_int_equal(kvctl(&h, "ls"), 0);
+	assert_non_null(strstr(out, "chat-1"));
+	assert_non_null(strstr(out, "attached"));
+	assert_int_equal(kvctl(&h, "ls --json"), 0);
+	j = parsed();
+	json_object *arr;
+	assert_true(json_object_object_get_ex(j, "sequences", &arr));
+	assert_int_equal(json_object_array_length(arr), 1);
+	assert_int_equal(jint(json_object_array_get_idx(arr, 0), "pages_dram"), 4);
+	json_object_put(j);
+
+	assert_int_equal(kvctl(&h, "show chat-1 --tokens --json"), 0);
+	j = parsed();
+	assert_int_equal(jint(j, "committed_tokens"), 64);
+	assert_true(json_object_object_get_ex(j, "token_ids", &arr));
+	assert_int_equal(json_object_array_length(arr), 3);
+	assert_int_equal(json_object_get_int(json_object_array_get_idx(arr, 2)), 33);
+	json_object_put(j);
+	assert_int_equal(kvctl(&h, "show chat-1 --tokens"), 0);
+	assert_non_null(strstr(out, "11 22 33"));
+	assert_int_equal(kvctl(&h, "show nosuch"), 1);
+	char by_id[64];
+	snprintf(by_id, sizeof by_id, "show id:%llu", (unsigned long long)seq);
+	assert_int_equal(kvctl(&h, by_id), 0);
+	assert_non_null(strstr(out, "chat-1"));
+
+	assert_int_equal(kvctl(&h, "workers --json"), 0);
+	j = parsed();
+	assert_true(json_object_object_get_ex(j, "workers", &arr));
+	assert_int_equal(json_object_array_length(arr), 1);
+	assert_int_equal(jint(json_object_array_get_idx(arr, 0), "sequences"), 1);
+	json_object_put(j);
+
+	assert_int_equal(kvctl(&h, "demote chat-1 --json"), 0);
+	j = parsed();
+	assert_int_equal(jint(j, "blocks"), 4);
+	json_object_put(j);
+	Freekv__Reply *r = h_settled(k, "chat-1");
+	assert_int_equal(r->sequence->pages->nvme, 4);
+	kvs_reply_free(r);
+
+	assert_int_equal(kvctl(&h, "stats --json"), 0);
+	j = parsed();
+	assert_int_equal(jint(j, "demoted_blocks"), 4);
+	json_object_put(j);
+	assert_int_equal(kvctl(&h, "stats"), 0);
+	assert_non_null(strstr(out, "OpenSequence"));
+
+	assert_int_equal(kvctl(&h, "config get heartbeat_timeout_ms --json"), 0);
+	j = parsed();
+	json_object *v;
+	assert_true(json_object_object_get_ex(j, "heartbeat_timeout_ms", &v));
+	assert_string_equal(json_object_get_string(v), "5000");
+	json_object_put(j);
+	assert_int_equal(kvctl(&h, "config set heartbeat_timeout_ms 6000"), 0);
+	assert_int_equal(kvctl(&h, "config set dram_bytes 1G"), 1);
+	assert_int_equal(kvctl(&h, "config frob"), 2);
+
+	assert_int_equal(kvctl(&h, "watch --count 3 --interval 0.05 --json"), 0);
+	int lines = 0;
+	for (char *s = out; (s = strchr(s, '\n')); s++)
+		lines++;
+	assert_int_equal(lines, 3);
+
+	/* Evict: attached sequences are refused, detached ones go. */
+	assert_int_equal(kvctl(&h, "evict chat-1"), 1);
+	assert_int_equal(kvctl(&h, "evict --worker 1 --json"), 0);
+	assert_int_equal(kvs_detach(k, seq), 0);
+	assert_int_equal(kvctl(&h, "evict --detached --json"), 0);
+	j = parsed();
+	assert_int_equal(jint(j, "sequences"), 1);
+	assert_int_equal(jint(j, "blocks"), 4);
+	json_object_put(j);
+	assert_int_equal(kvctl(&h, "ls --json"), 0);
+	j = parsed();
+	assert_true(json_object_object_get_ex(j, "sequences", &arr));
+	assert_int_equal(json_object_array_length(arr), 0);
+	json_object_put(j);
+
+	assert_int_equal(kvctl(&h, "frobnicate"), 2);
+	assert_int_equal(kvctl(&h, "show"), 2);
+	assert_int_equal(kvctl(&h, "evict a --detached"), 2);
+	assert_int_equal(kvctl(&h, "ls --bogus"), 2);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
+static void test_unreachable(void **state)
+{
+	(void)state;
+	uint64_t t0 = h_now_ms();
+	assert_int_equal(kvctl(NULL, "status"), 3);
+	assert_int_equal(kvctl(NULL, "ls --json"), 3);
+	assert_true(h_now_ms() - t0 < 5000);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_verbs, h_teardown),
+		cmocka_unit_test_teardown(test_unreachable, h_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
