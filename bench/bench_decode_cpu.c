@@ -33,6 +33,19 @@ struct measure {
 	double prefill_tok_s, decode_tok_s;
 };
 
+/* The 1-minute load average, to judge whether a run had the cores to itself; -1 if unknown. */
+static double loadavg(void)
+{
+	double l = -1.0;
+	FILE *f = fopen("/proc/loadavg", "r");
+	if (f) {
+		if (fscanf(f, "%lf", &l) != 1)
+			l = -1.0;
+		fclose(f);
+	}
+	return l;
+}
+
 static double now_ms(void)
 {
 	struct timespec ts;
@@ -171,7 +184,8 @@ int main(int argc, char **argv)
 	if (!n_models && access(stories, R_OK) == 0)
 		models[n_models++] = stories;
 	printf("prefill %d tokens, then decode %d tokens, best of %d runs; speedups against the "
-	       "first thread count\n\n", n_prompt, n_gen, runs);
+	       "first thread count; %ld cores, load average %.2f at start\n\n", n_prompt, n_gen, runs,
+	       sysconf(_SC_NPROCESSORS_ONLN), loadavg());
 	printf("| %-38s | threads | prefill tok/s | decode tok/s | prefill vs | decode vs |\n",
 	       "model");
 	printf("|----------------------------------------|---------|---------------|--------------|"
@@ -201,5 +215,6 @@ int main(int argc, char **argv)
 		if (system(cmd))
 			fprintf(stderr, "bench: could not remove %s\n", dir);
 	}
+	printf("\nload average %.2f at end\n", loadavg());
 	return ret ? 1 : 0;
 }

@@ -105,6 +105,7 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 			}
 			for (int off = 16; off > 0; off >>= 1)
 				s += __shfl_xor_sync(0xffffffffu, s, off);
+			__syncwarp(); // every lane has read mx[g] before lane 0 updates it
 			if (lane == 0) {
 				const float c = expf(mx[g] - m_new); // 0 on the first page
 				corr[g] = c;

@@ -23,7 +23,7 @@ prefill_kernel(float *__restrict__ out,		// (n_q, n_heads, d)
 	       const float *__restrict__ q,	// (n_q, n_heads, d)
 	       const T *__restrict__ k,		// (n_ctx, n_kv, d)
 	       const T *__restrict__ v,		// (n_ctx, n_kv, d)
-	       int n_q, int n_ctx, int n_heads, int n_kv, int d, float scale)
+	       int n_q, int n_ctx, int n_heads, int n_kv, int d, float scale, int window)
 {
 	extern __shared__ float sm[];
 	const int h = blockIdx.y, kvh = h / (n_heads / n_kv), tid = threadIdx.x;
@@ -44,8 +44,11 @@ prefill_kernel(float *__restrict__ out,		// (n_q, n_heads, d)
 		sum[r] = 0.0f;
 	}
 	const size_t row = (size_t)n_kv * d;
-	const int k_end = off + q0 + nq; // keys [0, k_end) are visible to some query of the tile
-	for (int k0 = 0; k0 < k_end; k0 += PF_BK) {
+	// Keys [k_begin, k_end) are visible to some query of the tile; tiles stay BK-aligned.
+	const int k_end = off + q0 + nq;
+	int k_begin = window > 0 ? off + q0 + 1 - window : 0;
+	k_begin = k_begin > 0 ? k_begin / PF_BK * PF_BK : 0;
+	for (int k0 = k_begin; k0 < k_end; k0 += PF_BK) {
 		const int nk = min(PF_BK, k_end - k0);
 		__syncthreads(); // the previous tile is no longer read
 		for (int e = tid; e < nk * d; e += blockDim.x) {
@@ -58,7 +61,8 @@ prefill_kernel(float *__restrict__ out,		// (n_q, n_heads, d)
 		for (int e = tid; e < PF_BQ * PF_BK; e += blockDim.x) {
 			const int r = e / PF_BK, t = e - r * PF_BK;
 			float s = -INFINITY;
-			if (r < nq && t < nk && k0 + t <= off + q0 + r) {
+			const int pos = off + q0 + r, key = k0 + t;
+			if (r < nq && t < nk && key <= pos && (window <= 0 || key > pos - window)) {
 				const float *qr = qs + r * d, *kt = ks + t * dk;
 				float a = 0.0f;
 				for (int c = 0; c < d; c++)
@@ -82,6 +86,7 @@ prefill_kernel(float *__restrict__ out,		// (n_q, n_heads, d)
 			for (int o = 16; o > 0; o >>= 1)
 				l += __shfl_xor_sync(0xffffffffu, l, o);
 			ps[r * PF_BK + lane] = e;
+			__syncwarp(); // every lane has read mx[r] before lane 0 updates it
 			if (lane == 0) {
 				const float c = m_new == -INFINITY ? 1.0f : expf(mx[r] - m_new);
 				corr[r] = c;
@@ -109,10 +114,10 @@ prefill_kernel(float *__restrict__ out,		// (n_q, n_heads, d)
 
 extern "C" cudaError_t prefill_attention(float *out, const float *q, const void *k, const void *v,
 					 enum fkv_dtype dt, int n_q, int n_ctx, int n_heads,
-					 int n_kv, int d, float scale, cudaStream_t stream)
+					 int n_kv, int d, float scale, int window, cudaStream_t stream)
 {
 	if (n_heads <= 0 || n_kv <= 0 || n_heads % n_kv || d <= 0 || n_q < 0 || n_q > n_ctx ||
-	    n_heads > 65535)
+	    n_heads > 65535 || window < 0)
 		return cudaErrorInvalidValue;
 	if (n_q == 0)
 		return cudaSuccess;
@@ -136,7 +141,7 @@ extern "C" cudaError_t prefill_attention(float *out, const float *q, const void 
 		if (inner == cudaSuccess)
 			prefill_kernel<T><<<grid, PF_THREADS, smem, stream>>>(
 				out, q, (const T *)k, (const T *)v, n_q, n_ctx, n_heads, n_kv, d,
-				scale);
+				scale, window);
 	});
 	if (e != cudaSuccess)
 		return e;

@@ -4,7 +4,8 @@
  * in memory, on stories260K (GGUF and HF) and on synthetic models of each preset geometry;
  * GGUF vs HF agreement; batching; chunking; context limit and bad input.
  *
- * `test_engine --presets` runs only the preset geometries (registered as a slow test). */
+ * `test_engine --presets` runs only the full-width preset geometries (registered as a slow
+ * test); the tiny presets run with the rest. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -348,6 +349,46 @@ static void test_cache_growth(void **state)
 	mem_model_free(&m);
 }
 
+/* The policy seam directly: lookup, refusals that change nothing, stats. */
+static void test_policy_full_direct(void **state)
+{
+	(void)state;
+	assert_ptr_equal(kvcache_policy("full"), &kv_policy_full);
+	assert_null(kvcache_policy("nope"));
+	assert_non_null(strstr(kvcache_policy_names(), "full"));
+	const struct kv_policy_ops *P = &kv_policy_full;
+	struct kv_seq_params p = { be, 2, { 4, 2, 8, FKV_BF16, 0.35f, 0 }, 300, { 0 } };
+	void *st;
+	assert_int_equal(P->create(&p, &st), 0);
+	assert_int_equal(P->step_begin(st, 0), -EINVAL);
+	assert_int_equal(P->step_begin(st, 301), -ENOSPC);
+	float k[3 * 16], v[3 * 16], q[3 * 32], out[3 * 32];
+	for (int i = 0; i < 3 * 16; i++)
+		k[i] = v[i] = test_randf(&seed);
+	for (int i = 0; i < 3 * 32; i++)
+		q[i] = test_randf(&seed);
+	assert_int_equal(P->step_begin(st, 3), 0);
+	assert_int_equal(P->append(st, 0, k, v, 2), -EINVAL); /* not the step's count */
+	assert_int_equal(P->append(st, 2, k, v, 3), -EINVAL); /* no such layer */
+	for (int l = 0; l < 2; l++) {
+		assert_int_equal(P->append(st, l, k, v, 3), 0);
+		assert_int_equal(P->attend(st, l, out, q, 3), 0);
+	}
+	assert_int_equal(P->length(st), 0); /* nothing committed before step_end */
+	P->step_end(st);
+	assert_int_equal(P->length(st), 3);
+	/* The first query sees only itself: its output is its own V row (bf16-rounded). */
+	for (int i = 0; i < 8; i++)
+		assert_true(fabsf(out[i] - v[i]) < 1e-2f);
+	struct kv_stats s;
+	P->stats(st, &s);
+	assert_int_equal(s.tokens, 3);
+	assert_int_equal(s.capacity, 256);
+	assert_int_equal(s.device_bytes, 2 * 2 * 256 * 16 * 2);
+	assert_int_equal(s.attended, 6);
+	P->destroy(st);
+}
+
 /* A wrong reference would also be caught: a model whose rope style is flipped after building
  * must disagree with the reference computed for the original. */
 static void test_reference_detects_rope_mismatch(void **state)
@@ -576,18 +617,24 @@ static void test_stories_gguf_vs_hf(void **state)
 	model_free(&h);
 }
 
-/* ---- synthetic models of each preset geometry (slow: full-width layers) ---- */
+/* ---- synthetic models of each preset geometry ---- */
 
+/* Every preset whose size class matches *state (true: the full-width 7-8B geometries, 1 layer,
+ * slow; false: the tiny test presets, 2 layers), written with synth_write, loaded with
+ * model_load and compared with the reference over 6 tokens (4 prefilled, 2 decoded). */
 static void test_presets_vs_reference(void **state)
 {
-	(void)state;
+	const bool big = *(bool *)*state;
 	char dir[] = "/tmp/freekv-test-engine-XXXXXX";
 	assert_non_null(mkdtemp(dir));
+	int done = 0;
 	for (int i = 0; i < synth_n_presets(); i++) {
 		const char *name = synth_preset_name(i);
+		if (big == !strncmp(name, "tiny", 4))
+			continue;
 		char err[512];
 		int vocab = synth_min_vocab() > 512 ? synth_min_vocab() : 512;
-		int ret = synth_write(name, 1, FKV_BF16, dir, 7 + i, vocab, err, sizeof err);
+		int ret = synth_write(name, big ? 1 : 2, FKV_BF16, dir, 7 + i, vocab, err, sizeof err);
 		if (ret)
 			fail_msg("synth_write %s: %s", name, err);
 		struct fkv_model m;
@@ -596,15 +643,17 @@ static void test_presets_vs_reference(void **state)
 		int32_t ids[6];
 		rand_ids(ids, 6, m.cfg.vocab_size);
 		double e = engine_vs_ref(&m, ids, 6, 4, 256, true);
-		fprintf(stderr, "preset %s (1 layer, dim %d, vocab %d): error %.3g\n", name,
-			m.cfg.dim, m.cfg.vocab_size, e);
+		fprintf(stderr, "preset %s (%d layers, dim %d, vocab %d): error %.3g\n", name,
+			m.cfg.n_layers, m.cfg.dim, m.cfg.vocab_size, e);
 		if (e > 1e-4)
 			fail_msg("preset %s: error %g", name, e);
 		model_free(&m);
+		done++;
 	}
 	char cmd[256];
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
 	assert_int_equal(system(cmd), 0);
+	assert_true(done >= (big ? 3 : 1));
 }
 
 static int setup(void **state)
@@ -622,17 +671,20 @@ static int teardown(void **state)
 
 int main(int argc, char **argv)
 {
+	static bool small = false, big = true;
 	const struct CMUnitTest fast[] = {
 		cmocka_unit_test(test_mem_models_vs_reference),
 		cmocka_unit_test(test_reference_detects_rope_mismatch),
 		cmocka_unit_test(test_cache_growth),
+		cmocka_unit_test(test_policy_full_direct),
 		cmocka_unit_test(test_batch_matches_alone),
 		cmocka_unit_test(test_limits_and_bad_input),
 		cmocka_unit_test(test_stories_vs_reference),
 		cmocka_unit_test(test_stories_gguf_vs_hf),
+		cmocka_unit_test_prestate(test_presets_vs_reference, &small),
 	};
 	const struct CMUnitTest slow[] = {
-		cmocka_unit_test(test_presets_vs_reference),
+		cmocka_unit_test_prestate(test_presets_vs_reference, &big),
 	};
 	if (argc > 1 && !strcmp(argv[1], "--presets"))
 		return cmocka_run_group_tests(slow, setup, teardown);

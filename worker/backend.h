@@ -3,12 +3,14 @@
  *
  * Every activation lives in backend memory: buffers come from buf_alloc() and are reached by the
  * caller only through upload/download/copy, so a CUDA backend can hand out device pointers and
- * implement the same table. Activations are f32; weights stay in their file dtype (f32, f16,
- * bf16) and KV blocks in the sequence's dtype — ops that read them take the dtype. Weights are
- * made resident with weight_load(): the CPU backend borrows the model's mapping, a device backend
- * copies it. Ownership: the backend owns every buffer it allocated and every resident weight
- * until buf_free()/weight_release() or backend_free(); the caller owns the handle. Shapes are
- * row-major with the last index contiguous, written as `// (rows, cols)`.
+ * implement the same table. Index arrays (token ids, positions, row indices) are backend buffers
+ * too; only parameter structs (and the span list of attn_decode) are host memory. Activations
+ * are f32; weights stay in their file dtype (f32, f16, bf16) and KV blocks in the sequence's
+ * dtype — ops that read them take the dtype. Weights are made resident with weight_load(): the
+ * CPU backend borrows the model's mapping, a device backend copies it. Ownership: the backend
+ * owns every buffer it allocated and every resident weight until buf_free()/weight_release() or
+ * backend_free(); the caller owns the handle. Shapes are row-major with the last index
+ * contiguous, written as `// (rows, cols)`.
  *
  * Ops return 0 or a negative errno; they do not check shapes against allocations (the caller
  * sized the buffers), so a wrong shape is a bug, not a bad input. Ops on one backend run in
@@ -72,7 +74,7 @@ struct backend_ops {
 	int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
 	/* Converts n f32 values to dtype t (a KV append). */
 	int (*convert)(void *ctx, void *dst, enum fkv_dtype t, const float *src, int64_t n);
-	/* Copies rows idx[i] of src (rows, cols) to row i of dst; idx is a host array. */
+	/* Copies rows idx[i] of src (rows, cols) to row i of dst; idx (n) is a backend buffer. */
 	int (*gather_rows)(void *ctx, float *dst, const float *src, int64_t cols,
 			   const int32_t *idx, int64_t n);
 
@@ -85,7 +87,7 @@ struct backend_ops {
 	/* y (n, dim) = x / rms(x) * w, w (dim) in its dtype. y may equal x. */
 	int (*rmsnorm)(void *ctx, float *y, const float *x, const struct backend_mat *w,
 		       int64_t n, int64_t dim, float eps);
-	/* In place on x (n, n_heads, head_dim); pos is a host array of n positions. */
+	/* In place on x (n, n_heads, head_dim); pos (n) is a backend buffer of positions. */
 	int (*rope)(void *ctx, float *x, int64_t n, int n_heads, int head_dim, const int32_t *pos,
 		    const struct backend_rope *r);
 	/* out (n) = silu(gate) * up. out may equal gate. */
@@ -94,7 +96,7 @@ struct backend_ops {
 	int (*add)(void *ctx, float *y, const float *x, int64_t n);
 	/* y (n, b.rows) += b for every row; b (b.rows) in its dtype. */
 	int (*add_bias)(void *ctx, float *y, const struct backend_mat *b, int64_t n);
-	/* out (n, table.cols) = table[ids[i]]; ids is a host array, already range-checked. */
+	/* out (n, table.cols) = table[ids[i]]; ids (n) is a backend buffer, already range-checked. */
 	int (*embed)(void *ctx, float *out, const struct backend_mat *table, const int32_t *ids,
 		     int64_t n);
 	/* Row-wise softmax in place on x (rows, cols). */

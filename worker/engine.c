@@ -54,8 +54,9 @@ struct engine {
 	float *logits;	   /* (R, vocab) */
 	int64_t logit_rows; /* R allocated */
 
-	/* Host scratch, T entries each. */
+	/* Host scratch, T entries each, and their backend copies (uploaded once per ubatch). */
 	int32_t *ids, *pos, *out_rows;
+	int32_t *ids_b, *pos_b, *rows_b;
 	struct piece *pieces;
 };
 
@@ -193,12 +194,16 @@ static int alloc_acts(struct engine *e)
 	e->v = bufa(e, T * kvd * f);
 	e->hb = bufa(e, T * c->ffn_dim * f);
 	e->hb2 = bufa(e, T * c->ffn_dim * f);
+	e->ids_b = bufa(e, T * sizeof(int32_t));
+	e->pos_b = bufa(e, T * sizeof(int32_t));
+	e->rows_b = bufa(e, T * sizeof(int32_t));
 	e->ids = calloc(T, sizeof *e->ids);
 	e->pos = calloc(T, sizeof *e->pos);
 	e->out_rows = calloc(T, sizeof *e->out_rows);
 	e->pieces = calloc(T, sizeof *e->pieces);
 	if (!e->x || !e->xb || !e->q || !e->att || !e->k || !e->v || !e->hb || !e->hb2 ||
-	    !e->ids || !e->pos || !e->out_rows || !e->pieces)
+	    !e->ids || !e->pos || !e->out_rows || !e->pieces || !e->ids_b || !e->pos_b ||
+	    !e->rows_b)
 		return -ENOMEM;
 	return alloc_logits(e, e->max_seqs < e->ubatch ? e->max_seqs : e->ubatch);
 }
@@ -225,7 +230,8 @@ void engine_free(struct engine *e)
 	release_w(e, &e->tok_embd);
 	release_w(e, &e->out_norm);
 	release_w(e, &e->output);
-	float *bufs[] = { e->x, e->xb, e->q, e->att, e->k, e->v, e->hb, e->hb2, e->xo, e->logits };
+	void *bufs[] = { e->x, e->xb, e->q, e->att, e->k, e->v, e->hb, e->hb2, e->xo, e->logits,
+			 e->ids_b, e->pos_b, e->rows_b };
 	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
 		buff(e, bufs[i]);
 	free(e->ids);
@@ -380,15 +386,19 @@ static int layer_attention(struct engine *e, int l, const struct piece *pc, int 
 	return 0;
 }
 
-/* Runs one ubatch of T tokens (ids and positions filled in) through every layer, then the
- * logits of the n_out rows listed in out_rows into e->logits. */
+/* Runs one ubatch of T tokens (ids, positions and out_rows filled in on the host) through
+ * every layer, then the logits of the n_out rows listed in out_rows into e->logits. */
 static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int np, int64_t n_out)
 {
 	const struct backend_ops *o = e->be->ops;
 	void *c = e->be->ctx;
 	const struct fkv_model_config *cf = &e->cfg;
 	int64_t dim = cf->dim, ffn = cf->ffn_dim;
-	int ret = o->embed(c, e->x, &e->tok_embd, e->ids, T);
+	size_t i4 = sizeof(int32_t);
+	int ret = o->upload(c, e->ids_b, e->ids, (size_t)T * i4)
+	       ?: o->upload(c, e->pos_b, e->pos, (size_t)T * i4)
+	       ?: (n_out ? o->upload(c, e->rows_b, e->out_rows, (size_t)n_out * i4) : 0)
+	       ?: o->embed(c, e->x, &e->tok_embd, e->ids_b, T);
 	for (int l = 0; l < cf->n_layers && !ret; l++) {
 		const struct engine_layer *L = &e->layers[l];
 		ret = o->rmsnorm(c, e->xb, e->x, &L->attn_norm, T, dim, cf->norm_eps)
@@ -398,8 +408,8 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 		if (!ret && L->has_bias)
 			ret = o->add_bias(c, e->q, &L->bq, T) ?: o->add_bias(c, e->k, &L->bk, T)
 			   ?: o->add_bias(c, e->v, &L->bv, T);
-		ret = ret ?: o->rope(c, e->q, T, cf->n_heads, cf->head_dim, e->pos, &e->rope)
-		   ?: o->rope(c, e->k, T, cf->n_kv_heads, cf->head_dim, e->pos, &e->rope)
+		ret = ret ?: o->rope(c, e->q, T, cf->n_heads, cf->head_dim, e->pos_b, &e->rope)
+		   ?: o->rope(c, e->k, T, cf->n_kv_heads, cf->head_dim, e->pos_b, &e->rope)
 		   ?: layer_attention(e, l, pc, np)
 		   ?: o->matmul(c, e->xb, e->att, &L->wo, T)
 		   ?: o->add(c, e->x, e->xb, T * dim)
@@ -412,7 +422,7 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 	}
 	if (ret || !n_out)
 		return ret;
-	return o->gather_rows(c, e->xo, e->x, dim, e->out_rows, n_out)
+	return o->gather_rows(c, e->xo, e->x, dim, e->rows_b, n_out)
 	    ?: o->rmsnorm(c, e->xo, e->xo, &e->out_norm, n_out, dim, cf->norm_eps)
 	    ?: o->matmul(c, e->logits, e->xo, &e->output, n_out)
 	    ?: (o->sync ? o->sync(c) : 0);

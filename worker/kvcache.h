@@ -17,9 +17,12 @@
 #ifndef FREEKV_KVCACHE_H
 #define FREEKV_KVCACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend.h"
+
+struct hostkv_seq;
 
 /* Retrieval settings (DESIGN §3, §5); 0 means the policy's default. `full` ignores them. */
 struct kv_policy_opts {
@@ -29,6 +32,7 @@ struct kv_policy_opts {
 	int window;	 /* W, tokens */
 	int full_layers; /* first layers that keep full attention */
 	float tau;	 /* correction threshold on the cosine of adjacent queries */
+	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
 };
 
 struct kv_seq_params {
@@ -37,6 +41,25 @@ struct kv_seq_params {
 	struct backend_attn attn; /* heads, head_dim, kv dtype, scale */
 	int64_t max_tokens;	 /* context limit: step_begin refuses to go past it */
 	struct kv_policy_opts opts;
+	/* Host copy every appended token is written through to (borrowed, outlives the state);
+	 * NULL: none (unit tests; quest and freekv then refuse to create). */
+	struct hostkv_seq *host;
+};
+
+/* Retrieval counters of one layer, cumulative since create. A "head-page" is one KV head's
+ * slice of one page (one recall unit). Times in nanoseconds of the compute thread, except
+ * ns_recall_hidden, which is copy-thread time that did not make attention wait. */
+struct kv_layer_stats {
+	int64_t steps;		  /* decode steps that ran retrieval (compressed, not a full layer) */
+	int64_t head_checks;	  /* KV heads checked for correction (steps after the first, × n_kv) */
+	int64_t corrections;	  /* of those, heads flagged (cosine below tau) */
+	int64_t pages_selected;	  /* head-pages attended from selection, summed over steps */
+	int64_t pages_recalled;	  /* head-pages copied from the host copy */
+	int64_t bytes_recalled;	  /* bytes of those recall units */
+	int64_t ns_select;	  /* selection, on either thread */
+	int64_t ns_recall_wait;	  /* recall exposed: attention waited for it */
+	int64_t ns_recall_hidden; /* recall overlapped with the rest of the step */
+	int64_t ns_attend;	  /* decode attention */
 };
 
 struct kv_stats {
@@ -44,7 +67,14 @@ struct kv_stats {
 	int64_t capacity;	/* tokens storable without growing, per layer */
 	int64_t device_bytes;	/* KV bytes held on the backend, all layers */
 	int64_t attended;	/* keys read by the last query of each attend call, summed */
+	struct kv_layer_stats sum; /* every layer's counters added up (zero for `full`) */
 };
+
+/* Correction rate: flagged heads / checked heads (0 when none were checked). */
+static inline double kv_correction_rate(const struct kv_layer_stats *s)
+{
+	return s->head_checks ? (double)s->corrections / (double)s->head_checks : 0.0;
+}
 
 struct kv_policy_ops {
 	const char *name;
@@ -62,10 +92,19 @@ struct kv_policy_ops {
 	void (*step_end)(void *st);
 	int64_t (*length)(void *st);
 	void (*stats)(void *st, struct kv_stats *out);
+	/* (optional) Counters of one layer; -EINVAL for a bad layer. NULL: no retrieval stats. */
+	int (*layer_stats)(void *st, int layer, struct kv_layer_stats *out);
+	/* Rebuilds the state of a resumed sequence from the host copy for positions [0, len):
+	 * only on a fresh state (length 0); -EINVAL without a host copy or past max_tokens. */
+	int (*restore)(void *st, int64_t len);
 };
 
 /* The `full` policy: every token's K and V kept on the backend in attn.kv_dtype. */
 extern const struct kv_policy_ops kv_policy_full;
+/* Retrieval policies (DESIGN §5): sink + window; blocking top-k; speculative + correction. */
+extern const struct kv_policy_ops kv_policy_streaming;
+extern const struct kv_policy_ops kv_policy_quest;
+extern const struct kv_policy_ops kv_policy_freekv;
 
 /* Looks a policy up by name in the table of built policies; NULL when unknown. */
 const struct kv_policy_ops *kvcache_policy(const char *name);

@@ -37,7 +37,8 @@ static void check_case(struct backend *cpu, const struct dec_case *c, enum fkv_d
 		n_tok[b] = spec >= 0 ? spec : 1 + (int)(test_rand(rng) % (c->max_pages * P));
 	}
 	struct backend_kv_span *spans = malloc(c->max_pages * sizeof *spans);
-	const struct backend_attn a = { G, 1, c->d, dt, 1.0f / sqrtf((float)c->d) };
+	const struct backend_attn a = { .n_heads = G, .n_kv_heads = 1, .head_dim = c->d,
+					.kv_dtype = dt, .scale = 1.0f / sqrtf((float)c->d) };
 	for (int b = 0; b < B; b++)
 		for (int h = 0; h < c->n_kv; h++) {
 			float *o = ref + ((size_t)b * c->n_q + (size_t)h * G) * c->d;

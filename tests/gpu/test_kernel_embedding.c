@@ -1,5 +1,6 @@
 /* Tests kernels/embedding.cu against the CPU backend's embed op, for every table dtype: the
- * conversion is exact, so the bound is 0. Ids out of range give NaN rows, not stray reads. */
+ * conversion is exact, so the bound is 0. Ids out of range give NaN rows, not stray reads; an
+ * unknown dtype is refused. */
 #include "gpu_test.h"
 
 #include "backend.h"
@@ -21,7 +22,7 @@ static void test_embedding_matches_cpu(void **state)
 		enum fkv_dtype dt = gpu_test_dtypes[t];
 		gpu_test_fill(table, (size_t)vocab * dim, 2.0f, &rng);
 		void *ht = gpu_test_to_dtype(table, dt, (size_t)vocab * dim);
-		struct backend_mat m = { ht, dt, vocab, dim, NULL };
+		struct backend_mat m = { .data = ht, .dtype = dt, .rows = vocab, .cols = dim };
 		assert_int_equal(cpu->ops->embed(cpu->ctx, ref, &m, ids, n), 0);
 		void *dtab = gpu_test_put(ht, (size_t)vocab * dim * dtype_size(dt));
 		int32_t *dids = gpu_test_put(ids, sizeof ids);
@@ -52,6 +53,8 @@ static void test_embedding_bad_id_is_nan(void **state)
 	float *dtab = gpu_test_put(table, sizeof table);
 	int32_t *dids = gpu_test_put(ids, sizeof ids);
 	float *dout = gpu_test_poisoned(sizeof got);
+	assert_int_equal(embedding_rows(dout, dtab, (enum fkv_dtype)7, dids, 4, dim, vocab, 0),
+			 cudaErrorInvalidValue);
 	CU(embedding_rows(dout, dtab, FKV_F32, dids, 4, dim, vocab, 0));
 	gpu_test_get(got, dout, sizeof got);
 	for (int i = 0; i < dim; i++) {

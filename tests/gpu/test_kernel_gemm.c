@@ -33,7 +33,7 @@ static void test_gemm_matches_cpu(void **state)
 		enum fkv_dtype dt = gpu_test_dtypes[t];
 		gpu_test_fill(w, (size_t)rows * cols, 0.1f, &rng);
 		void *hw = gpu_test_to_dtype(w, dt, (size_t)rows * cols);
-		struct backend_mat m = { hw, dt, rows, cols, NULL };
+		struct backend_mat m = { .data = hw, .dtype = dt, .rows = rows, .cols = cols };
 		void *dw = gpu_test_put(hw, (size_t)rows * cols * dtype_size(dt));
 		for (size_t s = 0; s < sizeof ns / sizeof ns[0]; s++) {
 			const int n = ns[s];

@@ -1,7 +1,7 @@
 /* Tests kernels/prefill_attention.cu against the CPU backend's attn_prefill: GQA and MHA,
  * head dims 8 to 256 (256 needs the opt-in shared-memory limit), a whole prompt and a chunk
- * (the last n_q of n_ctx positions), a single query, every KV dtype; bound 2e-5 (f32 in a
- * different order). Then a 32K-token prompt in one launch, checked at its first, a middle and
+ * (the last n_q of n_ctx positions), a single query, sliding windows (shorter and longer than
+ * the prompt), every KV dtype; bound 2e-5 (f32 in a different order). Then a 32K-token prompt in one launch, checked at its first, a middle and
  * its last 16 query rows against the CPU on just those rows; bound 1e-4 there (sums over up to
  * 32K keys). */
 #include "gpu_test.h"
@@ -10,7 +10,7 @@
 #include "prefill_attention.cuh"
 
 struct pf_case {
-	int n_heads, n_kv, d, n_ctx, n_q;
+	int n_heads, n_kv, d, n_ctx, n_q, window;
 };
 
 static void check_case(struct backend *cpu, const struct pf_case *c, enum fkv_dtype dt,
@@ -24,16 +24,18 @@ static void check_case(struct backend *cpu, const struct pf_case *c, enum fkv_dt
 	gpu_test_fill(k, kv_elems, 2.0f, rng);
 	gpu_test_fill(v, kv_elems, 2.0f, rng);
 	void *hk = gpu_test_to_dtype(k, dt, kv_elems), *hv = gpu_test_to_dtype(v, dt, kv_elems);
-	const struct backend_attn a = { c->n_heads, c->n_kv, c->d, dt, 1.0f / sqrtf((float)c->d) };
+	const struct backend_attn a = { .n_heads = c->n_heads, .n_kv_heads = c->n_kv,
+					.head_dim = c->d, .kv_dtype = dt,
+					.scale = 1.0f / sqrtf((float)c->d), .window = c->window };
 	assert_int_equal(cpu->ops->attn_prefill(cpu->ctx, ref, q, c->n_q, hk, hv, c->n_ctx, &a), 0);
 	float *dq = gpu_test_put(q, q_elems * 4), *dout = gpu_test_poisoned(q_elems * 4);
 	void *dk = gpu_test_put(hk, kv_elems * es), *dv = gpu_test_put(hv, kv_elems * es);
 	CU(prefill_attention(dout, dq, dk, dv, dt, c->n_q, c->n_ctx, c->n_heads, c->n_kv, c->d,
-			     a.scale, 0));
+			     a.scale, c->window, 0));
 	gpu_test_get(got, dout, q_elems * 4);
 	char what[96];
-	snprintf(what, sizeof what, "heads %d/%d d %d ctx %d q %d %s", c->n_heads, c->n_kv, c->d,
-		 c->n_ctx, c->n_q, dtype_name(dt));
+	snprintf(what, sizeof what, "heads %d/%d d %d ctx %d q %d window %d %s", c->n_heads,
+		 c->n_kv, c->d, c->n_ctx, c->n_q, c->window, dtype_name(dt));
 	GPU_TEST_CHECK_ERR(gpu_test_err(got, ref, q_elems), 2e-5, what);
 	cudaFree(dq);
 	cudaFree(dout);
@@ -52,8 +54,9 @@ static void test_prefill_matches_cpu(void **state)
 {
 	(void)state;
 	const struct pf_case cases[] = {
-		{ 8, 2, 64, 300, 300 }, { 8, 2, 64, 300, 45 }, { 4, 4, 128, 100, 100 },
-		{ 8, 4, 8, 50, 50 },	{ 4, 2, 256, 40, 40 }, { 32, 8, 128, 77, 1 },
+		{ 8, 2, 64, 300, 300, 0 },  { 8, 2, 64, 300, 45, 0 },	 { 4, 4, 128, 100, 100, 0 },
+		{ 8, 4, 8, 50, 50, 0 },	    { 4, 2, 256, 40, 40, 0 },	 { 32, 8, 128, 77, 1, 0 },
+		{ 8, 2, 64, 300, 300, 37 }, { 8, 2, 64, 300, 45, 64 }, { 4, 2, 32, 50, 50, 500 },
 	};
 	uint64_t rng = 91;
 	struct backend *cpu;
@@ -77,10 +80,11 @@ static void test_prefill_32k_prompt(void **state)
 	gpu_test_fill(v, kv_elems, 1.0f, &rng);
 	void *hk = gpu_test_to_dtype(k, FKV_BF16, kv_elems);
 	void *hv = gpu_test_to_dtype(v, FKV_BF16, kv_elems);
-	const struct backend_attn a = { H, KV, d, FKV_BF16, 1.0f / sqrtf((float)d) };
+	const struct backend_attn a = { .n_heads = H, .n_kv_heads = KV, .head_dim = d,
+					.kv_dtype = FKV_BF16, .scale = 1.0f / sqrtf((float)d) };
 	float *dq = gpu_test_put(q, q_elems * 4), *dout = gpu_test_poisoned(q_elems * 4);
 	void *dk = gpu_test_put(hk, kv_elems * 2), *dv = gpu_test_put(hv, kv_elems * 2);
-	CU(prefill_attention(dout, dq, dk, dv, FKV_BF16, L, L, H, KV, d, a.scale, 0));
+	CU(prefill_attention(dout, dq, dk, dv, FKV_BF16, L, L, H, KV, d, a.scale, 0, 0));
 	gpu_test_get(got, dout, q_elems * 4);
 	struct backend *cpu;
 	assert_int_equal(backend_cpu_new(&cpu, 0), 0);

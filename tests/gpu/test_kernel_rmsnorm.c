@@ -62,7 +62,7 @@ static void test_rmsnorm_weight_dtypes(void **state)
 		gpu_test_fill(x, (size_t)rows * n, 4.0f, &rng);
 		gpu_test_fill(w, n, 1.5f, &rng);
 		void *hw = gpu_test_to_dtype(w, dt, n);
-		struct backend_mat m = { hw, dt, n, 1, NULL };
+		struct backend_mat m = { .data = hw, .dtype = dt, .rows = n, .cols = 1 };
 		assert_int_equal(cpu->ops->rmsnorm(cpu->ctx, ref, x, &m, rows, n, 1e-6f), 0);
 		float *dx = gpu_test_put(x, bytes);
 		void *dw = gpu_test_put(hw, n * dtype_size(dt));

@@ -1,0 +1,71 @@
+/* hostkv — a worker's view of the host copy of its sequences' KV (DESIGN §2–3): HND page blocks
+ * (layout.h) kept by a running kvstored (through the client library: pool mapping, rings,
+ * control requests) or, without --store, by an embedded in-process store built from the same
+ * kvstore modules with no IPC.
+ *
+ * Every token's K and V reaches the host copy: policies write a page's tokens into its block as
+ * they are appended (the tail page by write-through each step), and the engine commits the
+ * sequence's length and token ids after each step. Retrieval policies read committed blocks back
+ * for recall. Blocks stay where they are while the sequence is open: the worker holds a lease on
+ * every block of the sequences it has open (DESIGN §4, the simplest lease strategy), so a block
+ * pointer is valid until hostkv_seq_close().
+ *
+ * Ownership: hostkv_open() allocates the store handle (connection, mappings, embedded pool);
+ * hostkv_close() closes every sequence still open (detaching them) and frees everything.
+ * hostkv_seq_open() allocates a sequence handle that hostkv_seq_close() frees. Errors are
+ * 0 or -errno with a message in err (the daemon's text when it refused). One thread uses a
+ * handle at a time, except hostkv_block_ro(), which the recall thread may call while the
+ * compute thread appends to other blocks. */
+#ifndef FREEKV_HOSTKV_H
+#define FREEKV_HOSTKV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layout.h"
+#include "model.h"
+
+struct hostkv;
+struct hostkv_seq;
+
+struct hostkv_opts {
+	const char *endpoint;	  /* kvstored endpoint; NULL: embedded in-process store */
+	const char *worker_name;  /* shown by `kvctl workers` */
+	size_t embedded_bytes;	  /* pool size of the embedded store (0: a default) */
+	int timeout_ms;		  /* control request timeout (0: a default) */
+};
+
+int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, size_t errlen);
+void hostkv_close(struct hostkv *h);
+bool hostkv_is_remote(const struct hostkv *h);
+
+/* Opens sequence name for this model (fingerprint) and KV geometry, creating it when create
+ * is set and it does not exist. An existing sequence with another fingerprint or geometry is
+ * refused. The sequence is attached to this worker until closed. */
+int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerprint,
+		    int n_layers, const struct kv_geom *g, bool create, struct hostkv_seq **out,
+		    char *err, size_t errlen);
+/* Tokens whose K/V are committed in the host copy. */
+int64_t hostkv_seq_committed(const struct hostkv_seq *s);
+/* Token ids kept with the sequence (may run past the committed K/V by the tokens sampled but
+ * not yet run through the model); *ids is borrowed until the next call on s. */
+int64_t hostkv_seq_tokens(const struct hostkv_seq *s, const int32_t **ids);
+
+/* The HND block of (layer, page) for writing, allocated when it does not exist yet. */
+int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *err,
+		 size_t errlen);
+/* A committed block for reading (promoted from NVMe first when it was demoted). */
+int hostkv_block_ro(struct hostkv_seq *s, int layer, int page, const void **block, char *err,
+		    size_t errlen);
+/* Commits: the K/V of positions < committed_tokens are written, and the token ids
+ * ids[0..n) at positions first.. are kept with the sequence. */
+int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
+		  int64_t first, int64_t n, char *err, size_t errlen);
+/* Detaches (drop = false: the store keeps it for a later resume) or drops the sequence. */
+int hostkv_seq_close(struct hostkv_seq *s, bool drop);
+
+/* Reports the worker's statistics (a JSON object) with its next heartbeat (remote only). */
+int hostkv_report_stats(struct hostkv *h, const char *json);
+
+#endif

@@ -1,0 +1,31 @@
+/* policy_opts — the retrieval knobs every command shares (--policy, --page-size, --budget,
+ * --sink, --window, --tau, --full-layers) and their defaults (full, 32 / 2048 / 512 / 512 / 0.9
+ * / 1), scaled down for models whose context is shorter than the budget needs, with a notice.
+ * Plain data; nothing is allocated. */
+#ifndef FREEKV_POLICY_OPTS_H
+#define FREEKV_POLICY_OPTS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "kvcache.h"
+
+struct policy_opts {
+	char policy[16];	   /* full | streaming | quest | freekv */
+	struct kv_policy_opts kv;  /* page, budget, sink, window, full_layers, tau (kvcache.h) */
+	bool set_page, set_budget, set_sink, set_window; /* given on the command line */
+};
+
+void policy_opts_default(struct policy_opts *o);
+/* Consumes one flag at argv[*i] (and its value) when it is one of ours: returns 1 when consumed,
+ * 0 when not ours, -EINVAL (message in err) on a bad value. */
+int policy_opts_parse_flag(struct policy_opts *o, int argc, char **argv, int *i, char *err,
+			   size_t errlen);
+/* Checks consistency and scales defaults down for a model of ctx_len tokens, printing what it
+ * changed to notice (may be NULL). 0 or -EINVAL with a message. */
+int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char *err,
+			 size_t errlen);
+/* One line for --help. */
+const char *policy_opts_usage(void);
+
+#endif
