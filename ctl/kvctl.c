@@ -167,7 +167,8 @@ static int v_workers(struct kvs *k, const struct opts *o)
 		return failed(k, ret);
 	json_object *arr = json_object_new_array();
 	if (!o->json)
-		printf("%-6s %-8s %-8s %-16s %8s %5s %10s\n", "ID", "PID", "ROLE", "NAME", "LEASES", "SEQS", "HB_AGO_MS");
+		printf("%-6s %-8s %-8s %-16s %8s %5s %10s  %s\n", "ID", "PID", "ROLE", "NAME", "LEASES", "SEQS",
+		       "HB_AGO_MS", "STATS");
 	for (size_t i = 0; i < r->workers->n_workers; i++) {
 		const Freekv__WorkerInfo *w = r->workers->workers[i];
 		const char *role = w->role == FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER ? "worker" : "control";
@@ -182,10 +183,20 @@ static int v_workers(struct kvs *k, const struct opts *o)
 			json_object_object_add(j, "last_heartbeat_ms_ago", json_object_new_uint64(w->last_heartbeat_ms_ago));
 			if (w->stats && w->stats->has_decode_tok_s)
 				json_object_object_add(j, "decode_tok_s", json_object_new_double(w->stats->decode_tok_s));
+			if (w->stats) {
+				json_object_object_add(j, "tokens_decoded", json_object_new_uint64(w->stats->tokens_decoded));
+				json_object_object_add(j, "pages_recalled", json_object_new_uint64(w->stats->pages_recalled));
+				json_object_object_add(j, "bytes_recalled", json_object_new_uint64(w->stats->bytes_recalled));
+				json_object_object_add(j, "correction_rate", json_object_new_double(w->stats->correction_rate));
+			}
 			json_object_array_add(arr, j);
 		} else {
-			printf("%-6u %-8u %-8s %-16s %8" PRIu64 " %5u %10" PRIu64 "\n", w->worker_id, w->pid, role,
-			       w->name ? w->name : "", w->leases, w->sequences, w->last_heartbeat_ms_ago);
+			char st[64] = "-";
+			if (w->stats)
+				snprintf(st, sizeof st, "%.0f tok/s, %" PRIu64 " recalled, corr %.2f", w->stats->decode_tok_s,
+					 w->stats->pages_recalled, w->stats->correction_rate);
+			printf("%-6u %-8u %-8s %-16s %8" PRIu64 " %5u %10" PRIu64 "  %s\n", w->worker_id, w->pid, role,
+			       w->name ? w->name : "", w->leases, w->sequences, w->last_heartbeat_ms_ago, st);
 		}
 	}
 	if (o->json) {

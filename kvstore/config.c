@@ -1,11 +1,12 @@
 /* config — the key table and its parser. See config.h. */
 #include "config.h"
 
+#include "errmsg.h"
+
 #include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -66,16 +67,6 @@ static const struct cfg_key keys[] = {
 #undef F
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
-
-static void seterr(char *err, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-}
 
 static const struct cfg_key *find_key(const char *name)
 {
@@ -152,7 +143,7 @@ static int set_key(struct cfg *c, const struct cfg_key *k, const char *value, ch
 	case CFG_T_STRING: {
 		size_t n = strlen(value);
 		if (n < k->min || n > k->max) {
-			seterr(err, errlen, "%s: length %zu outside [%" PRIu64 ", %" PRIu64 "]",
+			errmsg_set(err, errlen, "%s: length %zu outside [%" PRIu64 ", %" PRIu64 "]",
 			       k->name, n, k->min, k->max);
 			return -EINVAL;
 		}
@@ -161,7 +152,7 @@ static int set_key(struct cfg *c, const struct cfg_key *k, const char *value, ch
 	}
 	case CFG_T_BOOL:
 		if (parse_bool(value, &b) < 0) {
-			seterr(err, errlen, "%s: '%s' is not a boolean (true/false)", k->name, value);
+			errmsg_set(err, errlen, "%s: '%s' is not a boolean (true/false)", k->name, value);
 			return -EINVAL;
 		}
 		*(bool *)field = b;
@@ -172,7 +163,7 @@ static int set_key(struct cfg *c, const struct cfg_key *k, const char *value, ch
 			if (strcasecmp(value, level_names[i]) == 0)
 				v = i, ret = 0;
 		if (ret) {
-			seterr(err, errlen, "%s: '%s' is not one of error, warn, info, debug", k->name, value);
+			errmsg_set(err, errlen, "%s: '%s' is not one of error, warn, info, debug", k->name, value);
 			return ret;
 		}
 		break;
@@ -184,12 +175,12 @@ static int set_key(struct cfg *c, const struct cfg_key *k, const char *value, ch
 		break;
 	}
 	if (ret) {
-		seterr(err, errlen, "%s: '%s' is not a %s", k->name, value,
+		errmsg_set(err, errlen, "%s: '%s' is not a %s", k->name, value,
 		       k->type == CFG_T_BYTES ? "size (number with optional K/M/G/T)" : "number");
 		return -EINVAL;
 	}
 	if (v < k->min || v > k->max) {
-		seterr(err, errlen, "%s: %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]", k->name, v,
+		errmsg_set(err, errlen, "%s: %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]", k->name, v,
 		       k->min, k->max);
 		return -EINVAL;
 	}
@@ -211,11 +202,11 @@ int cfg_set(struct cfg *c, const char *key, const char *value, bool runtime, cha
 {
 	const struct cfg_key *k = find_key(key);
 	if (!k) {
-		seterr(err, errlen, "unknown key '%s'", key);
+		errmsg_set(err, errlen, "unknown key '%s'", key);
 		return -ENOENT;
 	}
 	if (runtime && !k->runtime) {
-		seterr(err, errlen, "%s cannot change while kvstored runs (restart it)", key);
+		errmsg_set(err, errlen, "%s cannot change while kvstored runs (restart it)", key);
 		return -EPERM;
 	}
 	struct cfg next = *c;
@@ -244,13 +235,13 @@ int cfg_set_arg(struct cfg *c, const char *kv, char *err, size_t errlen)
 {
 	char buf[CFG_STR_MAX * 2];
 	if (strlen(kv) >= sizeof buf) {
-		seterr(err, errlen, "--set argument too long");
+		errmsg_set(err, errlen, "--set argument too long");
 		return -EINVAL;
 	}
 	strcpy(buf, kv);
 	char *eq = strchr(buf, '=');
 	if (!eq) {
-		seterr(err, errlen, "'%s' is not key=value", kv);
+		errmsg_set(err, errlen, "'%s' is not key=value", kv);
 		return -EINVAL;
 	}
 	*eq = '\0';
@@ -262,7 +253,7 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 	FILE *f = fopen(path, "r");
 	if (!f) {
 		int e = errno;
-		seterr(err, errlen, "%s: %s", path, strerror(e));
+		errmsg_set(err, errlen, "%s: %s", path, strerror(e));
 		return -e;
 	}
 	struct cfg next = *c;
@@ -271,7 +262,7 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 	while (fgets(line, sizeof line, f)) {
 		lineno++;
 		if (!strchr(line, '\n') && !feof(f)) {
-			seterr(err, errlen, "%s:%d: line too long", path, lineno);
+			errmsg_set(err, errlen, "%s:%d: line too long", path, lineno);
 			ret = -EINVAL;
 			break;
 		}
@@ -283,7 +274,7 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 			continue;
 		char *eq = strchr(s, '=');
 		if (!eq) {
-			seterr(err, errlen, "%s:%d: expected 'key = value'", path, lineno);
+			errmsg_set(err, errlen, "%s:%d: expected 'key = value'", path, lineno);
 			ret = -EINVAL;
 			break;
 		}
@@ -291,14 +282,14 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 		char *key = trim(s), *value = trim(eq + 1);
 		const struct cfg_key *k = find_key(key);
 		if (!k) {
-			seterr(err, errlen, "%s:%d: unknown key '%s'", path, lineno, key);
+			errmsg_set(err, errlen, "%s:%d: unknown key '%s'", path, lineno, key);
 			ret = -ENOENT;
 			break;
 		}
 		struct cfg probe = next;
 		ret = set_key(&probe, k, value, sub, sizeof sub);
 		if (ret) {
-			seterr(err, errlen, "%s:%d: %s", path, lineno, sub);
+			errmsg_set(err, errlen, "%s:%d: %s", path, lineno, sub);
 			break;
 		}
 		if (!runtime || k->runtime)
@@ -309,7 +300,7 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 		return ret;
 	ret = cfg_validate(&next, sub, sizeof sub);
 	if (ret) {
-		seterr(err, errlen, "%s: %s", path, sub);
+		errmsg_set(err, errlen, "%s: %s", path, sub);
 		return ret;
 	}
 	*c = next;
@@ -329,25 +320,25 @@ static bool tcp_is_loopback(const char *hostport)
 int cfg_validate(const struct cfg *c, char *err, size_t errlen)
 {
 	if (c->dram_low_watermark >= c->dram_high_watermark) {
-		seterr(err, errlen, "dram_low_watermark (%" PRIu64 ") must be below dram_high_watermark (%" PRIu64 ")",
+		errmsg_set(err, errlen, "dram_low_watermark (%" PRIu64 ") must be below dram_high_watermark (%" PRIu64 ")",
 		       c->dram_low_watermark, c->dram_high_watermark);
 		return -EINVAL;
 	}
 	if (strncmp(c->endpoint, "tcp://", 6) == 0) {
 		if (!tcp_is_loopback(c->endpoint + 6)) {
-			seterr(err, errlen, "endpoint %s: tcp is accepted only on a loopback address", c->endpoint);
+			errmsg_set(err, errlen, "endpoint %s: tcp is accepted only on a loopback address", c->endpoint);
 			return -EINVAL;
 		}
 	} else if (strncmp(c->endpoint, "ipc://", 6) != 0 || !c->endpoint[6]) {
-		seterr(err, errlen, "endpoint %s: use ipc://PATH or tcp://127.0.0.1:PORT", c->endpoint);
+		errmsg_set(err, errlen, "endpoint %s: use ipc://PATH or tcp://127.0.0.1:PORT", c->endpoint);
 		return -EINVAL;
 	}
 	if (c->shm_name[0] != '/' || strchr(c->shm_name + 1, '/')) {
-		seterr(err, errlen, "shm_name %s: must be /NAME with no other '/'", c->shm_name);
+		errmsg_set(err, errlen, "shm_name %s: must be /NAME with no other '/'", c->shm_name);
 		return -EINVAL;
 	}
 	if (c->ring_entries & (c->ring_entries - 1)) {
-		seterr(err, errlen, "ring_entries %" PRIu64 ": must be a power of two", c->ring_entries);
+		errmsg_set(err, errlen, "ring_entries %" PRIu64 ": must be a power of two", c->ring_entries);
 		return -EINVAL;
 	}
 	return 0;

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include "pool.h"
 #include "ring.h"
 #include "tier.h"
+#include "errmsg.h"
 
 #define DP_MAX_LEASES (1u << 22)	/* per worker */
 #define DP_MAX_PAGES (1u << 24)		/* pages per layer of one sequence */
@@ -62,16 +62,6 @@ struct dp {
 	size_t n_demote_q;
 };
 
-static void seterr(char *err, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-}
-
 static uint64_t now_us(void)
 {
 	struct timespec ts;
@@ -118,7 +108,7 @@ int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char
 	dp->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (dp->efd < 0) {
 		ret = -errno;
-		seterr(err, errlen, "eventfd: %s", strerror(-ret));
+		errmsg_set(err, errlen, "eventfd: %s", strerror(-ret));
 		goto fail;
 	}
 	snprintf(dp->ring_prefix, sizeof dp->ring_prefix, "%s", cfg->shm_name);
@@ -694,14 +684,14 @@ int dp_worker_add(struct dp *dp, uint32_t wid, char *ring_name, size_t len, char
 {
 	struct dp_worker *w = NULL;
 	if (find_worker(dp, wid)) {
-		seterr(err, errlen, "worker %u already has a ring", wid);
+		errmsg_set(err, errlen, "worker %u already has a ring", wid);
 		return -EEXIST;
 	}
 	for (size_t i = 0; i < dp->max_w && !w; i++)
 		if (!dp->w[i].ring)
 			w = &dp->w[i];
 	if (!w) {
-		seterr(err, errlen, "max_workers rings in use");
+		errmsg_set(err, errlen, "max_workers rings in use");
 		return -ENOSPC;
 	}
 	snprintf(ring_name, len, "%s-ring-%u", dp->ring_prefix, wid);
@@ -719,7 +709,7 @@ int dp_worker_add(struct dp *dp, uint32_t wid, char *ring_name, size_t len, char
 	if (ret) {
 		ring_destroy(w->ring);
 		w->ring = NULL;
-		seterr(err, errlen, "ring watch thread: %s", strerror(-ret));
+		errmsg_set(err, errlen, "ring watch thread: %s", strerror(-ret));
 		return ret;
 	}
 	w->wid = wid;
@@ -848,12 +838,12 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 {
 	*blocks = 0;
 	if (!dp->tier) {
-		seterr(err, errlen, "no NVMe tier configured (nvme_path is empty)");
+		errmsg_set(err, errlen, "no NVMe tier configured (nvme_path is empty)");
 		return -ENODEV;
 	}
 	int ret = demote_seq_some(dp, s, blocks);
 	if (ret == -ENOSPC && *blocks == 0) {
-		seterr(err, errlen, "NVMe tier full");
+		errmsg_set(err, errlen, "NVMe tier full");
 		return ret;
 	}
 	if (ret == -EBUSY) {
@@ -874,7 +864,7 @@ int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			if (b && (b->leases || (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))) {
-				seterr(err, errlen, "sequence '%s' has leased blocks or I/O in flight", s->name);
+				errmsg_set(err, errlen, "sequence '%s' has leased blocks or I/O in flight", s->name);
 				return -EBUSY;
 			}
 		}

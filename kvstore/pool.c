@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 #include <unistd.h>
 
 #include "slab.h"
+#include "errmsg.h"
 
 #define POOL_CHUNK 4096u /* descriptors per chunk; chunks never move */
 #define POOL_MAX_IDS (1u << 30)
@@ -35,16 +35,6 @@ struct pool {
 	uint64_t clock;
 	struct pool_usage u;  /* kept exact by every state change */
 };
-
-static void set_err(char *err, size_t len, const char *fmt, ...)
-{
-	if (!err || len == 0)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-}
 
 /* ---------------------------------------------------------------- segments */
 
@@ -105,12 +95,12 @@ static int set_group(int fd, const char *group, char *err, size_t err_len)
 	char buf[4096];
 	int ret = getgrnam_r(group, &gr, buf, sizeof buf, &res);
 	if (ret != 0 || !res) {
-		set_err(err, err_len, "group '%s' not found", group);
+		errmsg_set(err, err_len, "group '%s' not found", group);
 		return -EINVAL;
 	}
 	if (fchown(fd, (uid_t)-1, gr.gr_gid) < 0) {
 		ret = -errno;
-		set_err(err, err_len, "chown to group '%s' failed: %s", group, strerror(-ret));
+		errmsg_set(err, err_len, "chown to group '%s' failed: %s", group, strerror(-ret));
 		return ret;
 	}
 	return 0;
@@ -122,12 +112,12 @@ int pool_segment_create(const struct pool_segment_config *cfg, void **base, int 
 	*base = NULL;
 	*fd_out = -1;
 	if (check_name(cfg->name) < 0) {
-		set_err(err, err_len, "bad shared-memory name '%s' (want \"/name\", no other '/')",
+		errmsg_set(err, err_len, "bad shared-memory name '%s' (want \"/name\", no other '/')",
 			cfg->name ? cfg->name : "(null)");
 		return -EINVAL;
 	}
 	if (cfg->bytes == 0 || cfg->bytes > (uint64_t)SSIZE_MAX) {
-		set_err(err, err_len, "bad segment size %llu", (unsigned long long)cfg->bytes);
+		errmsg_set(err, err_len, "bad segment size %llu", (unsigned long long)cfg->bytes);
 		return -EINVAL;
 	}
 	mode_t mode = cfg->mode ? cfg->mode : 0660;
@@ -138,11 +128,11 @@ int pool_segment_create(const struct pool_segment_config *cfg, void **base, int 
 	}
 	if (fd < 0) {
 		if (fd == -EEXIST)
-			set_err(err, err_len,
+			errmsg_set(err, err_len,
 				"shared memory '%s' exists (another kvstored, or a stale segment: "
 				"remove it or set unlink_existing)", cfg->name);
 		else
-			set_err(err, err_len, "cannot create shared memory '%s'%s%s: %s", cfg->name,
+			errmsg_set(err, err_len, "cannot create shared memory '%s'%s%s: %s", cfg->name,
 				use_huge(cfg->hugetlbfs_dir) ? " in " : "",
 				use_huge(cfg->hugetlbfs_dir) ? cfg->hugetlbfs_dir : "", strerror(-fd));
 		return fd;
@@ -150,7 +140,7 @@ int pool_segment_create(const struct pool_segment_config *cfg, void **base, int 
 	int ret = 0;
 	if (fchmod(fd, mode) < 0) { /* the umask may have masked group bits */
 		ret = -errno;
-		set_err(err, err_len, "chmod of '%s' failed: %s", cfg->name, strerror(-ret));
+		errmsg_set(err, err_len, "chmod of '%s' failed: %s", cfg->name, strerror(-ret));
 		goto fail;
 	}
 	if (cfg->group && cfg->group[0] && (ret = set_group(fd, cfg->group, err, err_len)) < 0)
@@ -161,7 +151,7 @@ int pool_segment_create(const struct pool_segment_config *cfg, void **base, int 
 		if (ret == -EOPNOTSUPP && ftruncate(fd, (off_t)cfg->bytes) == 0) {
 			ret = 0;
 		} else {
-			set_err(err, err_len, "cannot reserve %llu bytes for '%s': %s",
+			errmsg_set(err, err_len, "cannot reserve %llu bytes for '%s': %s",
 				(unsigned long long)cfg->bytes, cfg->name, strerror(-ret));
 			goto fail;
 		}
@@ -169,7 +159,7 @@ int pool_segment_create(const struct pool_segment_config *cfg, void **base, int 
 	void *m = mmap(NULL, cfg->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED) {
 		ret = -errno;
-		set_err(err, err_len, "mmap of '%s' failed: %s", cfg->name, strerror(-ret));
+		errmsg_set(err, err_len, "mmap of '%s' failed: %s", cfg->name, strerror(-ret));
 		goto fail;
 	}
 	*base = m;
@@ -187,25 +177,25 @@ int pool_segment_map(const char *name, const char *dir, uint64_t expected_bytes,
 	*base = NULL;
 	*fd_out = -1;
 	if (check_name(name) < 0) {
-		set_err(err, err_len, "bad shared-memory name '%s'", name ? name : "(null)");
+		errmsg_set(err, err_len, "bad shared-memory name '%s'", name ? name : "(null)");
 		return -EINVAL;
 	}
 	int fd = seg_open(name, dir, O_RDWR, 0);
 	if (fd < 0) {
-		set_err(err, err_len, "cannot open shared memory '%s': %s", name, strerror(-fd));
+		errmsg_set(err, err_len, "cannot open shared memory '%s': %s", name, strerror(-fd));
 		return fd;
 	}
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
 		int ret = -errno;
 		close(fd);
-		set_err(err, err_len, "fstat of '%s' failed: %s", name, strerror(-ret));
+		errmsg_set(err, err_len, "fstat of '%s' failed: %s", name, strerror(-ret));
 		return ret;
 	}
 	uint64_t size = (uint64_t)st.st_size;
 	if (size == 0 || (expected_bytes && size != expected_bytes)) {
 		close(fd);
-		set_err(err, err_len, "shared memory '%s' is %llu bytes, expected %llu", name,
+		errmsg_set(err, err_len, "shared memory '%s' is %llu bytes, expected %llu", name,
 			(unsigned long long)size, (unsigned long long)expected_bytes);
 		return -EMSGSIZE;
 	}
@@ -213,7 +203,7 @@ int pool_segment_map(const char *name, const char *dir, uint64_t expected_bytes,
 	if (m == MAP_FAILED) {
 		int ret = -errno;
 		close(fd);
-		set_err(err, err_len, "mmap of '%s' failed: %s", name, strerror(-ret));
+		errmsg_set(err, err_len, "mmap of '%s' failed: %s", name, strerror(-ret));
 		return ret;
 	}
 	*base = m;
@@ -237,7 +227,7 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 	*out = NULL;
 	struct pool *p = calloc(1, sizeof *p);
 	if (!p) {
-		set_err(err, err_len, "out of memory");
+		errmsg_set(err, err_len, "out of memory");
 		return -ENOMEM;
 	}
 	p->fd = -1;
@@ -246,14 +236,14 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 	if (use_huge(cfg->hugetlbfs_dir)) {
 		if (strlen(cfg->hugetlbfs_dir) >= sizeof p->huge_dir) {
 			free(p);
-			set_err(err, err_len, "hugetlbfs path too long");
+			errmsg_set(err, err_len, "hugetlbfs path too long");
 			return -ENAMETOOLONG;
 		}
 		strcpy(p->huge_dir, cfg->hugetlbfs_dir);
 	}
 	int ret = slab_init(&p->slab, cfg->dram_bytes, cfg->slab_unit_bytes);
 	if (ret < 0) {
-		set_err(err, err_len, "dram_bytes %llu is smaller than one slab unit or the unit is "
+		errmsg_set(err, err_len, "dram_bytes %llu is smaller than one slab unit or the unit is "
 			"not a multiple of 4096", (unsigned long long)cfg->dram_bytes);
 		free(p);
 		return ret;
@@ -276,7 +266,7 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 	if (cfg->lock_memory) {
 		if (mlock(p->base, p->bytes) < 0) {
 			ret = -errno;
-			set_err(err, err_len,
+			errmsg_set(err, err_len,
 				"cannot lock %llu bytes of pool memory (%s): raise the memlock limit "
 				"(LimitMEMLOCK=infinity in the unit, or ulimit -l unlimited) or set "
 				"lock_memory=false to run without locking",

@@ -6,7 +6,6 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "pool.h"
+#include "errmsg.h"
 
 #define RING_HDR_BYTES 4096u
 #define RING_SPIN 256            /* empty checks before sleeping */
@@ -73,16 +73,6 @@ struct ring {
 	int watch_efd;
 };
 
-static void set_err(char *err, size_t len, const char *fmt, ...)
-{
-	if (!err || len == 0)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-}
-
 static bool entries_ok(uint32_t n)
 {
 	return n >= RING_ENTRIES_MIN && n <= RING_ENTRIES_MAX && (n & (n - 1)) == 0;
@@ -119,13 +109,13 @@ int ring_create(const struct ring_config *cfg, struct ring **out, char *err, siz
 {
 	*out = NULL;
 	if (!entries_ok(cfg->entries)) {
-		set_err(err, err_len, "ring entries %u: want a power of two in [%u, %u]",
+		errmsg_set(err, err_len, "ring entries %u: want a power of two in [%u, %u]",
 			cfg->entries, RING_ENTRIES_MIN, RING_ENTRIES_MAX);
 		return -EINVAL;
 	}
 	struct ring *r = calloc(1, sizeof *r);
 	if (!r) {
-		set_err(err, err_len, "out of memory");
+		errmsg_set(err, err_len, "out of memory");
 		return -ENOMEM;
 	}
 	if (cfg->shm_name && strlen(cfg->shm_name) < sizeof r->name)
@@ -163,7 +153,7 @@ int ring_open(const char *shm_name, struct ring **out, char *err, size_t err_len
 	*out = NULL;
 	struct ring *r = calloc(1, sizeof *r);
 	if (!r) {
-		set_err(err, err_len, "out of memory");
+		errmsg_set(err, err_len, "out of memory");
 		return -ENOMEM;
 	}
 	r->watch_efd = -1;
@@ -176,7 +166,7 @@ int ring_open(const char *shm_name, struct ring **out, char *err, size_t err_len
 	struct ring_hdr h;
 	if (r->bytes < RING_HDR_BYTES) {
 		ret = -EPROTO;
-		set_err(err, err_len, "'%s' is too small to be a ring", shm_name);
+		errmsg_set(err, err_len, "'%s' is too small to be a ring", shm_name);
 		goto fail;
 	}
 	memcpy(&h, r->base, sizeof h);
@@ -184,7 +174,7 @@ int ring_open(const char *shm_name, struct ring **out, char *err, size_t err_len
 	    h.entry_bytes != sizeof(struct ring_entry) || !entries_ok(h.entries) ||
 	    h.seg_bytes != ring_segment_bytes(h.entries) || h.seg_bytes > r->bytes) {
 		ret = -EPROTO;
-		set_err(err, err_len, "'%s' is not a freekv ring of version %u", shm_name,
+		errmsg_set(err, err_len, "'%s' is not a freekv ring of version %u", shm_name,
 			RING_VERSION);
 		goto fail;
 	}

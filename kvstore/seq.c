@@ -1,22 +1,13 @@
 /* seq — the sequence table. See seq.h. */
 #include "seq.h"
 
+#include "errmsg.h"
+
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void seterr(char *err, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-}
 
 int seq_table_init(struct seq_table *t, size_t max_sequences)
 {
@@ -71,16 +62,16 @@ int seq_check_geometry(const struct seq_geometry *g, char *err, size_t errlen)
 	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
 		uint32_t v = *(const uint32_t *)((const char *)g + f[i].off);
 		if (v == 0 || v > f[i].max) {
-			seterr(err, errlen, "geometry: %s %u outside [1, %u]", f[i].name, v, f[i].max);
+			errmsg_set(err, errlen, "geometry: %s %u outside [1, %u]", f[i].name, v, f[i].max);
 			return -EINVAL;
 		}
 	}
 	if (!dtype_bytes(g->dtype)) {
-		seterr(err, errlen, "geometry: unknown dtype %u", g->dtype);
+		errmsg_set(err, errlen, "geometry: unknown dtype %u", g->dtype);
 		return -EINVAL;
 	}
 	if (seq_block_bytes(g) > SEQ_MAX_BLOCK_BYTES) {
-		seterr(err, errlen, "geometry: block of %" PRIu64 " bytes exceeds %u", seq_block_bytes(g),
+		errmsg_set(err, errlen, "geometry: block of %" PRIu64 " bytes exceeds %u", seq_block_bytes(g),
 		       SEQ_MAX_BLOCK_BYTES);
 		return -EINVAL;
 	}
@@ -130,15 +121,15 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 {
 	size_t nlen = name ? strlen(name) : 0;
 	if (nlen == 0 || nlen >= SEQ_NAME_MAX) {
-		seterr(err, errlen, "sequence name must have 1 to %d bytes", SEQ_NAME_MAX - 1);
+		errmsg_set(err, errlen, "sequence name must have 1 to %d bytes", SEQ_NAME_MAX - 1);
 		return -EINVAL;
 	}
 	if (fp_len == 0 || fp_len > SEQ_FP_MAX) {
-		seterr(err, errlen, "model fingerprint must have 1 to %d bytes", SEQ_FP_MAX);
+		errmsg_set(err, errlen, "model fingerprint must have 1 to %d bytes", SEQ_FP_MAX);
 		return -EINVAL;
 	}
 	if (n_tokens > max_tokens) {
-		seterr(err, errlen, "%zu token ids exceed max_tokens %zu", n_tokens, max_tokens);
+		errmsg_set(err, errlen, "%zu token ids exceed max_tokens %zu", n_tokens, max_tokens);
 		return -E2BIG;
 	}
 	int ret = seq_check_geometry(g, err, errlen);
@@ -148,16 +139,16 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 	struct seq *s = seq_find_name(t, name);
 	if (s) {
 		if (s->fp_len != fp_len || memcmp(s->fp, fp, fp_len) != 0) {
-			seterr(err, errlen, "sequence '%s' exists with a different model fingerprint", name);
+			errmsg_set(err, errlen, "sequence '%s' exists with a different model fingerprint", name);
 			return -EEXIST;
 		}
 		if (!geometry_equal(&s->geo, g)) {
-			seterr(err, errlen, "sequence '%s' exists with a different geometry", name);
+			errmsg_set(err, errlen, "sequence '%s' exists with a different geometry", name);
 			return -EEXIST;
 		}
 		size_t common = n_tokens < s->n_tokens ? n_tokens : s->n_tokens;
 		if (common && memcmp(tokens, s->tokens, common * sizeof *tokens) != 0) {
-			seterr(err, errlen, "sequence '%s': token ids disagree with the ones kept", name);
+			errmsg_set(err, errlen, "sequence '%s': token ids disagree with the ones kept", name);
 			return -EINVAL;
 		}
 		if (n_tokens > s->n_tokens) {
@@ -171,11 +162,11 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 		return 0;
 	}
 	if (!create) {
-		seterr(err, errlen, "no sequence '%s'", name);
+		errmsg_set(err, errlen, "no sequence '%s'", name);
 		return -ENOENT;
 	}
 	if (t->n >= t->max) {
-		seterr(err, errlen, "max_sequences (%zu) reached", t->max);
+		errmsg_set(err, errlen, "max_sequences (%zu) reached", t->max);
 		return -ENOSPC;
 	}
 	if (t->n == t->cap) {
@@ -210,7 +201,7 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 int seq_attach(struct seq *s, uint32_t wid, char *err, size_t errlen)
 {
 	if (s->state == SEQ_ATTACHED && s->worker_id != wid) {
-		seterr(err, errlen, "sequence '%s' is attached to worker %u", s->name, s->worker_id);
+		errmsg_set(err, errlen, "sequence '%s' is attached to worker %u", s->name, s->worker_id);
 		return -EBUSY;
 	}
 	s->state = SEQ_ATTACHED;
@@ -221,7 +212,7 @@ int seq_attach(struct seq *s, uint32_t wid, char *err, size_t errlen)
 int seq_detach(struct seq *s, uint32_t wid, char *err, size_t errlen)
 {
 	if (s->state != SEQ_ATTACHED || s->worker_id != wid) {
-		seterr(err, errlen, "sequence '%s' is not attached to worker %u", s->name, wid);
+		errmsg_set(err, errlen, "sequence '%s' is not attached to worker %u", s->name, wid);
 		return -EPERM;
 	}
 	s->state = SEQ_DETACHED;
@@ -246,16 +237,16 @@ int seq_commit(struct seq *s, uint64_t committed_tokens, uint64_t first, const u
 {
 	if (n) {
 		if (first > s->n_tokens) {
-			seterr(err, errlen, "token ids from %" PRIu64 " leave a gap after %zu", first, s->n_tokens);
+			errmsg_set(err, errlen, "token ids from %" PRIu64 " leave a gap after %zu", first, s->n_tokens);
 			return -EINVAL;
 		}
 		if (first + n > max_tokens) {
-			seterr(err, errlen, "token ids up to %" PRIu64 " exceed max_tokens %zu", first + n, max_tokens);
+			errmsg_set(err, errlen, "token ids up to %" PRIu64 " exceed max_tokens %zu", first + n, max_tokens);
 			return -E2BIG;
 		}
 		size_t overlap = s->n_tokens - first < n ? s->n_tokens - first : n;
 		if (overlap && memcmp(s->tokens + first, tokens, overlap * sizeof *tokens) != 0) {
-			seterr(err, errlen, "token ids from %" PRIu64 " disagree with the ones kept", first);
+			errmsg_set(err, errlen, "token ids from %" PRIu64 " disagree with the ones kept", first);
 			return -EINVAL;
 		}
 		if (reserve_tokens(s, first + n))

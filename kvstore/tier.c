@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <linux/fs.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "errmsg.h"
 
 #define NONE UINT32_MAX
 
@@ -80,16 +80,6 @@ struct tier {
 	struct ext_map used;
 	struct tier_usage u;
 };
-
-static void set_err(char *err, size_t len, const char *fmt, ...)
-{
-	if (!err || len == 0)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-}
 
 static uint64_t round_up(uint64_t x, uint64_t a)
 {
@@ -295,7 +285,7 @@ static int open_file(struct tier *t, const struct tier_config *cfg, char *err, s
 	int fd = open(cfg->path, flags | O_DIRECT, 0600);
 	if (fd < 0 && errno == EINVAL) {
 		if (!cfg->allow_buffered) {
-			set_err(err, err_len, "%s: O_DIRECT not supported on this file system (tmpfs?); "
+			errmsg_set(err, err_len, "%s: O_DIRECT not supported on this file system (tmpfs?); "
 				"put nvme_path on a real disk", cfg->path);
 			return -EINVAL;
 		}
@@ -306,7 +296,7 @@ static int open_file(struct tier *t, const struct tier_config *cfg, char *err, s
 	}
 	if (fd < 0) {
 		int ret = -errno;
-		set_err(err, err_len, "cannot open %s: %s", cfg->path, strerror(-ret));
+		errmsg_set(err, err_len, "cannot open %s: %s", cfg->path, strerror(-ret));
 		return ret;
 	}
 	t->fd = fd;
@@ -314,27 +304,27 @@ static int open_file(struct tier *t, const struct tier_config *cfg, char *err, s
 	if (blk) {
 		if (ioctl(fd, BLKGETSIZE64, &size) < 0) {
 			int ret = -errno;
-			set_err(err, err_len, "%s: cannot read device size: %s", cfg->path,
+			errmsg_set(err, err_len, "%s: cannot read device size: %s", cfg->path,
 				strerror(-ret));
 			return ret;
 		}
 	} else if (fallocate(fd, 0, 0, (off_t)cfg->bytes) < 0) {
 		int ret = -errno;
 		if (ret != -EOPNOTSUPP) {
-			set_err(err, err_len, "cannot preallocate %llu bytes at %s: %s",
+			errmsg_set(err, err_len, "cannot preallocate %llu bytes at %s: %s",
 				(unsigned long long)cfg->bytes, cfg->path, strerror(-ret));
 			return ret;
 		}
 		fprintf(stderr, "tier: %s: fallocate unsupported, file is sparse\n", cfg->path);
 		if (ftruncate(fd, (off_t)cfg->bytes) < 0) {
 			ret = -errno;
-			set_err(err, err_len, "cannot size %s: %s", cfg->path, strerror(-ret));
+			errmsg_set(err, err_len, "cannot size %s: %s", cfg->path, strerror(-ret));
 			return ret;
 		}
 	}
 	t->bytes = size / TIER_ALIGN * TIER_ALIGN;
 	if (t->bytes == 0) {
-		set_err(err, err_len, "%s: tier size must be at least %u bytes", cfg->path,
+		errmsg_set(err, err_len, "%s: tier size must be at least %u bytes", cfg->path,
 			TIER_ALIGN);
 		return -EINVAL;
 	}
@@ -373,12 +363,12 @@ int tier_open(const struct tier_config *cfg, struct tier **out, char *err, size_
 {
 	*out = NULL;
 	if (!cfg->path || !cfg->path[0]) {
-		set_err(err, err_len, "no NVMe tier path");
+		errmsg_set(err, err_len, "no NVMe tier path");
 		return -EINVAL;
 	}
 	struct tier *t = calloc(1, sizeof *t);
 	if (!t) {
-		set_err(err, err_len, "out of memory");
+		errmsg_set(err, err_len, "out of memory");
 		return -ENOMEM;
 	}
 	t->fd = -1;
@@ -391,7 +381,7 @@ int tier_open(const struct tier_config *cfg, struct tier **out, char *err, size_
 	t->reqs = calloc(t->max_reqs, sizeof *t->reqs);
 	ret = -ENOMEM;
 	if (!t->reqs || free_insert_at(t, 0, 0, t->bytes) < 0) {
-		set_err(err, err_len, "out of memory");
+		errmsg_set(err, err_len, "out of memory");
 		goto fail;
 	}
 	for (uint32_t i = 0; i < t->max_reqs; i++)
@@ -400,7 +390,7 @@ int tier_open(const struct tier_config *cfg, struct tier **out, char *err, size_
 	t->q_head = t->q_tail = NONE;
 	ret = io_uring_queue_init(t->qd, &t->ring, 0);
 	if (ret < 0) {
-		set_err(err, err_len, "io_uring setup (%u entries) failed: %s", t->qd, strerror(-ret));
+		errmsg_set(err, err_len, "io_uring setup (%u entries) failed: %s", t->qd, strerror(-ret));
 		goto fail;
 	}
 	t->ring_ok = true;

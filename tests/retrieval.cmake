@@ -1,2 +1,6 @@
 freekv_add_test(test_select SOURCES test_select.c LIBS freekv_runtime LABELS unit)
 freekv_add_test(test_layout SOURCES test_layout.c LIBS freekv_runtime LABELS unit)
+freekv_add_test(test_policy_opts SOURCES test_policy_opts.c LIBS freekv_runtime LABELS unit)
+freekv_add_test(test_recall SOURCES test_recall.c LIBS freekv_runtime LABELS unit)
+# Greedy generations of stories260K under every policy over an embedded host copy.
+freekv_add_test(test_policies SOURCES test_policies.c LIBS freekv_runtime LABELS unit)

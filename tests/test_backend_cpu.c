@@ -436,6 +436,57 @@ static void test_attn_decode(void **state)
 	}
 }
 
+/* Per-head key sets: every KV head reads its own spans of one shared NHD pool; the result must
+ * be attn_decode run with that head's spans, bit for bit, for the query heads of its group. */
+static void test_attn_decode_heads(void **state)
+{
+	(void)state;
+	enum { H = 8, KV = 4, d = 32, rows = 96, max_spans = 5 };
+	for (size_t t = 0; t < 3; t++) {
+		struct backend_attn a = { H, KV, d, dtypes[t], 0.3f, 0 };
+		double *e64, *f64;
+		void *k = rand_typed(dtypes[t], rows * KV * d, &e64);
+		void *v = rand_typed(dtypes[t], rows * KV * d, &f64);
+		size_t es = dtype_size(dtypes[t]);
+		struct backend_kv_span spans[KV * max_spans];
+		int first[KV + 1], n = 0;
+		for (int h = 0; h < KV; h++) {
+			first[h] = n;
+			int ns = 1 + (int)(test_rand(&seed) % max_spans);
+			for (int i = 0; i < ns; i++) {
+				int64_t r0 = (int64_t)(test_rand(&seed) % (rows - 8));
+				int64_t len = 1 + (int64_t)(test_rand(&seed) % 8);
+				spans[n++] = (struct backend_kv_span){
+					(const char *)k + (size_t)r0 * KV * d * es,
+					(const char *)v + (size_t)r0 * KV * d * es, len, KV * d,
+				};
+			}
+		}
+		first[KV] = n;
+		float *q = randv(H * d, 0.5f), out[H * d], ref[H * d];
+		assert_int_equal(be->ops->attn_decode_heads(be->ctx, out, q, spans, first, &a), 0);
+		for (int h = 0; h < KV; h++) {
+			float one[H * d];
+			assert_int_equal(be->ops->attn_decode(be->ctx, one, q, spans + first[h],
+							      first[h + 1] - first[h], &a), 0);
+			int G = H / KV;
+			memcpy(ref + h * G * d, one + h * G * d, (size_t)G * d * sizeof *one);
+		}
+		assert_memory_equal(out, ref, sizeof out);
+		/* A head with no keys is a caller bug the op refuses. */
+		int saved = first[1];
+		first[1] = first[0];
+		assert_int_equal(be->ops->attn_decode_heads(be->ctx, out, q, spans, first, &a),
+				 -EINVAL);
+		first[1] = saved;
+		free(q);
+		free(k);
+		free(v);
+		free(e64);
+		free(f64);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -447,6 +498,7 @@ int main(void)
 		cmocka_unit_test(test_embed_gather_convert),
 		cmocka_unit_test(test_attn_prefill),
 		cmocka_unit_test(test_attn_decode),
+		cmocka_unit_test(test_attn_decode_heads),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -357,7 +357,7 @@ static void test_policy_full_direct(void **state)
 	assert_null(kvcache_policy("nope"));
 	assert_non_null(strstr(kvcache_policy_names(), "full"));
 	const struct kv_policy_ops *P = &kv_policy_full;
-	struct kv_seq_params p = { be, 2, { 4, 2, 8, FKV_BF16, 0.35f, 0 }, 300, { 0 } };
+	struct kv_seq_params p = { be, 2, { 4, 2, 8, FKV_BF16, 0.35f, 0 }, 300, { 0 }, NULL };
 	void *st;
 	assert_int_equal(P->create(&p, &st), 0);
 	assert_int_equal(P->step_begin(st, 0), -EINVAL);

@@ -113,6 +113,15 @@ struct backend_ops {
 			   const struct backend_kv_span *spans, int n_spans,
 			   const struct backend_attn *a);
 
+	/* (optional) Decode attention where each KV head reads its own keys: the spans of KV head
+	 * h are spans[first[h] .. first[h + 1]) (first has n_kv + 1 entries, host memory), each
+	 * span laid out as for attn_decode (its rows start at head 0; the op adds h * d). Every
+	 * query head of the group reads its KV head's spans. Equals attn_decode applied head by
+	 * head. q (n_heads, d), out (n_heads, d). */
+	int (*attn_decode_heads)(void *ctx, float *out, const float *q,
+				 const struct backend_kv_span *spans, const int *first,
+				 const struct backend_attn *a);
+
 	/* (optional) Waits until every queued op has finished. */
 	int (*sync)(void *ctx);
 	/* (optional) Sets the number of compute threads. */

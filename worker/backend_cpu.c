@@ -500,6 +500,42 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 	return 0;
 }
 
+static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
+				 const struct backend_kv_span *spans, const int *first,
+				 const struct backend_attn *a)
+{
+	struct cpu_ctx *c = ctx;
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	const int d = a->head_dim, H = a->n_heads, G = a->n_heads / a->n_kv_heads;
+	int64_t max_keys = 0;
+	for (int kvh = 0; kvh < a->n_kv_heads; kvh++) {
+		int64_t n = 0;
+		if (first[kvh + 1] < first[kvh])
+			return -EINVAL;
+		for (int s = first[kvh]; s < first[kvh + 1]; s++)
+			n += spans[s].n;
+		if (n <= 0)
+			return -EINVAL;
+		max_keys = n > max_keys ? n : max_keys;
+	}
+	float *scores = scratch_get(c, (size_t)H * (size_t)max_keys);
+	if (!scores)
+		return -ENOMEM;
+	#pragma omp parallel for schedule(static) if (max_keys * H * d > CPU_PAR_MIN)
+	for (int h = 0; h < H; h++) {
+		int kvh = h / G;
+		struct attn_src src = { spans + first[kvh], first[kvh + 1] - first[kvh] };
+		int64_t n = 0;
+		for (int s = 0; s < src.n_spans; s++)
+			n += src.spans[s].n;
+		attn_head(out + h * d, q + h * d, scores + (size_t)h * (size_t)max_keys, &src, 0, n,
+			  kvh, a);
+	}
+	return 0;
+}
+
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {
 	return cpu_copy(ctx, dst, src, bytes);
@@ -547,6 +583,7 @@ static const struct backend_ops cpu_ops = {
 	.softmax = cpu_softmax,
 	.attn_prefill = cpu_attn_prefill,
 	.attn_decode = cpu_attn_decode,
+	.attn_decode_heads = cpu_attn_decode_heads,
 	.sync = NULL,
 	.set_threads = cpu_set_threads,
 	.get_threads = cpu_get_threads,

@@ -2,12 +2,16 @@
 #include "cmd_common.h"
 
 #include <errno.h>
+#include <json-c/json.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "backend.h"
 #include "tokenizer.h"
 
 int cmd_parse_long(const char *s, long lo, long hi, long *out)
@@ -101,4 +105,462 @@ double cmd_now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---------------------------------------------------------------- decoding sessions */
+
+static volatile sig_atomic_t g_stop;
+
+static void on_stop(int sig)
+{
+	(void)sig;
+	g_stop = 1;
+}
+
+void cmd_session_defaults(struct cmd_session_opts *o, const char *prog)
+{
+	*o = (struct cmd_session_opts){ .prog = prog, .n = 64,
+					.sp = { .temp = 0.8f, .top_k = 40, .top_p = 0.95f } };
+	o->sp.seed = (uint64_t)time(NULL);
+	policy_opts_default(&o->po);
+}
+
+void cmd_session_usage(FILE *f)
+{
+	fprintf(f,
+		"  -m, --model PATH     .gguf file or Hugging Face folder\n"
+		"  -n, --n-predict N    tokens to generate (default 64); stops early at EOS\n"
+		"      --temp T         temperature, 0 = greedy (default 0.8)\n"
+		"      --top-k K        keep the K most likely tokens, 0 = all (default 40)\n"
+		"      --top-p P        nucleus mass, 1 = off (default 0.95)\n"
+		"  -s, --seed S         sampling seed (default: from the clock)\n"
+		"  -t, --threads N      compute threads (default: all cores)\n"
+		"  -c, --ctx-size N     context limit in tokens (default: the model's)\n"
+		"      --ids            print token ids, space-separated, instead of text\n"
+		"      --stats          print a JSON line of timings and retrieval statistics to\n"
+		"                       stderr (also reported to kvstored with --store)\n"
+		"      --store ENDPOINT keep the KV in the kvstored at ENDPOINT (default: an\n"
+		"                       embedded in-process store)\n"
+		"      --seq NAME       the sequence's name in the store (default: generated)\n"
+		"      --keep           keep the sequence in the store when done (detach), so a\n"
+		"                       later `kvworker resume` can continue it; without it the\n"
+		"                       sequence is dropped at the end (a crash leaves it orphaned)\n"
+		"  retrieval: %s\n"
+		"             policies built: %s; defaults 32/2048/512/512/0.9/1, scaled\n"
+		"             down for short contexts\n",
+		policy_opts_usage(), kvcache_policy_names());
+}
+
+/* "--flag value" or "--flag=value"; NULL when argv[*i] is not flag (or short). */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag, const char *brief,
+			      bool *missing)
+{
+	const char *a = argv[*i];
+	size_t fl = strlen(flag);
+	if (brief && !strcmp(a, brief)) {
+		if (*i + 1 >= argc)
+			return *missing = true, NULL;
+		return argv[++*i];
+	}
+	if (strncmp(a, flag, fl))
+		return NULL;
+	if (a[fl] == '=')
+		return a + fl + 1;
+	if (a[fl])
+		return NULL;
+	if (*i + 1 >= argc)
+		return *missing = true, NULL;
+	return argv[++*i];
+}
+
+enum sflag { SF_MODEL, SF_N, SF_THREADS, SF_CTX, SF_CTX2, SF_TEMP, SF_TOPK, SF_TOPP, SF_SEED,
+	     SF_STORE, SF_SEQ };
+
+static const struct {
+	const char *flag, *brief;
+} sflags[] = {
+	[SF_MODEL] = { "--model", "-m" },     [SF_N] = { "--n-predict", "-n" },
+	[SF_THREADS] = { "--threads", "-t" }, [SF_CTX] = { "--ctx-size", "-c" },
+	[SF_CTX2] = { "--ctx", NULL },	      [SF_TEMP] = { "--temp", NULL },
+	[SF_TOPK] = { "--top-k", NULL },      [SF_TOPP] = { "--top-p", NULL },
+	[SF_SEED] = { "--seed", "-s" },	      [SF_STORE] = { "--store", NULL },
+	[SF_SEQ] = { "--seq", NULL },
+};
+
+static int bad_value(const struct cmd_session_opts *o, const char *flag, const char *val)
+{
+	fprintf(stderr, "%s: invalid value '%s' for %s\n", o->prog, val, flag);
+	return -EINVAL;
+}
+
+int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i)
+{
+	const char *a = argv[*i];
+	if (!strcmp(a, "--ids") || !strcmp(a, "--stats") || !strcmp(a, "--keep")) {
+		bool *b = a[2] == 'i' ? &o->ids : a[2] == 's' ? &o->stats : &o->keep;
+		*b = true;
+		return 1;
+	}
+	char err[256];
+	int ret = policy_opts_parse_flag(&o->po, argc, argv, i, err, sizeof err);
+	if (ret < 0) {
+		fprintf(stderr, "%s: %s\n", o->prog, err);
+		return -EINVAL;
+	}
+	if (ret)
+		return 1;
+	for (size_t f = 0; f < sizeof sflags / sizeof *sflags; f++) {
+		bool missing = false;
+		const char *v = flag_value(argc, argv, i, sflags[f].flag, sflags[f].brief, &missing);
+		if (missing) {
+			fprintf(stderr, "%s: %s needs a value\n", o->prog, a);
+			return -EINVAL;
+		}
+		if (!v)
+			continue;
+		long l;
+		double d;
+		switch ((enum sflag)f) {
+		case SF_MODEL: o->model = v; break;
+		case SF_STORE: o->endpoint = v; break;
+		case SF_SEQ:
+			if (!*v || strlen(v) >= sizeof ((struct cmd_session *)0)->seq_name)
+				return bad_value(o, "--seq", v);
+			o->seq_name = v;
+			break;
+		case SF_N:
+			if (cmd_parse_long(v, 0, 1L << 30, &o->n))
+				return bad_value(o, "-n", v);
+			break;
+		case SF_THREADS:
+			if (cmd_parse_long(v, 1, 4096, &o->threads))
+				return bad_value(o, "-t", v);
+			break;
+		case SF_CTX:
+		case SF_CTX2:
+			if (cmd_parse_long(v, 1, 1L << 30, &o->ctx))
+				return bad_value(o, "--ctx", v);
+			break;
+		case SF_TEMP:
+			if (cmd_parse_float(v, 0.0, 100.0, &d))
+				return bad_value(o, "--temp", v);
+			o->sp.temp = (float)d;
+			break;
+		case SF_TOPK:
+			if (cmd_parse_long(v, 0, 1L << 30, &l))
+				return bad_value(o, "--top-k", v);
+			o->sp.top_k = (int)l;
+			break;
+		case SF_TOPP:
+			if (cmd_parse_float(v, 0.0, 1.0, &d))
+				return bad_value(o, "--top-p", v);
+			o->sp.top_p = (float)d;
+			break;
+		case SF_SEED:
+			if (cmd_parse_u64(v, &o->sp.seed))
+				return bad_value(o, "--seed", v);
+			break;
+		}
+		return 1;
+	}
+	return 0;
+}
+
+/* Pool bytes an embedded store needs for one sequence of ctx tokens (plus allocation ahead). */
+static size_t embedded_bytes(const struct fkv_model *m, const struct kv_geom *g, int64_t ctx)
+{
+	size_t pages = (size_t)((ctx + g->p - 1) / g->p) + 16;
+	size_t need = (size_t)m->cfg.n_layers * pages * layout_block_bytes(g);
+	return need + need / 8 + (8u << 20);
+}
+
+int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bool resume)
+{
+	char err[512];
+	memset(s, 0, sizeof *s);
+	s->o = *o;
+	s->seq = -1;
+	int ret = cmd_load(o->model, &s->m, &s->tok);
+	if (ret)
+		return ret;
+	int64_t ctx = o->ctx ? o->ctx : (s->m.cfg.ctx_len > 0 ? s->m.cfg.ctx_len : 2048);
+	/* `full` uses only the page size (of the host copy): no notice about the rest. */
+	FILE *notice = strcmp(s->o.po.policy, "full") ? stderr : NULL;
+	ret = policy_opts_finalize(&s->o.po, (int)(ctx < INT32_MAX ? ctx : INT32_MAX), notice, err,
+				   sizeof err);
+	if (ret) {
+		fprintf(stderr, "%s: %s\n", o->prog, err);
+		return ret;
+	}
+	if ((ret = backend_cpu_new(&s->be, (int)o->threads))) {
+		fprintf(stderr, "%s: cannot create the CPU backend\n", o->prog);
+		return ret;
+	}
+	struct engine_opts eo = { .max_ctx = o->ctx, .max_seqs = 1, .policy = s->o.po.policy,
+				  .kv = s->o.po.kv };
+	if ((ret = engine_new(&s->e, &s->m, s->be, &eo, err, sizeof err))) {
+		fprintf(stderr, "%s: %s\n", o->prog, err);
+		return ret;
+	}
+	struct kv_geom g;
+	engine_kv_geom(s->e, &g);
+	char wname[64];
+	snprintf(wname, sizeof wname, "kvworker-%d", (int)getpid());
+	struct hostkv_opts ho = { .endpoint = o->endpoint, .worker_name = wname,
+				  .embedded_bytes = embedded_bytes(&s->m, &g, engine_max_ctx(s->e)) };
+	if ((ret = hostkv_open(&ho, &s->hk, err, sizeof err))) {
+		fprintf(stderr, "%s: %s\n", o->prog, err);
+		return ret;
+	}
+	if (o->seq_name)
+		snprintf(s->seq_name, sizeof s->seq_name, "%s", o->seq_name);
+	else
+		snprintf(s->seq_name, sizeof s->seq_name, "gen-%d-%lld", (int)getpid(),
+			 (long long)time(NULL));
+	ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g, !resume,
+			      &s->hs, err, sizeof err);
+	if (ret) {
+		fprintf(stderr, "%s: sequence '%s': %s\n", o->prog, s->seq_name, err);
+		return ret;
+	}
+	const int32_t *ids;
+	int64_t n_ids = hostkv_seq_tokens(s->hs, &ids);
+	if (!resume && n_ids) {
+		fprintf(stderr, "%s: sequence '%s' already holds %lld tokens (continue it with "
+			"`kvworker resume`)\n", o->prog, s->seq_name, (long long)n_ids);
+		return -EEXIST;
+	}
+	if (resume && !n_ids) {
+		fprintf(stderr, "%s: sequence '%s' holds no tokens: nothing to resume\n", o->prog,
+			s->seq_name);
+		return -ENODATA;
+	}
+	if ((ret = engine_seq_open(s->e, s->hs, &s->seq, err, sizeof err))) {
+		fprintf(stderr, "%s: %s\n", o->prog, err);
+		return ret;
+	}
+	return 0;
+}
+
+static bool is_eos(const struct fkv_model *m, const struct fkv_tokenizer *tok, int id)
+{
+	if (id == tokenizer_eos(tok) || id == m->cfg.eos_id)
+		return true;
+	for (int i = 0; i < m->cfg.n_eos && i < FKV_MAX_EOS; i++)
+		if (m->cfg.eos_ids[i] == id)
+			return true;
+	return false;
+}
+
+static void emit(const struct fkv_tokenizer *tok, int id, bool ids, int index)
+{
+	if (ids) {
+		printf(index ? " %d" : "%d", id);
+	} else if (!tokenizer_is_special(tok, id)) {
+		char buf[256];
+		int n = tokenizer_piece(tok, id, buf, sizeof buf);
+		if (n > 0)
+			fwrite(buf, 1, (size_t)n < sizeof buf ? (size_t)n : sizeof buf, stdout);
+	}
+	fflush(stdout);
+}
+
+struct run_times {
+	int n_first, generated, steps;
+	double t0, t1, t2; /* start, prefill done, now */
+};
+
+/* The --stats object: timings, the policy's settings, and its retrieval counters per layer
+ * and summed. Caller frees with json_object_put. */
+static struct json_object *stats_json(struct cmd_session *s, const struct run_times *t)
+{
+	struct json_object *o = json_object_new_object();
+	const struct kv_policy_opts *k = engine_kv_opts(s->e);
+	double pre = t->t1 - t->t0, dec = t->t2 - t->t1;
+#define ADD(key, val) json_object_object_add(o, key, val)
+	ADD("prompt_tokens", json_object_new_int(t->n_first));
+	ADD("generated_tokens", json_object_new_int(t->generated));
+	ADD("decode_steps", json_object_new_int(t->steps));
+	ADD("tokens_decoded", json_object_new_int(t->steps));
+	ADD("prefill_ms", json_object_new_double(pre));
+	ADD("decode_ms", json_object_new_double(dec));
+	ADD("prefill_tok_s", json_object_new_double(pre > 0 ? t->n_first / (pre / 1e3) : 0.0));
+	ADD("decode_tok_s", json_object_new_double(t->steps && dec > 0 ? t->steps / (dec / 1e3)
+									: 0.0));
+	ADD("threads", json_object_new_int(s->be->ops->get_threads
+						   ? s->be->ops->get_threads(s->be->ctx)
+						   : (int)s->o.threads));
+	ADD("seed", json_object_new_uint64(s->o.sp.seed));
+	ADD("policy", json_object_new_string(engine_policy_name(s->e)));
+	ADD("page", json_object_new_int(k->page));
+	ADD("budget", json_object_new_int(k->budget));
+	ADD("sink", json_object_new_int(k->sink));
+	ADD("window", json_object_new_int(k->window));
+	ADD("full_layers", json_object_new_int(k->full_layers));
+	ADD("tau", json_object_new_double(k->tau));
+	ADD("store", json_object_new_string(hostkv_is_remote(s->hk) ? "kvstored" : "embedded"));
+	ADD("seq", json_object_new_string(s->seq_name));
+	ADD("seq_tokens", json_object_new_int64(engine_seq_len(s->e, s->seq)));
+	struct kv_layer_stats sum = { 0 };
+	struct json_object *layers = json_object_new_array();
+	for (int l = 0; l < s->m.cfg.n_layers; l++) {
+		struct kv_layer_stats ls;
+		if (engine_seq_layer_stats(s->e, s->seq, l, &ls))
+			continue;
+		struct json_object *j = json_object_new_object();
+		json_object_object_add(j, "layer", json_object_new_int(l));
+		json_object_object_add(j, "steps", json_object_new_int64(ls.steps));
+		json_object_object_add(j, "correction_rate",
+				       json_object_new_double(kv_correction_rate(&ls)));
+		json_object_object_add(j, "pages_selected", json_object_new_int64(ls.pages_selected));
+		json_object_object_add(j, "pages_recalled", json_object_new_int64(ls.pages_recalled));
+		json_object_object_add(j, "bytes_recalled", json_object_new_int64(ls.bytes_recalled));
+		json_object_object_add(j, "select_ms", json_object_new_double(ls.ns_select / 1e6));
+		json_object_object_add(j, "recall_wait_ms",
+				       json_object_new_double(ls.ns_recall_wait / 1e6));
+		json_object_object_add(j, "recall_hidden_ms",
+				       json_object_new_double(ls.ns_recall_hidden / 1e6));
+		json_object_object_add(j, "attend_ms", json_object_new_double(ls.ns_attend / 1e6));
+		json_object_array_add(layers, j);
+		sum.steps += ls.steps;
+		sum.head_checks += ls.head_checks;
+		sum.corrections += ls.corrections;
+		sum.pages_selected += ls.pages_selected;
+		sum.pages_recalled += ls.pages_recalled;
+		sum.bytes_recalled += ls.bytes_recalled;
+		sum.ns_recall_wait += ls.ns_recall_wait;
+		sum.ns_recall_hidden += ls.ns_recall_hidden;
+	}
+	ADD("correction_rate", json_object_new_double(kv_correction_rate(&sum)));
+	ADD("pages_selected", json_object_new_int64(sum.pages_selected));
+	ADD("pages_recalled", json_object_new_int64(sum.pages_recalled));
+	ADD("bytes_recalled", json_object_new_int64(sum.bytes_recalled));
+	ADD("recall_wait_ms", json_object_new_double(sum.ns_recall_wait / 1e6));
+	ADD("recall_hidden_ms", json_object_new_double(sum.ns_recall_hidden / 1e6));
+	ADD("layers", layers);
+#undef ADD
+	return o;
+}
+
+static void report(struct cmd_session *s, const struct run_times *t, bool print)
+{
+	struct json_object *j = stats_json(s, t);
+	const char *txt = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN);
+	if (print)
+		fprintf(stderr, "%s\n", txt);
+	if (hostkv_is_remote(s->hk)) {
+		int ret = hostkv_report_stats(s->hk, txt);
+		if (ret)
+			fprintf(stderr, "%s: cannot report statistics to kvstored: %s\n", s->o.prog,
+				strerror(-ret));
+	}
+	json_object_put(j);
+}
+
+int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
+{
+	char err[512];
+	const struct cmd_session_opts *o = &s->o;
+	int V = engine_vocab(s->e), ret;
+	struct sampler smp = { 0 };
+	float *logits = malloc((size_t)V * sizeof *logits);
+	if (!logits || sampler_init(&smp, &o->sp, V)) {
+		fprintf(stderr, "%s: out of memory\n", o->prog);
+		ret = -ENOMEM;
+		goto out;
+	}
+	if (engine_seq_len(s->e, s->seq) + n_first > engine_max_ctx(s->e)) {
+		fprintf(stderr, "%s: %d tokens to run after %lld exceed the context limit of %lld\n",
+			o->prog, n_first, (long long)engine_seq_len(s->e, s->seq),
+			(long long)engine_max_ctx(s->e));
+		ret = -ENOSPC;
+		goto out;
+	}
+	struct sigaction sa = { .sa_handler = on_stop }, old_int, old_term;
+	sigemptyset(&sa.sa_mask);
+	g_stop = 0;
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
+	struct run_times t = { .n_first = n_first, .t0 = cmd_now_ms() };
+	ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
+	if (ret) {
+		fprintf(stderr, "%s: prefill: %s\n", o->prog, err);
+		goto restore;
+	}
+	t.t1 = t.t2 = cmd_now_ms();
+	double last_report = t.t1;
+	bool hit_limit = false;
+	while (t.generated < o->n && !g_stop) {
+		int32_t next = sampler_sample(&smp, logits);
+		if (is_eos(&s->m, s->tok, next))
+			break;
+		/* Kept before it is shown: what the user saw survives a crash. */
+		if ((ret = engine_seq_keep(s->e, s->seq, &next, 1, err, sizeof err))) {
+			fprintf(stderr, "\n%s: %s\n", o->prog, err);
+			goto restore;
+		}
+		emit(s->tok, next, o->ids, t.generated++);
+		if (t.generated == o->n)
+			break;
+		if (engine_seq_len(s->e, s->seq) >= engine_max_ctx(s->e)) {
+			hit_limit = true;
+			break;
+		}
+		if ((ret = engine_decode(s->e, 1, &s->seq, &next, logits, err, sizeof err))) {
+			fprintf(stderr, "\n%s: decode: %s\n", o->prog, err);
+			goto restore;
+		}
+		t.steps++;
+		t.t2 = cmd_now_ms();
+		if (hostkv_is_remote(s->hk) && t.t2 - last_report > 500) {
+			report(s, &t, false);
+			last_report = t.t2;
+		}
+	}
+	t.t2 = cmd_now_ms();
+	if (o->ids || t.generated)
+		printf("\n");
+	fflush(stdout);
+	if (g_stop) {
+		s->interrupted = true;
+		fprintf(stderr, "%s: interrupted: sequence '%s' kept at %lld tokens\n", o->prog,
+			s->seq_name, (long long)engine_seq_len(s->e, s->seq));
+	}
+	if (hit_limit)
+		fprintf(stderr, "%s: stopped at the context limit of %lld tokens\n", o->prog,
+			(long long)engine_max_ctx(s->e));
+	report(s, &t, o->stats);
+	s->completed = true;
+	ret = 0;
+restore:
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
+out:
+	sampler_free(&smp);
+	free(logits);
+	return ret;
+}
+
+void cmd_session_close(struct cmd_session *s)
+{
+	if (s->seq >= 0)
+		engine_seq_free(s->e, s->seq);
+	if (s->hs) {
+		/* A failed run keeps what it has: dropping it could lose a resumable sequence. */
+		bool keep = s->o.keep || s->interrupted || !s->completed;
+		int ret = hostkv_seq_close(s->hs, !keep);
+		if (ret)
+			fprintf(stderr, "%s: closing sequence '%s': %s\n", s->o.prog, s->seq_name,
+				strerror(-ret));
+		else if (keep && hostkv_is_remote(s->hk))
+			fprintf(stderr, "%s: sequence '%s' kept in the store\n", s->o.prog,
+				s->seq_name);
+	}
+	hostkv_close(s->hk);
+	engine_free(s->e);
+	backend_free(s->be);
+	tokenizer_free(s->tok);
+	model_free(&s->m);
+	memset(s, 0, sizeof *s);
+	s->seq = -1;
 }

@@ -1,5 +1,7 @@
 /* cmd_common — what the kvworker commands share: strict number parsing for flags, reading a
- * prompt or text file, loading a model with its tokenizer, and the command table entry type.
+ * prompt or text file, loading a model with its tokenizer, the command table entry type, and
+ * the decoding session of generate and resume (model, CPU backend, engine with the retrieval
+ * flags, the host copy in kvstored or an embedded store, the sampling loop, --stats).
  *
  * Exit codes of every command: 0 done, 1 failed (message on stderr), 2 usage error. Commands
  * print results to stdout and everything else to stderr. Helpers that allocate say so; the
@@ -10,8 +12,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "engine.h"
+#include "hostkv.h"
 #include "model.h"
+#include "policy_opts.h"
+#include "sampler.h"
 
 #define CMD_OK 0
 #define CMD_FAIL 1
@@ -28,6 +35,8 @@ struct cmd {
 
 int cmd_generate(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_resume(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 
 /* Parse a whole decimal number within [lo, hi]; 0 or -EINVAL. */
@@ -44,5 +53,53 @@ int cmd_load(const char *path, struct fkv_model *m, struct fkv_tokenizer **tok);
 
 /* Milliseconds on the monotonic clock. */
 double cmd_now_ms(void);
+
+/* Flags generate and resume share besides the policy flags: parsed by cmd_session_flag. */
+struct cmd_session_opts {
+	const char *prog;	/* "kvworker generate", for messages */
+	const char *model;
+	long threads, ctx, n;
+	struct sampler_params sp;
+	bool ids, stats, keep;
+	const char *endpoint;	/* --store; NULL: an embedded in-process store */
+	const char *seq_name;	/* --seq; NULL: a fresh name */
+	struct policy_opts po;
+};
+
+/* Defaults: 64 tokens, temp 0.8, top-k 40, top-p 0.95, seed from the clock, policy full. */
+void cmd_session_defaults(struct cmd_session_opts *o, const char *prog);
+/* Consumes argv[*i] (and its value) when it is a shared flag: 1 consumed, 0 not ours,
+ * -EINVAL after printing why. */
+int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i);
+/* The shared flags, for usage texts. */
+void cmd_session_usage(FILE *f);
+
+/* Everything a decoding run holds; cmd_session_open fills it, cmd_session_close frees it. */
+struct cmd_session {
+	struct cmd_session_opts o;
+	struct fkv_model m;
+	struct fkv_tokenizer *tok;
+	struct backend *be;
+	struct engine *e;
+	struct hostkv *hk;
+	struct hostkv_seq *hs;
+	int seq;		/* engine handle, -1 before open */
+	char seq_name[128];
+	bool interrupted;	/* SIGINT/SIGTERM stopped the run: the sequence is kept */
+	bool completed;		/* the run finished; only then is the sequence dropped */
+};
+
+/* Loads the model, creates the backend and engine, opens the store and the sequence: a new
+ * empty one (resume false; an existing sequence with tokens is refused) or an existing one
+ * whose policy state is rebuilt from the host copy (resume true). Prints why on failure;
+ * 0 or -errno. */
+int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bool resume);
+/* Runs first[0..n_first) (the prompt, or a resumed sequence's pending ids), then samples and
+ * decodes up to o.n tokens, each kept in the host copy before it is printed. Prints the
+ * --stats JSON to stderr and reports it to kvstored. 0 or -errno. */
+int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first);
+/* Detaches the sequence (kept with --keep, after an interruption or a failure) or drops it
+ * (a completed run without --keep); frees everything. Fine on a partly opened session. */
+void cmd_session_close(struct cmd_session *s);
 
 #endif

@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hostkv.h"
+#include "policy_opts.h"
+
 struct engine_layer {
 	struct backend_mat attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
 	bool has_bias;
@@ -18,7 +21,8 @@ struct engine_layer {
 
 struct engine_seq {
 	bool live;
-	void *kv; /* policy state */
+	void *kv;		  /* policy state */
+	struct hostkv_seq *host;  /* borrowed host copy; NULL: none */
 };
 
 /* One sequence's share of a ubatch. */
@@ -241,6 +245,25 @@ void engine_free(struct engine *e)
 	free(e);
 }
 
+/* Settings left at 0 become the defaults scaled to the context (policy_opts.h), so the policy
+ * and the host copy's page geometry agree on concrete values. */
+static int resolve_kv_opts(struct engine *e, char *err, size_t errlen)
+{
+	struct kv_policy_opts *k = &e->kv_opts;
+	if (k->page || k->budget || k->sink || k->window)
+		return 0;
+	struct policy_opts po;
+	policy_opts_default(&po);
+	po.kv.full_layers = k->full_layers;
+	po.kv.tau = k->tau;
+	po.kv.debug_invariants = k->debug_invariants;
+	int ret = policy_opts_finalize(&po, (int)(e->max_ctx < INT32_MAX ? e->max_ctx : INT32_MAX),
+				       NULL, err, errlen);
+	if (!ret)
+		*k = po.kv;
+	return ret;
+}
+
 int engine_new(struct engine **out, const struct fkv_model *m, struct backend *be,
 	       const struct engine_opts *o, char *err, size_t errlen)
 {
@@ -268,6 +291,11 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	e->ubatch = o->ubatch ? o->ubatch : 256;
 	e->max_seqs = o->max_seqs ? o->max_seqs : 64;
 	e->kv_opts = o->kv;
+	ret = resolve_kv_opts(e, err, errlen);
+	if (ret) {
+		free(e);
+		return ret;
+	}
 	e->rope = (struct backend_rope){
 		.style = m->cfg.rope_style,
 		.theta = m->cfg.rope_theta > 0.0f ? m->cfg.rope_theta : 10000.0f,
@@ -315,7 +343,29 @@ int64_t engine_max_ctx(const struct engine *e)
 	return e->max_ctx;
 }
 
+void engine_kv_geom(const struct engine *e, struct kv_geom *g)
+{
+	*g = (struct kv_geom){ .n_kv = e->attn.n_kv_heads, .p = e->kv_opts.page,
+			       .d = e->attn.head_dim, .dtype = e->attn.kv_dtype };
+}
+
+const struct kv_policy_opts *engine_kv_opts(const struct engine *e)
+{
+	return &e->kv_opts;
+}
+
+const char *engine_policy_name(const struct engine *e)
+{
+	return e->policy->name;
+}
+
 int engine_seq_new(struct engine *e, int *seq, char *err, size_t errlen)
+{
+	return engine_seq_open(e, NULL, seq, err, errlen);
+}
+
+int engine_seq_open(struct engine *e, struct hostkv_seq *host, int *seq, char *err,
+		    size_t errlen)
 {
 	int i = 0;
 	while (i < e->max_seqs && e->seqs[i].live)
@@ -328,11 +378,32 @@ int engine_seq_new(struct engine *e, int *seq, char *err, size_t errlen)
 		.attn = e->attn,
 		.max_tokens = e->max_ctx,
 		.opts = e->kv_opts,
+		.host = host,
 	};
-	int ret = e->policy->create(&p, &e->seqs[i].kv);
+	int64_t committed = host ? hostkv_seq_committed(host) : 0;
+	/* With no id kept past the committed tokens, the last one is run again (rewriting the
+	 * same K/V) so that the caller gets the logits to continue from. */
+	const int32_t *kept;
+	if (committed && hostkv_seq_tokens(host, &kept) == committed)
+		committed--;
+	if (committed > e->max_ctx)
+		return fail(err, errlen, -ENOSPC, "the host copy holds %lld tokens, more than the "
+			    "context limit of %lld", (long long)committed, (long long)e->max_ctx);
+	if (committed && !e->policy->restore)
+		return fail(err, errlen, -EOPNOTSUPP, "policy %s cannot resume a sequence",
+			    e->policy->name);
+	void *kv;
+	int ret = e->policy->create(&p, &kv);
 	if (ret)
 		return fail(err, errlen, ret, "policy %s: cannot create sequence state: %s",
 			    e->policy->name, strerror(-ret));
+	if (committed && (ret = e->policy->restore(kv, committed))) {
+		e->policy->destroy(kv);
+		return fail(err, errlen, ret, "policy %s: cannot restore %lld tokens from the host "
+			    "copy: %s", e->policy->name, (long long)committed, strerror(-ret));
+	}
+	e->seqs[i].kv = kv;
+	e->seqs[i].host = host;
 	e->seqs[i].live = true;
 	*seq = i;
 	return 0;
@@ -349,7 +420,32 @@ void engine_seq_free(struct engine *e, int seq)
 		return;
 	e->policy->destroy(e->seqs[seq].kv);
 	e->seqs[seq].kv = NULL;
+	e->seqs[seq].host = NULL;
 	e->seqs[seq].live = false;
+}
+
+int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *err,
+		    size_t errlen)
+{
+	if (!seq_ok(e, seq) || n < 0)
+		return fail(err, errlen, -EINVAL, "sequence %d does not exist", seq);
+	struct engine_seq *s = &e->seqs[seq];
+	if (!s->host || !n)
+		return 0;
+	int64_t len = e->policy->length(s->kv);
+	return hostkv_commit(s->host, len, ids, len, n, err, errlen);
+}
+
+int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
+			   struct kv_layer_stats *out)
+{
+	if (!seq_ok(e, seq) || layer < 0 || layer >= e->cfg.n_layers)
+		return -EINVAL;
+	if (!e->policy->layer_stats) {
+		memset(out, 0, sizeof *out);
+		return 0;
+	}
+	return e->policy->layer_stats(e->seqs[seq].kv, layer, out);
 }
 
 int64_t engine_seq_len(const struct engine *e, int seq)
@@ -456,6 +552,25 @@ static int check_items(struct engine *e, int n_items, const int *seqs,
 	return 0;
 }
 
+/* After a ubatch: each piece's tokens are part of its sequence; tell the host copy. */
+static int commit_pieces(struct engine *e, const struct piece *pc, int np,
+			 const int32_t *const *ids, char *err, size_t errlen)
+{
+	for (int i = 0; i < np; i++) {
+		struct engine_seq *s = &e->seqs[pc[i].seq];
+		if (!s->host)
+			continue;
+		int64_t len = e->policy->length(s->kv);
+		char why[256];
+		int ret = hostkv_commit(s->host, len, ids[pc[i].item] + pc[i].off, len - pc[i].n,
+					pc[i].n, why, sizeof why);
+		if (ret)
+			return fail(err, errlen, ret, "sequence %d: commit to the host copy: %s",
+				    pc[i].seq, why);
+	}
+	return 0;
+}
+
 int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t *const *ids,
 		   const int *n, float *logits, bool all_logits, char *err, size_t errlen)
 {
@@ -508,6 +623,8 @@ int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t
 			return fail(err, errlen, ret, "forward pass failed: %s", strerror(-ret));
 		for (int i = 0; i < np; i++)
 			e->policy->step_end(e->seqs[e->pieces[i].seq].kv);
+		if ((ret = commit_pieces(e, e->pieces, np, ids, err, errlen)))
+			return ret;
 		if (logits && n_out) {
 			ret = e->be->ops->download(e->be->ctx, logits + (size_t)out_row * V, e->logits,
 						   (size_t)n_out * V * sizeof(float));

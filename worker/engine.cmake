@@ -12,6 +12,7 @@ add_executable(kvworker
   ${CMAKE_CURRENT_LIST_DIR}/cmd_common.c
   ${CMAKE_CURRENT_LIST_DIR}/cmd_generate.c
   ${CMAKE_CURRENT_LIST_DIR}/cmd_perplexity.c
+  ${CMAKE_CURRENT_LIST_DIR}/cmd_eval.c
   ${CMAKE_CURRENT_LIST_DIR}/cmd_synth.c)
 freekv_target(kvworker)
 target_link_libraries(kvworker PRIVATE freekv_runtime)

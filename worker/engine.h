@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "kvcache.h"
+#include "layout.h"
 #include "model.h"
 
 struct engine_opts {
@@ -24,7 +25,9 @@ struct engine_opts {
 	int ubatch;		/* tokens per forward chunk (prefill chunk size); 0 = 256 */
 	int max_seqs;		/* concurrent sequences; 0 = 64 */
 	const char *policy;	/* KV policy name; NULL = "full" */
-	struct kv_policy_opts kv; /* passed to the policy of every sequence */
+	/* Passed to the policy of every sequence; page, budget, sink and window all 0 take the
+	 * defaults scaled to max_ctx (policy_opts_finalize). */
+	struct kv_policy_opts kv;
 	enum fkv_dtype kv_dtype; /* with kv_dtype_set; otherwise the model's dtype */
 	bool kv_dtype_set;
 };
@@ -38,8 +41,31 @@ void engine_free(struct engine *e);
 int engine_vocab(const struct engine *e);
 int64_t engine_max_ctx(const struct engine *e);
 
-/* A new empty sequence; -ENOSPC when max_seqs are live. */
+/* The resolved KV settings, the policy's name, and the geometry of the host page blocks
+ * (n_kv, page, head dim, KV dtype) every sequence's host copy must be opened with. */
+const struct kv_policy_opts *engine_kv_opts(const struct engine *e);
+const char *engine_policy_name(const struct engine *e);
+void engine_kv_geom(const struct engine *e, struct kv_geom *g);
+
+/* A new empty sequence without a host copy; -ENOSPC when max_seqs are live. */
 int engine_seq_new(struct engine *e, int *seq, char *err, size_t errlen);
+/* A sequence over a host copy (hostkv.h; borrowed: the caller closes it after
+ * engine_seq_free), opened with engine_kv_geom. Every token the sequence runs is written
+ * through to it, and each forward step commits the new length with the step's token ids. When
+ * the host copy already holds committed tokens (a resume), the policy's state is rebuilt from
+ * it and the sequence starts at that length, or one less when no id is kept past it; the ids
+ * kept past the sequence's length (sampled, not yet run: at least one after a resume) are the
+ * caller's to run next, which gives the logits to continue from. host NULL is engine_seq_new. */
+int engine_seq_open(struct engine *e, struct hostkv_seq *host, int *seq, char *err,
+		    size_t errlen);
+/* Keeps ids sampled for seq but not yet run (positions length..length+n) with its host copy,
+ * so that a resume after a crash continues from them. No-op without a host copy. */
+int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *err,
+		    size_t errlen);
+/* The policy's retrieval counters of one layer (zero for policies without them); 0 or
+ * -EINVAL. */
+int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
+			   struct kv_layer_stats *out);
 void engine_seq_free(struct engine *e, int seq);
 /* Committed tokens of a sequence, or -EINVAL for a bad handle. */
 int64_t engine_seq_len(const struct engine *e, int seq);

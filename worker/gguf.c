@@ -3,10 +3,11 @@
  * anything is allocated for them. */
 #include "gguf.h"
 
+#include "errmsg.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,20 +88,6 @@ static const struct {
 	{ 25, "I16", -1 },	  { 26, "I32", -1 },	      { 27, "I64", -1 },
 	{ 28, "F64", -1 },	  { 29, "IQ1_M", -1 },
 };
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
 
 static bool rd_left(const struct rd *r, size_t n)
 {
@@ -213,32 +200,32 @@ static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size
 	struct gguf_str key;
 	uint32_t t;
 	if (!rd_str(r, &key))
-		return fail(err, errlen, -EINVAL, "gguf: truncated key name of metadata entry %" PRId64, i);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated key name of metadata entry %" PRId64, i);
 	if (key.len == 0 || key.len > GGUF_MAX_NAME || memchr(key.s, '\0', key.len))
-		return fail(err, errlen, -EINVAL, "gguf: invalid key name of metadata entry %" PRId64, i);
+		return errmsg(err, errlen, -EINVAL, "gguf: invalid key name of metadata entry %" PRId64, i);
 	kv->key_off = names_add(g, key.s, key.len);
 	if (kv->key_off == SIZE_MAX)
-		return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 	const char *kname = g->names + kv->key_off;
 	if (!rd_u32(r, &t))
-		return fail(err, errlen, -EINVAL, "gguf: truncated type of key '%s'", kname);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated type of key '%s'", kname);
 	if (t >= GGUF_TYPE_COUNT)
-		return fail(err, errlen, -EPROTO, "gguf: key '%s' has unknown value type %u", kname, t);
+		return errmsg(err, errlen, -EPROTO, "gguf: key '%s' has unknown value type %u", kname, t);
 	kv->type = t;
 	kv->str_off = SIZE_MAX;
 	if (t == GGUF_TYPE_STRING) {
 		struct gguf_str s;
 		if (!rd_str(r, &s))
-			return fail(err, errlen, -EINVAL, "gguf: truncated string value of key '%s'", kname);
+			return errmsg(err, errlen, -EINVAL, "gguf: truncated string value of key '%s'", kname);
 		kv->str_len = s.len;
 		kv->str_off = names_add(g, s.s, s.len);
 		if (kv->str_off == SIZE_MAX)
-			return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+			return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 		return 0;
 	}
 	if (t != GGUF_TYPE_ARRAY) {
 		if (!rd_left(r, type_size[t]))
-			return fail(err, errlen, -EINVAL, "gguf: truncated value of key '%s'", kname);
+			return errmsg(err, errlen, -EINVAL, "gguf: truncated value of key '%s'", kname);
 		kv->val = r->p + r->off;
 		r->off += type_size[t];
 		return 0;
@@ -246,23 +233,23 @@ static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size
 	uint32_t et;
 	uint64_t n;
 	if (!rd_u32(r, &et) || !rd_u64(r, &n))
-		return fail(err, errlen, -EINVAL, "gguf: truncated array header of key '%s'", kname);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated array header of key '%s'", kname);
 	if (et >= GGUF_TYPE_COUNT)
-		return fail(err, errlen, -EPROTO, "gguf: array '%s' has unknown element type %u", kname, et);
+		return errmsg(err, errlen, -EPROTO, "gguf: array '%s' has unknown element type %u", kname, et);
 	kv->arr.type = et;
 	kv->arr.n = n;
 	if (et == GGUF_TYPE_STRING) {
 		/* each element takes at least its 8-byte length */
 		if (n > (r->size - r->off) / 8)
-			return fail(err, errlen, -EINVAL,
+			return errmsg(err, errlen, -EINVAL,
 				    "gguf: string array '%s' claims %" PRIu64 " elements, more than the file holds",
 				    kname, n);
 		if (strs_reserve(g, n))
-			return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+			return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 		kv->arr_str_first = g->strs_len;
 		for (uint64_t j = 0; j < n; j++) {
 			if (!rd_str(r, &g->strs[g->strs_len + j]))
-				return fail(err, errlen, -EINVAL,
+				return errmsg(err, errlen, -EINVAL,
 					    "gguf: truncated element %" PRIu64 " of string array '%s'", j, kname);
 		}
 		g->strs_len += n;
@@ -270,16 +257,16 @@ static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size
 	}
 	if (et == GGUF_TYPE_ARRAY) {
 		if (n > (r->size - r->off) / 12)
-			return fail(err, errlen, -EINVAL, "gguf: array '%s' claims %" PRIu64 " nested arrays, more than the file holds", kname, n);
+			return errmsg(err, errlen, -EINVAL, "gguf: array '%s' claims %" PRIu64 " nested arrays, more than the file holds", kname, n);
 		for (uint64_t j = 0; j < n; j++) {
 			int ret = skip_array(r, 1);
 			if (ret)
-				return fail(err, errlen, ret, "gguf: bad nested array %" PRIu64 " of key '%s'", j, kname);
+				return errmsg(err, errlen, ret, "gguf: bad nested array %" PRIu64 " of key '%s'", j, kname);
 		}
 		return 0;
 	}
 	if (n > (r->size - r->off) / type_size[et])
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "gguf: array '%s' claims %" PRIu64 " elements of %s, more than the file holds", kname,
 			    n, type_names[et]);
 	kv->arr.data = r->p + r->off;
@@ -305,17 +292,17 @@ static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, 
 	struct gguf_str name;
 	uint32_t nd, type;
 	if (!rd_str(r, &name))
-		return fail(err, errlen, -EINVAL, "gguf: truncated name of tensor %" PRId64, i);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated name of tensor %" PRId64, i);
 	if (name.len == 0 || name.len > GGUF_MAX_NAME || memchr(name.s, '\0', name.len))
-		return fail(err, errlen, -EINVAL, "gguf: invalid name of tensor %" PRId64, i);
+		return errmsg(err, errlen, -EINVAL, "gguf: invalid name of tensor %" PRId64, i);
 	g->ti_name_off[i] = names_add(g, name.s, name.len);
 	if (g->ti_name_off[i] == SIZE_MAX)
-		return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 	const char *tname = g->names + g->ti_name_off[i];
 	if (!rd_u32(r, &nd))
-		return fail(err, errlen, -EINVAL, "gguf: truncated info of tensor '%s'", tname);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated info of tensor '%s'", tname);
 	if (nd < 1 || nd > GGUF_MAX_DIMS)
-		return fail(err, errlen, -EINVAL, "gguf: tensor '%s' has %u dimensions (1..%d allowed)", tname,
+		return errmsg(err, errlen, -EINVAL, "gguf: tensor '%s' has %u dimensions (1..%d allowed)", tname,
 			    nd, GGUF_MAX_DIMS);
 	ti->n_dims = (int)nd;
 	uint64_t nel = 1;
@@ -324,20 +311,20 @@ static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, 
 	for (uint32_t d = 0; d < nd; d++) {
 		uint64_t ne;
 		if (!rd_u64(r, &ne))
-			return fail(err, errlen, -EINVAL, "gguf: truncated shape of tensor '%s'", tname);
+			return errmsg(err, errlen, -EINVAL, "gguf: truncated shape of tensor '%s'", tname);
 		/* 2^40 elements per dim and 2^50 in all are far past any real model */
 		if (ne == 0 || ne > (1ull << 40) || nel > (1ull << 50) / ne)
-			return fail(err, errlen, -EINVAL, "gguf: tensor '%s' has an impossible shape (dim %u = %" PRIu64 ")",
+			return errmsg(err, errlen, -EINVAL, "gguf: tensor '%s' has an impossible shape (dim %u = %" PRIu64 ")",
 				    tname, d, ne);
 		ti->ne[d] = (int64_t)ne;
 		nel *= ne;
 	}
 	if (!rd_u32(r, &type) || !rd_u64(r, &ti->offset))
-		return fail(err, errlen, -EINVAL, "gguf: truncated info of tensor '%s'", tname);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated info of tensor '%s'", tname);
 	const char *type_name;
 	int dt = tensor_type(type, &type_name);
 	if (dt < 0)
-		return fail(err, errlen, -EPROTO,
+		return errmsg(err, errlen, -EPROTO,
 			    "gguf: tensor '%s' has type %s (%u); only F32, F16 and BF16 are supported", tname,
 			    type_name, type);
 	ti->dtype = (enum fkv_dtype)dt;
@@ -374,20 +361,20 @@ static int check_tensors(struct gguf_ctx *g, char *err, size_t errlen)
 	if (g->n_tensors == 0)
 		return 0;
 	if (g->data_off > g->size)
-		return fail(err, errlen, -EINVAL, "gguf: tensor data section starts past the end of the file");
+		return errmsg(err, errlen, -EINVAL, "gguf: tensor data section starts past the end of the file");
 	uint64_t avail = g->size - g->data_off;
 	const struct gguf_tensor_info **order = malloc((size_t)g->n_tensors * sizeof *order);
 	if (!order)
-		return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 	int ret = 0;
 	for (int64_t i = 0; i < g->n_tensors && !ret; i++) {
 		struct gguf_tensor_info *ti = &g->ti[i];
 		order[i] = ti;
 		if (ti->offset % g->alignment)
-			ret = fail(err, errlen, -EINVAL, "gguf: tensor '%s' offset %" PRIu64 " is not aligned to %u",
+			ret = errmsg(err, errlen, -EINVAL, "gguf: tensor '%s' offset %" PRIu64 " is not aligned to %u",
 				   ti->name, ti->offset, g->alignment);
 		else if (ti->offset > avail || ti->size > avail - ti->offset)
-			ret = fail(err, errlen, -EINVAL,
+			ret = errmsg(err, errlen, -EINVAL,
 				   "gguf: tensor '%s' (%" PRIu64 " bytes at data offset %" PRIu64
 				   ") runs past the end of the file (%" PRIu64 " data bytes)",
 				   ti->name, ti->size, ti->offset, avail);
@@ -398,19 +385,19 @@ static int check_tensors(struct gguf_ctx *g, char *err, size_t errlen)
 		qsort(order, (size_t)g->n_tensors, sizeof *order, cmp_offset);
 		for (int64_t i = 1; i < g->n_tensors && !ret; i++) {
 			if (order[i - 1]->offset + order[i - 1]->size > order[i]->offset)
-				ret = fail(err, errlen, -EINVAL, "gguf: tensors '%s' and '%s' overlap", order[i - 1]->name,
+				ret = errmsg(err, errlen, -EINVAL, "gguf: tensors '%s' and '%s' overlap", order[i - 1]->name,
 					   order[i]->name);
 		}
 	}
 	const char **names = ret ? NULL : malloc((size_t)g->n_tensors * sizeof *names);
 	if (!ret && !names)
-		ret = fail(err, errlen, -ENOMEM, "gguf: out of memory");
+		ret = errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 	if (!ret) {
 		for (int64_t i = 0; i < g->n_tensors; i++)
 			names[i] = g->ti[i].name;
 		const char *dup = first_dup(names, (size_t)g->n_tensors);
 		if (dup)
-			ret = fail(err, errlen, -EINVAL, "gguf: tensor '%s' appears twice", dup);
+			ret = errmsg(err, errlen, -EINVAL, "gguf: tensor '%s' appears twice", dup);
 	}
 	free(names);
 	free(order);
@@ -423,27 +410,27 @@ static int parse(struct gguf_ctx *g, char *err, size_t errlen)
 	uint32_t magic;
 	uint64_t nt, nkv;
 	if (!rd_u32(&r, &magic))
-		return fail(err, errlen, -EINVAL, "gguf: file too short for a header (%zu bytes)", g->size);
+		return errmsg(err, errlen, -EINVAL, "gguf: file too short for a header (%zu bytes)", g->size);
 	if (magic != GGUF_MAGIC)
-		return fail(err, errlen, -EPROTO, "gguf: bad magic 0x%08x (not a GGUF file)", magic);
+		return errmsg(err, errlen, -EPROTO, "gguf: bad magic 0x%08x (not a GGUF file)", magic);
 	if (!rd_u32(&r, &g->version) || !rd_u64(&r, &nt) || !rd_u64(&r, &nkv))
-		return fail(err, errlen, -EINVAL, "gguf: file too short for a header (%zu bytes)", g->size);
+		return errmsg(err, errlen, -EINVAL, "gguf: file too short for a header (%zu bytes)", g->size);
 	if (g->version == 0x02000000u || g->version == 0x03000000u)
-		return fail(err, errlen, -EPROTO, "gguf: big-endian GGUF files are not supported");
+		return errmsg(err, errlen, -EPROTO, "gguf: big-endian GGUF files are not supported");
 	if (g->version != 2 && g->version != 3)
-		return fail(err, errlen, -EPROTO, "gguf: unsupported version %u (2 and 3 are)", g->version);
+		return errmsg(err, errlen, -EPROTO, "gguf: unsupported version %u (2 and 3 are)", g->version);
 	/* a key/value takes at least 8 + 1 + 4 + 1 bytes, a tensor info at least 8 + 1 + 4 + 8 + 4 + 8 */
 	if (nkv > (r.size - r.off) / 14)
-		return fail(err, errlen, -EINVAL, "gguf: header claims %" PRIu64 " metadata entries, more than the file holds", nkv);
+		return errmsg(err, errlen, -EINVAL, "gguf: header claims %" PRIu64 " metadata entries, more than the file holds", nkv);
 	if (nt > (r.size - r.off) / 33)
-		return fail(err, errlen, -EINVAL, "gguf: header claims %" PRIu64 " tensors, more than the file holds", nt);
+		return errmsg(err, errlen, -EINVAL, "gguf: header claims %" PRIu64 " tensors, more than the file holds", nt);
 	g->n_kv = (int64_t)nkv;
 	g->n_tensors = (int64_t)nt;
 	g->kv = calloc(nkv ? nkv : 1, sizeof *g->kv);
 	g->ti = calloc(nt ? nt : 1, sizeof *g->ti);
 	g->ti_name_off = calloc(nt ? nt : 1, sizeof *g->ti_name_off);
 	if (!g->kv || !g->ti || !g->ti_name_off)
-		return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 	int ret;
 	for (int64_t i = 0; i < g->n_kv; i++) {
 		if ((ret = parse_kv(g, &r, i, err, errlen)))
@@ -452,7 +439,7 @@ static int parse(struct gguf_ctx *g, char *err, size_t errlen)
 	/* the names arena may have moved: resolve offsets to pointers now */
 	const char **keys = malloc((size_t)(g->n_kv ? g->n_kv : 1) * sizeof *keys);
 	if (!keys)
-		return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 	for (int64_t i = 0; i < g->n_kv; i++) {
 		struct gguf_kv *kv = &g->kv[i];
 		kv->key = g->names + kv->key_off;
@@ -463,7 +450,7 @@ static int parse(struct gguf_ctx *g, char *err, size_t errlen)
 		keys[i] = kv->key;
 	}
 	const char *dup = first_dup(keys, (size_t)g->n_kv);
-	ret = dup ? fail(err, errlen, -EINVAL, "gguf: key '%s' appears twice", dup) : 0;
+	ret = dup ? errmsg(err, errlen, -EINVAL, "gguf: key '%s' appears twice", dup) : 0;
 	free(keys);
 	if (ret)
 		return ret;
@@ -472,7 +459,7 @@ static int parse(struct gguf_ctx *g, char *err, size_t errlen)
 	if (ai >= 0) {
 		uint32_t a;
 		if (gguf_get_u32(g, "general.alignment", &a) || a == 0 || (a & (a - 1)))
-			return fail(err, errlen, -EINVAL, "gguf: key 'general.alignment' must be a power of two");
+			return errmsg(err, errlen, -EINVAL, "gguf: key 'general.alignment' must be a power of two");
 		g->alignment = a;
 	}
 	for (int64_t i = 0; i < g->n_tensors; i++) {
@@ -490,7 +477,7 @@ int gguf_open_buf(const void *buf, size_t len, struct gguf_ctx **out, char *err,
 	*out = NULL;
 	struct gguf_ctx *g = calloc(1, sizeof *g);
 	if (!g)
-		return fail(err, errlen, -ENOMEM, "gguf: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 	g->base = buf;
 	g->size = len;
 	int ret = parse(g, err, errlen);
@@ -507,23 +494,23 @@ int gguf_open(const char *path, struct gguf_ctx **out, char *err, size_t errlen)
 	*out = NULL;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return fail(err, errlen, -errno, "gguf: cannot open %s: %s", path, strerror(errno));
+		return errmsg(err, errlen, -errno, "gguf: cannot open %s: %s", path, strerror(errno));
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
 		int e = errno;
 		close(fd);
-		return fail(err, errlen, -e, "gguf: cannot stat %s: %s", path, strerror(e));
+		return errmsg(err, errlen, -e, "gguf: cannot stat %s: %s", path, strerror(e));
 	}
 	if (!S_ISREG(st.st_mode) || st.st_size == 0) {
 		close(fd);
-		return fail(err, errlen, -EINVAL, "gguf: %s is %s", path,
+		return errmsg(err, errlen, -EINVAL, "gguf: %s is %s", path,
 			    S_ISREG(st.st_mode) ? "empty" : "not a regular file");
 	}
 	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	int e = errno;
 	close(fd);
 	if (p == MAP_FAILED)
-		return fail(err, errlen, -e, "gguf: cannot map %s: %s", path, strerror(e));
+		return errmsg(err, errlen, -e, "gguf: cannot map %s: %s", path, strerror(e));
 	int ret = gguf_open_buf(p, (size_t)st.st_size, out, err, errlen);
 	if (ret) {
 		munmap(p, (size_t)st.st_size);

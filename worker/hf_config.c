@@ -1,10 +1,11 @@
 /* hf_config — config.json -> struct fkv_model_config. See hf_config.h. */
 #include "hf_config.h"
 
+#include "errmsg.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,20 +34,6 @@ static const struct {
 	{ "bfloat16", FKV_BF16 },
 };
 
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
-
 static struct json_object *get(struct json_object *o, const char *key)
 {
 	struct json_object *v;
@@ -62,15 +49,15 @@ static int get_int(struct json_object *o, const char *key, bool required, int de
 	struct json_object *v = get(o, key);
 	if (!v) {
 		if (required)
-			return fail(err, errlen, -EINVAL, "config.json: missing key '%s'", key);
+			return errmsg(err, errlen, -EINVAL, "config.json: missing key '%s'", key);
 		*out = def;
 		return 0;
 	}
 	if (!json_object_is_type(v, json_type_int))
-		return fail(err, errlen, -EINVAL, "config.json: key '%s' must be an integer", key);
+		return errmsg(err, errlen, -EINVAL, "config.json: key '%s' must be an integer", key);
 	int64_t x = json_object_get_int64(v);
 	if (x < 0 || x > INT_MAX)
-		return fail(err, errlen, -EINVAL, "config.json: key '%s' = %lld is out of range", key, (long long)x);
+		return errmsg(err, errlen, -EINVAL, "config.json: key '%s' = %lld is out of range", key, (long long)x);
 	*out = (int)x;
 	return 0;
 }
@@ -81,15 +68,15 @@ static int get_float(struct json_object *o, const char *key, bool required, floa
 	struct json_object *v = get(o, key);
 	if (!v) {
 		if (required)
-			return fail(err, errlen, -EINVAL, "config.json: missing key '%s'", key);
+			return errmsg(err, errlen, -EINVAL, "config.json: missing key '%s'", key);
 		*out = def;
 		return 0;
 	}
 	if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double))
-		return fail(err, errlen, -EINVAL, "config.json: key '%s' must be a number", key);
+		return errmsg(err, errlen, -EINVAL, "config.json: key '%s' must be a number", key);
 	double d = json_object_get_double(v);
 	if (!isfinite(d) || fabs(d) > 3.0e38)
-		return fail(err, errlen, -EINVAL, "config.json: key '%s' is out of range", key);
+		return errmsg(err, errlen, -EINVAL, "config.json: key '%s' is out of range", key);
 	*out = (float)d;
 	return 0;
 }
@@ -101,7 +88,7 @@ static int parse_arch(struct json_object *root, struct fkv_model_config *c, char
 	if (a) {
 		if (!json_object_is_type(a, json_type_array) || json_object_array_length(a) < 1 ||
 		    !json_object_is_type(json_object_array_get_idx(a, 0), json_type_string))
-			return fail(err, errlen, -EINVAL, "config.json: key 'architectures' must be a list of names");
+			return errmsg(err, errlen, -EINVAL, "config.json: key 'architectures' must be a list of names");
 		name = json_object_get_string(json_object_array_get_idx(a, 0));
 		for (size_t i = 0; i < sizeof hf_archs / sizeof hf_archs[0]; i++) {
 			if (!strcmp(name, hf_archs[i].arch)) {
@@ -110,13 +97,13 @@ static int parse_arch(struct json_object *root, struct fkv_model_config *c, char
 				return 0;
 			}
 		}
-		return fail(err, errlen, -EPROTO,
+		return errmsg(err, errlen, -EPROTO,
 			    "config.json: architecture '%s' is not supported (LlamaForCausalLM, "
 			    "MistralForCausalLM, Qwen2ForCausalLM are)", name);
 	}
 	struct json_object *mt = get(root, "model_type");
 	if (!mt || !json_object_is_type(mt, json_type_string))
-		return fail(err, errlen, -EINVAL, "config.json: missing key 'architectures' (or 'model_type')");
+		return errmsg(err, errlen, -EINVAL, "config.json: missing key 'architectures' (or 'model_type')");
 	name = json_object_get_string(mt);
 	for (size_t i = 0; i < sizeof hf_archs / sizeof hf_archs[0]; i++) {
 		if (!strcmp(name, hf_archs[i].model_type)) {
@@ -125,7 +112,7 @@ static int parse_arch(struct json_object *root, struct fkv_model_config *c, char
 			return 0;
 		}
 	}
-	return fail(err, errlen, -EPROTO, "config.json: model_type '%s' is not supported (llama, mistral, qwen2 are)",
+	return errmsg(err, errlen, -EPROTO, "config.json: model_type '%s' is not supported (llama, mistral, qwen2 are)",
 		    name);
 }
 
@@ -135,27 +122,27 @@ static int parse_rope_scaling(struct json_object *root, struct fkv_model_config 
 	if (!rs)
 		return 0;
 	if (!json_object_is_type(rs, json_type_object))
-		return fail(err, errlen, -EINVAL, "config.json: key 'rope_scaling' must be an object or null");
+		return errmsg(err, errlen, -EINVAL, "config.json: key 'rope_scaling' must be an object or null");
 	struct json_object *t = get(rs, "rope_type");
 	if (!t)
 		t = get(rs, "type");
 	if (!t || !json_object_is_type(t, json_type_string))
-		return fail(err, errlen, -EINVAL, "config.json: missing key 'rope_scaling.rope_type'");
+		return errmsg(err, errlen, -EINVAL, "config.json: missing key 'rope_scaling.rope_type'");
 	const char *type = json_object_get_string(t);
 	if (!strcmp(type, "default"))
 		return 0;
 	if (strcmp(type, "llama3"))
-		return fail(err, errlen, -EPROTO, "config.json: rope_scaling type '%s' is not supported (llama3 is)", type);
+		return errmsg(err, errlen, -EPROTO, "config.json: rope_scaling type '%s' is not supported (llama3 is)", type);
 	int ret;
 	if ((ret = get_float(rs, "factor", true, 0, &c->rope_scaling_factor, err, errlen)) ||
 	    (ret = get_float(rs, "low_freq_factor", true, 0, &c->rope_low_freq_factor, err, errlen)) ||
 	    (ret = get_float(rs, "high_freq_factor", true, 0, &c->rope_high_freq_factor, err, errlen)) ||
 	    (ret = get_int(rs, "original_max_position_embeddings", true, 0, &c->rope_original_ctx, err, errlen)))
-		return fail(err, errlen, ret, "config.json: rope_scaling (llama3) needs factor, low_freq_factor, "
+		return errmsg(err, errlen, ret, "config.json: rope_scaling (llama3) needs factor, low_freq_factor, "
 				"high_freq_factor and original_max_position_embeddings as numbers");
 	if (c->rope_scaling_factor <= 0 || c->rope_low_freq_factor <= 0 ||
 	    c->rope_high_freq_factor <= c->rope_low_freq_factor || c->rope_original_ctx <= 0)
-		return fail(err, errlen, -EINVAL, "config.json: rope_scaling (llama3) values are inconsistent");
+		return errmsg(err, errlen, -EINVAL, "config.json: rope_scaling (llama3) values are inconsistent");
 	return 0;
 }
 
@@ -176,7 +163,7 @@ static int parse_special(struct json_object *root, struct fkv_model_config *c, c
 			struct json_object *x = json_object_array_get_idx(e, i);
 			int64_t v = json_object_get_int64(x);
 			if (!json_object_is_type(x, json_type_int) || v < 0 || v > INT_MAX)
-				return fail(err, errlen, -EINVAL, "config.json: key 'eos_token_id' must hold integer ids");
+				return errmsg(err, errlen, -EINVAL, "config.json: key 'eos_token_id' must hold integer ids");
 			if (c->n_eos < FKV_MAX_EOS)
 				c->eos_ids[c->n_eos++] = (int)v;
 		}
@@ -207,11 +194,11 @@ static int parse_root(struct json_object *root, struct fkv_model_config *c, char
 	    (ret = parse_rope_scaling(root, c, err, errlen)) || (ret = parse_special(root, c, err, errlen)))
 		return ret;
 	if (c->n_heads == 0)
-		return fail(err, errlen, -EINVAL, "config.json: key 'num_attention_heads' must be positive");
+		return errmsg(err, errlen, -EINVAL, "config.json: key 'num_attention_heads' must be positive");
 	if ((ret = get_int(root, "head_dim", false, c->dim / c->n_heads, &c->head_dim, err, errlen)))
 		return ret;
 	if (!get(root, "head_dim") && c->dim % c->n_heads)
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "config.json: hidden_size %d is not a multiple of num_attention_heads %d (give head_dim)",
 			    c->dim, c->n_heads);
 	struct json_object *v;
@@ -222,12 +209,12 @@ static int parse_root(struct json_object *root, struct fkv_model_config *c, char
 		c->sliding_window = 0; /* Qwen2 configs carry a window they do not use by default */
 	if ((v = get(root, "tie_word_embeddings"))) {
 		if (!json_object_is_type(v, json_type_boolean))
-			return fail(err, errlen, -EINVAL, "config.json: key 'tie_word_embeddings' must be true or false");
+			return errmsg(err, errlen, -EINVAL, "config.json: key 'tie_word_embeddings' must be true or false");
 		c->tied_embeddings = json_object_get_boolean(v);
 	}
 	if ((v = get(root, "attention_bias"))) {
 		if (!json_object_is_type(v, json_type_boolean))
-			return fail(err, errlen, -EINVAL, "config.json: key 'attention_bias' must be true or false");
+			return errmsg(err, errlen, -EINVAL, "config.json: key 'attention_bias' must be true or false");
 		c->qkv_bias = c->qkv_bias || json_object_get_boolean(v);
 	}
 	c->dtype = FKV_F32;
@@ -239,7 +226,7 @@ static int parse_root(struct json_object *root, struct fkv_model_config *c, char
 				break;
 		}
 		if (i == sizeof hf_dtypes / sizeof hf_dtypes[0])
-			return fail(err, errlen, -EPROTO,
+			return errmsg(err, errlen, -EPROTO,
 				    "config.json: torch_dtype '%s' is not supported (float32, float16, bfloat16 are)", s);
 		c->dtype = hf_dtypes[i].dtype;
 	}
@@ -250,21 +237,21 @@ static int parse_root(struct json_object *root, struct fkv_model_config *c, char
 int hf_config_parse(const char *json, size_t len, struct fkv_model_config *cfg, char *err, size_t errlen)
 {
 	if (len > HF_CONFIG_MAX_BYTES)
-		return fail(err, errlen, -EINVAL, "config.json: larger than %u bytes", HF_CONFIG_MAX_BYTES);
+		return errmsg(err, errlen, -EINVAL, "config.json: larger than %u bytes", HF_CONFIG_MAX_BYTES);
 	struct json_tokener *tok = json_tokener_new();
 	if (!tok)
-		return fail(err, errlen, -ENOMEM, "config.json: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "config.json: out of memory");
 	struct json_object *root = json_tokener_parse_ex(tok, json, (int)len);
 	enum json_tokener_error je = json_tokener_get_error(tok);
 	json_tokener_free(tok);
 	if (!root || je != json_tokener_success) {
 		json_object_put(root);
-		return fail(err, errlen, -EINVAL, "config.json: invalid JSON (%s)",
+		return errmsg(err, errlen, -EINVAL, "config.json: invalid JSON (%s)",
 			    je == json_tokener_continue ? "unexpected end" : json_tokener_error_desc(je));
 	}
 	if (!json_object_is_type(root, json_type_object)) {
 		json_object_put(root);
-		return fail(err, errlen, -EINVAL, "config.json: not a JSON object");
+		return errmsg(err, errlen, -EINVAL, "config.json: not a JSON object");
 	}
 	struct fkv_model_config c;
 	memset(&c, 0, sizeof c);
@@ -279,19 +266,19 @@ int hf_config_load(const char *dir, struct fkv_model_config *cfg, char *err, siz
 {
 	char path[4096];
 	if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
-		return fail(err, errlen, -ENAMETOOLONG, "config.json: path too long");
+		return errmsg(err, errlen, -ENAMETOOLONG, "config.json: path too long");
 	FILE *fp = fopen(path, "rb");
 	if (!fp)
-		return fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
+		return errmsg(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
 	char *buf = malloc(HF_CONFIG_MAX_BYTES + 1);
 	if (!buf) {
 		fclose(fp);
-		return fail(err, errlen, -ENOMEM, "config.json: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "config.json: out of memory");
 	}
 	size_t n = fread(buf, 1, HF_CONFIG_MAX_BYTES + 1, fp);
 	int rerr = ferror(fp);
 	fclose(fp);
-	int ret = rerr ? fail(err, errlen, -EIO, "error reading %s", path)
+	int ret = rerr ? errmsg(err, errlen, -EIO, "error reading %s", path)
 		       : hf_config_parse(buf, n, cfg, err, errlen);
 	free(buf);
 	return ret;

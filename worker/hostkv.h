@@ -59,7 +59,11 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 int hostkv_block_ro(struct hostkv_seq *s, int layer, int page, const void **block, char *err,
 		    size_t errlen);
 /* Commits: the K/V of positions < committed_tokens are written, and the token ids
- * ids[0..n) at positions first.. are kept with the sequence. */
+ * ids[0..n) at positions first.. are kept with the sequence. Ids already kept must agree and
+ * are not sent again. A length that only moves inside pages already committed, with no new
+ * ids, reaches the store with the next commit that sends something (or at close): after a
+ * crash the store's length may lag by those steps, whose ids it keeps, and a resume runs them
+ * again. */
 int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
 		  int64_t first, int64_t n, char *err, size_t errlen);
 /* Detaches (drop = false: the store keeps it for a later resume) or drops the sequence. */

@@ -1,13 +1,20 @@
 /* kvcache — the seam between the engine and a KV retrieval policy (DESIGN §5).
  *
  * One policy state per sequence holds that sequence's keys and values of every layer (after
- * RoPE) and decides which cached positions attention reads: `full` reads all of them; later
- * policies (streaming, quest, freekv) keep a budget on the device and recall the rest. The
- * engine drives every policy the same way and never learns which one runs:
+ * RoPE) and decides which cached positions attention reads: `full` reads all of them; the
+ * retrieval policies (streaming, quest, freekv: policy_paged.h) keep a budget of B tokens per
+ * layer on the device and recall the rest from the host copy. The engine drives every policy
+ * the same way and never learns which one runs:
  *
  *   step_begin(n)                      a forward pass will add n tokens
  *     for each layer: layer_begin, append(k, v, n), attend(q, n) -> out, layer_end
  *   step_end()                         the n tokens are committed (length += n)
+ *
+ * Every policy writes each appended token's K and V through to the host copy when there is one
+ * (kv_seq_params.host; the page block of its position, the partial tail page rewritten step by
+ * step), so the host copy is complete up to the length and restore() can rebuild the state of
+ * a resumed sequence from it. Per-layer retrieval counters come from layer_stats() and their sum
+ * with stats().
  *
  * A step that fails before step_end leaves the committed length unchanged: whatever append wrote
  * past it is overwritten by the next step, so a failed step loses nothing. The policy allocates
@@ -24,7 +31,9 @@
 
 struct hostkv_seq;
 
-/* Retrieval settings (DESIGN §3, §5); 0 means the policy's default. `full` ignores them. */
+/* Retrieval settings (DESIGN §3, §5). page, budget, sink and window all 0 means the defaults
+ * scaled to max_tokens (policy_opts.h); tau 0 is pure speculation, full_layers 0 none. `full`
+ * ignores them. */
 struct kv_policy_opts {
 	int page;	 /* p, tokens per page */
 	int budget;	 /* B, tokens attended per decode step */
@@ -105,6 +114,11 @@ extern const struct kv_policy_ops kv_policy_full;
 extern const struct kv_policy_ops kv_policy_streaming;
 extern const struct kv_policy_ops kv_policy_quest;
 extern const struct kv_policy_ops kv_policy_freekv;
+
+/* Fills page, budget, sink and window when all four are 0 with the defaults scaled to a
+ * max_tokens context (policy_opts_finalize), and checks them; 0 or -EINVAL. The engine and the
+ * host copy use it to agree on the page size with the policies. */
+int kvcache_resolve_opts(struct kv_policy_opts *o, int64_t max_tokens);
 
 /* Looks a policy up by name in the table of built policies; NULL when unknown. */
 const struct kv_policy_ops *kvcache_policy(const char *name);

@@ -1,4 +1,4 @@
-/* kvworker — the worker executable: a table of commands (generate, perplexity, synth), each
+/* kvworker — the worker executable: a table of commands (generate, resume, perplexity, synth), each
  * parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage. */
 #include <stdio.h>
 #include <string.h>
@@ -7,7 +7,10 @@
 
 static const struct cmd commands[] = {
 	{ "generate", "continue a prompt with a model", cmd_generate },
+	{ "resume", "continue a sequence kept by kvstored", cmd_resume },
 	{ "perplexity", "teacher-forced perplexity of a text file", cmd_perplexity },
+	{ "eval", "compare KV retrieval policies on a text file (perplexity, top-1 agreement)",
+	  cmd_eval },
 	{ "synth", "write a random-weight model with a real model's geometry", cmd_synth },
 };
 

@@ -9,7 +9,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +20,7 @@
 #include "gguf.h"
 #include "hf_config.h"
 #include "safetensors.h"
+#include "errmsg.h"
 
 /* Bytes hashed from the start, the middle and the end of each tensor for the fingerprint. */
 #define FP_SAMPLE 4096
@@ -90,44 +90,30 @@ static const struct {
 	{ "qwen2", FKV_ROPE_HALVES },
 };
 
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
-
 int model_config_validate(const struct fkv_model_config *c, char *err, size_t errlen)
 {
 	if (c->n_layers <= 0 || c->n_layers > FKV_MAX_LAYERS)
-		return fail(err, errlen, -EINVAL, "model: %d layers (1..%d supported)", c->n_layers, FKV_MAX_LAYERS);
+		return errmsg(err, errlen, -EINVAL, "model: %d layers (1..%d supported)", c->n_layers, FKV_MAX_LAYERS);
 	if (c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 || c->ffn_dim <= 0 ||
 	    c->vocab_size <= 0 || c->ctx_len <= 0)
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "model: sizes must be positive (dim %d, heads %d, kv heads %d, head_dim %d, ffn %d, vocab %d, ctx %d)",
 			    c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->vocab_size, c->ctx_len);
 	if (c->n_heads % c->n_kv_heads)
-		return fail(err, errlen, -EINVAL, "model: %d query heads is not a multiple of %d KV heads", c->n_heads,
+		return errmsg(err, errlen, -EINVAL, "model: %d query heads is not a multiple of %d KV heads", c->n_heads,
 			    c->n_kv_heads);
 	if (c->head_dim % 2)
-		return fail(err, errlen, -EINVAL, "model: head_dim %d is odd (rotary pairs need it even)", c->head_dim);
+		return errmsg(err, errlen, -EINVAL, "model: head_dim %d is odd (rotary pairs need it even)", c->head_dim);
 	if ((int64_t)c->n_heads * c->head_dim > (1 << 20) || c->dim > (1 << 20) || c->ffn_dim > (1 << 22))
-		return fail(err, errlen, -EINVAL, "model: implausibly large geometry");
+		return errmsg(err, errlen, -EINVAL, "model: implausibly large geometry");
 	if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
-		return fail(err, errlen, -EINVAL, "model: rms_norm_eps and rope_theta must be positive");
+		return errmsg(err, errlen, -EINVAL, "model: rms_norm_eps and rope_theta must be positive");
 	bool ids_ok = c->bos_id < c->vocab_size && c->eos_id < c->vocab_size && c->n_eos >= 0 &&
 		      c->n_eos <= FKV_MAX_EOS;
 	for (int i = 0; ids_ok && i < c->n_eos; i++)
 		ids_ok = c->eos_ids[i] >= 0 && c->eos_ids[i] < c->vocab_size;
 	if (!ids_ok)
-		return fail(err, errlen, -EINVAL, "model: bos/eos id outside the vocabulary of %d", c->vocab_size);
+		return errmsg(err, errlen, -EINVAL, "model: bos/eos id outside the vocabulary of %d", c->vocab_size);
 	return 0;
 }
 
@@ -197,18 +183,18 @@ static int bind(struct fkv_model *m, struct model_priv *p, const char *name, enu
 		char a[96], b[96];
 		fmt_shape(a, sizeof a, want, want_dims);
 		fmt_shape(b, sizeof b, r.dims, r.n_dims);
-		return fail(err, errlen, -EINVAL, "model: tensor '%s' has shape %s, expected %s", name, b, a);
+		return errmsg(err, errlen, -EINVAL, "model: tensor '%s' has shape %s, expected %s", name, b, a);
 	}
 	const void *data = r.data;
 	if ((uintptr_t)data % dtype_size(r.dtype)) {
 		/* the format allows it; the backends read whole elements */
 		void **nc = realloc(p->copies, (size_t)(p->n_copies + 1) * sizeof *nc);
 		if (!nc)
-			return fail(err, errlen, -ENOMEM, "model: out of memory");
+			return errmsg(err, errlen, -ENOMEM, "model: out of memory");
 		p->copies = nc;
 		void *copy = aligned_alloc(64, (r.size + 63) / 64 * 64);
 		if (!copy)
-			return fail(err, errlen, -ENOMEM, "model: out of memory copying tensor '%s'", name);
+			return errmsg(err, errlen, -ENOMEM, "model: out of memory copying tensor '%s'", name);
 		memcpy(copy, data, r.size);
 		p->copies[p->n_copies++] = copy;
 		data = copy;
@@ -232,7 +218,7 @@ static int bind_all(struct fkv_model *m, struct model_priv *p, char *err, size_t
 		struct fkv_tensor *dst = (struct fkv_tensor *)((char *)m + s->off);
 		ret = bind(m, p, n, s->rows, s->cols, dst, err, errlen);
 		if (ret == -ENOENT && !(s->flags & TS_OPTIONAL))
-			return fail(err, errlen, -EINVAL, "model: missing tensor '%s'", n);
+			return errmsg(err, errlen, -EINVAL, "model: missing tensor '%s'", n);
 		if (ret && ret != -ENOENT)
 			return ret;
 	}
@@ -246,7 +232,7 @@ static int bind_all(struct fkv_model *m, struct model_priv *p, char *err, size_t
 			struct fkv_tensor *dst = (struct fkv_tensor *)((char *)&m->layers[l] + s->off);
 			ret = bind(m, p, name, s->rows, s->cols, dst, err, errlen);
 			if (ret == -ENOENT)
-				return fail(err, errlen, -EINVAL, "model: missing tensor '%s'", name);
+				return errmsg(err, errlen, -EINVAL, "model: missing tensor '%s'", name);
 			if (ret)
 				return ret;
 		}
@@ -280,10 +266,10 @@ static int check_claimed(const struct fkv_model *m, const struct model_priv *p, 
 		if (!m->is_gguf && len >= sfx && !strcmp(name + len - sfx, "rotary_emb.inv_freq"))
 			continue;
 		if (!strcmp(name, "rope_freqs.weight"))
-			return fail(err, errlen, -EPROTO,
+			return errmsg(err, errlen, -EPROTO,
 				    "model: GGUF tensor 'rope_freqs.weight' (precomputed llama3 rope scaling) is not "
 				    "supported; load the Hugging Face folder instead");
-		return fail(err, errlen, -EINVAL, "model: unexpected tensor '%s' (not part of a %s model%s)", name,
+		return errmsg(err, errlen, -EINVAL, "model: unexpected tensor '%s' (not part of a %s model%s)", name,
 			    m->cfg.arch, m->cfg.qkv_bias ? "" : " without q/k/v biases");
 	}
 	return 0;
@@ -296,14 +282,14 @@ static int gguf_config(struct gguf_ctx *g, struct fkv_model_config *c, char *err
 	char key[128];
 	int ret;
 	if (gguf_get_str(g, "general.architecture", &arch, NULL))
-		return fail(err, errlen, -EINVAL, "gguf: missing key 'general.architecture'");
+		return errmsg(err, errlen, -EINVAL, "gguf: missing key 'general.architecture'");
 	size_t ai;
 	for (ai = 0; ai < sizeof gguf_archs / sizeof gguf_archs[0]; ai++) {
 		if (!strcmp(arch, gguf_archs[ai].arch))
 			break;
 	}
 	if (ai == sizeof gguf_archs / sizeof gguf_archs[0])
-		return fail(err, errlen, -EPROTO, "gguf: architecture '%s' is not supported (llama, qwen2 are)", arch);
+		return errmsg(err, errlen, -EPROTO, "gguf: architecture '%s' is not supported (llama, qwen2 are)", arch);
 	snprintf(c->arch, sizeof c->arch, "%s", arch);
 	c->rope_style = gguf_archs[ai].rope;
 	static const struct {
@@ -326,7 +312,7 @@ static int gguf_config(struct gguf_ctx *g, struct fkv_model_config *c, char *err
 		if (ret == -ENOENT && !ints[i].required)
 			continue;
 		if (ret || v <= 0)
-			return fail(err, errlen, -EINVAL, "gguf: %s key '%s'", ret == -ENOENT ? "missing" : "invalid", key);
+			return errmsg(err, errlen, -EINVAL, "gguf: %s key '%s'", ret == -ENOENT ? "missing" : "invalid", key);
 		*(int *)((char *)c + ints[i].off) = v;
 	}
 	if (!c->n_kv_heads)
@@ -335,34 +321,34 @@ static int gguf_config(struct gguf_ctx *g, struct fkv_model_config *c, char *err
 		c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
 	snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
 	if (gguf_get_f32(g, key, &c->norm_eps))
-		return fail(err, errlen, -EINVAL, "gguf: missing or invalid key '%s'", key);
+		return errmsg(err, errlen, -EINVAL, "gguf: missing or invalid key '%s'", key);
 	snprintf(key, sizeof key, "%s.rope.freq_base", arch);
 	ret = gguf_get_f32(g, key, &c->rope_theta);
 	if (ret == -ENOENT)
 		c->rope_theta = 10000.0f;
 	else if (ret)
-		return fail(err, errlen, -EINVAL, "gguf: invalid key '%s'", key);
+		return errmsg(err, errlen, -EINVAL, "gguf: invalid key '%s'", key);
 	uint32_t rdim;
 	snprintf(key, sizeof key, "%s.rope.dimension_count", arch);
 	if (!gguf_get_u32(g, key, &rdim) && (int)rdim != c->head_dim)
-		return fail(err, errlen, -EPROTO, "gguf: key '%s' = %u: partial rotary (head dim %d) is not supported",
+		return errmsg(err, errlen, -EPROTO, "gguf: key '%s' = %u: partial rotary (head dim %d) is not supported",
 			    key, rdim, c->head_dim);
 	const char *st;
 	snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
 	if (!gguf_get_str(g, key, &st, NULL) && strcmp(st, "none"))
-		return fail(err, errlen, -EPROTO, "gguf: key '%s' = '%s': rope scaling is not supported from GGUF", key, st);
+		return errmsg(err, errlen, -EPROTO, "gguf: key '%s' = '%s': rope scaling is not supported from GGUF", key, st);
 	struct gguf_arr toks;
 	if (!gguf_get_arr(g, "tokenizer.ggml.tokens", &toks)) {
 		if (toks.n == 0 || toks.n > (1u << 24))
-			return fail(err, errlen, -EINVAL, "gguf: key 'tokenizer.ggml.tokens' has %" PRIu64 " entries", toks.n);
+			return errmsg(err, errlen, -EINVAL, "gguf: key 'tokenizer.ggml.tokens' has %" PRIu64 " entries", toks.n);
 		c->vocab_size = (int)toks.n;
 	} else {
 		int64_t ti = gguf_find_tensor(g, "token_embd.weight");
 		if (ti < 0)
-			return fail(err, errlen, -EINVAL, "gguf: missing tensor 'token_embd.weight'");
+			return errmsg(err, errlen, -EINVAL, "gguf: missing tensor 'token_embd.weight'");
 		int64_t rows = gguf_tensor(g, ti)->ne[1];
 		if (rows > (1 << 24))
-			return fail(err, errlen, -EINVAL, "gguf: tensor 'token_embd.weight' has %" PRId64 " rows", rows);
+			return errmsg(err, errlen, -EINVAL, "gguf: tensor 'token_embd.weight' has %" PRId64 " rows", rows);
 		c->vocab_size = (int)rows;
 	}
 	uint32_t id;
@@ -407,7 +393,7 @@ static int fingerprint(struct fkv_model *m, char *err, size_t errlen)
 	const struct fkv_model_config *c = &m->cfg;
 	EVP_MD_CTX *h = EVP_MD_CTX_new();
 	if (!h)
-		return fail(err, errlen, -ENOMEM, "model: out of memory (fingerprint)");
+		return errmsg(err, errlen, -ENOMEM, "model: out of memory (fingerprint)");
 	char buf[1024];
 	float fl[5] = { c->norm_eps, c->rope_theta, c->rope_scaling_factor, c->rope_low_freq_factor,
 			c->rope_high_freq_factor };
@@ -441,7 +427,7 @@ static int fingerprint(struct fkv_model *m, char *err, size_t errlen)
 	unsigned int len = 0;
 	ok = ok && EVP_DigestFinal_ex(h, m->fingerprint, &len) && len == FKV_FINGERPRINT_BYTES;
 	EVP_MD_CTX_free(h);
-	return ok ? 0 : fail(err, errlen, -EIO, "model: SHA-256 failed (OpenSSL)");
+	return ok ? 0 : errmsg(err, errlen, -EIO, "model: SHA-256 failed (OpenSSL)");
 }
 
 void model_fingerprint_hex(const struct fkv_model *m, char out[2 * FKV_FINGERPRINT_BYTES + 1])
@@ -461,9 +447,9 @@ static int load(const char *path, struct fkv_model *m, struct model_priv *p, cha
 	struct stat st;
 	int ret;
 	if (stat(path, &st) < 0)
-		return fail(err, errlen, -errno, "model: %s: %s", path, strerror(errno));
+		return errmsg(err, errlen, -errno, "model: %s: %s", path, strerror(errno));
 	if ((size_t)snprintf(m->path, sizeof m->path, "%s", path) >= sizeof m->path)
-		return fail(err, errlen, -ENAMETOOLONG, "model: path too long");
+		return errmsg(err, errlen, -ENAMETOOLONG, "model: path too long");
 	if (S_ISDIR(st.st_mode)) {
 		if ((ret = hf_config_load(path, &m->cfg, err, errlen)))
 			return ret;
@@ -476,14 +462,14 @@ static int load(const char *path, struct fkv_model *m, struct model_priv *p, cha
 		if ((ret = gguf_config(p->gguf, &m->cfg, err, errlen)))
 			return ret;
 	} else {
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "model: %s is neither a .gguf file nor a Hugging Face folder (config.json + safetensors)", path);
 	}
 	int64_t nt = p->gguf ? gguf_n_tensors(p->gguf) : st_n_tensors(p->st);
 	p->claimed = calloc((size_t)(nt ? nt : 1), 1);
 	m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
 	if (!p->claimed || !m->layers)
-		return fail(err, errlen, -ENOMEM, "model: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "model: out of memory");
 	if ((ret = bind_all(m, p, err, errlen)) || (ret = check_claimed(m, p, err, errlen)))
 		return ret;
 	resolve_output(m);
@@ -496,7 +482,7 @@ int model_load(const char *path, struct fkv_model *m, char *err, size_t errlen)
 	memset(m, 0, sizeof *m);
 	struct model_priv *p = calloc(1, sizeof *p);
 	if (!p)
-		return fail(err, errlen, -ENOMEM, "model: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "model: out of memory");
 	m->priv = p;
 	int ret = load(path, m, p, err, errlen);
 	if (ret)

@@ -2,13 +2,17 @@
  * step attends to all of them. The accuracy reference for the retrieval policies.
  *
  * Storage per layer: K and V, each (capacity, n_kv, d) in the KV dtype, grown by doubling up to
- * max_tokens (a grow copies the committed rows into fresh buffers). Also the policy table. */
+ * max_tokens (a grow copies the committed rows into fresh buffers). Appended rows are written
+ * through to the host copy (kv_writethrough.h), which restore() reads back. Also the policy
+ * table. */
 #include "kvcache.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kv_writethrough.h"
 
 struct full_state {
 	struct kv_seq_params p;
@@ -18,6 +22,7 @@ struct full_state {
 	size_t row_bytes; /* one token's (n_kv, d) row */
 	void **k, **v;	  /* n_layers buffers each: (cap, n_kv, d) */
 	int64_t attended;
+	struct kv_wt wt;  /* write-through to the host copy */
 };
 
 static void full_free_bufs(struct full_state *s)
@@ -37,6 +42,7 @@ static void full_destroy(void *st)
 	if (!s)
 		return;
 	full_free_bufs(s);
+	kv_wt_free(&s->wt);
 	free(s->k);
 	free(s->v);
 	free(s);
@@ -51,6 +57,13 @@ static int full_create(const struct kv_seq_params *p, void **st)
 	if (!s)
 		return -ENOMEM;
 	s->p = *p;
+	/* `full` needs the page size only to address the host copy's blocks. */
+	int ret = p->host ? kvcache_resolve_opts(&s->p.opts, p->max_tokens) : 0;
+	ret = ret ?: kv_wt_init(&s->wt, p->be, p->host, &p->attn, p->host ? s->p.opts.page : 1);
+	if (ret) {
+		free(s);
+		return ret;
+	}
 	s->row_bytes = (size_t)p->attn.n_kv_heads * (size_t)p->attn.head_dim *
 		       dtype_size(p->attn.kv_dtype);
 	s->k = calloc((size_t)p->n_layers, sizeof *s->k);
@@ -129,8 +142,13 @@ static int full_append(void *st, int layer, const float *k, const float *v, int6
 	int64_t per_row = (int64_t)s->p.attn.n_kv_heads * s->p.attn.head_dim;
 	size_t off = (size_t)s->len * s->row_bytes;
 	enum fkv_dtype t = s->p.attn.kv_dtype;
-	return be->ops->convert(be->ctx, (char *)s->k[layer] + off, t, k, n * per_row) ?:
-	       be->ops->convert(be->ctx, (char *)s->v[layer] + off, t, v, n * per_row);
+	int ret = be->ops->convert(be->ctx, (char *)s->k[layer] + off, t, k, n * per_row) ?:
+		  be->ops->convert(be->ctx, (char *)s->v[layer] + off, t, v, n * per_row);
+	if (ret || !s->wt.host)
+		return ret;
+	const float *hk, *hv;
+	return kv_wt_fetch(&s->wt, k, v, n, &hk, &hv) ?:
+	       kv_wt_store(&s->wt, layer, s->len, hk, hv, n);
 }
 
 static int full_attend(void *st, int layer, float *out, const float *q, int64_t n)
@@ -179,6 +197,40 @@ static void full_stats(void *st, struct kv_stats *out)
 	out->attended = s->attended;
 }
 
+/* Reloads [0, len) of every layer from the host copy into fresh buffers. */
+static int full_restore(void *st, int64_t len)
+{
+	struct full_state *s = st;
+	struct backend *be = s->p.be;
+	if (!s->wt.host || len < 0 || len > s->p.max_tokens || s->len || s->pending)
+		return -EINVAL;
+	if (!len)
+		return 0;
+	int ret = len > s->cap ? full_grow(s, len) : 0;
+	size_t n = (size_t)len * s->p.attn.n_kv_heads * s->p.attn.head_dim;
+	float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+	void *kt = malloc((size_t)len * s->row_bytes), *vt = malloc((size_t)len * s->row_bytes);
+	if (!ret && (!k || !v || !kt || !vt))
+		ret = -ENOMEM;
+	enum fkv_dtype t = s->p.attn.kv_dtype;
+	for (int l = 0; l < s->p.n_layers && !ret; l++) {
+		ret = kv_wt_load(&s->wt, l, 0, len, false, k, v);
+		if (ret)
+			break;
+		dtype_from_f32(kt, k, t, n);
+		dtype_from_f32(vt, v, t, n);
+		ret = be->ops->upload(be->ctx, s->k[l], kt, (size_t)len * s->row_bytes) ?:
+		      be->ops->upload(be->ctx, s->v[l], vt, (size_t)len * s->row_bytes);
+	}
+	free(k);
+	free(v);
+	free(kt);
+	free(vt);
+	if (!ret)
+		s->len = len;
+	return ret;
+}
+
 const struct kv_policy_ops kv_policy_full = {
 	.name = "full",
 	.create = full_create,
@@ -191,11 +243,16 @@ const struct kv_policy_ops kv_policy_full = {
 	.step_end = full_step_end,
 	.length = full_length,
 	.stats = full_stats,
+	.layer_stats = NULL,
+	.restore = full_restore,
 };
 
 /* Every built policy; retrieval policies add a line here. */
 static const struct kv_policy_ops *const policies[] = {
 	&kv_policy_full,
+	&kv_policy_streaming,
+	&kv_policy_quest,
+	&kv_policy_freekv,
 };
 
 const struct kv_policy_ops *kvcache_policy(const char *name)

@@ -3,11 +3,12 @@
  * table sorted by name (binary search for lookups, adjacent names reveal duplicates). */
 #include "safetensors.h"
 
+#include "errmsg.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,42 +43,28 @@ static const struct {
 	{ "U8", -1 },	    { "BOOL", -1 },	{ "F8_E4M3", -1 },    { "F8_E5M2", -1 },
 };
 
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
-
 static int parse_json(const char *s, size_t len, struct json_object **out, const char *what,
 		      char *err, size_t errlen)
 {
 	if (len > INT_MAX)
-		return fail(err, errlen, -EINVAL, "%s: JSON too large", what);
+		return errmsg(err, errlen, -EINVAL, "%s: JSON too large", what);
 	struct json_tokener *tok = json_tokener_new();
 	if (!tok)
-		return fail(err, errlen, -ENOMEM, "%s: out of memory", what);
+		return errmsg(err, errlen, -ENOMEM, "%s: out of memory", what);
 	struct json_object *o = json_tokener_parse_ex(tok, s, (int)len);
 	enum json_tokener_error je = json_tokener_get_error(tok);
 	size_t end = json_tokener_get_parse_end(tok);
 	json_tokener_free(tok);
 	if (!o || je != json_tokener_success) {
 		json_object_put(o);
-		return fail(err, errlen, -EINVAL, "%s: invalid JSON (%s)", what,
+		return errmsg(err, errlen, -EINVAL, "%s: invalid JSON (%s)", what,
 			    je == json_tokener_continue ? "unexpected end" : json_tokener_error_desc(je));
 	}
 	for (; end < len; end++) {
 		/* writers pad the header with spaces to align the data */
 		if (s[end] != ' ' && s[end] != '\n' && s[end] != '\t' && s[end] != '\r' && s[end] != '\0') {
 			json_object_put(o);
-			return fail(err, errlen, -EINVAL, "%s: trailing bytes after the JSON header", what);
+			return errmsg(err, errlen, -EINVAL, "%s: trailing bytes after the JSON header", what);
 		}
 	}
 	*out = o;
@@ -104,7 +91,7 @@ static int add_tensor(struct st_ctx *s, const char *fname, const struct st_file 
 	    !json_object_object_get_ex(desc, "dtype", &jd) || !json_object_is_type(jd, json_type_string) ||
 	    !json_object_object_get_ex(desc, "shape", &js) || !json_object_is_type(js, json_type_array) ||
 	    !json_object_object_get_ex(desc, "data_offsets", &jo) || !json_object_is_type(jo, json_type_array))
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "safetensors %s: tensor '%s' needs dtype (string), shape and data_offsets (arrays)",
 			    fname, name);
 	if (s->n == s->cap) {
@@ -116,7 +103,7 @@ static int add_tensor(struct st_ctx *s, const char *fname, const struct st_file 
 		if (nm)
 			s->names = nm;
 		if (!t || !nm)
-			return fail(err, errlen, -ENOMEM, "safetensors: out of memory");
+			return errmsg(err, errlen, -ENOMEM, "safetensors: out of memory");
 		s->cap = cap;
 	}
 	struct st_tensor *t = &s->t[s->n];
@@ -128,13 +115,13 @@ static int add_tensor(struct st_ctx *s, const char *fname, const struct st_file 
 			dtype = st_dtypes[i].dtype;
 	}
 	if (dtype < 0)
-		return fail(err, errlen, -EPROTO,
+		return errmsg(err, errlen, -EPROTO,
 			    "safetensors %s: tensor '%s' has %s dtype %s; only F32, F16 and BF16 are supported",
 			    fname, name, dtype == -1 ? "unsupported" : "unknown", dt);
 	t->dtype = (enum fkv_dtype)dtype;
 	size_t nd = json_object_array_length(js);
 	if (nd > ST_MAX_DIMS)
-		return fail(err, errlen, -EINVAL, "safetensors %s: tensor '%s' has %zu dimensions (at most %d)",
+		return errmsg(err, errlen, -EINVAL, "safetensors %s: tensor '%s' has %zu dimensions (at most %d)",
 			    fname, name, nd, ST_MAX_DIMS);
 	t->n_dims = (int)nd;
 	uint64_t nel = 1;
@@ -143,21 +130,21 @@ static int add_tensor(struct st_ctx *s, const char *fname, const struct st_file 
 		/* 2^40 per dim and 2^50 in all: far past any model, and no overflow */
 		if (!json_u64(json_object_array_get_idx(js, i), &d) || d > (1ull << 40) ||
 		    (d && nel > (1ull << 50) / d))
-			return fail(err, errlen, -EINVAL, "safetensors %s: tensor '%s' has an invalid shape", fname, name);
+			return errmsg(err, errlen, -EINVAL, "safetensors %s: tensor '%s' has an invalid shape", fname, name);
 		t->shape[i] = (int64_t)d;
 		nel *= d;
 	}
 	uint64_t b, e;
 	if (json_object_array_length(jo) != 2 || !json_u64(json_object_array_get_idx(jo, 0), &b) ||
 	    !json_u64(json_object_array_get_idx(jo, 1), &e) || e < b)
-		return fail(err, errlen, -EINVAL, "safetensors %s: tensor '%s' has invalid data_offsets", fname, name);
+		return errmsg(err, errlen, -EINVAL, "safetensors %s: tensor '%s' has invalid data_offsets", fname, name);
 	t->size = nel * dtype_size(t->dtype);
 	if (e - b != t->size)
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "safetensors %s: tensor '%s' spans %" PRIu64 " bytes but %s x shape needs %" PRIu64,
 			    fname, name, e - b, dt, t->size);
 	if (e > data_len)
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "safetensors %s: tensor '%s' ends at data offset %" PRIu64 ", past the %" PRIu64
 			    " data bytes in the file",
 			    fname, name, e, data_len);
@@ -165,7 +152,7 @@ static int add_tensor(struct st_ctx *s, const char *fname, const struct st_file 
 	t->file = file_idx;
 	s->names[s->n] = strdup(name);
 	if (!s->names[s->n])
-		return fail(err, errlen, -ENOMEM, "safetensors: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "safetensors: out of memory");
 	t->name = s->names[s->n];
 	s->n++;
 	return 0;
@@ -187,14 +174,14 @@ static int check_overlap(struct st_ctx *s, int first, const char *fname, char *e
 		return 0;
 	const struct st_tensor **v = malloc((size_t)n * sizeof *v);
 	if (!v)
-		return fail(err, errlen, -ENOMEM, "safetensors: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "safetensors: out of memory");
 	for (int i = 0; i < n; i++)
 		v[i] = &s->t[first + i];
 	qsort(v, (size_t)n, sizeof *v, cmp_data);
 	int ret = 0;
 	for (int i = 1; i < n && !ret; i++) {
 		if ((const uint8_t *)v[i - 1]->data + v[i - 1]->size > (const uint8_t *)v[i]->data)
-			ret = fail(err, errlen, -EINVAL, "safetensors %s: tensors '%s' and '%s' overlap", fname,
+			ret = errmsg(err, errlen, -EINVAL, "safetensors %s: tensors '%s' and '%s' overlap", fname,
 				   v[i - 1]->name, v[i]->name);
 	}
 	free(v);
@@ -208,13 +195,13 @@ static int parse_file(struct st_ctx *s, int idx, char *err, size_t errlen)
 	const char *fname = f->name;
 	uint64_t hlen;
 	if (f->size < 8)
-		return fail(err, errlen, -EINVAL, "safetensors %s: file too short (%zu bytes)", fname, f->size);
+		return errmsg(err, errlen, -EINVAL, "safetensors %s: file too short (%zu bytes)", fname, f->size);
 	memcpy(&hlen, f->base, 8);
 	if (hlen > ST_MAX_HEADER)
-		return fail(err, errlen, -EINVAL, "safetensors %s: header length %" PRIu64 " exceeds %u", fname,
+		return errmsg(err, errlen, -EINVAL, "safetensors %s: header length %" PRIu64 " exceeds %u", fname,
 			    hlen, ST_MAX_HEADER);
 	if (hlen > f->size - 8)
-		return fail(err, errlen, -EINVAL,
+		return errmsg(err, errlen, -EINVAL,
 			    "safetensors %s: header length %" PRIu64 " runs past the end of the file (%zu bytes)",
 			    fname, hlen, f->size);
 	struct json_object *root;
@@ -225,7 +212,7 @@ static int parse_file(struct st_ctx *s, int idx, char *err, size_t errlen)
 		return ret;
 	if (!json_object_is_type(root, json_type_object)) {
 		json_object_put(root);
-		return fail(err, errlen, -EINVAL, "safetensors %s: header is not a JSON object", fname);
+		return errmsg(err, errlen, -EINVAL, "safetensors %s: header is not a JSON object", fname);
 	}
 	uint64_t data_len = f->size - 8 - hlen;
 	int first = s->n;
@@ -252,7 +239,7 @@ static int finish(struct st_ctx *s, char *err, size_t errlen)
 	qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_name);
 	for (int i = 1; i < s->n; i++) {
 		if (!strcmp(s->t[i - 1].name, s->t[i].name))
-			return fail(err, errlen, -EINVAL, "safetensors: tensor '%s' appears twice (in %s and %s)",
+			return errmsg(err, errlen, -EINVAL, "safetensors: tensor '%s' appears twice (in %s and %s)",
 				    s->t[i].name, s->files[s->t[i - 1].file].name, s->files[s->t[i].file].name);
 	}
 	return 0;
@@ -264,17 +251,17 @@ static int map_file(const char *path, struct st_file *f, char *err, size_t errle
 	snprintf(f->name, sizeof f->name, "%s", slash ? slash + 1 : path);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return fail(err, errlen, -errno, "safetensors: cannot open %s: %s", path, strerror(errno));
+		return errmsg(err, errlen, -errno, "safetensors: cannot open %s: %s", path, strerror(errno));
 	struct stat st;
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < 8) {
 		close(fd);
-		return fail(err, errlen, -EINVAL, "safetensors: %s is not a regular file of at least 8 bytes", path);
+		return errmsg(err, errlen, -EINVAL, "safetensors: %s is not a regular file of at least 8 bytes", path);
 	}
 	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	int e = errno;
 	close(fd);
 	if (p == MAP_FAILED)
-		return fail(err, errlen, -e, "safetensors: cannot map %s: %s", path, strerror(e));
+		return errmsg(err, errlen, -e, "safetensors: cannot map %s: %s", path, strerror(e));
 	f->base = p;
 	f->size = (size_t)st.st_size;
 	f->mapped = true;
@@ -285,20 +272,20 @@ static int read_small_file(const char *path, char **buf, size_t *len, char *err,
 {
 	FILE *fp = fopen(path, "rb");
 	if (!fp)
-		return fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
+		return errmsg(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
 	char *b = NULL;
 	size_t n = 0, cap = 0;
 	int ret = 0;
 	for (;;) {
 		if (n == cap) {
 			if (cap >= ST_MAX_HEADER) {
-				ret = fail(err, errlen, -EFBIG, "%s is larger than %u bytes", path, ST_MAX_HEADER);
+				ret = errmsg(err, errlen, -EFBIG, "%s is larger than %u bytes", path, ST_MAX_HEADER);
 				break;
 			}
 			cap = cap ? cap * 2 : 65536;
 			char *nb = realloc(b, cap);
 			if (!nb) {
-				ret = fail(err, errlen, -ENOMEM, "out of memory reading %s", path);
+				ret = errmsg(err, errlen, -ENOMEM, "out of memory reading %s", path);
 				break;
 			}
 			b = nb;
@@ -309,7 +296,7 @@ static int read_small_file(const char *path, char **buf, size_t *len, char *err,
 			break;
 	}
 	if (!ret && ferror(fp))
-		ret = fail(err, errlen, -EIO, "error reading %s", path);
+		ret = errmsg(err, errlen, -EIO, "error reading %s", path);
 	fclose(fp);
 	if (ret) {
 		free(b);
@@ -324,7 +311,7 @@ static int add_file(struct st_ctx *s, const char *path, char *err, size_t errlen
 {
 	struct st_file *nf = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *nf);
 	if (!nf)
-		return fail(err, errlen, -ENOMEM, "safetensors: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "safetensors: out of memory");
 	s->files = nf;
 	memset(&s->files[s->n_files], 0, sizeof *nf);
 	int ret = map_file(path, &s->files[s->n_files], err, errlen);
@@ -350,17 +337,17 @@ static int open_index(struct st_ctx *s, const char *dir, const char *index, char
 		return ret;
 	if (!json_object_object_get_ex(root, "weight_map", &wm) || !json_object_is_type(wm, json_type_object)) {
 		json_object_put(root);
-		return fail(err, errlen, -EINVAL, "model.safetensors.index.json: missing object 'weight_map'");
+		return errmsg(err, errlen, -EINVAL, "model.safetensors.index.json: missing object 'weight_map'");
 	}
 	json_object_object_foreach(wm, tname, jf)
 	{
 		if (!json_object_is_type(jf, json_type_string)) {
-			ret = fail(err, errlen, -EINVAL, "model.safetensors.index.json: entry '%s' is not a file name", tname);
+			ret = errmsg(err, errlen, -EINVAL, "model.safetensors.index.json: entry '%s' is not a file name", tname);
 			break;
 		}
 		const char *fn = json_object_get_string(jf);
 		if (!*fn || strchr(fn, '/') || strlen(fn) >= sizeof s->files[0].name) {
-			ret = fail(err, errlen, -EINVAL, "model.safetensors.index.json: tensor '%s' names a bad shard '%s'",
+			ret = errmsg(err, errlen, -EINVAL, "model.safetensors.index.json: tensor '%s' names a bad shard '%s'",
 				   tname, fn);
 			break;
 		}
@@ -371,7 +358,7 @@ static int open_index(struct st_ctx *s, const char *dir, const char *index, char
 			continue;
 		char path[4096];
 		if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, fn) >= sizeof path) {
-			ret = fail(err, errlen, -ENAMETOOLONG, "safetensors: path too long");
+			ret = errmsg(err, errlen, -ENAMETOOLONG, "safetensors: path too long");
 			break;
 		}
 		if ((ret = add_file(s, path, err, errlen)))
@@ -383,11 +370,11 @@ static int open_index(struct st_ctx *s, const char *dir, const char *index, char
 			const struct st_tensor *t = st_find(s, tn);
 			const char *fn = json_object_get_string(jv);
 			if (!t) {
-				ret = fail(err, errlen, -EINVAL, "safetensors: tensor '%s' of the index is missing from %s", tn, fn);
+				ret = errmsg(err, errlen, -EINVAL, "safetensors: tensor '%s' of the index is missing from %s", tn, fn);
 				break;
 			}
 			if (strcmp(s->files[t->file].name, fn)) {
-				ret = fail(err, errlen, -EINVAL, "safetensors: tensor '%s' is in %s, the index says %s", tn,
+				ret = errmsg(err, errlen, -EINVAL, "safetensors: tensor '%s' is in %s, the index says %s", tn,
 					   s->files[t->file].name, fn);
 				break;
 			}
@@ -402,10 +389,10 @@ int st_open(const char *path, struct st_ctx **out, char *err, size_t errlen)
 	*out = NULL;
 	struct stat st;
 	if (stat(path, &st) < 0)
-		return fail(err, errlen, -errno, "safetensors: %s: %s", path, strerror(errno));
+		return errmsg(err, errlen, -errno, "safetensors: %s: %s", path, strerror(errno));
 	struct st_ctx *s = calloc(1, sizeof *s);
 	if (!s)
-		return fail(err, errlen, -ENOMEM, "safetensors: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "safetensors: out of memory");
 	int ret;
 	if (S_ISDIR(st.st_mode)) {
 		char p[4096];
@@ -437,13 +424,13 @@ int st_open_buf(const void *buf, size_t len, struct st_ctx **out, char *err, siz
 	struct st_ctx *s = calloc(1, sizeof *s);
 	if (!s || !(s->files = calloc(1, sizeof *s->files))) {
 		free(s);
-		return fail(err, errlen, -ENOMEM, "safetensors: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "safetensors: out of memory");
 	}
 	s->files[0].base = buf;
 	s->files[0].size = len;
 	snprintf(s->files[0].name, sizeof s->files[0].name, "(buffer)");
 	s->n_files = 1;
-	int ret = len < 8 ? fail(err, errlen, -EINVAL, "safetensors: buffer too short (%zu bytes)", len)
+	int ret = len < 8 ? errmsg(err, errlen, -EINVAL, "safetensors: buffer too short (%zu bytes)", len)
 			  : parse_file(s, 0, err, errlen);
 	if (!ret)
 		ret = finish(s, err, errlen);

@@ -5,10 +5,11 @@
  * generated chunk by chunk), the index, config.json and the tokenizer files. */
 #include "synth.h"
 
+#include "errmsg.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,20 +83,6 @@ static const char *const merges[][2] = {
 	{ "Ġ", "th" }, { "Ġ", "re" },  { "Ġ", "an" }, { ".", "Ċ" },  { "Ċ", "Ċ" },	 { "Ġ", "Ġ" },
 };
 #define N_MERGES ((int)(sizeof merges / sizeof merges[0]))
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
 
 int synth_n_presets(void) { return N_PRESETS; }
 const char *synth_preset_name(int i) { return i >= 0 && i < N_PRESETS ? presets[i].name : NULL; }
@@ -229,12 +216,12 @@ static FILE *open_out(const char *dir, const char *name, char *err, size_t errle
 {
 	char path[4096];
 	if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path) {
-		*ret = fail(err, errlen, -ENAMETOOLONG, "synth: path too long");
+		*ret = errmsg(err, errlen, -ENAMETOOLONG, "synth: path too long");
 		return NULL;
 	}
 	FILE *f = fopen(path, "wb");
 	if (!f)
-		*ret = fail(err, errlen, -errno, "synth: cannot create %s: %s", path, strerror(errno));
+		*ret = errmsg(err, errlen, -errno, "synth: cannot create %s: %s", path, strerror(errno));
 	return f;
 }
 
@@ -242,7 +229,7 @@ static int close_out(FILE *f, const char *name, char *err, size_t errlen)
 {
 	int bad = ferror(f);
 	if (fclose(f) || bad)
-		return fail(err, errlen, -EIO, "synth: error writing %s: %s", name, strerror(errno));
+		return errmsg(err, errlen, -EIO, "synth: error writing %s: %s", name, strerror(errno));
 	return 0;
 }
 
@@ -256,7 +243,7 @@ static int write_shard(const struct synth_job *j, int s, const char *dir, float 
 	size_t cap = 256 + (size_t)j->n * 200, len = 0;
 	char *h = malloc(cap);
 	if (!h)
-		return fail(err, errlen, -ENOMEM, "synth: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "synth: out of memory");
 	len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
 	for (int i = 0; i < j->n; i++) {
 		const struct synth_tensor *t = &j->t[i];
@@ -543,7 +530,7 @@ int synth_write_sharded(const char *preset, int n_layers_override, enum fkv_dtyp
 			char *err, size_t errlen)
 {
 	if (!merges_consistent())
-		return fail(err, errlen, -EINVAL, "synth: internal merge table is inconsistent");
+		return errmsg(err, errlen, -EINVAL, "synth: internal merge table is inconsistent");
 	const struct synth_preset *src = NULL;
 	for (int i = 0; i < N_PRESETS; i++) {
 		if (!strcmp(presets[i].name, preset))
@@ -553,17 +540,17 @@ int synth_write_sharded(const char *preset, int n_layers_override, enum fkv_dtyp
 		char list[256] = "";
 		for (int i = 0; i < N_PRESETS; i++)
 			snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", presets[i].name);
-		return fail(err, errlen, -EINVAL, "synth: unknown preset '%s' (known: %s)", preset, list);
+		return errmsg(err, errlen, -EINVAL, "synth: unknown preset '%s' (known: %s)", preset, list);
 	}
 	if ((unsigned)dtype > FKV_BF16)
-		return fail(err, errlen, -EINVAL, "synth: bad dtype");
+		return errmsg(err, errlen, -EINVAL, "synth: bad dtype");
 	if (n_layers_override < 0 || n_layers_override > 256 || vocab_override < 0)
-		return fail(err, errlen, -EINVAL, "synth: layers must be 1..256 and vocab positive");
+		return errmsg(err, errlen, -EINVAL, "synth: layers must be 1..256 and vocab positive");
 	if (vocab_override && vocab_override < synth_min_vocab())
-		return fail(err, errlen, -EINVAL, "synth: vocab %d is too small (at least %d: bytes, merges, specials)",
+		return errmsg(err, errlen, -EINVAL, "synth: vocab %d is too small (at least %d: bytes, merges, specials)",
 			    vocab_override, synth_min_vocab());
 	if (shard_bytes == 0)
-		return fail(err, errlen, -EINVAL, "synth: shard size must be positive");
+		return errmsg(err, errlen, -EINVAL, "synth: shard size must be positive");
 	struct synth_job j = { .p = *src, .dtype = dtype, .seed = seed };
 	if (n_layers_override)
 		j.p.n_layers = n_layers_override;
@@ -575,12 +562,12 @@ int synth_write_sharded(const char *preset, int n_layers_override, enum fkv_dtyp
 	j.p.n_eos = n_eos;
 	memcpy(j.p.eos, eos, sizeof eos);
 	if (mkdir(outdir, 0755) < 0 && errno != EEXIST)
-		return fail(err, errlen, -errno, "synth: cannot create %s: %s", outdir, strerror(errno));
+		return errmsg(err, errlen, -errno, "synth: cannot create %s: %s", outdir, strerror(errno));
 	if (layout(&j, shard_bytes))
-		return fail(err, errlen, -ENOMEM, "synth: out of memory");
+		return errmsg(err, errlen, -ENOMEM, "synth: out of memory");
 	float *fbuf = malloc(SYNTH_CHUNK * sizeof *fbuf);
 	void *obuf = malloc(SYNTH_CHUNK * sizeof(float));
-	int ret = (!fbuf || !obuf) ? fail(err, errlen, -ENOMEM, "synth: out of memory") : 0;
+	int ret = (!fbuf || !obuf) ? errmsg(err, errlen, -ENOMEM, "synth: out of memory") : 0;
 	for (int s = 0; s < j.n_shards && !ret; s++)
 		ret = write_shard(&j, s, outdir, fbuf, obuf, err, errlen);
 	if (!ret && j.n_shards > 1)

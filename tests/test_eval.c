@@ -1,0 +1,316 @@
+/* Tests for `kvworker eval` (worker/cmd_eval.c): runs the real binary on stories260K over the
+ * shipped corpus (tests/data/stories_corpus.txt) and checks what is exact. `full` agrees with
+ * itself on every position, and its teacher-forced decode-path perplexity equals the prefill
+ * path of `kvworker perplexity` to float rounding; with a budget covering the whole window every
+ * policy reproduces full's scores bit for bit and recalls nothing; freekv with tau above 1
+ * corrects every checked head and reproduces quest exactly, and both recall (retrieval really
+ * engaged). No accuracy ordering between policies is asserted: none is guaranteed. Policies not
+ * built yet are skipped with a note. --json parses with json-c; bad input exits 2 or 1 with a
+ * message, never a crash. */
+#include "test_util.h"
+
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <sys/wait.h>
+
+#include "kvcache.h"
+
+static char bin[4096], tmpdir[64], gguf[4096], corpus[4096];
+
+struct result {
+	int rc;
+	char *out, *err;
+};
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	char *buf = calloc(1, 1 << 20);
+	assert_non_null(buf);
+	size_t n = fread(buf, 1, (1 << 20) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
+
+/* Runs kvworker with args (NULL-terminated), stdin from /dev/null. */
+static struct result run(const char *const *args)
+{
+	char outp[128], errp[128];
+	snprintf(outp, sizeof outp, "%s/out", tmpdir);
+	snprintf(errp, sizeof errp, "%s/err", tmpdir);
+	const char *argv[40] = { bin };
+	int n = 1;
+	while (args[n - 1] && n < 39) {
+		argv[n] = args[n - 1];
+		n++;
+	}
+	argv[n] = NULL;
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int i = open("/dev/null", O_RDONLY);
+		int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (i < 0 || o < 0 || e < 0)
+			_exit(127);
+		dup2(i, 0);
+		dup2(o, 1);
+		dup2(e, 2);
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st)); /* never a crash */
+	return (struct result){ WEXITSTATUS(st), slurp(outp), slurp(errp) };
+}
+
+static void result_free(struct result *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+#define RUN(...) run((const char *const[]){ __VA_ARGS__, NULL })
+
+/* Parses a successful --json run; the caller puts the document. */
+static json_object *parse_json(struct result *r)
+{
+	if (r->rc != 0)
+		fprintf(stderr, "kvworker eval failed (%d): %s\n", r->rc, r->err);
+	assert_int_equal(r->rc, 0);
+	json_object *doc = json_tokener_parse(r->out);
+	assert_non_null(doc);
+	assert_true(json_object_is_type(doc, json_type_object));
+	return doc;
+}
+
+static json_object *field(json_object *o, const char *k)
+{
+	json_object *v = NULL;
+	if (!json_object_object_get_ex(o, k, &v))
+		fail_msg("JSON field %s missing", k);
+	return v;
+}
+
+/* The entry of policy name in doc's "policies" array; fails when absent. */
+static json_object *policy(json_object *doc, const char *name)
+{
+	json_object *arr = field(doc, "policies");
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		json_object *p = json_object_array_get_idx(arr, i);
+		if (!strcmp(json_object_get_string(field(p, "policy")), name))
+			return p;
+	}
+	fail_msg("policy %s not in the output", name);
+	return NULL;
+}
+
+static double num(json_object *o, const char *k)
+{
+	return json_object_get_double(field(o, k));
+}
+
+static int64_t inum(json_object *o, const char *k)
+{
+	return json_object_get_int64(field(o, k));
+}
+
+static bool built(const char *name)
+{
+	if (kvcache_policy(name))
+		return true;
+	fprintf(stderr, "note: policy %s is not built; its checks are skipped\n", name);
+	return false;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(bin, sizeof bin, "%s/worker/kvworker", FREEKV_BUILD_DIR);
+	snprintf(corpus, sizeof corpus, "%s/tests/data/stories_corpus.txt", FREEKV_SOURCE_DIR);
+	const char *g = test_model_path("stories260K/stories260K.gguf");
+	if (access(bin, X_OK) || access(corpus, R_OK) || !g) {
+		fprintf(stderr, "skip: %s, %s or the model is missing\n", bin, corpus);
+		exit(TEST_SKIP_EXIT);
+	}
+	snprintf(gguf, sizeof gguf, "%s", g);
+	strcpy(tmpdir, "/tmp/freekv-eval-XXXXXX");
+	return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* full against itself: every position agrees, the document is complete, and the decode-path
+ * perplexity equals `kvworker perplexity` (one causal prefill per window) to rounding — a
+ * teacher-forcing off-by-one would change it by far more. */
+static void test_full_self_and_perplexity(void **state)
+{
+	(void)state;
+	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", "full", "--json");
+	json_object *doc = parse_json(&r);
+	assert_int_equal(json_object_array_length(field(doc, "policies")), 1);
+	json_object *f = policy(doc, "full");
+	int64_t n = inum(doc, "tokens");
+	assert_true(n > 2000); /* the corpus is ~2.5K tokens: several windows */
+	assert_true(inum(doc, "windows") >= 4);
+	assert_int_equal(inum(f, "tokens"), n);
+	assert_int_equal(inum(f, "agree"), n);
+	assert_true(num(f, "agreement") == 1.0);
+	assert_true(json_object_get_type(field(f, "correction_rate")) == json_type_null);
+	double ppl = num(f, "perplexity");
+	assert_true(ppl > 1.0 && ppl < 100.0);
+	assert_true(fabs(log(ppl) - num(f, "nll_sum") / (double)n) < 1e-12);
+	json_object_put(doc);
+	result_free(&r);
+
+	r = RUN("perplexity", "-m", gguf, "-f", corpus);
+	assert_int_equal(r.rc, 0);
+	const char *last = strstr(r.out, "perplexity: ");
+	assert_non_null(last);
+	for (const char *p; (p = strstr(last + 1, "perplexity: "));)
+		last = p;
+	double ref = strtod(last + strlen("perplexity: "), NULL);
+	assert_true(fabs(ppl - ref) / ref < 1e-4);
+	result_free(&r);
+}
+
+/* --max-tokens bounds the scored tokens exactly; the table has a row per policy. */
+static void test_max_tokens_and_table(void **state)
+{
+	(void)state;
+	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", "full",
+			      "--max-tokens", "100");
+	assert_int_equal(r.rc, 0);
+	assert_non_null(strstr(r.out, "scored 100 tokens (windows: 1 "));
+	assert_non_null(strstr(r.out, "| full      |"));
+	assert_non_null(strstr(r.out, "perplexity"));
+	result_free(&r);
+}
+
+/* With B at least the window every policy attends to everything: full's scores exactly. */
+static void test_budget_covers_context(void **state)
+{
+	(void)state;
+	const char *names[] = { "streaming", "quest", "freekv" };
+	char list[64] = "full";
+	for (size_t i = 0; i < 3; i++)
+		if (built(names[i]))
+			snprintf(list + strlen(list), sizeof list - strlen(list), ",%s", names[i]);
+	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", list, "--ctx", "512",
+			      "--max-tokens", "1100", "--page-size", "8", "--budget", "512",
+			      "--sink", "8", "--window", "16", "--json");
+	json_object *doc = parse_json(&r);
+	json_object *f = policy(doc, "full");
+	for (size_t i = 0; i < 3; i++) {
+		if (!kvcache_policy(names[i]))
+			continue;
+		json_object *p = policy(doc, names[i]);
+		assert_int_equal(inum(p, "tokens"), inum(f, "tokens"));
+		assert_true(num(p, "nll_sum") == num(f, "nll_sum"));
+		assert_true(num(p, "perplexity") == num(f, "perplexity"));
+		assert_int_equal(inum(p, "agree"), inum(p, "tokens"));
+		assert_int_equal(inum(p, "pages_recalled"), 0);
+	}
+	json_object_put(doc);
+	result_free(&r);
+}
+
+/* tau above 1 flags every checked head, so freekv selects with the current query every step:
+ * quest's scores exactly. Budget 64 < the 512-token windows, so both really recall. */
+static void test_freekv_tau2_equals_quest(void **state)
+{
+	(void)state;
+	if (!built("quest") || !built("freekv"))
+		skip();
+	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", "quest,freekv",
+			      "--max-tokens", "1100", "--tau", "2", "--json");
+	json_object *doc = parse_json(&r);
+	json_object *ret = field(doc, "retrieval");
+	assert_int_equal(inum(ret, "budget"), 64);
+	assert_int_equal(inum(ret, "page"), 8);
+	json_object *q = policy(doc, "quest"), *fk = policy(doc, "freekv");
+	assert_true(num(fk, "nll_sum") == num(q, "nll_sum"));
+	assert_int_equal(inum(fk, "agree"), inum(q, "agree"));
+	assert_true(inum(q, "pages_recalled") > 0);
+	assert_true(inum(fk, "pages_recalled") > 0);
+	assert_true(inum(fk, "head_checks") > 0);
+	assert_int_equal(inum(fk, "corrections"), inum(fk, "head_checks"));
+	assert_true(num(fk, "correction_rate") == 1.0);
+	/* Per layer: the first (--full-layers 1 by default) keeps full attention, the counters of
+	 * the others add up to the totals. */
+	json_object *layers = field(fk, "layers");
+	assert_int_equal(json_object_array_length(layers), 5);
+	int64_t sum = 0;
+	for (size_t l = 0; l < 5; l++) {
+		json_object *lo = json_object_array_get_idx(layers, l);
+		sum += inum(lo, "pages_recalled");
+		if (l == 0) {
+			assert_int_equal(inum(lo, "retrieval_steps"), 0);
+			assert_int_equal(inum(lo, "pages_recalled"), 0);
+		} else {
+			assert_true(inum(lo, "retrieval_steps") > 0);
+		}
+	}
+	assert_int_equal(sum, inum(fk, "pages_recalled"));
+	json_object_put(doc);
+	result_free(&r);
+}
+
+/* Bad input: exit 2 (usage) or 1 (failure) with a message, never a crash. */
+static void test_bad_input(void **state)
+{
+	(void)state;
+	struct {
+		int rc;
+		const char *msg;
+		const char *args[12];
+	} cases[] = {
+		{ 2, "unknown policy", { "--policies", "full,bogus" } },
+		{ 2, "--policies", { "--policy", "quest" } },
+		{ 2, "multiples of the page size", { "--budget", "60", "--page-size", "8" } },
+		{ 2, "--ctx", { "--ctx", "1" } },
+		{ 2, "--prefill", { "--prefill", "0" } },
+		{ 2, "unknown argument", { "--frobnicate" } },
+		{ 2, "needs a value", { "--policies" } },
+	};
+	for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+		const char *args[20] = { "eval", "-m", gguf, "-f", corpus };
+		int n = 5;
+		for (int k = 0; cases[c].args[k]; k++)
+			args[n++] = cases[c].args[k];
+		args[n] = NULL;
+		struct result r = run(args);
+		if (r.rc != cases[c].rc || !strstr(r.err, cases[c].msg))
+			fail_msg("case %zu: rc %d, stderr: %s", c, r.rc, r.err);
+		result_free(&r);
+	}
+	struct result r = RUN("eval", "-m", gguf, "-f", "/nonexistent/corpus.txt");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "cannot read"));
+	result_free(&r);
+	r = RUN("eval", "-f", corpus);
+	assert_int_equal(r.rc, 2);
+	result_free(&r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_full_self_and_perplexity),
+		cmocka_unit_test(test_max_tokens_and_table),
+		cmocka_unit_test(test_budget_covers_context),
+		cmocka_unit_test(test_freekv_tau2_equals_quest),
+		cmocka_unit_test(test_bad_input),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

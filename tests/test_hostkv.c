@@ -1,0 +1,239 @@
+/* hostkv (worker/hostkv.c) against both stores: the embedded in-process store and a real
+ * kvstored process (temporary shm, ipc endpoint and NVMe file). Blocks are written through
+ * hostkv_block, committed with token ids, the sequence closed and reopened (from another
+ * connection for kvstored), and every byte read back; wrong fingerprints, geometries, id gaps
+ * and disagreeing ids are refused; the heartbeat thread keeps an idle worker alive; stats
+ * reported with hostkv_report_stats show up in ListWorkers. */
+#include "test_kvstored_harness.h"
+
+#include <pthread.h>
+
+#include "hostkv.h"
+
+/* 3 layers, 2 KV heads, page 4, d 8, f16: 256-byte blocks. */
+static const struct kv_geom t_geo = { .n_kv = 2, .p = 4, .d = 8, .dtype = FKV_F16 };
+#define T_LAYERS 3
+#define T_PAGES 21 /* past one allocation-ahead batch */
+static uint8_t t_fp[FKV_FINGERPRINT_BYTES] = { 0x5e, 0x9a, 0x11 };
+
+static struct hostkv *t_open(const char *endpoint)
+{
+	struct hostkv_opts o = { .endpoint = endpoint, .worker_name = "test_hostkv",
+				 .embedded_bytes = 8u << 20, .timeout_ms = 5000 };
+	struct hostkv *h = NULL;
+	char err[256];
+	int ret = hostkv_open(&o, &h, err, sizeof err);
+	if (ret)
+		fprintf(stderr, "hostkv_open: %s\n", err);
+	assert_int_equal(ret, 0);
+	assert_int_equal(hostkv_is_remote(h), endpoint != NULL);
+	return h;
+}
+
+static struct hostkv_seq *t_seq(struct hostkv *h, const char *name, bool create)
+{
+	struct hostkv_seq *s = NULL;
+	char err[256];
+	int ret = hostkv_seq_open(h, name, t_fp, T_LAYERS, &t_geo, create, &s, err, sizeof err);
+	if (ret)
+		fprintf(stderr, "hostkv_seq_open: %s\n", err);
+	assert_int_equal(ret, 0);
+	return s;
+}
+
+/* Writes every block of pages [0, T_PAGES), then commits n tokens in two steps with ids. */
+static void t_write(struct hostkv_seq *s, uint64_t tag, int64_t n)
+{
+	size_t bb = layout_block_bytes(&t_geo);
+	char err[256];
+	for (int p = 0; p < T_PAGES; p++)
+		for (int l = 0; l < T_LAYERS; l++) {
+			void *b = NULL;
+			assert_int_equal(hostkv_block(s, l, p, &b, err, sizeof err), 0);
+			h_fill(b, bb, tag, (uint32_t)l, (uint32_t)p);
+		}
+	int32_t ids[T_PAGES * 4];
+	for (int i = 0; i < T_PAGES * 4; i++)
+		ids[i] = (int32_t)(tag * 7 + (uint64_t)i) % 500;
+	assert_int_equal(hostkv_commit(s, 10, ids, 0, 11, err, sizeof err), 0); /* one ahead */
+	assert_int_equal(hostkv_seq_committed(s), 10);
+	/* Ids already kept are accepted again; the rest are appended. */
+	assert_int_equal(hostkv_commit(s, n, ids + 10, 10, n - 10, err, sizeof err), 0);
+	assert_int_equal(hostkv_seq_committed(s), n);
+	const int32_t *kept;
+	assert_int_equal(hostkv_seq_tokens(s, &kept), n);
+	assert_memory_equal(kept, ids, (size_t)n * sizeof *ids);
+}
+
+/* Reads back the committed pages and the ids. */
+static void t_check(struct hostkv_seq *s, uint64_t tag, int64_t n)
+{
+	size_t bb = layout_block_bytes(&t_geo);
+	char err[256];
+	assert_int_equal(hostkv_seq_committed(s), n);
+	const int32_t *kept;
+	assert_int_equal(hostkv_seq_tokens(s, &kept), n);
+	for (int i = 0; i < n; i++)
+		assert_int_equal(kept[i], (int32_t)(tag * 7 + (uint64_t)i) % 500);
+	int pages = (int)((n + t_geo.p - 1) / t_geo.p);
+	for (int p = 0; p < pages; p++)
+		for (int l = 0; l < T_LAYERS; l++) {
+			const void *b = NULL;
+			assert_int_equal(hostkv_block_ro(s, l, p, &b, err, sizeof err), 0);
+			assert_true(h_check(b, bb, tag, (uint32_t)l, (uint32_t)p));
+		}
+	const void *b;
+	assert_int_equal(hostkv_block_ro(s, 0, pages + 40, &b, err, sizeof err), -ENOENT);
+	assert_int_equal(hostkv_block_ro(s, T_LAYERS, 0, &b, err, sizeof err), -EINVAL);
+}
+
+/* Refusals that must leave the sequence as it was. */
+static void t_refusals(struct hostkv *h, struct hostkv_seq *s, const char *name)
+{
+	char err[256];
+	int64_t n = hostkv_seq_committed(s);
+	int32_t ids[4] = { 1, 2, 3, 4 };
+	/* A gap after the kept ids; an id disagreeing with a kept one; going backwards;
+	 * committing tokens whose ids were never given. */
+	assert_int_equal(hostkv_commit(s, n, ids, n + 2, 1, err, sizeof err), -EINVAL);
+	const int32_t *kept;
+	hostkv_seq_tokens(s, &kept);
+	int32_t wrong = kept[0] + 1;
+	assert_int_equal(hostkv_commit(s, n, &wrong, 0, 1, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "disagrees"));
+	assert_int_equal(hostkv_commit(s, n - 1, NULL, 0, 0, err, sizeof err), -EINVAL);
+	assert_int_equal(hostkv_commit(s, n + 3, NULL, 0, 0, err, sizeof err), -EINVAL);
+	assert_int_equal(hostkv_seq_committed(s), n);
+	/* Another model's fingerprint, another geometry. */
+	uint8_t fp2[FKV_FINGERPRINT_BYTES] = { 0x01 };
+	struct hostkv_seq *o = NULL;
+	assert_int_not_equal(hostkv_seq_open(h, name, fp2, T_LAYERS, &t_geo, true, &o, err,
+					     sizeof err), 0);
+	assert_null(o);
+	struct kv_geom g2 = t_geo;
+	g2.p = 8;
+	assert_int_not_equal(hostkv_seq_open(h, name, t_fp, T_LAYERS, &g2, true, &o, err,
+					     sizeof err), 0);
+	assert_int_not_equal(hostkv_seq_open(h, name, t_fp, T_LAYERS + 1, &t_geo, true, &o, err,
+					     sizeof err), 0);
+	assert_int_not_equal(hostkv_seq_open(h, "absent", t_fp, T_LAYERS, &t_geo, false, &o, err,
+					     sizeof err), 0);
+	assert_null(o);
+}
+
+static void test_embedded(void **state)
+{
+	(void)state;
+	struct hostkv *h = t_open(NULL);
+	struct hostkv_seq *s = t_seq(h, "emb", true);
+	assert_int_equal(hostkv_seq_committed(s), 0);
+	t_write(s, 1, 70);
+	t_check(s, 1, 70);
+	t_refusals(h, s, "emb");
+	/* Two sequences never share a block. */
+	struct hostkv_seq *s2 = t_seq(h, "emb2", true);
+	t_write(s2, 2, 33);
+	t_check(s, 1, 70);
+	t_check(s2, 2, 33);
+	assert_int_equal(hostkv_seq_close(s, false), 0);
+	/* Reopened: committed blocks and ids are kept; the blocks allocated ahead past the
+	 * committed pages were freed on close and are allocated again on demand. */
+	s = t_seq(h, "emb", false);
+	t_check(s, 1, 70);
+	void *b;
+	char err[256];
+	assert_int_equal(hostkv_block(s, 1, 40, &b, err, sizeof err), 0);
+	assert_int_equal(hostkv_seq_close(s, true), 0); /* dropped */
+	struct hostkv_seq *o = NULL;
+	assert_int_not_equal(hostkv_seq_open(h, "emb", t_fp, T_LAYERS, &t_geo, false, &o, err,
+					     sizeof err), 0);
+	hostkv_close(h); /* closes emb2 */
+	/* Nothing left in /dev/shm by the embedded store. */
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "ls /dev/shm | grep -q '^fkv-emb-%d-'", (int)getpid());
+	assert_int_not_equal(system(cmd), 0);
+}
+
+static Freekv__WorkerInfo *find_worker(Freekv__Reply *r, const char *name)
+{
+	for (size_t i = 0; i < r->workers->n_workers; i++)
+		if (r->workers->workers[i]->name && !strcmp(r->workers->workers[i]->name, name))
+			return r->workers->workers[i];
+	return NULL;
+}
+
+static void test_remote(void **state)
+{
+	(void)state;
+	static const char *const extra[] = { "--set", "heartbeat_timeout_ms=400", NULL };
+	struct harness hs;
+	harness_start(&hs, extra);
+	struct hostkv *h = t_open(hs.endpoint);
+	struct hostkv_seq *s = t_seq(h, "r1", true);
+	t_write(s, 3, 75);
+	t_check(s, 3, 75);
+	t_refusals(h, s, "r1");
+
+	/* Another worker cannot attach it while we hold it. */
+	struct hostkv *h2 = t_open(hs.endpoint);
+	struct hostkv_seq *o = NULL;
+	char err[256];
+	assert_int_equal(hostkv_seq_open(h2, "r1", t_fp, T_LAYERS, &t_geo, false, &o, err,
+					 sizeof err), -EBUSY);
+
+	/* Idle for longer than the heartbeat timeout: the heartbeat thread keeps us alive. */
+	h_sleep_ms(1000);
+	struct kvs *ctl;
+	assert_int_equal(kvs_connect(hs.endpoint, 2000, &ctl), 0);
+	Freekv__Reply *r;
+	assert_int_equal(kvs_show_sequence(ctl, 0, "r1", false, &r), 0);
+	assert_int_equal(r->sequence->state, FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_ATTACHED);
+	assert_int_equal(r->sequence->committed_tokens, 75);
+	/* Lease-all: every allocated block of the attached sequence is leased. */
+	assert_true(r->sequence->leases >= (uint64_t)T_LAYERS * 19);
+	kvs_reply_free(r);
+
+	assert_int_equal(hostkv_report_stats(h, "{\"decode_tok_s\": 123.5, \"tokens_decoded\": 7,"
+					     " \"pages_recalled\": 9, \"correction_rate\": 0.25}"), 0);
+	assert_int_equal(hostkv_report_stats(h, "not json"), -EINVAL);
+	assert_int_equal(kvs_list_workers(ctl, &r), 0);
+	Freekv__WorkerInfo *wi = find_worker(r, "test_hostkv");
+	assert_non_null(wi);
+	assert_non_null(wi->stats);
+	assert_true(wi->stats->decode_tok_s == 123.5);
+	assert_int_equal(wi->stats->tokens_decoded, 7);
+	assert_int_equal(wi->stats->pages_recalled, 9);
+	kvs_reply_free(r);
+
+	/* Detached by close: the other worker attaches and reads every byte back; the blocks
+	 * allocated ahead and never committed are gone. */
+	assert_int_equal(hostkv_seq_close(s, false), 0);
+	o = t_seq(h2, "r1", false);
+	t_check(o, 3, 75);
+	assert_int_equal(kvs_show_sequence(ctl, 0, "r1", false, &r), 0);
+	assert_int_equal(r->sequence->pages->dram, (uint64_t)T_LAYERS * 19);
+	kvs_reply_free(r);
+	/* It goes on writing and committing where the first one stopped. */
+	void *b;
+	int32_t more[5] = { 9, 9, 9, 9, 9 };
+	assert_int_equal(hostkv_block(o, 2, 19, &b, err, sizeof err), 0);
+	assert_int_equal(hostkv_block(o, 0, 19, &b, err, sizeof err), 0);
+	assert_int_equal(hostkv_commit(o, 80, more, 75, 5, err, sizeof err), 0);
+	hostkv_close(h2); /* Goodbye: detached, kept */
+	assert_int_equal(kvs_show_sequence(ctl, 0, "r1", false, &r), 0);
+	assert_int_equal(r->sequence->state, FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_DETACHED);
+	assert_int_equal(r->sequence->committed_tokens, 80);
+	kvs_reply_free(r);
+	hostkv_close(h);
+	kvs_close(ctl);
+	harness_stop(&hs);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_embedded, h_teardown),
+		cmocka_unit_test_teardown(test_remote, h_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

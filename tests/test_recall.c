@@ -1,0 +1,219 @@
+/* Tests for worker/recall.c: the double-buffered recall stream with its two threads. Units come
+ * from in-memory HND blocks through the source callback; every slot slice must end up equal to
+ * a reference layout_scatter_unit of its block, with tiny staging buffers (many hand-overs),
+ * poisoned staging (a buffer reused while read would leave NaN bytes in a slot), many jobs in
+ * flight, a prepare step on the copy thread, and a failing source. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <math.h>
+
+#include "recall.h"
+
+enum { LAYERS = 3, PAGES = 40, N_KV = 4, P = 8, D = 16, SLOTS = 12 };
+
+static const struct kv_geom geom = { N_KV, P, D, FKV_BF16 };
+static void *blocks[LAYERS][PAGES];
+static int fail_page = -1;
+
+static int src(void *arg, int layer, int page, const void **block)
+{
+	(void)arg;
+	if (page == fail_page)
+		return -EIO;
+	if (layer < 0 || layer >= LAYERS || page < 0 || page >= PAGES)
+		return -ERANGE;
+	*block = blocks[layer][page];
+	return 0;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	uint64_t seed = 77;
+	size_t bb = layout_block_bytes(&geom), n = bb / 2;
+	for (int l = 0; l < LAYERS; l++)
+		for (int p = 0; p < PAGES; p++) {
+			float *f = malloc(n * sizeof *f);
+			blocks[l][p] = malloc(bb);
+			if (!f || !blocks[l][p])
+				return -1;
+			for (size_t i = 0; i < n; i++)
+				f[i] = test_randf(&seed);
+			dtype_from_f32(blocks[l][p], f, geom.dtype, n);
+			free(f);
+		}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	for (int l = 0; l < LAYERS; l++)
+		for (int p = 0; p < PAGES; p++)
+			free(blocks[l][p]);
+	return 0;
+}
+
+static size_t slot_floats(void)
+{
+	return (size_t)2 * P * N_KV * D;
+}
+
+/* Random units: every (slot, head) target at most once per job so the expected bytes are
+ * defined. */
+static int random_units(uint64_t *seed, float *slots, struct recall_unit *u, int max)
+{
+	bool used[SLOTS][N_KV] = { { false } };
+	int n = 0;
+	for (int i = 0; i < max; i++) {
+		int s = (int)(test_rand(seed) % SLOTS), h = (int)(test_rand(seed) % N_KV);
+		if (used[s][h])
+			continue;
+		used[s][h] = true;
+		u[n++] = (struct recall_unit){
+			.layer = (int)(test_rand(seed) % LAYERS), .page = (int)(test_rand(seed) % PAGES),
+			.head = h, .slot = slots + (size_t)s * slot_floats(),
+		};
+	}
+	return n;
+}
+
+static void expect_units(float *ref, const float *slots, const struct recall_unit *u, int n)
+{
+	for (int i = 0; i < n; i++) {
+		size_t off = (size_t)(u[i].slot - slots);
+		const char *unit = (const char *)blocks[u[i].layer][u[i].page] +
+				   (size_t)u[i].head * layout_unit_bytes(&geom);
+		layout_scatter_unit(&geom, ref + off, u[i].head, unit);
+	}
+}
+
+static void test_jobs_in_flight(void **state)
+{
+	(void)state;
+	const int cases[] = { 1, 3, 64 }; /* staging capacity in units */
+	for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+		struct recall_opts o = { .g = geom, .units_per_buffer = cases[c], .src = src,
+					 .poison = true };
+		struct recall *r;
+		assert_int_equal(recall_new(&o, &r), 0);
+		enum { JOBS = 6 };
+		size_t nf = SLOTS * slot_floats();
+		float *slots[JOBS], *ref[JOBS];
+		struct recall_unit units[JOBS][SLOTS * N_KV];
+		int n[JOBS];
+		uint64_t tickets[JOBS], seed = 1234 + c;
+		for (int j = 0; j < JOBS; j++) {
+			slots[j] = calloc(nf, sizeof(float));
+			ref[j] = calloc(nf, sizeof(float));
+			n[j] = random_units(&seed, slots[j], units[j], SLOTS * N_KV);
+			expect_units(ref[j], slots[j], units[j], n[j]);
+			assert_int_equal(recall_submit(r, units[j], n[j], NULL, NULL, &tickets[j]), 0);
+		}
+		/* Wait out of order: each ticket is its own event. */
+		for (int j = JOBS - 1; j >= 0; j--) {
+			struct recall_done dn;
+			assert_int_equal(recall_wait(r, tickets[j], &dn), 0);
+			assert_int_equal(dn.units, n[j]);
+			assert_int_equal(dn.bytes, (int64_t)n[j] * (int64_t)layout_unit_bytes(&geom));
+			assert_true(dn.ns_busy > 0);
+			for (size_t i = 0; i < nf; i++)
+				assert_false(isnan(slots[j][i]));
+			assert_memory_equal(slots[j], ref[j], nf * sizeof(float));
+		}
+		/* A ticket is waited for once; 0 is always done. */
+		assert_int_equal(recall_wait(r, tickets[0], NULL), -EINVAL);
+		assert_int_equal(recall_wait(r, 0, NULL), 0);
+		recall_free(r);
+		for (int j = 0; j < JOBS; j++) {
+			free(slots[j]);
+			free(ref[j]);
+		}
+	}
+}
+
+/* More jobs than the ring holds, submitted and waited in a sliding window. */
+static void test_many_jobs(void **state)
+{
+	(void)state;
+	struct recall_opts o = { .g = geom, .units_per_buffer = 2, .src = src, .poison = true };
+	struct recall *r;
+	assert_int_equal(recall_new(&o, &r), 0);
+	size_t nf = SLOTS * slot_floats();
+	float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
+	uint64_t seed = 99;
+	for (int it = 0; it < 300; it++) {
+		struct recall_unit u[SLOTS * N_KV];
+		int n = random_units(&seed, slots, u, 5);
+		uint64_t t;
+		assert_int_equal(recall_submit(r, u, n, NULL, NULL, &t), 0);
+		expect_units(ref, slots, u, n);
+		assert_int_equal(recall_wait(r, t, NULL), 0);
+	}
+	assert_memory_equal(slots, ref, nf * sizeof(float));
+	recall_free(r);
+	free(slots);
+	free(ref);
+}
+
+struct prep {
+	float *slots;
+	struct recall_unit u[4];
+	int calls;
+};
+
+static int prepare(void *arg, struct recall_unit **units, int *n)
+{
+	struct prep *p = arg;
+	p->calls++;
+	for (int h = 0; h < 4; h++)
+		p->u[h] = (struct recall_unit){ 1, 7 + h, h, p->slots + (size_t)h * slot_floats() };
+	*units = p->u;
+	*n = 4;
+	return 0;
+}
+
+static void test_prepare_and_errors(void **state)
+{
+	(void)state;
+	struct recall_opts o = { .g = geom, .units_per_buffer = 3, .src = src };
+	struct recall *r;
+	assert_int_equal(recall_new(&o, &r), 0);
+	size_t nf = SLOTS * slot_floats();
+	struct prep pr = { .slots = calloc(nf, sizeof(float)) };
+	float *ref = calloc(nf, sizeof(float));
+	uint64_t t1, t2, t3;
+	assert_int_equal(recall_submit(r, NULL, 0, prepare, &pr, &t1), 0);
+	/* A failing source fails its own job only. */
+	struct recall_unit bad[2] = { { 0, 5, 0, pr.slots }, { 0, 6, 1, pr.slots } };
+	fail_page = 6;
+	assert_int_equal(recall_submit(r, bad, 2, NULL, NULL, &t2), 0);
+	assert_int_equal(recall_wait(r, t1, NULL), 0);
+	assert_int_equal(recall_wait(r, t2, NULL), -EIO);
+	fail_page = -1;
+	struct recall_unit empty;
+	assert_int_equal(recall_submit(r, &empty, 0, NULL, NULL, &t3), 0);
+	assert_int_equal(recall_wait(r, t3, NULL), 0);
+	assert_int_equal(pr.calls, 1);
+	/* Only the prepared units (and bad[0], written before the failure) landed. */
+	expect_units(ref, pr.slots, pr.u, 4);
+	expect_units(ref, pr.slots, bad, 1);
+	assert_memory_equal(pr.slots, ref, nf * sizeof(float));
+	assert_int_equal(recall_submit(r, NULL, 1, NULL, NULL, &t3), -EINVAL);
+	recall_free(r);
+	free(pr.slots);
+	free(ref);
+	struct recall_opts none = { .g = geom };
+	assert_int_equal(recall_new(&none, &r), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_jobs_in_flight),
+		cmocka_unit_test(test_many_jobs),
+		cmocka_unit_test(test_prepare_and_errors),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,75 @@
+/* cmd_resume — `kvworker resume`: continue a sequence that kvstored keeps (orphaned by a worker
+ * that died, or detached with --keep). The policy's state is rebuilt from the host copy of the
+ * committed tokens, the ids kept past them (sampled but never run) are run first, then decoding
+ * goes on as in generate. With greedy sampling the continuation equals the one the first worker
+ * would have produced. Only the new tokens are printed. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvworker resume -m MODEL --store ENDPOINT --seq NAME [-n N] [options]\n"
+		"  continues sequence NAME of the kvstored at ENDPOINT with the model that started\n"
+		"  it (same fingerprint and page size), printing only the new tokens\n");
+	cmd_session_usage(f);
+	fprintf(f, "  -h, --help           this text\n");
+}
+
+int cmd_resume(int argc, char **argv)
+{
+	struct cmd_session_opts o;
+	cmd_session_defaults(&o, "kvworker resume");
+	for (int i = 1; i < argc; i++) {
+		int r = cmd_session_flag(&o, argc, argv, &i);
+		if (r < 0) {
+			usage(stderr);
+			return CMD_USAGE;
+		}
+		if (r)
+			continue;
+		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			usage(stdout);
+			return CMD_OK;
+		}
+		fprintf(stderr, "kvworker resume: %s '%s'\n",
+			argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
+		usage(stderr);
+		return CMD_USAGE;
+	}
+	if (!o.model || !o.endpoint || !o.seq_name) {
+		fprintf(stderr, "kvworker resume: need -m, --store and --seq\n");
+		usage(stderr);
+		return CMD_USAGE;
+	}
+	struct cmd_session s;
+	int ret = CMD_FAIL;
+	if (cmd_session_open(&s, &o, true))
+		goto out;
+	const int32_t *ids;
+	int64_t n_ids = hostkv_seq_tokens(s.hs, &ids);
+	int64_t len = engine_seq_len(s.e, s.seq);
+	fprintf(stderr, "kvworker resume: sequence '%s': %lld tokens restored, %lld to run\n",
+		s.seq_name, (long long)len, (long long)(n_ids - len));
+	if (n_ids - len > engine_max_ctx(s.e)) {
+		fprintf(stderr, "kvworker resume: too many pending tokens\n");
+		goto out;
+	}
+	/* A copy: the host copy's id array grows while the run commits. */
+	int32_t *pending = malloc((size_t)(n_ids - len) * sizeof *pending + 1);
+	if (!pending) {
+		fprintf(stderr, "kvworker resume: out of memory\n");
+		goto out;
+	}
+	memcpy(pending, ids + len, (size_t)(n_ids - len) * sizeof *pending);
+	if (!cmd_session_run(&s, pending, (int)(n_ids - len)))
+		ret = CMD_OK;
+	free(pending);
+out:
+	cmd_session_close(&s);
+	return ret;
+}

@@ -1,0 +1,238 @@
+/* hostkv_embedded — the hostkv store ops without a daemon: kvstored's own sequence table
+ * (seq.c) and data plane (dataplane.c: pool, slab classes, per-worker ring, leases, checks) run
+ * inside the worker, and this file plays the part of the daemon's control plane (rpc.c) with
+ * direct calls. Same code, no IPC: block ops still go through a ring, served by dp_run() right
+ * after they are pushed. There is no NVMe tier, so every op completes in that one pass.
+ *
+ * The pool and ring segments get private names (pid and a counter) and are unlinked as soon as
+ * they are mapped: nothing is left in /dev/shm however the process ends. See hostkv_impl.h. */
+#include "hostkv_impl.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "dataplane.h"
+#include "pool.h"
+#include "ring.h"
+#include "seq.h"
+
+#define EMB_WID 1u
+#define EMB_DEFAULT_BYTES (64ull << 20)
+#define EMB_MIN_BYTES (4ull << 20)
+#define EMB_UNIT (2ull << 20)
+
+struct embedded {
+	struct cfg cfg;
+	struct seq_table seqs;
+	bool seqs_init;
+	struct dp *dp;
+	struct ring *ring; /* the worker side of the ring dp serves */
+	void *base;	   /* the pool, mapped a second time as a worker maps it */
+	uint64_t bytes;
+	int fd;
+};
+
+static struct seq *attached(struct embedded *m, uint64_t id, char *err, size_t errlen)
+{
+	struct seq *s = seq_find(&m->seqs, id);
+	if (!s)
+		snprintf(err, errlen, "no sequence %" PRIu64, id);
+	else if (s->state != SEQ_ATTACHED || s->worker_id != EMB_WID)
+		snprintf(err, errlen, "sequence '%s' is not attached", s->name), s = NULL;
+	return s;
+}
+
+static int e_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
+		      const struct kvs_geometry *g, bool create, uint64_t *id, char *err,
+		      size_t errlen)
+{
+	struct embedded *m = st;
+	struct seq_geometry sg = { g->n_layers, g->n_kv_heads, g->head_dim, g->page_size,
+				   g->dtype };
+	struct seq *s;
+	bool created;
+	int ret = seq_open(&m->seqs, name, fp, fp_len, &sg, NULL, 0, m->cfg.max_tokens, create,
+			   &s, &created, err, errlen);
+	if (ret)
+		return ret;
+	*id = s->id;
+	return 0;
+}
+
+static int e_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, size_t *n_ids,
+		    char *err, size_t errlen)
+{
+	struct embedded *m = st;
+	struct seq *s = seq_find(&m->seqs, id);
+	if (!s) {
+		snprintf(err, errlen, "no sequence %" PRIu64, id);
+		return -ENOENT;
+	}
+	int ret = seq_attach(s, EMB_WID, err, errlen);
+	if (ret)
+		return ret;
+	*ids = malloc((s->n_tokens ? s->n_tokens : 1) * sizeof **ids);
+	if (!*ids) {
+		seq_detach(s, EMB_WID, NULL, 0);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	if (s->n_tokens)
+		memcpy(*ids, s->tokens, s->n_tokens * sizeof **ids);
+	*n_ids = s->n_tokens;
+	*committed = s->committed_tokens;
+	return 0;
+}
+
+/* The checks of kvstored's CommitTokens handler. */
+static int e_commit_tokens(void *st, uint64_t id, uint64_t committed, uint64_t first,
+			   const uint32_t *ids, size_t n, char *err, size_t errlen)
+{
+	struct embedded *m = st;
+	struct seq *s = attached(m, id, err, errlen);
+	if (!s)
+		return -EPERM;
+	if (committed > (uint64_t)s->n_pages * s->geo.page_size) {
+		snprintf(err, errlen, "committed_tokens %" PRIu64 " beyond the %u allocated pages",
+			 committed, s->n_pages);
+		return -ERANGE;
+	}
+	return seq_commit(s, committed, first, ids, n, m->cfg.max_tokens, err, errlen);
+}
+
+/* The CloseSequence handler: detach (the data plane drops our leases and frees blocks never
+ * committed), then drop the blocks and the sequence when asked. */
+static int e_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errlen)
+{
+	struct embedded *m = st;
+	struct seq *s = seq_find(&m->seqs, id);
+	uint64_t blocks;
+	if (!s) {
+		snprintf(err, errlen, "no sequence %" PRIu64, id);
+		return -ENOENT;
+	}
+	if (s->state == SEQ_ATTACHED) {
+		dp_worker_detach(m->dp, EMB_WID, s);
+		seq_detach(s, EMB_WID, NULL, 0);
+	}
+	if (!drop)
+		return 0;
+	int ret = dp_drop_seq(m->dp, s, &blocks, err, errlen);
+	if (ret)
+		return ret;
+	seq_remove(&m->seqs, s);
+	return 0;
+}
+
+static int e_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t errlen)
+{
+	struct embedded *m = st;
+	for (unsigned i = 0; i < n; i++)
+		e[i].user_data = i;
+	int ret = ring_push(m->ring, e, n);
+	if (ret < 0 || (unsigned)ret != n) {
+		snprintf(err, errlen, "embedded ring: pushed %d of %u entries", ret, n);
+		return ret < 0 ? ret : -EAGAIN;
+	}
+	dp_run(m->dp);
+	struct ring_entry c[HOSTKV_RING_BATCH];
+	ret = ring_pop(m->ring, c, n);
+	if (ret < 0 || (unsigned)ret != n) {
+		snprintf(err, errlen, "embedded ring: %d of %u completions", ret, n);
+		return ret < 0 ? ret : -EPROTO;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		if (c[i].user_data >= n) {
+			snprintf(err, errlen, "embedded ring: unexpected completion");
+			return -EPROTO;
+		}
+		e[c[i].user_data] = c[i];
+	}
+	return 0;
+}
+
+static void e_close(void *st)
+{
+	struct embedded *m = st;
+	if (!m)
+		return;
+	if (m->base)
+		pool_segment_unmap(m->base, m->bytes, m->fd);
+	ring_close(m->ring);
+	dp_shutdown(m->dp);
+	if (m->seqs_init)
+		seq_table_shutdown(&m->seqs);
+	free(m);
+}
+
+static const struct hostkv_store_ops embedded_ops = {
+	.name = "embedded",
+	.open_seq = e_open_seq,
+	.attach = e_attach,
+	.commit_tokens = e_commit_tokens,
+	.close_seq = e_close_seq,
+	.ring = e_ring,
+	.close = e_close,
+};
+
+int hostkv_embedded_open(const struct hostkv_opts *o, const struct hostkv_store_ops **ops,
+			 void **st, uint8_t **base, uint64_t *bytes, char *err, size_t errlen)
+{
+	static atomic_uint counter;
+	struct embedded *m = calloc(1, sizeof *m);
+	if (!m) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	m->fd = -1;
+	uint64_t want = o->embedded_bytes ? o->embedded_bytes : EMB_DEFAULT_BYTES;
+	if (want < EMB_MIN_BYTES)
+		want = EMB_MIN_BYTES;
+	cfg_defaults(&m->cfg);
+	snprintf(m->cfg.shm_name, sizeof m->cfg.shm_name, "/fkv-emb-%d-%u", (int)getpid(),
+		 atomic_fetch_add(&counter, 1));
+	m->cfg.dram_bytes = (want + EMB_UNIT - 1) / EMB_UNIT * EMB_UNIT;
+	m->cfg.lock_memory = false;
+	m->cfg.nvme_path[0] = '\0';
+	m->cfg.group[0] = '\0';
+	m->cfg.max_workers = 1;
+	m->cfg.ring_entries = 64;
+	char ring_name[CFG_STR_MAX + 32] = "";
+	int ret = seq_table_init(&m->seqs, m->cfg.max_sequences);
+	if (ret) {
+		snprintf(err, errlen, "embedded store: sequence table: %s", strerror(-ret));
+		goto fail;
+	}
+	m->seqs_init = true;
+	char why[256] = "";
+	ret = dp_init(&m->dp, &m->cfg, &m->seqs, why, sizeof why);
+	if (!ret)
+		ret = dp_worker_add(m->dp, EMB_WID, ring_name, sizeof ring_name, why, sizeof why);
+	if (!ret)
+		ret = ring_open(ring_name, &m->ring, why, sizeof why);
+	if (!ret)
+		ret = pool_segment_map(dp_pool_name(m->dp), NULL, dp_pool_bytes(m->dp), &m->base,
+				       &m->bytes, &m->fd, why, sizeof why);
+	if (ret) {
+		snprintf(err, errlen, "embedded store (%llu MiB pool): %s",
+			 (unsigned long long)(m->cfg.dram_bytes >> 20), why[0] ? why : strerror(-ret));
+		goto fail;
+	}
+	/* Both sides are mapped: the names are no longer needed. */
+	pool_segment_unlink(dp_pool_name(m->dp), NULL);
+	pool_segment_unlink(ring_name, NULL);
+	*ops = &embedded_ops;
+	*st = m;
+	*base = m->base;
+	*bytes = m->bytes;
+	return 0;
+fail:
+	e_close(m);
+	return ret;
+}

@@ -1,0 +1,205 @@
+/* hostkv_remote — the hostkv store ops over a running kvstored: control requests through the
+ * client library (freekv_store.h), block ops through the worker's shared-memory ring, blocks in
+ * the mapped pool. See hostkv_impl.h. */
+#include "hostkv_impl.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define REMOTE_TIMEOUT_MS 10000
+#define RING_WAIT_MS 10000
+
+struct remote {
+	struct kvs *k;
+	uint64_t next_user;
+};
+
+static int kerr(struct remote *r, int ret, char *err, size_t errlen, const char *what)
+{
+	snprintf(err, errlen, "%s: %s", what, kvs_error(r->k)[0] ? kvs_error(r->k) : strerror(-ret));
+	return ret;
+}
+
+static int r_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
+		      const struct kvs_geometry *g, bool create, uint64_t *id, char *err,
+		      size_t errlen)
+{
+	struct remote *r = st;
+	int ret = kvs_open_sequence(r->k, name, fp, fp_len, g, NULL, 0, create, id);
+	return ret ? kerr(r, ret, err, errlen, "kvstored refused to open the sequence") : 0;
+}
+
+static int r_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, size_t *n_ids,
+		    char *err, size_t errlen)
+{
+	struct remote *r = st;
+	Freekv__Reply *rep = NULL;
+	int ret = kvs_attach(r->k, id, &rep);
+	if (ret)
+		return kerr(r, ret, err, errlen, "kvstored refused to attach the sequence");
+	if (!rep || rep->body_case != FREEKV__REPLY__BODY_SEQUENCE) {
+		kvs_reply_free(rep);
+		snprintf(err, errlen, "attach: kvstored sent no sequence information");
+		return -EPROTO;
+	}
+	const Freekv__SequenceInfo *si = rep->sequence;
+	*committed = si->committed_tokens;
+	*n_ids = si->n_token_ids;
+	*ids = malloc((si->n_token_ids ? si->n_token_ids : 1) * sizeof **ids);
+	if (!*ids) {
+		kvs_reply_free(rep);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	if (si->n_token_ids)
+		memcpy(*ids, si->token_ids, si->n_token_ids * sizeof **ids);
+	kvs_reply_free(rep);
+	return 0;
+}
+
+static int r_commit_tokens(void *st, uint64_t id, uint64_t committed, uint64_t first,
+			   const uint32_t *ids, size_t n, char *err, size_t errlen)
+{
+	struct remote *r = st;
+	int ret = kvs_commit_tokens(r->k, id, committed, first, ids, n);
+	return ret ? kerr(r, ret, err, errlen, "kvstored refused the token ids") : 0;
+}
+
+static int r_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errlen)
+{
+	struct remote *r = st;
+	int ret = kvs_close_sequence(r->k, id, drop);
+	return ret ? kerr(r, ret, err, errlen, "kvstored refused to close the sequence") : 0;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Pushes the batch (all of it fits: HOSTKV_RING_BATCH is below the smallest ring) and collects
+ * one completion per entry, matched by user_data. */
+static int r_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t errlen)
+{
+	struct remote *r = st;
+	uint64_t base = r->next_user;
+	r->next_user += n;
+	for (unsigned i = 0; i < n; i++)
+		e[i].user_data = base + i;
+	unsigned pushed = 0;
+	uint64_t deadline = now_ms() + RING_WAIT_MS;
+	while (pushed < n) {
+		int ret = kvs_ring_submit(r->k, e + pushed, n - pushed);
+		if (ret < 0)
+			return kerr(r, ret, err, errlen, "ring submit");
+		pushed += (unsigned)ret;
+		if (pushed < n && now_ms() > deadline) {
+			snprintf(err, errlen, "ring: submission ring stayed full for %d ms", RING_WAIT_MS);
+			return -ETIMEDOUT;
+		}
+	}
+	struct ring_entry c[HOSTKV_RING_BATCH];
+	unsigned got = 0;
+	while (got < n) {
+		uint64_t t = now_ms();
+		if (t >= deadline) {
+			snprintf(err, errlen, "ring: %u of %u completions within %d ms", got, n,
+				 RING_WAIT_MS);
+			return -ETIMEDOUT;
+		}
+		int m = kvs_ring_complete(r->k, c, n - got, (int)(deadline - t));
+		if (m < 0)
+			return kerr(r, m, err, errlen, "ring completion");
+		for (int i = 0; i < m; i++) {
+			uint64_t u = c[i].user_data - base;
+			if (c[i].user_data < base || u >= n) {
+				snprintf(err, errlen, "ring: unexpected completion %" PRIu64,
+					 c[i].user_data);
+				return -EPROTO;
+			}
+			e[u] = c[i];
+			got++;
+		}
+	}
+	return 0;
+}
+
+static int r_heartbeat(void *st, const Freekv__WorkerStats *stats, char *err, size_t errlen)
+{
+	struct remote *r = st;
+	int ret;
+	if (!stats) {
+		ret = kvs_heartbeat(r->k);
+	} else {
+		Freekv__Request q = FREEKV__REQUEST__INIT;
+		Freekv__Heartbeat hb = FREEKV__HEARTBEAT__INIT;
+		hb.worker_id = kvs_worker_id(r->k);
+		hb.stats = (Freekv__WorkerStats *)stats;
+		q.body_case = FREEKV__REQUEST__BODY_HEARTBEAT;
+		q.heartbeat = &hb;
+		ret = kvs_call(r->k, &q, NULL);
+	}
+	return ret ? kerr(r, ret, err, errlen, "heartbeat") : 0;
+}
+
+static uint32_t r_heartbeat_ms(void *st)
+{
+	struct remote *r = st;
+	return kvs_heartbeat_ms(r->k);
+}
+
+static void r_close(void *st)
+{
+	struct remote *r = st;
+	if (!r)
+		return;
+	kvs_close(r->k);
+	free(r);
+}
+
+static const struct hostkv_store_ops remote_ops = {
+	.name = "kvstored",
+	.open_seq = r_open_seq,
+	.attach = r_attach,
+	.commit_tokens = r_commit_tokens,
+	.close_seq = r_close_seq,
+	.ring = r_ring,
+	.heartbeat = r_heartbeat,
+	.heartbeat_ms = r_heartbeat_ms,
+	.close = r_close,
+};
+
+int hostkv_remote_open(const struct hostkv_opts *o, const struct hostkv_store_ops **ops,
+		       void **st, uint8_t **base, uint64_t *bytes, char *err, size_t errlen)
+{
+	struct remote *r = calloc(1, sizeof *r);
+	if (!r) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	r->next_user = 1;
+	int ret = kvs_connect(o->endpoint, o->timeout_ms > 0 ? o->timeout_ms : REMOTE_TIMEOUT_MS,
+			      &r->k);
+	if (ret) {
+		snprintf(err, errlen, "cannot connect to %s: %s", o->endpoint, strerror(-ret));
+		free(r);
+		return ret;
+	}
+	ret = kvs_hello(r->k, KVS_ROLE_WORKER, o->worker_name ? o->worker_name : "kvworker");
+	if (ret) {
+		snprintf(err, errlen, "kvstored at %s: %s", o->endpoint, kvs_error(r->k));
+		r_close(r);
+		return ret;
+	}
+	*ops = &remote_ops;
+	*st = r;
+	*base = kvs_pool_base(r->k);
+	*bytes = kvs_pool_bytes(r->k);
+	return 0;
+}

@@ -1,0 +1,122 @@
+/* kv_writethrough — see kv_writethrough.h. */
+#include "kv_writethrough.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hostkv.h"
+
+int kv_wt_init(struct kv_wt *w, struct backend *be, struct hostkv_seq *host,
+	       const struct backend_attn *a, int page)
+{
+	if (page <= 0 || a->n_kv_heads <= 0 || a->head_dim <= 0)
+		return -EINVAL;
+	*w = (struct kv_wt){
+		.host = host, .be = be,
+		.g = { .n_kv = a->n_kv_heads, .p = page, .d = a->head_dim, .dtype = a->kv_dtype },
+	};
+	return 0;
+}
+
+void kv_wt_free(struct kv_wt *w)
+{
+	free(w->k);
+	free(w->v);
+	w->k = w->v = NULL;
+	w->cap = 0;
+}
+
+static int wt_reserve(struct kv_wt *w, int64_t n)
+{
+	if (n <= w->cap)
+		return 0;
+	size_t row = (size_t)w->g.n_kv * (size_t)w->g.d;
+	float *k = malloc((size_t)n * row * sizeof *k), *v = malloc((size_t)n * row * sizeof *v);
+	if (!k || !v) {
+		free(k);
+		free(v);
+		return -ENOMEM;
+	}
+	free(w->k);
+	free(w->v);
+	w->k = k;
+	w->v = v;
+	w->cap = n;
+	return 0;
+}
+
+int kv_wt_fetch(struct kv_wt *w, const float *k, const float *v, int64_t n, const float **hk,
+		const float **hv)
+{
+	size_t bytes = (size_t)n * (size_t)w->g.n_kv * (size_t)w->g.d * sizeof(float);
+	int ret = wt_reserve(w, n) ?: w->be->ops->download(w->be->ctx, w->k, k, bytes)
+		  ?: w->be->ops->download(w->be->ctx, w->v, v, bytes);
+	if (ret)
+		return ret;
+	*hk = w->k;
+	*hv = w->v;
+	return 0;
+}
+
+int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const float *v,
+		int64_t n)
+{
+	if (!w->host)
+		return 0;
+	const int p = w->g.p;
+	size_t row = (size_t)w->g.n_kv * (size_t)w->g.d;
+	char err[256];
+	for (int64_t t = pos; t < pos + n;) {
+		int64_t page = t / p;
+		int t0 = (int)(t % p);
+		int t1 = pos + n - page * p < p ? (int)(pos + n - page * p) : p;
+		if (page > INT32_MAX)
+			return -EOVERFLOW;
+		void *block;
+		int ret = hostkv_block(w->host, layer, (int)page, &block, err, sizeof err);
+		if (ret)
+			return ret;
+		size_t off = (size_t)(t - pos) * row;
+		layout_store_tokens(&w->g, block, t0, t1, k + off, v + off);
+		t += t1 - t0;
+	}
+	return 0;
+}
+
+int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, float *k,
+	       float *v)
+{
+	if (!w->host)
+		return -EINVAL;
+	const int p = w->g.p, d = w->g.d, H = w->g.n_kv;
+	float *tk = malloc((size_t)2 * p * d * sizeof *tk), *tv = tk + (size_t)p * d;
+	if (!tk)
+		return -ENOMEM;
+	char err[256];
+	int ret = 0;
+	for (int64_t t = t0; t < t1 && !ret;) {
+		int64_t page = t / p;
+		int a = (int)(t % p);
+		int b = t1 - page * p < p ? (int)(t1 - page * p) : p;
+		const void *block;
+		void *wblock;
+		if (own) {
+			ret = hostkv_block(w->host, layer, (int)page, &wblock, err, sizeof err);
+			block = wblock;
+		} else {
+			ret = hostkv_block_ro(w->host, layer, (int)page, &block, err, sizeof err);
+		}
+		for (int h = 0; h < H && !ret; h++) {
+			layout_load_head(&w->g, block, h, a, b, tk, tv);
+			for (int i = 0; i < b - a; i++) {
+				size_t dst = ((size_t)(t - t0 + i) * H + h) * d;
+				memcpy(k + dst, tk + (size_t)i * d, (size_t)d * sizeof *k);
+				memcpy(v + dst, tv + (size_t)i * d, (size_t)d * sizeof *v);
+			}
+		}
+		t += b - a;
+	}
+	free(tk);
+	return ret;
+}

@@ -1,0 +1,47 @@
+/* kv_writethrough — how every KV policy keeps the host copy complete (DESIGN §3): each appended
+ * token's K and V go into its page block (HND, the sequence's dtype) as soon as the layer
+ * produces them, the partial tail page rewritten step by step; and how a policy reads that copy
+ * back (resume, recall, the debug checks).
+ *
+ * struct kv_wt is embedded in a policy state: kv_wt_init() borrows the host sequence (NULL: no
+ * host copy, every store is a no-op) and allocates host scratch rows that kv_wt_free() frees.
+ * Backend buffers are reached only through download, so the module works on any backend. */
+#ifndef FREEKV_KV_WRITETHROUGH_H
+#define FREEKV_KV_WRITETHROUGH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "layout.h"
+
+struct hostkv_seq;
+
+struct kv_wt {
+	struct hostkv_seq *host; /* borrowed; NULL = no host copy */
+	struct backend *be;	 /* borrowed */
+	struct kv_geom g;	 /* block geometry: n_kv, page, head dim, KV dtype */
+	float *k, *v;		 /* host scratch: (cap, n_kv, d) each */
+	int64_t cap;
+};
+
+/* 0 or -ENOMEM / -EINVAL (page <= 0). */
+int kv_wt_init(struct kv_wt *w, struct backend *be, struct hostkv_seq *host,
+	       const struct backend_attn *a, int page);
+void kv_wt_free(struct kv_wt *w);
+
+/* Downloads n rows of backend k, v (n, n_kv, d) f32 into the scratch; *hk, *hv borrow it until
+ * the next call. */
+int kv_wt_fetch(struct kv_wt *w, const float *k, const float *v, int64_t n, const float **hk,
+		const float **hv);
+/* Writes host rows k, v (n, n_kv, d) f32 of positions [pos, pos + n) of a layer into their
+ * page blocks. No-op without a host copy. */
+int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const float *v,
+		int64_t n);
+/* Reads positions [t0, t1) of a layer, every head, into rows k, v (t1 - t0, n_kv, d) f32:
+ * committed blocks (hostkv_block_ro), or with own the blocks this worker wrote, committed or
+ * not (hostkv_block). -EINVAL without a host copy. */
+int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, float *k,
+	       float *v);
+
+#endif

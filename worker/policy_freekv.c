@@ -1,0 +1,128 @@
+/* policy_freekv — speculative retrieval with fine-grained correction (DESIGN §5, the seed
+ * paper). At a compressed decode step, at layer l:
+ *   - correction check: per KV head, the group-mean cosine of q_t and q_{t-1}; below tau the
+ *     head is flagged;
+ *   - if any head is flagged: selection with q_t for every head now, and a blocking recall of
+ *     the flagged heads' changed pages; unflagged heads keep the pages selected with q_{t-1};
+ *   - attention over sink + those pages + window;
+ *   - beside the rest of the step, on the recall stream's copy thread: selection with q_t when
+ *     it did not run above, and the recall of the unflagged heads' changed pages into their
+ *     slots for step t+1 (staged through the double buffer). Step t+1 waits for it at layer l
+ *     before touching the layer (paged_append).
+ * The first compressed step (and the first after a resume) selects with the current query.
+ * tau 0 never corrects (pure speculation); tau > 1 corrects every head every step, which is
+ * exactly `quest`. */
+#include "policy_paged.h"
+
+#include <string.h>
+
+static void set_att(struct paged *s, struct paged_layer *L)
+{
+	memcpy(L->att, L->target, (size_t)s->g.n_kv * s->k_sel * sizeof *L->att);
+}
+
+static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
+			 const struct select_layout *lay)
+{
+	const int H = s->g.n_kv, K = s->k_sel;
+	int n = 0, ret = 0;
+	memset(L->spec_heads, 0, (size_t)H);
+	if (!L->have_target || !L->have_q) {
+		paged_select(s, L, q, lay, L->target, L->scratch_c, &L->st.ns_select);
+		for (int h = 0; h < H && !ret; h++)
+			ret = paged_plan_head(s, L, h, L->target + h * K, L->units_c, &n);
+		if (ret)
+			return ret;
+		L->have_target = true;
+		L->spec_select = false;
+		set_att(s, L);
+		return paged_recall_now(s, L, L->units_c, n);
+	}
+	float cos[H];
+	select_group_cosine(&s->g, q, L->q_last, cos);
+	int flagged = 0;
+	for (int h = 0; h < H; h++) {
+		L->spec_heads[h] = !(s->p.opts.tau > 0.0f && cos[h] < s->p.opts.tau);
+		flagged += !L->spec_heads[h];
+	}
+	L->st.head_checks += H;
+	L->st.corrections += flagged;
+	L->spec_select = !flagged;
+	if (flagged) {
+		paged_select(s, L, q, lay, L->fresh, L->scratch_c, &L->st.ns_select);
+		for (int h = 0; h < H && !ret; h++) {
+			if (L->spec_heads[h])
+				continue;
+			memcpy(L->target + h * K, L->fresh + h * K, (size_t)K * sizeof *L->target);
+			ret = paged_plan_head(s, L, h, L->target + h * K, L->units_c, &n);
+		}
+		if (ret)
+			return ret;
+	}
+	set_att(s, L);
+	return paged_recall_now(s, L, L->units_c, n);
+}
+
+/* Copy thread: selection with q_t if needed, then the unflagged heads' recall plan. */
+static int freekv_prepare(void *arg, struct recall_unit **units, int *n)
+{
+	struct paged_layer *L = arg;
+	struct paged *s = L->owner;
+	const int K = s->k_sel;
+	*n = 0;
+	*units = L->units_r;
+	if (L->spec_select)
+		paged_select(s, L, L->q_spec, &L->spec_lay, L->fresh, L->scratch_r,
+			     &L->spec_ns_select);
+	for (int h = 0; h < s->g.n_kv; h++) {
+		if (!L->spec_heads[h])
+			continue;
+		memcpy(L->target + h * K, L->fresh + h * K, (size_t)K * sizeof *L->target);
+		int ret = paged_plan_head(s, L, h, L->target + h * K, L->units_r, n);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+static int freekv_after(struct paged *s, struct paged_layer *L, const float *q,
+			const struct select_layout *lay)
+{
+	bool any = false;
+	for (int h = 0; h < s->g.n_kv; h++)
+		any |= L->spec_heads[h];
+	if (!any)
+		return 0;
+	memcpy(L->q_spec, q, (size_t)s->g.n_q * s->g.d * sizeof *L->q_spec);
+	L->spec_lay = *lay;
+	return recall_submit(s->rc, NULL, 0, freekv_prepare, L, &L->ticket);
+}
+
+static const struct paged_strategy freekv = {
+	.name = "freekv",
+	.recalls = true,
+	.keep_recent = false,
+	.before_attend = freekv_before,
+	.after_attend = freekv_after,
+};
+
+static int freekv_create(const struct kv_seq_params *p, void **st)
+{
+	return paged_create(p, &freekv, st);
+}
+
+const struct kv_policy_ops kv_policy_freekv = {
+	.name = "freekv",
+	.create = freekv_create,
+	.destroy = paged_destroy,
+	.step_begin = paged_step_begin,
+	.layer_begin = NULL,
+	.append = paged_append,
+	.attend = paged_attend,
+	.layer_end = NULL,
+	.step_end = paged_step_end,
+	.length = paged_length,
+	.stats = paged_stats,
+	.layer_stats = paged_layer_stats,
+	.restore = paged_restore,
+};

@@ -1,0 +1,749 @@
+/* policy_paged — see policy_paged.h. */
+#include "policy_paged.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hostkv.h"
+
+int64_t paged_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot)
+{
+	return L->slots + (size_t)slot * s->slot_floats;
+}
+
+static int win_slot(const struct paged *s, int page)
+{
+	return s->n_sink + (page - s->n_sink) % s->n_win;
+}
+
+static int sel_slot_index(const struct paged *s, int page)
+{
+	return (page - s->n_sink) % s->k_sel;
+}
+
+static void layer_free(struct paged *s, struct paged_layer *L)
+{
+	if (L->slots)
+		s->p.be->ops->buf_free(s->p.be->ctx, L->slots);
+	free(L->res);
+	free(L->target);
+	free(L->fresh);
+	free(L->kmin);
+	free(L->kmax);
+	free(L->q_last);
+	free(L->q_spec);
+	free(L->scratch_c);
+	free(L->scratch_r);
+	free(L->att);
+	free(L->units_c);
+	free(L->units_r);
+	free(L->spec_heads);
+}
+
+void paged_destroy(void *st)
+{
+	struct paged *s = st;
+	if (!s)
+		return;
+	/* Joining the recall threads first: no job may still write a slot being freed. */
+	recall_free(s->rc);
+	if (s->full)
+		kv_policy_full.destroy(s->full);
+	for (int l = 0; s->L && l < s->p.n_layers; l++)
+		layer_free(s, &s->L[l]);
+	struct backend *be = s->p.be;
+	if (s->dense_k)
+		be->ops->buf_free(be->ctx, s->dense_k);
+	if (s->dense_v)
+		be->ops->buf_free(be->ctx, s->dense_v);
+	kv_wt_free(&s->wt);
+	free(s->L);
+	free(s->hq);
+	free(s->spans);
+	free(s->span_page);
+	free(s->first);
+	free(s->chk);
+	free(s);
+}
+
+/* Grows every summary array (and the selection scratch that scales with it) to hold need pages.
+ * Called on the compute thread with no speculative job in flight for the layer. */
+static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
+{
+	if (need <= L->page_cap)
+		return 0;
+	int cap = L->page_cap ? L->page_cap : 2 * s->n_slots;
+	while (cap < need)
+		cap *= 2;
+	size_t d = (size_t)s->g.d, H = (size_t)s->g.n_kv, old = (size_t)L->page_cap;
+	float *mn = calloc(H * cap * d, sizeof *mn), *mx = calloc(H * cap * d, sizeof *mx);
+	size_t sf = select_scratch_floats(&s->g, cap);
+	float *sc = malloc(sf * sizeof *sc), *sr = malloc(sf * sizeof *sr);
+	if (!mn || !mx || !sc || !sr) {
+		free(mn);
+		free(mx);
+		free(sc);
+		free(sr);
+		return -ENOMEM;
+	}
+	for (size_t h = 0; old && h < H; h++) {
+		memcpy(mn + h * cap * d, L->kmin + h * old * d, old * d * sizeof *mn);
+		memcpy(mx + h * cap * d, L->kmax + h * old * d, old * d * sizeof *mx);
+	}
+	free(L->kmin);
+	free(L->kmax);
+	free(L->scratch_c);
+	free(L->scratch_r);
+	L->kmin = mn;
+	L->kmax = mx;
+	L->scratch_c = sc;
+	L->scratch_r = sr;
+	L->page_cap = cap;
+	return 0;
+}
+
+static int layer_init(struct paged *s, struct paged_layer *L, int l)
+{
+	struct backend *be = s->p.be;
+	size_t H = (size_t)s->g.n_kv, K = (size_t)s->k_sel, QD = (size_t)s->g.n_q * s->g.d;
+	L->owner = s;
+	L->layer = l;
+	L->slots = be->ops->buf_alloc(be->ctx, (size_t)s->n_slots * s->slot_floats * sizeof(float));
+	L->res = malloc(K * H * sizeof *L->res);
+	L->target = calloc(H * K, sizeof *L->target);
+	L->fresh = calloc(H * K, sizeof *L->fresh);
+	L->att = calloc(H * K, sizeof *L->att);
+	L->q_last = calloc(QD, sizeof *L->q_last);
+	L->q_spec = calloc(QD, sizeof *L->q_spec);
+	L->units_c = calloc(H * K, sizeof *L->units_c);
+	L->units_r = calloc(H * K, sizeof *L->units_r);
+	L->spec_heads = calloc(H, 1);
+	if (!L->slots || !L->res || !L->target || !L->fresh || !L->att || !L->q_last ||
+	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads)
+		return -ENOMEM;
+	for (size_t i = 0; i < K * H; i++)
+		L->res[i] = -1;
+	return grow_summaries(s, L, 1);
+}
+
+int paged_create(const struct kv_seq_params *p, const struct paged_strategy *strat, void **st)
+{
+	struct backend *be = p->be;
+	if (!be || p->n_layers <= 0 || p->max_tokens <= 0 || p->attn.n_kv_heads <= 0 ||
+	    p->attn.head_dim <= 0 || p->attn.n_heads % p->attn.n_kv_heads ||
+	    p->max_tokens > INT32_MAX)
+		return -EINVAL;
+	if (!be->ops->attn_decode_heads || strcmp(be->ops->name, "cpu"))
+		return -EOPNOTSUPP;
+	if (strat->recalls && !p->host)
+		return -EINVAL;
+	struct paged *s = calloc(1, sizeof *s);
+	if (!s)
+		return -ENOMEM;
+	s->p = *p;
+	s->strat = strat;
+	int ret = kvcache_resolve_opts(&s->p.opts, p->max_tokens);
+	if (ret) {
+		free(s);
+		return ret;
+	}
+	const struct kv_policy_opts *o = &s->p.opts;
+	s->g = (struct select_geom){
+		.n_q = p->attn.n_heads, .n_kv = p->attn.n_kv_heads, .d = p->attn.head_dim,
+		.p = o->page, .sink = o->sink, .window = o->window, .budget = o->budget,
+	};
+	if (select_geom_check(&s->g) || o->budget < o->sink + o->window + o->page) {
+		free(s);
+		return -EINVAL;
+	}
+	s->n_sink = o->sink / o->page;
+	s->n_win = o->window / o->page;
+	s->k_sel = (o->budget - o->sink - o->window) / o->page;
+	s->n_slots = o->budget / o->page;
+	s->slot_floats = (size_t)2 * o->page * s->g.n_kv * s->g.d;
+	s->full_layers = o->full_layers < p->n_layers ? o->full_layers : p->n_layers;
+	ret = kv_wt_init(&s->wt, be, p->host, &p->attn, o->page);
+	if (ret) {
+		free(s);
+		return ret;
+	}
+	s->L = calloc((size_t)p->n_layers, sizeof *s->L);
+	s->hq = calloc((size_t)s->g.n_q * s->g.d, sizeof *s->hq);
+	s->spans = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->spans);
+	s->span_page = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->span_page);
+	s->first = calloc((size_t)s->g.n_kv + 1, sizeof *s->first);
+	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
+	ret = s->L && s->hq && s->spans && s->span_page && s->first && s->chk ? 0 : -ENOMEM;
+	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
+		ret = layer_init(s, &s->L[l], l);
+	if (!ret && s->full_layers) {
+		struct kv_seq_params fp = s->p;
+		fp.n_layers = s->full_layers;
+		ret = kv_policy_full.create(&fp, &s->full);
+	}
+	if (!ret && strat->recalls) {
+		struct recall_opts ro = { .g = s->wt.g, .host = p->host };
+		ret = recall_new(&ro, &s->rc);
+	}
+	if (ret) {
+		paged_destroy(s);
+		return ret;
+	}
+	*st = s;
+	return 0;
+}
+
+int paged_step_begin(void *st, int64_t n)
+{
+	struct paged *s = st;
+	if (n <= 0)
+		return -EINVAL;
+	if (s->len + n > s->p.max_tokens)
+		return -ENOSPC;
+	if (s->full) {
+		int ret = kv_policy_full.step_begin(s->full, n);
+		if (ret)
+			return ret;
+	}
+	s->pending = n;
+	return 0;
+}
+
+/* Rounds f32 values to the KV dtype and back, so the slots hold exactly what the host copy and
+ * the `full` policy hold. */
+static void round_kv(float *x, size_t n, enum fkv_dtype t)
+{
+	uint16_t tmp[64];
+	if (t == FKV_F32)
+		return;
+	for (size_t i = 0; i < n; i += 64) {
+		size_t m = n - i < 64 ? n - i : 64;
+		dtype_from_f32(tmp, x + i, t, m);
+		dtype_to_f32(x + i, tmp, t, m);
+	}
+}
+
+/* Waits for the layer's speculative recall and folds its accounting into the counters. */
+static int settle_layer(struct paged *s, struct paged_layer *L)
+{
+	if (!L->ticket)
+		return 0;
+	struct recall_done dn;
+	int ret = recall_wait(s->rc, L->ticket, &dn);
+	L->ticket = 0;
+	L->st.ns_recall_wait += dn.ns_waited;
+	L->st.ns_recall_hidden += dn.ns_busy > dn.ns_waited ? dn.ns_busy - dn.ns_waited : 0;
+	L->st.pages_recalled += dn.units;
+	L->st.bytes_recalled += dn.bytes;
+	L->st.ns_select += L->spec_ns_select;
+	L->spec_ns_select = 0;
+	if (ret)
+		paged_drop_selection(s, L);
+	return ret;
+}
+
+/* Places rows k, v (n, n_kv, d) f32 (already rounded) of positions [pos, pos + n) into the
+ * slots: window ring or sink, moving pages that leave the window, summarising pages that fill. */
+static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, const float *k,
+			const float *v, int64_t n)
+{
+	const int P = s->g.p, H = s->g.n_kv, d = s->g.d;
+	const size_t row = (size_t)H * d;
+	for (int64_t i = 0; i < n; i++) {
+		int64_t t = pos + i;
+		int page = (int)(t / P), off = (int)(t % P);
+		if (off == 0 && page >= s->n_sink + s->n_win) {
+			int gone = page - s->n_win; /* leaves the window now */
+			int si = sel_slot_index(s, gone);
+			/* A retried step finds the page already moved (its ring rows since reused). */
+			bool moved = L->res[si * H] == gone;
+			if (!moved && (s->strat->keep_recent || gone - s->n_sink < s->k_sel)) {
+				memcpy(paged_slot(s, L, s->n_sink + s->n_win + si),
+				       paged_slot(s, L, win_slot(s, gone)), s->slot_floats * sizeof(float));
+				for (int h = 0; h < H; h++)
+					L->res[si * H + h] = gone;
+			}
+		}
+		int slot = page < s->n_sink ? page : win_slot(s, page);
+		float *sl = paged_slot(s, L, slot);
+		memcpy(sl + (size_t)off * row, k + i * row, row * sizeof(float));
+		memcpy(sl + ((size_t)P + off) * row, v + i * row, row * sizeof(float));
+		if (off == P - 1) {
+			int ret = grow_summaries(s, L, page + 1);
+			if (ret)
+				return ret;
+			for (int h = 0; h < H; h++) {
+				size_t at = ((size_t)h * L->page_cap + page) * d;
+				select_page_summary(P, d, sl + (size_t)h * d, row, L->kmin + at,
+						    L->kmax + at);
+			}
+		}
+	}
+	return 0;
+}
+
+/* Slot of a page for head h at the current layout; -1 when it is not on the device. */
+static int find_slot(const struct paged *s, const struct paged_layer *L,
+		     const struct select_layout *lay, int page, int h)
+{
+	if (page < s->n_sink)
+		return page;
+	if (page >= lay->cand_end)
+		return win_slot(s, page);
+	int si = sel_slot_index(s, page);
+	if (L->res[si * s->g.n_kv + h] == page)
+		return s->n_sink + s->n_win + si;
+	for (int i = 0; i < s->k_sel; i++)
+		if (L->res[i * s->g.n_kv + h] == page)
+			return s->n_sink + s->n_win + i;
+	return -1;
+}
+
+static int grow_dense(struct paged *s, int64_t need)
+{
+	if (need <= s->dense_cap)
+		return 0;
+	struct backend *be = s->p.be;
+	int64_t cap = s->dense_cap ? s->dense_cap : 256;
+	while (cap < need)
+		cap *= 2;
+	size_t bytes = (size_t)cap * s->g.n_kv * s->g.d * sizeof(float);
+	float *k = be->ops->buf_alloc(be->ctx, bytes), *v = be->ops->buf_alloc(be->ctx, bytes);
+	if (!k || !v) {
+		if (k)
+			be->ops->buf_free(be->ctx, k);
+		if (v)
+			be->ops->buf_free(be->ctx, v);
+		return -ENOMEM;
+	}
+	if (s->dense_k)
+		be->ops->buf_free(be->ctx, s->dense_k);
+	if (s->dense_v)
+		be->ops->buf_free(be->ctx, s->dense_v);
+	s->dense_k = k;
+	s->dense_v = v;
+	s->dense_cap = cap;
+	return 0;
+}
+
+/* Prefill: every position of the layer, dense, for causal attention of the step's n queries:
+ * the past from the slots while it fits the budget (taken before the step's rows move pages
+ * out), else from the host copy (the worker's own blocks, committed or not); then the step's
+ * rows k, v (n, n_kv, d) f32, rounded. */
+static int build_dense(struct paged *s, struct paged_layer *L, const float *k, const float *v,
+		       int64_t n)
+{
+	const int64_t ctx = s->len + n;
+	const int P = s->g.p;
+	const size_t row = (size_t)s->g.n_kv * s->g.d;
+	int ret = grow_dense(s, ctx);
+	if (ret)
+		return ret;
+	if (s->len > s->g.budget) {
+		if (!s->p.host)
+			return -EOPNOTSUPP;
+		ret = kv_wt_load(&s->wt, L->layer, 0, s->len, true, s->dense_k, s->dense_v);
+		if (ret)
+			return ret;
+	} else {
+		struct select_layout lay;
+		select_layout_of(&s->g, (int)s->len, &lay);
+		for (int64_t t = 0; t < s->len; t++) {
+			int slot = find_slot(s, L, &lay, (int)(t / P), 0);
+			if (slot < 0)
+				return -EIO;
+			const float *sl = paged_slot(s, L, slot);
+			int off = (int)(t % P);
+			memcpy(s->dense_k + t * row, sl + (size_t)off * row, row * sizeof(float));
+			memcpy(s->dense_v + t * row, sl + ((size_t)P + off) * row, row * sizeof(float));
+		}
+	}
+	memcpy(s->dense_k + s->len * row, k, (size_t)n * row * sizeof(float));
+	memcpy(s->dense_v + s->len * row, v, (size_t)n * row * sizeof(float));
+	return 0;
+}
+
+static int attend_dense(struct paged *s, float *out, const float *q, int64_t n)
+{
+	const int64_t ctx = s->len + n;
+	struct backend_attn a = s->p.attn;
+	a.kv_dtype = FKV_F32;
+	s->attended += ctx;
+	return s->p.be->ops->attn_prefill(s->p.be->ctx, out, q, n, s->dense_k, s->dense_v, ctx, &a);
+}
+
+int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
+{
+	struct paged *s = st;
+	if (n != s->pending || layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	if (layer < s->full_layers)
+		return kv_policy_full.append(s->full, layer, k, v, n);
+	struct paged_layer *L = &s->L[layer];
+	/* Step t's recall of this layer lands before step t+1 touches the layer. */
+	int ret = settle_layer(s, L);
+	if (ret)
+		return ret;
+	const float *hk, *hv;
+	ret = kv_wt_fetch(&s->wt, k, v, n, &hk, &hv)
+	   ?: kv_wt_store(&s->wt, layer, s->len, hk, hv, n);
+	if (ret)
+		return ret;
+	size_t cnt = (size_t)n * s->g.n_kv * s->g.d;
+	round_kv(s->wt.k, cnt, s->p.attn.kv_dtype);
+	round_kv(s->wt.v, cnt, s->p.attn.kv_dtype);
+	if (n > 1 && (ret = build_dense(s, L, hk, hv, n)))
+		return ret;
+	return place_tokens(s, L, s->len, hk, hv, n);
+}
+
+/* Spans of every head: sink, then the attended candidates (all of them while the sequence fits
+ * the budget), then the window — ascending positions, as `full` reads them. */
+static int build_spans(struct paged *s, struct paged_layer *L, const struct select_layout *lay,
+		       int len)
+{
+	const int H = s->g.n_kv, P = s->g.p;
+	const int n_pages = lay->n_full + (lay->tail_tokens ? 1 : 0);
+	int ns = 0;
+	for (int h = 0; h < H; h++) {
+		s->first[h] = ns;
+		int64_t keys = 0;
+		for (int j = 0; j < n_pages; j++) {
+			if (j >= lay->cand_begin && j < lay->cand_end && lay->compressed) {
+				bool want = false;
+				for (int i = 0; i < lay->k && !want; i++)
+					want = L->att[h * s->k_sel + i] == j;
+				if (!want)
+					continue;
+			}
+			int slot = find_slot(s, L, lay, j, h);
+			if (slot < 0) {
+				fprintf(stderr, "policy %s: layer %d head %d: page %d is not resident\n",
+					s->strat->name, L->layer, h, j);
+				return -EIO;
+			}
+			const float *sl = paged_slot(s, L, slot);
+			s->span_page[ns] = j;
+			s->spans[ns++] = (struct backend_kv_span){
+				.k = sl, .v = sl + (size_t)P * H * s->g.d,
+				.n = j * P + P <= len ? P : len - j * P,
+				.row_stride = (int64_t)H * s->g.d,
+			};
+			keys += s->spans[ns - 1].n;
+		}
+		if (s->p.opts.debug_invariants && keys > (lay->compressed ? s->g.budget : len)) {
+			fprintf(stderr, "policy %s: layer %d head %d attends %lld keys, budget %d\n",
+				s->strat->name, L->layer, h, (long long)keys, s->g.budget);
+			return -EIO;
+		}
+		s->attended += h == 0 ? keys : 0;
+	}
+	s->first[H] = ns;
+	return 0;
+}
+
+/* Debug: group-consistent, budget-sized selection of candidates, and every attended slot slice
+ * equal to its page in the host copy. */
+/* Debug: every full page's min/max summary equals one recomputed from the host copy. */
+static int check_summaries(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
+{
+	const int P = s->g.p, d = s->g.d;
+	float *k = malloc((size_t)(2 * P + 2) * d * sizeof *k);
+	if (!k)
+		return -ENOMEM;
+	float *v = k + (size_t)P * d, *mn = v + (size_t)P * d, *mx = mn + d;
+	char err[256];
+	int ret = 0;
+	for (int j = 0; j < lay->n_full && !ret; j++) {
+		void *block;
+		ret = hostkv_block(s->p.host, L->layer, j, &block, err, sizeof err);
+		for (int h = 0; h < s->g.n_kv && !ret; h++) {
+			layout_load_head(&s->wt.g, block, h, 0, P, k, v);
+			select_page_summary(P, d, k, (size_t)d, mn, mx);
+			size_t at = ((size_t)h * L->page_cap + j) * d;
+			if (memcmp(mn, L->kmin + at, d * sizeof *mn) ||
+			    memcmp(mx, L->kmax + at, d * sizeof *mx)) {
+				fprintf(stderr, "policy %s: layer %d head %d: summary of page %d is "
+					"stale\n", s->strat->name, L->layer, h, j);
+				ret = -EIO;
+			}
+		}
+	}
+	free(k);
+	return ret;
+}
+
+static int check_invariants(struct paged *s, struct paged_layer *L,
+			    const struct select_layout *lay, int len)
+{
+	const int H = s->g.n_kv;
+	if (lay->compressed) {
+		for (int h = 0; h < H; h++)
+			for (int i = 0; i < lay->k; i++) {
+				int pg = L->att[h * s->k_sel + i];
+				if (pg < lay->cand_begin || pg >= lay->cand_end ||
+				    (i && pg <= L->att[h * s->k_sel + i - 1])) {
+					fprintf(stderr, "policy %s: layer %d head %d: selection is not "
+						"%d distinct candidates\n", s->strat->name, L->layer, h,
+						lay->k);
+					return -EIO;
+				}
+			}
+	}
+	if (!s->p.host)
+		return 0;
+	const struct kv_geom *g = &s->wt.g;
+	size_t ub = layout_unit_bytes(g);
+	char *mine = (char *)s->chk, *host = mine + ub, err[256];
+	for (int h = 0; h < H; h++)
+		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++) {
+			const float *sl = s->spans[sp].k;
+			int page = s->span_page[sp];
+			void *block;
+			int ret = hostkv_block(s->p.host, L->layer, page, &block, err, sizeof err);
+			if (ret)
+				return ret;
+			layout_gather_unit(g, mine, h, sl);
+			memcpy(host, (char *)block + (size_t)h * ub, ub);
+			int n = (int)s->spans[sp].n;
+			size_t rb = (size_t)g->d * dtype_size(g->dtype);
+			if (memcmp(mine, host, n * rb) ||
+			    memcmp(mine + (size_t)g->p * rb, host + (size_t)g->p * rb, n * rb)) {
+				fprintf(stderr, "policy %s: layer %d head %d: slot of page %d differs "
+					"from the host copy (len %d)\n", s->strat->name, L->layer, h,
+					page, len);
+				return -EIO;
+			}
+		}
+	return check_summaries(s, L, lay);
+}
+
+int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
+{
+	struct paged *s = st;
+	struct backend *be = s->p.be;
+	if (n != s->pending || layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	if (layer < s->full_layers)
+		return kv_policy_full.attend(s->full, layer, out, q, n);
+	struct paged_layer *L = &s->L[layer];
+	const size_t qd = (size_t)s->g.n_q * s->g.d;
+	if (n > 1) {
+		int ret = attend_dense(s, out, q, n);
+		if (!ret)
+			ret = be->ops->download(be->ctx, L->q_last, q + (size_t)(n - 1) * qd,
+						qd * sizeof(float));
+		L->have_q = !ret;
+		return ret;
+	}
+	const int len = (int)(s->len + 1);
+	struct select_layout lay;
+	select_layout_of(&s->g, len, &lay);
+	int ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float));
+	if (ret)
+		return ret;
+	if (lay.compressed) {
+		L->st.steps++;
+		ret = s->strat->before_attend(s, L, s->hq, &lay);
+		if (ret)
+			return ret;
+		L->st.pages_selected += (int64_t)lay.k * s->g.n_kv;
+	}
+	ret = build_spans(s, L, &lay, len);
+	if (!ret && s->p.opts.debug_invariants)
+		ret = check_invariants(s, L, &lay, len);
+	if (ret)
+		return ret;
+	struct backend_attn a = s->p.attn;
+	a.kv_dtype = FKV_F32;
+	int64_t t0 = paged_now_ns();
+	ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
+	L->st.ns_attend += paged_now_ns() - t0;
+	if (!ret && lay.compressed && s->strat->after_attend)
+		ret = s->strat->after_attend(s, L, s->hq, &lay);
+	memcpy(L->q_last, s->hq, qd * sizeof(float));
+	L->have_q = true;
+	return ret;
+}
+
+void paged_step_end(void *st)
+{
+	struct paged *s = st;
+	struct backend *be = s->p.be;
+	if (s->full)
+		kv_policy_full.step_end(s->full);
+	/* The dense prefill buffers are scratch: the device keeps O(B) per layer between steps. */
+	if (s->dense_k) {
+		be->ops->buf_free(be->ctx, s->dense_k);
+		be->ops->buf_free(be->ctx, s->dense_v);
+		s->dense_k = s->dense_v = NULL;
+		s->dense_cap = 0;
+	}
+	s->len += s->pending;
+	s->pending = 0;
+}
+
+int64_t paged_length(void *st)
+{
+	return ((struct paged *)st)->len;
+}
+
+void paged_stats(void *st, struct kv_stats *out)
+{
+	struct paged *s = st;
+	struct kv_stats f = { 0 };
+	if (s->full)
+		kv_policy_full.stats(s->full, &f);
+	int retr = s->p.n_layers - s->full_layers;
+	*out = (struct kv_stats){
+		.tokens = s->len,
+		.capacity = (int64_t)s->n_slots * s->g.p,
+		.device_bytes = f.device_bytes +
+				(int64_t)retr * s->n_slots * (int64_t)(s->slot_floats * sizeof(float)),
+		.attended = f.attended + s->attended,
+	};
+	for (int l = s->full_layers; l < s->p.n_layers; l++) {
+		const struct kv_layer_stats *a = &s->L[l].st;
+		struct kv_layer_stats *b = &out->sum;
+		b->steps += a->steps;
+		b->head_checks += a->head_checks;
+		b->corrections += a->corrections;
+		b->pages_selected += a->pages_selected;
+		b->pages_recalled += a->pages_recalled;
+		b->bytes_recalled += a->bytes_recalled;
+		b->ns_select += a->ns_select;
+		b->ns_recall_wait += a->ns_recall_wait;
+		b->ns_recall_hidden += a->ns_recall_hidden;
+		b->ns_attend += a->ns_attend;
+	}
+}
+
+int paged_layer_stats(void *st, int layer, struct kv_layer_stats *out)
+{
+	struct paged *s = st;
+	if (layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	*out = layer < s->full_layers ? (struct kv_layer_stats){ 0 } : s->L[layer].st;
+	return 0;
+}
+
+int paged_restore(void *st, int64_t len)
+{
+	struct paged *s = st;
+	if (!s->p.host || len < 0 || len > s->p.max_tokens || s->len || s->pending)
+		return -EINVAL;
+	if (s->full) {
+		int ret = kv_policy_full.restore(s->full, len);
+		if (ret)
+			return ret;
+	}
+	const int P = s->g.p;
+	size_t row = (size_t)s->g.n_kv * s->g.d;
+	float *k = malloc((size_t)P * row * sizeof *k), *v = malloc((size_t)P * row * sizeof *v);
+	int ret = k && v ? 0 : -ENOMEM;
+	for (int l = s->full_layers; l < s->p.n_layers && !ret; l++)
+		for (int64_t t = 0; t < len && !ret; t += P) {
+			int64_t e = t + P < len ? t + P : len;
+			ret = kv_wt_load(&s->wt, l, t, e, false, k, v);
+			if (!ret)
+				ret = place_tokens(s, &s->L[l], t, k, v, e - t);
+		}
+	free(k);
+	free(v);
+	if (!ret)
+		s->len = len;
+	return ret;
+}
+
+void paged_select(const struct paged *s, const struct paged_layer *L, const float *q,
+		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns)
+{
+	int64_t t0 = paged_now_ns();
+	select_topk(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, pages, scratch);
+	*ns += paged_now_ns() - t0;
+}
+
+int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,
+		    struct recall_unit *units, int *n)
+{
+	const int H = s->g.n_kv, K = s->k_sel, n0 = *n;
+	bool keep[K];
+	int changed = 0;
+	for (int i = 0; i < K; i++) {
+		keep[i] = false;
+		for (int j = 0; j < K && !keep[i]; j++)
+			keep[i] = L->res[i * H + h] == pages[j];
+	}
+	int next = 0;
+	for (int j = 0; j < K; j++) {
+		bool resident = false;
+		for (int i = 0; i < K && !resident; i++)
+			resident = L->res[i * H + h] == pages[j];
+		if (resident)
+			continue;
+		changed++;
+		while (keep[next])
+			next++;
+		keep[next] = true;
+		L->res[next * H + h] = pages[j];
+		units[(*n)++] = (struct recall_unit){
+			.layer = L->layer, .page = pages[j], .head = h,
+			.slot = paged_slot(s, L, s->n_sink + s->n_win + next),
+		};
+	}
+	if (!s->p.opts.debug_invariants)
+		return 0;
+	/* Only changed pages are recalled, once each, and the head now holds exactly pages. */
+	for (int j = 0; j < K; j++) {
+		int held = 0;
+		for (int i = 0; i < K; i++)
+			held += L->res[i * H + h] == pages[j];
+		if (held != 1 || (j && pages[j] <= pages[j - 1]))
+			changed = -1;
+	}
+	for (int u = n0; u < *n && changed >= 0; u++)
+		for (int w = n0; w < u; w++)
+			if (units[w].page == units[u].page)
+				changed = -1;
+	if (changed != *n - n0) {
+		fprintf(stderr, "policy %s: layer %d head %d: recall plan is not the changed pages\n",
+			s->strat->name, L->layer, h);
+		return -EIO;
+	}
+	return 0;
+}
+
+int paged_recall_now(struct paged *s, struct paged_layer *L, struct recall_unit *units, int n)
+{
+	if (!n)
+		return 0;
+	uint64_t ticket;
+	struct recall_done dn;
+	int ret = recall_submit(s->rc, units, n, NULL, NULL, &ticket);
+	if (ret)
+		return ret;
+	ret = recall_wait(s->rc, ticket, &dn);
+	L->st.ns_recall_wait += dn.ns_waited;
+	L->st.pages_recalled += dn.units;
+	L->st.bytes_recalled += dn.bytes;
+	if (ret)
+		paged_drop_selection(s, L);
+	return ret;
+}
+
+void paged_drop_selection(struct paged *s, struct paged_layer *L)
+{
+	for (int i = 0; i < s->k_sel * s->g.n_kv; i++)
+		L->res[i] = -1;
+	L->have_target = false;
+}

@@ -1,0 +1,126 @@
+/* policy_paged — the device-side paged KV state the retrieval policies share (streaming, quest,
+ * freekv; DESIGN §3, §5), and the seam through which each of them decides what a compressed
+ * decode step attends to.
+ *
+ * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) f32 — S/p sink slots
+ * (pages 0..S/p-1), W/p window slots (a ring: page j >= S/p lives in ring slot (j - S/p) % (W/p)
+ * while it is in the window) and k = (B-S-W)/p selected slots, each head's slice of which may
+ * hold a different host page (res). A page leaving the window moves into the selected slots
+ * while there is room (the sequence still fits the budget, so every policy attends to
+ * everything), and afterwards only when the strategy keeps recent pages (streaming); otherwise
+ * it stays in the host copy until selected. Also per layer: min/max key summaries of every full
+ * page (host memory the CPU backend computes on), the last query, and the counters.
+ *
+ * Dense prefill reads the past from the slots while everything fits, else from the host copy.
+ * The first `full_layers` layers are a nested `full` state. Slots are written with host stores,
+ * so the state needs a backend whose buffers the host can address: the CPU backend.
+ * Everything here is owned by the paged state (paged_create / destroy); strategies borrow it. */
+#ifndef FREEKV_POLICY_PAGED_H
+#define FREEKV_POLICY_PAGED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kv_writethrough.h"
+#include "kvcache.h"
+#include "recall.h"
+#include "select.h"
+
+struct paged;
+
+struct paged_layer {
+	float *slots;	       /* backend buffer: (n_slots, 2, p, n_kv, d) f32 */
+	int *res;	       /* (k_sel, n_kv): host page held by selected slot s for head h, -1 */
+	int *target;	       /* (n_kv, k_sel): pages the last selection chose, ascending */
+	int *fresh;	       /* (n_kv, k_sel): a selection not yet applied to every head */
+	bool have_target;
+	float *kmin, *kmax;    /* (n_kv, page_cap, d) summaries of full pages */
+	int page_cap;	       /* pages the summaries hold (grown by doubling) */
+	float *q_last;	       /* (n_q, d): the previous decode query at this layer */
+	bool have_q;
+	float *q_spec;	       /* (n_q, d): the query the copy thread selects with */
+	float *scratch_c;      /* selection scratch of the compute thread */
+	float *scratch_r;      /* ... and of the copy thread */
+	int *att;	       /* (n_kv, k_sel): pages the current step attends to */
+	struct recall_unit *units_c; /* (n_kv * k_sel) blocking recall plan */
+	struct recall_unit *units_r; /* (n_kv * k_sel) speculative recall plan */
+	uint64_t ticket;       /* pending speculative recall of this layer (0: none) */
+	/* Set by the compute thread before submitting a speculative job, read by the copy thread. */
+	bool spec_select;      /* the copy thread selects with q_spec first */
+	uint8_t *spec_heads;   /* (n_kv): heads whose changed pages the job recalls */
+	struct select_layout spec_lay; /* the layout that selection lays pages out for */
+	int64_t spec_ns_select; /* written by the copy thread, folded in after the wait */
+	struct paged *owner;
+	int layer;
+	struct kv_layer_stats st;
+};
+
+/* What makes streaming, quest and freekv differ. */
+struct paged_strategy {
+	const char *name;
+	bool recalls;	  /* selects and recalls from the host copy (needs host) */
+	bool keep_recent; /* pages leaving the window stay in the selected slots, oldest out */
+	/* A compressed decode step at a retrieval layer: fill L->att with the pages each head
+	 * attends besides sink and window (n_kv rows of k_sel, ascending) and make them resident.
+	 * q (n_q, d) host copy of the query; lay the layout at the current length. */
+	int (*before_attend)(struct paged *s, struct paged_layer *L, const float *q,
+			     const struct select_layout *lay);
+	/* (optional) After the step's attention at that layer. */
+	int (*after_attend)(struct paged *s, struct paged_layer *L, const float *q,
+			    const struct select_layout *lay);
+};
+
+struct paged {
+	struct kv_seq_params p;
+	const struct paged_strategy *strat;
+	struct select_geom g;
+	int n_sink, n_win, k_sel, n_slots; /* pages / slots */
+	size_t slot_floats;	/* 2 * p * n_kv * d */
+	int64_t len, pending;
+	int full_layers;
+	void *full;		/* nested `full` state for layers < full_layers, or NULL */
+	struct paged_layer *L;	/* n_layers; entries below full_layers unused */
+	struct kv_wt wt;
+	struct recall *rc;	/* recall stream (strategies that recall) */
+	float *hq;		/* (n_q, d) host copy of the step's query */
+	struct backend_kv_span *spans; /* (n_kv * n_slots) */
+	int *span_page;		/* (n_kv * n_slots): the page each span holds */
+	int *first;		/* (n_kv + 1) */
+	float *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) f32 */
+	int64_t dense_cap;
+	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
+	int64_t attended;
+};
+
+int paged_create(const struct kv_seq_params *p, const struct paged_strategy *strat, void **st);
+void paged_destroy(void *st);
+int paged_step_begin(void *st, int64_t n);
+int paged_append(void *st, int layer, const float *k, const float *v, int64_t n);
+int paged_attend(void *st, int layer, float *out, const float *q, int64_t n);
+void paged_step_end(void *st);
+int64_t paged_length(void *st);
+void paged_stats(void *st, struct kv_stats *out);
+int paged_layer_stats(void *st, int layer, struct kv_layer_stats *out);
+int paged_restore(void *st, int64_t len);
+
+/* Helpers for strategies. */
+/* NHD slot s of a layer. */
+float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
+/* Top-k selection with q for every head at layout lay into pages (n_kv, k_sel); the time is
+ * added to *ns. scratch: L->scratch_c on the compute thread, L->scratch_r on the copy thread. */
+void paged_select(const struct paged *s, const struct paged_layer *L, const float *q,
+		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns);
+/* Makes head h's selected slots hold pages[0..k_sel) (ascending): pages already resident stay,
+ * the others take the slots of pages no longer wanted; appends one unit per page to recall to
+ * units at *n and updates L->res. With debug_invariants, -EIO unless exactly the changed pages
+ * were planned. */
+int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,
+		    struct recall_unit *units, int *n);
+/* Recalls units on the stream and waits for them (recall on the critical path). */
+int paged_recall_now(struct paged *s, struct paged_layer *L, struct recall_unit *units, int n);
+/* Forgets the selection of a layer after a failed recall: every selected slot counts as empty. */
+void paged_drop_selection(struct paged *s, struct paged_layer *L);
+
+int64_t paged_now_ns(void);
+
+#endif

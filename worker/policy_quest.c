@@ -1,0 +1,47 @@
+/* policy_quest — blocking page retrieval, Quest/ArkVale-style (DESIGN §5): at every compressed
+ * decode step each KV head selects its top-k pages with the current query (select_topk,
+ * group-consistent), the pages not already resident are recalled, and attention waits for them:
+ * selection and recall sit on the critical path. */
+#include "policy_paged.h"
+
+static int quest_before(struct paged *s, struct paged_layer *L, const float *q,
+			const struct select_layout *lay)
+{
+	paged_select(s, L, q, lay, L->att, L->scratch_c, &L->st.ns_select);
+	int n = 0, ret = 0;
+	for (int h = 0; h < s->g.n_kv && !ret; h++)
+		ret = paged_plan_head(s, L, h, L->att + h * s->k_sel, L->units_c, &n);
+	if (ret)
+		return ret;
+	L->have_target = true;
+	return paged_recall_now(s, L, L->units_c, n);
+}
+
+static const struct paged_strategy quest = {
+	.name = "quest",
+	.recalls = true,
+	.keep_recent = false,
+	.before_attend = quest_before,
+	.after_attend = NULL,
+};
+
+static int quest_create(const struct kv_seq_params *p, void **st)
+{
+	return paged_create(p, &quest, st);
+}
+
+const struct kv_policy_ops kv_policy_quest = {
+	.name = "quest",
+	.create = quest_create,
+	.destroy = paged_destroy,
+	.step_begin = paged_step_begin,
+	.layer_begin = NULL,
+	.append = paged_append,
+	.attend = paged_attend,
+	.layer_end = NULL,
+	.step_end = paged_step_end,
+	.length = paged_length,
+	.stats = paged_stats,
+	.layer_stats = paged_layer_stats,
+	.restore = paged_restore,
+};

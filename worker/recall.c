@@ -1,0 +1,271 @@
+/* recall — see recall.h. One mutex and one condition variable guard the job ring and the two
+ * staging buffers; the threads hold the mutex only to hand work over, never while copying. */
+#include "recall.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hostkv.h"
+
+#define RECALL_MAX_JOBS 64
+
+struct recall_job {
+	uint64_t ticket;
+	struct recall_unit *units;
+	int n;
+	recall_prepare_fn prepare;
+	void *arg;
+	int err;
+	bool in_use; /* submitted and not yet waited for */
+	bool done;
+	struct recall_done acc;
+};
+
+/* A staging buffer: up to cap units of the block dtype and where each one goes. */
+struct staging {
+	void *buf;		 /* (cap, 2, p, d) block dtype */
+	struct recall_unit *dst; /* (cap) */
+	int n;
+	bool full;		 /* written by the copy thread, not yet converted */
+	bool last;		 /* converting it completes its job */
+	struct recall_job *job;
+};
+
+struct recall {
+	struct recall_opts o;
+	size_t unit_bytes;
+	int cap;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct recall_job jobs[RECALL_MAX_JOBS];
+	uint64_t submitted;	/* last ticket handed out */
+	uint64_t copied;	/* last ticket the copy thread took */
+	struct staging st[2];
+	bool stop;
+	bool copy_exited; /* the copy thread will fill no more buffers */
+	bool threads_up;
+	pthread_t copy_thr, conv_thr;
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int unit_src(struct recall *r, const struct recall_unit *u, const void **block)
+{
+	if (r->o.host) {
+		char err[256];
+		return hostkv_block_ro(r->o.host, u->layer, u->page, block, err, sizeof err);
+	}
+	return r->o.src(r->o.src_arg, u->layer, u->page, block);
+}
+
+/* Copy thread: takes jobs in order, runs their prepare step, fills the staging buffers in turn. */
+static void *copy_main(void *arg)
+{
+	struct recall *r = arg;
+	int b = 0;
+	pthread_mutex_lock(&r->mu);
+	for (;;) {
+		while (!r->stop && r->copied == r->submitted)
+			pthread_cond_wait(&r->cv, &r->mu);
+		if (r->copied == r->submitted)
+			break;
+		struct recall_job *job = &r->jobs[++r->copied % RECALL_MAX_JOBS];
+		pthread_mutex_unlock(&r->mu);
+
+		int64_t t0 = now_ns();
+		int err = job->prepare ? job->prepare(job->arg, &job->units, &job->n) : 0;
+		int i = 0;
+		bool last = false;
+		while (!last) {
+			struct staging *s = &r->st[b];
+			pthread_mutex_lock(&r->mu);
+			while (s->full)
+				pthread_cond_wait(&r->cv, &r->mu);
+			pthread_mutex_unlock(&r->mu);
+			int m = 0;
+			while (!err && m < r->cap && i < job->n) {
+				const struct recall_unit *u = &job->units[i];
+				const void *block;
+				err = unit_src(r, u, &block);
+				if (err)
+					break;
+				memcpy((char *)s->buf + (size_t)m * r->unit_bytes,
+				       (const char *)block + (size_t)u->head * r->unit_bytes,
+				       r->unit_bytes);
+				s->dst[m++] = *u;
+				i++;
+			}
+			last = err || i == job->n;
+			int64_t t1 = now_ns();
+			pthread_mutex_lock(&r->mu);
+			if (err)
+				job->err = err;
+			job->acc.ns_busy += t1 - t0;
+			s->n = m;
+			s->last = last;
+			s->job = job;
+			s->full = true;
+			pthread_cond_broadcast(&r->cv);
+			pthread_mutex_unlock(&r->mu);
+			t0 = t1;
+			b ^= 1;
+		}
+		pthread_mutex_lock(&r->mu);
+	}
+	r->copy_exited = true;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+/* Convert thread: HND units of a full staging buffer into their NHD slots, then frees it. */
+static void *conv_main(void *arg)
+{
+	struct recall *r = arg;
+	int b = 0;
+	pthread_mutex_lock(&r->mu);
+	for (;;) {
+		struct staging *s = &r->st[b];
+		while (!r->copy_exited && !s->full)
+			pthread_cond_wait(&r->cv, &r->mu);
+		if (!s->full)
+			break;
+		pthread_mutex_unlock(&r->mu);
+
+		int64_t t0 = now_ns();
+		for (int j = 0; j < s->n; j++)
+			layout_scatter_unit(&r->o.g, s->dst[j].slot, s->dst[j].head,
+					    (const char *)s->buf + (size_t)j * r->unit_bytes);
+		if (r->o.poison)
+			memset(s->buf, 0xff, (size_t)s->n * r->unit_bytes);
+		int64_t t1 = now_ns();
+
+		pthread_mutex_lock(&r->mu);
+		struct recall_job *job = s->job;
+		job->acc.ns_busy += t1 - t0;
+		job->acc.units += s->n;
+		job->acc.bytes += (int64_t)s->n * (int64_t)r->unit_bytes;
+		if (s->last)
+			job->done = true;
+		s->full = false;
+		pthread_cond_broadcast(&r->cv);
+		b ^= 1;
+	}
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+void recall_free(struct recall *r)
+{
+	if (!r)
+		return;
+	if (r->threads_up) {
+		pthread_mutex_lock(&r->mu);
+		r->stop = true;
+		pthread_cond_broadcast(&r->cv);
+		pthread_mutex_unlock(&r->mu);
+		pthread_join(r->copy_thr, NULL);
+		pthread_join(r->conv_thr, NULL);
+	}
+	pthread_cond_destroy(&r->cv);
+	pthread_mutex_destroy(&r->mu);
+	for (int b = 0; b < 2; b++) {
+		free(r->st[b].buf);
+		free(r->st[b].dst);
+	}
+	free(r);
+}
+
+int recall_new(const struct recall_opts *o, struct recall **out)
+{
+	if (o->g.n_kv <= 0 || o->g.p <= 0 || o->g.d <= 0 || (!o->host && !o->src) ||
+	    o->units_per_buffer < 0)
+		return -EINVAL;
+	struct recall *r = calloc(1, sizeof *r);
+	if (!r)
+		return -ENOMEM;
+	r->o = *o;
+	r->unit_bytes = layout_unit_bytes(&o->g);
+	r->cap = o->units_per_buffer ? o->units_per_buffer : 64;
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	for (int b = 0; b < 2; b++) {
+		r->st[b].buf = malloc((size_t)r->cap * r->unit_bytes);
+		r->st[b].dst = calloc((size_t)r->cap, sizeof *r->st[b].dst);
+		if (!r->st[b].buf || !r->st[b].dst) {
+			recall_free(r);
+			return -ENOMEM;
+		}
+	}
+	int ret = pthread_create(&r->copy_thr, NULL, copy_main, r);
+	if (ret) {
+		recall_free(r);
+		return -ret;
+	}
+	ret = pthread_create(&r->conv_thr, NULL, conv_main, r);
+	if (ret) {
+		pthread_mutex_lock(&r->mu);
+		r->stop = true;
+		pthread_cond_broadcast(&r->cv);
+		pthread_mutex_unlock(&r->mu);
+		pthread_join(r->copy_thr, NULL);
+		recall_free(r);
+		return -ret;
+	}
+	r->threads_up = true;
+	*out = r;
+	return 0;
+}
+
+int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_prepare_fn prepare,
+		  void *arg, uint64_t *ticket)
+{
+	if (n < 0 || (n && !units))
+		return -EINVAL;
+	pthread_mutex_lock(&r->mu);
+	struct recall_job *job = &r->jobs[(r->submitted + 1) % RECALL_MAX_JOBS];
+	while (job->in_use)
+		pthread_cond_wait(&r->cv, &r->mu);
+	*job = (struct recall_job){
+		.ticket = r->submitted + 1, .units = units, .n = n, .prepare = prepare,
+		.arg = arg, .in_use = true,
+	};
+	*ticket = ++r->submitted;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	return 0;
+}
+
+int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done)
+{
+	if (done)
+		*done = (struct recall_done){ 0 };
+	if (!ticket)
+		return 0;
+	int64_t t0 = now_ns();
+	pthread_mutex_lock(&r->mu);
+	struct recall_job *job = &r->jobs[ticket % RECALL_MAX_JOBS];
+	if (ticket > r->submitted || !job->in_use || job->ticket != ticket) {
+		pthread_mutex_unlock(&r->mu);
+		return -EINVAL;
+	}
+	while (!job->done)
+		pthread_cond_wait(&r->cv, &r->mu);
+	int err = job->err;
+	if (done) {
+		*done = job->acc;
+		done->ns_waited = now_ns() - t0;
+	}
+	job->in_use = false;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	return err;
+}

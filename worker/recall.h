@@ -1,0 +1,68 @@
+/* recall — the double-buffered recall stream of DESIGN §5 on the CPU backend: copies one KV
+ * head's recall unit per (layer, page, head) from the host copy into a staging buffer (the
+ * "H2D copy", a copy thread) while the other staging buffer is converted HND -> NHD into the
+ * device slots (layout_scatter_unit, a convert thread). The two threads hand the two buffers back
+ * and forth with explicit full/empty flags, so no buffer is written while it is being read.
+ *
+ * Work arrives as jobs in FIFO order; each job gets a ticket, and recall_wait(ticket) is the
+ * completion event of that job (jobs complete in order). A job may carry a prepare callback that
+ * the copy thread runs first: it decides the job's units (speculative selection runs there,
+ * beside the compute thread). A job borrows its unit array, the slots it writes and the callback
+ * argument until its ticket completes; the caller must not touch them before recall_wait.
+ *
+ * Ownership: recall_new() allocates the engine, its staging buffers and starts both threads;
+ * recall_free() drains the queue, joins the threads and frees everything. Errors are 0 or
+ * -errno; a failed job reports its error through recall_wait(), later jobs still run. */
+#ifndef FREEKV_RECALL_H
+#define FREEKV_RECALL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "layout.h"
+
+struct hostkv_seq;
+struct recall;
+
+/* One recall unit: head `head` of host page `page` of `layer` into head `head` of `slot`. */
+struct recall_unit {
+	int layer;
+	int page;
+	int head;
+	float *slot; /* NHD (2, p, n_kv, d) f32 */
+};
+
+/* Runs on the copy thread before the job's units are copied; sets *units / *n (may be 0).
+ * Returns 0 or -errno (the job then fails with it). */
+typedef int (*recall_prepare_fn)(void *arg, struct recall_unit **units, int *n);
+
+/* Where recall_unit pages come from: hostkv_block_ro() of host, or (tests) a callback. */
+typedef int (*recall_src_fn)(void *arg, int layer, int page, const void **block);
+
+struct recall_opts {
+	struct kv_geom g;	  /* host block geometry */
+	int units_per_buffer;	  /* staging capacity in units; 0 = 64 */
+	struct hostkv_seq *host;  /* source of blocks; or src/src_arg when host is NULL */
+	recall_src_fn src;
+	void *src_arg;
+	bool poison;		  /* fill a staging buffer with NaN bytes once converted (tests) */
+};
+
+struct recall_done {
+	int64_t units;		/* units copied */
+	int64_t bytes;
+	int64_t ns_busy;	/* copy-thread + convert-thread time spent on the job */
+	int64_t ns_waited;	/* time recall_wait blocked */
+};
+
+int recall_new(const struct recall_opts *o, struct recall **out);
+void recall_free(struct recall *r);
+
+/* Queues a job: units[0..n) or, with prepare, whatever it produces. *ticket identifies it. */
+int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_prepare_fn prepare,
+		  void *arg, uint64_t *ticket);
+/* Blocks until the job of ticket has finished (a ticket of 0 is done at once); its result, and
+ * its accounting in *done when not NULL. A ticket is waited for once. */
+int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done);
+
+#endif
