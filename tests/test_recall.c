@@ -72,7 +72,8 @@ static int random_units(uint64_t *seed, float *slots, struct recall_unit *u, int
 			continue;
 		used[s][h] = true;
 		u[n++] = (struct recall_unit){
-			.layer = (int)(test_rand(seed) % LAYERS), .page = (int)(test_rand(seed) % PAGES),
+			.layer = (int)(test_rand(seed) % LAYERS),
+			.page = (int)(test_rand(seed) % PAGES),
 			.head = h, .slot = slots + (size_t)s * slot_floats(),
 		};
 	}

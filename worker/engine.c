@@ -6,11 +6,11 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "errmsg.h"
 #include "hostkv.h"
 #include "policy_opts.h"
 
@@ -64,17 +64,6 @@ struct engine {
 	struct piece *pieces;
 };
 
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
-
 static void *bufa(struct engine *e, size_t bytes)
 {
 	return e->be->ops->buf_alloc(e->be->ctx, bytes);
@@ -94,18 +83,18 @@ static int load_w(struct engine *e, const struct fkv_tensor *t, const char *name
 	if (!t->data) {
 		if (optional)
 			return 0;
-		return fail(err, errlen, -EINVAL, "layer %d: tensor %s missing", layer, name);
+		return errmsg(err, errlen, -EINVAL, "layer %d: tensor %s missing", layer, name);
 	}
 	int64_t tc = t->n_dims == 2 ? t->shape[1] : 1;
 	if (t->shape[0] != rows || tc != cols)
-		return fail(err, errlen, -EINVAL,
-			    "layer %d: tensor %s is (%lld, %lld), expected (%lld, %lld)", layer,
-			    name, (long long)t->shape[0], (long long)tc, (long long)rows,
-			    (long long)cols);
+		return errmsg(err, errlen, -EINVAL,
+			      "layer %d: tensor %s is (%lld, %lld), expected (%lld, %lld)", layer,
+			      name, (long long)t->shape[0], (long long)tc, (long long)rows,
+			      (long long)cols);
 	int ret = e->be->ops->weight_load(e->be->ctx, t, dst);
 	if (ret)
-		return fail(err, errlen, ret, "layer %d: cannot load %s: %s", layer, name,
-			    strerror(-ret));
+		return errmsg(err, errlen, ret, "layer %d: cannot load %s: %s", layer, name,
+			      strerror(-ret));
 	return 0;
 }
 
@@ -145,7 +134,7 @@ static int load_weights(struct engine *e, char *err, size_t errlen)
 			return ret;
 		d->has_bias = d->bq.data || d->bk.data || d->bv.data;
 		if (d->has_bias && (!d->bq.data || !d->bk.data || !d->bv.data))
-			return fail(err, errlen, -EINVAL, "layer %d: q/k/v biases must come together", l);
+			return errmsg(err, errlen, -EINVAL, "layer %d: q/k/v biases must come together", l);
 	}
 	return 0;
 }
@@ -154,15 +143,15 @@ static int check_config(const struct fkv_model_config *c, char *err, size_t errl
 {
 	if (c->n_layers <= 0 || c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
 	    c->head_dim <= 0 || c->ffn_dim <= 0 || c->vocab_size <= 0)
-		return fail(err, errlen, -EINVAL, "model config has a non-positive size");
+		return errmsg(err, errlen, -EINVAL, "model config has a non-positive size");
 	if (c->n_heads % c->n_kv_heads)
-		return fail(err, errlen, -EINVAL, "n_heads %d is not a multiple of n_kv_heads %d",
-			    c->n_heads, c->n_kv_heads);
+		return errmsg(err, errlen, -EINVAL, "n_heads %d is not a multiple of n_kv_heads %d",
+			      c->n_heads, c->n_kv_heads);
 	if (c->head_dim % 2)
-		return fail(err, errlen, -EINVAL, "head_dim %d is odd", c->head_dim);
+		return errmsg(err, errlen, -EINVAL, "head_dim %d is odd", c->head_dim);
 	if (c->rope_scaling_factor > 0.0f &&
 	    (c->rope_original_ctx <= 0 || c->rope_high_freq_factor <= c->rope_low_freq_factor))
-		return fail(err, errlen, -EINVAL, "inconsistent llama3 rope scaling parameters");
+		return errmsg(err, errlen, -EINVAL, "inconsistent llama3 rope scaling parameters");
 	return 0;
 }
 
@@ -276,13 +265,13 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	const char *pname = o->policy ? o->policy : "full";
 	const struct kv_policy_ops *pol = kvcache_policy(pname);
 	if (!pol)
-		return fail(err, errlen, -EINVAL, "unknown KV policy '%s' (known: %s)", pname,
-			    kvcache_policy_names());
+		return errmsg(err, errlen, -EINVAL, "unknown KV policy '%s' (known: %s)", pname,
+			      kvcache_policy_names());
 	if (o->max_ctx < 0 || o->ubatch < 0 || o->max_seqs < 0)
-		return fail(err, errlen, -EINVAL, "negative engine option");
+		return errmsg(err, errlen, -EINVAL, "negative engine option");
 	struct engine *e = calloc(1, sizeof *e);
 	if (!e)
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	e->m = m;
 	e->be = be;
 	e->policy = pol;
@@ -316,7 +305,7 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	e->seqs = calloc((size_t)e->max_seqs, sizeof *e->seqs);
 	if (!e->layers || !e->seqs) {
 		engine_free(e);
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
 	ret = load_weights(e, err, errlen);
 	if (ret) {
@@ -326,8 +315,8 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	ret = alloc_acts(e);
 	if (ret) {
 		engine_free(e);
-		return fail(err, errlen, ret, "cannot allocate activations for ubatch %d",
-			    o->ubatch ? o->ubatch : 256);
+		return errmsg(err, errlen, ret, "cannot allocate activations for ubatch %d",
+			      o->ubatch ? o->ubatch : 256);
 	}
 	*out = e;
 	return 0;
@@ -371,7 +360,7 @@ int engine_seq_open(struct engine *e, struct hostkv_seq *host, int *seq, char *e
 	while (i < e->max_seqs && e->seqs[i].live)
 		i++;
 	if (i == e->max_seqs)
-		return fail(err, errlen, -ENOSPC, "all %d sequence slots are in use", e->max_seqs);
+		return errmsg(err, errlen, -ENOSPC, "all %d sequence slots are in use", e->max_seqs);
 	struct kv_seq_params p = {
 		.be = e->be,
 		.n_layers = e->cfg.n_layers,
@@ -387,20 +376,20 @@ int engine_seq_open(struct engine *e, struct hostkv_seq *host, int *seq, char *e
 	if (committed && hostkv_seq_tokens(host, &kept) == committed)
 		committed--;
 	if (committed > e->max_ctx)
-		return fail(err, errlen, -ENOSPC, "the host copy holds %lld tokens, more than the "
-			    "context limit of %lld", (long long)committed, (long long)e->max_ctx);
+		return errmsg(err, errlen, -ENOSPC, "the host copy holds %lld tokens, more than the "
+			      "context limit of %lld", (long long)committed, (long long)e->max_ctx);
 	if (committed && !e->policy->restore)
-		return fail(err, errlen, -EOPNOTSUPP, "policy %s cannot resume a sequence",
-			    e->policy->name);
+		return errmsg(err, errlen, -EOPNOTSUPP, "policy %s cannot resume a sequence",
+			      e->policy->name);
 	void *kv;
 	int ret = e->policy->create(&p, &kv);
 	if (ret)
-		return fail(err, errlen, ret, "policy %s: cannot create sequence state: %s",
-			    e->policy->name, strerror(-ret));
+		return errmsg(err, errlen, ret, "policy %s: cannot create sequence state: %s",
+			      e->policy->name, strerror(-ret));
 	if (committed && (ret = e->policy->restore(kv, committed))) {
 		e->policy->destroy(kv);
-		return fail(err, errlen, ret, "policy %s: cannot restore %lld tokens from the host "
-			    "copy: %s", e->policy->name, (long long)committed, strerror(-ret));
+		return errmsg(err, errlen, ret, "policy %s: cannot restore %lld tokens from the host "
+			      "copy: %s", e->policy->name, (long long)committed, strerror(-ret));
 	}
 	e->seqs[i].kv = kv;
 	e->seqs[i].host = host;
@@ -428,7 +417,7 @@ int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *
 		    size_t errlen)
 {
 	if (!seq_ok(e, seq) || n < 0)
-		return fail(err, errlen, -EINVAL, "sequence %d does not exist", seq);
+		return errmsg(err, errlen, -EINVAL, "sequence %d does not exist", seq);
 	struct engine_seq *s = &e->seqs[seq];
 	if (!s->host || !n)
 		return 0;
@@ -529,25 +518,25 @@ static int check_items(struct engine *e, int n_items, const int *seqs,
 		       const int32_t *const *ids, const int *n, char *err, size_t errlen)
 {
 	if (n_items <= 0)
-		return fail(err, errlen, -EINVAL, "no sequences given");
+		return errmsg(err, errlen, -EINVAL, "no sequences given");
 	for (int i = 0; i < n_items; i++) {
 		if (!seq_ok(e, seqs[i]))
-			return fail(err, errlen, -EINVAL, "sequence %d does not exist", seqs[i]);
+			return errmsg(err, errlen, -EINVAL, "sequence %d does not exist", seqs[i]);
 		for (int j = 0; j < i; j++)
 			if (seqs[j] == seqs[i])
-				return fail(err, errlen, -EINVAL, "sequence %d given twice", seqs[i]);
+				return errmsg(err, errlen, -EINVAL, "sequence %d given twice", seqs[i]);
 		if (n[i] <= 0)
-			return fail(err, errlen, -EINVAL, "sequence %d: no tokens given", seqs[i]);
+			return errmsg(err, errlen, -EINVAL, "sequence %d: no tokens given", seqs[i]);
 		int64_t len = e->policy->length(e->seqs[seqs[i]].kv);
 		if (len + n[i] > e->max_ctx)
-			return fail(err, errlen, -ENOSPC,
-				    "sequence %d: %lld + %d tokens exceed the context limit of %lld",
-				    seqs[i], (long long)len, n[i], (long long)e->max_ctx);
+			return errmsg(err, errlen, -ENOSPC,
+				      "sequence %d: %lld + %d tokens exceed the context limit of %lld",
+				      seqs[i], (long long)len, n[i], (long long)e->max_ctx);
 		for (int t = 0; t < n[i]; t++)
 			if (ids[i][t] < 0 || ids[i][t] >= e->cfg.vocab_size)
-				return fail(err, errlen, -EINVAL,
-					    "sequence %d: token id %d out of range [0, %d)", seqs[i],
-					    ids[i][t], e->cfg.vocab_size);
+				return errmsg(err, errlen, -EINVAL,
+					      "sequence %d: token id %d out of range [0, %d)", seqs[i],
+					      ids[i][t], e->cfg.vocab_size);
 	}
 	return 0;
 }
@@ -565,8 +554,8 @@ static int commit_pieces(struct engine *e, const struct piece *pc, int np,
 		int ret = hostkv_commit(s->host, len, ids[pc[i].item] + pc[i].off, len - pc[i].n,
 					pc[i].n, why, sizeof why);
 		if (ret)
-			return fail(err, errlen, ret, "sequence %d: commit to the host copy: %s",
-				    pc[i].seq, why);
+			return errmsg(err, errlen, ret, "sequence %d: commit to the host copy: %s",
+				      pc[i].seq, why);
 	}
 	return 0;
 }
@@ -578,7 +567,7 @@ int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t
 	if (ret)
 		return ret;
 	if (all_logits && (ret = alloc_logits(e, e->ubatch)))
-		return fail(err, errlen, ret, "cannot allocate logits for %d rows", e->ubatch);
+		return errmsg(err, errlen, ret, "cannot allocate logits for %d rows", e->ubatch);
 	const size_t V = (size_t)e->cfg.vocab_size;
 	int item = 0;
 	int64_t off = 0, out_row = 0; /* cursor: token off of item; next logits row to fill */
@@ -592,7 +581,7 @@ int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t
 				take = e->ubatch - T;
 			if (n_out + (all_logits ? take : 1) > e->logit_rows &&
 			    (ret = alloc_logits(e, n_out + (all_logits ? take : 1))))
-				return fail(err, errlen, ret, "out of memory for logits");
+				return errmsg(err, errlen, ret, "out of memory for logits");
 			struct piece *p = &e->pieces[np++];
 			*p = (struct piece){ seqs[item], item, off, take, T };
 			int64_t len = e->policy->length(e->seqs[p->seq].kv);
@@ -614,13 +603,13 @@ int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t
 		for (int i = 0; i < np; i++) {
 			ret = e->policy->step_begin(e->seqs[e->pieces[i].seq].kv, e->pieces[i].n);
 			if (ret)
-				return fail(err, errlen, ret, "sequence %d: KV policy %s refused %lld tokens: %s",
-					    e->pieces[i].seq, e->policy->name,
-					    (long long)e->pieces[i].n, strerror(-ret));
+				return errmsg(err, errlen, ret, "sequence %d: KV policy %s refused %lld tokens: %s",
+					      e->pieces[i].seq, e->policy->name,
+					      (long long)e->pieces[i].n, strerror(-ret));
 		}
 		ret = run_ubatch(e, T, e->pieces, np, logits ? n_out : 0);
 		if (ret)
-			return fail(err, errlen, ret, "forward pass failed: %s", strerror(-ret));
+			return errmsg(err, errlen, ret, "forward pass failed: %s", strerror(-ret));
 		for (int i = 0; i < np; i++)
 			e->policy->step_end(e->seqs[e->pieces[i].seq].kv);
 		if ((ret = commit_pieces(e, e->pieces, np, ids, err, errlen)))
@@ -629,7 +618,7 @@ int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t
 			ret = e->be->ops->download(e->be->ctx, logits + (size_t)out_row * V, e->logits,
 						   (size_t)n_out * V * sizeof(float));
 			if (ret)
-				return fail(err, errlen, ret, "cannot read logits: %s", strerror(-ret));
+				return errmsg(err, errlen, ret, "cannot read logits: %s", strerror(-ret));
 		}
 		out_row += n_out;
 	}
@@ -646,8 +635,8 @@ int engine_decode(struct engine *e, int n, const int *seqs, const int32_t *token
 		  char *err, size_t errlen)
 {
 	if (n <= 0 || n > e->max_seqs)
-		return fail(err, errlen, -EINVAL, "decode batch of %d sequences (1..%d allowed)", n,
-			    e->max_seqs);
+		return errmsg(err, errlen, -EINVAL, "decode batch of %d sequences (1..%d allowed)", n,
+			      e->max_seqs);
 	const int32_t *ptrs[n];
 	int ones[n];
 	for (int i = 0; i < n; i++) {

@@ -7,7 +7,9 @@
  * their KV lives behind the policy interface (kvcache.h), so the engine never knows which policy
  * runs. Errors return a negative errno with a message in err. A request is validated whole
  * before anything runs (handles, token ids, context limit), so a refused call changes nothing;
- * a failure while running (out of memory) leaves each sequence at the last completed chunk. */
+ * a failure while running (out of memory) leaves each sequence at the last completed chunk.
+ * A sequence may have a host copy (hostkv.h, borrowed): its policy writes every token through
+ * to it, and the engine commits each completed chunk's length and token ids there. */
 #ifndef FREEKV_ENGINE_H
 #define FREEKV_ENGINE_H
 

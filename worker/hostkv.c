@@ -21,12 +21,12 @@
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "errmsg.h"
 #include "hostkv_impl.h"
 
 #define HOSTKV_AHEAD 16u		/* pages per layer allocated at once */
@@ -79,20 +79,6 @@ struct hostkv_seq {
 	size_t n_ids, cap_ids;
 };
 
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
-
 static uint64_t now_ms(void)
 {
 	struct timespec ts;
@@ -144,7 +130,7 @@ int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, siz
 {
 	struct hostkv *h = calloc(1, sizeof *h);
 	if (!h)
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	h->remote = o->endpoint && o->endpoint[0];
 	int ret = h->remote
 		? hostkv_remote_open(o, &h->ops, &h->st, &h->base, &h->bytes, err, errlen)
@@ -161,8 +147,8 @@ int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, siz
 		ret = pthread_create(&h->hb, NULL, hb_main, h);
 		if (ret) {
 			hostkv_close(h);
-			return fail(err, errlen, -ret, "cannot start the heartbeat thread: %s",
-				    strerror(ret));
+			return errmsg(err, errlen, -ret, "cannot start the heartbeat thread: %s",
+				      strerror(ret));
 		}
 		h->hb_running = true;
 	}
@@ -207,11 +193,11 @@ static int run_ring(struct hostkv *h, struct ring_entry *e, size_t n, char *err,
 		ret = h->ops->ring(h->st, e + i, m, err, errlen);
 		for (unsigned j = 0; j < m && !ret; j++)
 			if (e[i + j].status)
-				ret = fail(err, errlen, e[i + j].status,
-					   "%s %s (layer %u, page %u): %s", h->ops->name,
-					   op_names[e[i + j].op <= RING_OP_MAX ? e[i + j].op : 0],
-					   e[i + j].layer, e[i + j].first_page,
-					   strerror(-e[i + j].status));
+				ret = errmsg(err, errlen, e[i + j].status,
+					     "%s %s (layer %u, page %u): %s", h->ops->name,
+					     op_names[e[i + j].op <= RING_OP_MAX ? e[i + j].op : 0],
+					     e[i + j].layer, e[i + j].first_page,
+					     strerror(-e[i + j].status));
 	}
 	unlock_store(h, false);
 	return ret;
@@ -277,7 +263,7 @@ static int lease_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 		return 0;
 	struct ring_entry *e = calloc(n, sizeof *e);
 	if (!e)
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	size_t k = 0;
 	for (int l = 0; l < s->n_layers; l++)
 		for (uint32_t p = s->n_leased[l]; p < upto; p += HOSTKV_RECALL_MAX) {
@@ -300,10 +286,10 @@ static int lease_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 		for (uint32_t j = 0; j < e[i].count; j++) {
 			lids[j] = e[i].payload[2 * j + 1];
 			if (!off_ok(s, e[i].payload[2 * j]) && !ret)
-				ret = fail(err, errlen, -EPROTO, "store gave an offset outside the pool");
+				ret = errmsg(err, errlen, -EPROTO, "store gave an offset outside the pool");
 		}
 		if (add_leases(s, lids, e[i].count) && !ret)
-			ret = fail(err, errlen, -ENOMEM, "out of memory");
+			ret = errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
 	if (!ret) {
 		pthread_mutex_lock(&s->mu);
@@ -328,7 +314,7 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 {
 	int ret = grow_table(s, upto);
 	if (ret)
-		return fail(err, errlen, ret, "out of memory");
+		return errmsg(err, errlen, ret, "out of memory");
 	size_t n = 0;
 	for (int l = 0; l < s->n_layers; l++)
 		if (s->n_alloc[l] < upto)
@@ -336,7 +322,7 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 	if (n) {
 		struct ring_entry *e = calloc(n, sizeof *e);
 		if (!e)
-			return fail(err, errlen, -ENOMEM, "out of memory");
+			return errmsg(err, errlen, -ENOMEM, "out of memory");
 		size_t k = 0;
 		for (int l = 0; l < s->n_layers; l++)
 			for (uint32_t p = s->n_alloc[l]; p < upto; p += HOSTKV_ALLOC_MAX)
@@ -417,15 +403,15 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 		    char *err, size_t errlen)
 {
 	if (!name || !name[0] || strlen(name) >= sizeof ((struct hostkv_seq *)0)->name)
-		return fail(err, errlen, -EINVAL, "sequence name must have 1 to %zu bytes",
-			    sizeof ((struct hostkv_seq *)0)->name - 1);
+		return errmsg(err, errlen, -EINVAL, "sequence name must have 1 to %zu bytes",
+			      sizeof ((struct hostkv_seq *)0)->name - 1);
 	if (n_layers <= 0 || g->n_kv <= 0 || g->n_kv > 64 || g->p <= 0 || g->d <= 0 ||
 	    !geom_dtype(g->dtype))
-		return fail(err, errlen, -EINVAL, "bad KV geometry (%d layers, %d heads, page %d, "
-			    "head dim %d)", n_layers, g->n_kv, g->p, g->d);
+		return errmsg(err, errlen, -EINVAL, "bad KV geometry (%d layers, %d heads, page %d, "
+			      "head dim %d)", n_layers, g->n_kv, g->p, g->d);
 	struct hostkv_seq *s = calloc(1, sizeof *s);
 	if (!s)
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	pthread_mutex_init(&s->mu, NULL);
 	s->h = h;
 	snprintf(s->name, sizeof s->name, "%s", name);
@@ -437,7 +423,7 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 	s->n_leased = calloc((size_t)n_layers, sizeof *s->n_leased);
 	if (!s->n_alloc || !s->n_leased) {
 		seq_free(s);
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
 	struct kvs_geometry kg = { (uint32_t)n_layers, (uint32_t)g->n_kv, (uint32_t)g->d,
 				   (uint32_t)g->p, (uint32_t)geom_dtype(g->dtype) };
@@ -456,14 +442,14 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 	}
 	s->committed = (int64_t)committed;
 	if (n_ids && keep_ids(s, (const int32_t *)ids, 0, n_ids))
-		ret = fail(err, errlen, -ENOMEM, "out of memory");
+		ret = errmsg(err, errlen, -ENOMEM, "out of memory");
 	free(ids);
 	uint32_t pages = (uint32_t)((committed + (uint64_t)g->p - 1) / (uint64_t)g->p);
 	if (!ret && n_ids < committed)
-		ret = fail(err, errlen, -EPROTO, "sequence '%s' keeps %zu token ids for %" PRIu64
-			   " committed tokens", name, n_ids, committed);
+		ret = errmsg(err, errlen, -EPROTO, "sequence '%s' keeps %zu token ids for %" PRIu64
+			     " committed tokens", name, n_ids, committed);
 	if (!ret)
-		ret = grow_table(s, pages) ? fail(err, errlen, -ENOMEM, "out of memory") : 0;
+		ret = grow_table(s, pages) ? errmsg(err, errlen, -ENOMEM, "out of memory") : 0;
 	if (!ret)
 		ret = lease_pages(s, pages, err, errlen);
 	s->n_commit_pages = pages;
@@ -494,8 +480,8 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 		 size_t errlen)
 {
 	if (layer < 0 || layer >= s->n_layers || page < 0 || (uint32_t)page >= HOSTKV_MAX_PAGES)
-		return fail(err, errlen, -EINVAL, "no block (layer %d, page %d) in a %d-layer "
-			    "sequence", layer, page, s->n_layers);
+		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d) in a %d-layer "
+			      "sequence", layer, page, s->n_layers);
 	if ((uint32_t)page >= s->n_leased[layer]) {
 		uint32_t upto = (uint32_t)page + 1;
 		if (upto < s->n_leased[layer] + HOSTKV_AHEAD)
@@ -514,14 +500,14 @@ int hostkv_block_ro(struct hostkv_seq *s, int layer, int page, const void **bloc
 		    size_t errlen)
 {
 	if (layer < 0 || layer >= s->n_layers || page < 0)
-		return fail(err, errlen, -EINVAL, "no block (layer %d, page %d)", layer, page);
+		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d)", layer, page);
 	pthread_mutex_lock(&s->mu);
 	uint64_t off = (uint32_t)page < s->n_leased[layer] ? s->off[(size_t)layer * s->cap + page]
 							   : HOSTKV_NO_OFF;
 	pthread_mutex_unlock(&s->mu);
 	if (off == HOSTKV_NO_OFF)
-		return fail(err, errlen, -ENOENT, "sequence '%s' has no block (layer %d, page %d)",
-			    s->name, layer, page);
+		return errmsg(err, errlen, -ENOENT, "sequence '%s' has no block (layer %d, page %d)",
+			      s->name, layer, page);
 	*block = s->h->base + off;
 	return 0;
 }
@@ -535,7 +521,7 @@ static int commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed
 	size_t n = nb ? (nb + RING_PAYLOAD_MAX - 1) / RING_PAYLOAD_MAX : 1;
 	struct ring_entry *e = calloc(n, sizeof *e);
 	if (!e)
-		return fail(err, errlen, -ENOMEM, "out of memory");
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++)
 		e[i] = (struct ring_entry){ .op = RING_OP_COMMIT, .seq_id = s->id,
 					    .committed_tokens = (uint64_t)(i + 1 == n ? committed
@@ -558,27 +544,27 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 		  int64_t first, int64_t n, char *err, size_t errlen)
 {
 	if (committed_tokens < s->committed)
-		return fail(err, errlen, -EINVAL, "committed length %" PRId64 " below %" PRId64,
-			    committed_tokens, s->committed);
+		return errmsg(err, errlen, -EINVAL, "committed length %" PRId64 " below %" PRId64,
+			      committed_tokens, s->committed);
 	if (n < 0 || first < 0 || (uint64_t)first > s->n_ids || (n && !ids))
-		return fail(err, errlen, -EINVAL, "token ids at %" PRId64 " would leave a gap "
-			    "after the %zu kept", first, s->n_ids);
+		return errmsg(err, errlen, -EINVAL, "token ids at %" PRId64 " would leave a gap "
+			      "after the %zu kept", first, s->n_ids);
 	int64_t kept_after = first + n > (int64_t)s->n_ids ? first + n : (int64_t)s->n_ids;
 	if (committed_tokens > kept_after)
-		return fail(err, errlen, -EINVAL, "committing %" PRId64 " tokens without their ids",
-			    committed_tokens);
+		return errmsg(err, errlen, -EINVAL, "committing %" PRId64 " tokens without their ids",
+			      committed_tokens);
 	uint32_t pages = (uint32_t)((committed_tokens + s->g.p - 1) / s->g.p);
 	for (int l = 0; l < s->n_layers; l++)
 		if (s->n_leased[l] < pages)
-			return fail(err, errlen, -EINVAL, "committing %" PRId64 " tokens: layer %d "
-				    "has no block for page %u", committed_tokens, l, s->n_leased[l]);
+			return errmsg(err, errlen, -EINVAL, "committing %" PRId64 " tokens: layer %d "
+				      "has no block for page %u", committed_tokens, l, s->n_leased[l]);
 	/* Ids the store already keeps are not sent again; they must agree. */
 	int64_t fresh = first + n - (int64_t)s->n_ids;
 	int64_t same = n - (fresh > 0 ? fresh : 0);
 	for (int64_t i = 0; i < same; i++)
 		if (s->ids[first + i] != ids[i])
-			return fail(err, errlen, -EINVAL, "token id %d at %" PRId64 " disagrees with "
-				    "the kept %d", ids[i], first + i, s->ids[first + i]);
+			return errmsg(err, errlen, -EINVAL, "token id %d at %" PRId64 " disagrees with "
+				      "the kept %d", ids[i], first + i, s->ids[first + i]);
 	/* A length that moves within committed blocks and brings no new ids waits for the next
 	 * request that carries it (or close): the store's length may lag, which a resume
 	 * handles (the ids past it are run again), and a decode step costs one round trip (the
@@ -592,7 +578,7 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 	if (!ret && fresh > 0) {
 		uint32_t *u = malloc((size_t)fresh * sizeof *u);
 		if (!u)
-			return fail(err, errlen, -ENOMEM, "out of memory");
+			return errmsg(err, errlen, -ENOMEM, "out of memory");
 		for (int64_t i = 0; i < fresh; i++)
 			u[i] = (uint32_t)ids[same + i];
 		struct hostkv *h = s->h;
@@ -602,7 +588,7 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 		unlock_store(h, true);
 		free(u);
 		if (!ret && keep_ids(s, ids + same, s->n_ids, (size_t)fresh))
-			ret = fail(err, errlen, -ENOMEM, "out of memory");
+			ret = errmsg(err, errlen, -ENOMEM, "out of memory");
 		sent = true;
 	}
 	if (ret)

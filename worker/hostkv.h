@@ -8,7 +8,14 @@
  * sequence's length and token ids after each step. Retrieval policies read committed blocks back
  * for recall. Blocks stay where they are while the sequence is open: the worker holds a lease on
  * every block of the sequences it has open (DESIGN §4, the simplest lease strategy), so a block
- * pointer is valid until hostkv_seq_close().
+ * pointer is valid until hostkv_seq_close(). Blocks are allocated ahead, several pages of every
+ * layer per ring batch, so appending stays off the ring until a batch is used up. With
+ * kvstored a heartbeat thread keeps the worker alive while it computes.
+ *
+ * The embedded store is kvstored's own sequence table and data plane (seq.c, dataplane.c: pool,
+ * slab classes, ring, leases, the same checks) run in-process, with direct calls instead of
+ * the control plane; its shared memory is unlinked as soon as it is mapped. Sequences live as
+ * long as the handle: a resume needs kvstored.
  *
  * Ownership: hostkv_open() allocates the store handle (connection, mappings, embedded pool);
  * hostkv_close() closes every sequence still open (detaching them) and frees everything.
@@ -69,7 +76,10 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 /* Detaches (drop = false: the store keeps it for a later resume) or drops the sequence. */
 int hostkv_seq_close(struct hostkv_seq *s, bool drop);
 
-/* Reports the worker's statistics (a JSON object) with its next heartbeat (remote only). */
+/* Reports the worker's statistics (a JSON object; its keys decode_tok_s, tokens_decoded,
+ * pages_recalled, bytes_recalled and correction_rate, when present, are what `kvctl workers`
+ * shows) to kvstored now, as a heartbeat. -EINVAL for text that is not a JSON object,
+ * -EOPNOTSUPP for the embedded store. */
 int hostkv_report_stats(struct hostkv *h, const char *json);
 
 #endif

@@ -6,6 +6,7 @@
  *
  * The pool and ring segments get private names (pid and a counter) and are unlinked as soon as
  * they are mapped: nothing is left in /dev/shm however the process ends. See hostkv_impl.h. */
+#include "errmsg.h"
 #include "hostkv_impl.h"
 
 #include <errno.h>
@@ -41,10 +42,14 @@ struct embedded {
 static struct seq *attached(struct embedded *m, uint64_t id, char *err, size_t errlen)
 {
 	struct seq *s = seq_find(&m->seqs, id);
-	if (!s)
-		snprintf(err, errlen, "no sequence %" PRIu64, id);
-	else if (s->state != SEQ_ATTACHED || s->worker_id != EMB_WID)
-		snprintf(err, errlen, "sequence '%s' is not attached", s->name), s = NULL;
+	if (!s) {
+		errmsg_set(err, errlen, "no sequence %" PRIu64, id);
+		return NULL;
+	}
+	if (s->state != SEQ_ATTACHED || s->worker_id != EMB_WID) {
+		errmsg_set(err, errlen, "sequence '%s' is not attached", s->name);
+		return NULL;
+	}
 	return s;
 }
 
@@ -70,18 +75,15 @@ static int e_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, 
 {
 	struct embedded *m = st;
 	struct seq *s = seq_find(&m->seqs, id);
-	if (!s) {
-		snprintf(err, errlen, "no sequence %" PRIu64, id);
-		return -ENOENT;
-	}
+	if (!s)
+		return errmsg(err, errlen, -ENOENT, "no sequence %" PRIu64, id);
 	int ret = seq_attach(s, EMB_WID, err, errlen);
 	if (ret)
 		return ret;
 	*ids = malloc((s->n_tokens ? s->n_tokens : 1) * sizeof **ids);
 	if (!*ids) {
 		seq_detach(s, EMB_WID, NULL, 0);
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
 	if (s->n_tokens)
 		memcpy(*ids, s->tokens, s->n_tokens * sizeof **ids);
@@ -98,11 +100,10 @@ static int e_commit_tokens(void *st, uint64_t id, uint64_t committed, uint64_t f
 	struct seq *s = attached(m, id, err, errlen);
 	if (!s)
 		return -EPERM;
-	if (committed > (uint64_t)s->n_pages * s->geo.page_size) {
-		snprintf(err, errlen, "committed_tokens %" PRIu64 " beyond the %u allocated pages",
-			 committed, s->n_pages);
-		return -ERANGE;
-	}
+	if (committed > (uint64_t)s->n_pages * s->geo.page_size)
+		return errmsg(err, errlen, -ERANGE,
+			      "committed_tokens %" PRIu64 " beyond the %u allocated pages",
+			      committed, s->n_pages);
 	return seq_commit(s, committed, first, ids, n, m->cfg.max_tokens, err, errlen);
 }
 
@@ -113,10 +114,8 @@ static int e_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errle
 	struct embedded *m = st;
 	struct seq *s = seq_find(&m->seqs, id);
 	uint64_t blocks;
-	if (!s) {
-		snprintf(err, errlen, "no sequence %" PRIu64, id);
-		return -ENOENT;
-	}
+	if (!s)
+		return errmsg(err, errlen, -ENOENT, "no sequence %" PRIu64, id);
 	if (s->state == SEQ_ATTACHED) {
 		dp_worker_detach(m->dp, EMB_WID, s);
 		seq_detach(s, EMB_WID, NULL, 0);
@@ -136,22 +135,19 @@ static int e_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t 
 	for (unsigned i = 0; i < n; i++)
 		e[i].user_data = i;
 	int ret = ring_push(m->ring, e, n);
-	if (ret < 0 || (unsigned)ret != n) {
-		snprintf(err, errlen, "embedded ring: pushed %d of %u entries", ret, n);
-		return ret < 0 ? ret : -EAGAIN;
-	}
+	if (ret < 0 || (unsigned)ret != n)
+		return errmsg(err, errlen, ret < 0 ? ret : -EAGAIN,
+			      "embedded ring: pushed %d of %u entries", ret, n);
 	dp_run(m->dp);
 	struct ring_entry c[HOSTKV_RING_BATCH];
 	ret = ring_pop(m->ring, c, n);
-	if (ret < 0 || (unsigned)ret != n) {
-		snprintf(err, errlen, "embedded ring: %d of %u completions", ret, n);
-		return ret < 0 ? ret : -EPROTO;
-	}
+	if (ret < 0 || (unsigned)ret != n)
+		return errmsg(err, errlen, ret < 0 ? ret : -EPROTO,
+			      "embedded ring: %d of %u completions", ret, n);
 	for (unsigned i = 0; i < n; i++) {
-		if (c[i].user_data >= n) {
-			snprintf(err, errlen, "embedded ring: unexpected completion");
-			return -EPROTO;
-		}
+		if (c[i].user_data >= n)
+			return errmsg(err, errlen, -EPROTO,
+				      "embedded ring: unexpected completion");
 		e[c[i].user_data] = c[i];
 	}
 	return 0;
@@ -186,10 +182,8 @@ int hostkv_embedded_open(const struct hostkv_opts *o, const struct hostkv_store_
 {
 	static atomic_uint counter;
 	struct embedded *m = calloc(1, sizeof *m);
-	if (!m) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
+	if (!m)
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	m->fd = -1;
 	uint64_t want = o->embedded_bytes ? o->embedded_bytes : EMB_DEFAULT_BYTES;
 	if (want < EMB_MIN_BYTES)
@@ -206,7 +200,7 @@ int hostkv_embedded_open(const struct hostkv_opts *o, const struct hostkv_store_
 	char ring_name[CFG_STR_MAX + 32] = "";
 	int ret = seq_table_init(&m->seqs, m->cfg.max_sequences);
 	if (ret) {
-		snprintf(err, errlen, "embedded store: sequence table: %s", strerror(-ret));
+		errmsg_set(err, errlen, "embedded store: sequence table: %s", strerror(-ret));
 		goto fail;
 	}
 	m->seqs_init = true;
@@ -220,8 +214,8 @@ int hostkv_embedded_open(const struct hostkv_opts *o, const struct hostkv_store_
 		ret = pool_segment_map(dp_pool_name(m->dp), NULL, dp_pool_bytes(m->dp), &m->base,
 				       &m->bytes, &m->fd, why, sizeof why);
 	if (ret) {
-		snprintf(err, errlen, "embedded store (%llu MiB pool): %s",
-			 (unsigned long long)(m->cfg.dram_bytes >> 20), why[0] ? why : strerror(-ret));
+		errmsg_set(err, errlen, "embedded store (%llu MiB pool): %s",
+			   (unsigned long long)(m->cfg.dram_bytes >> 20), why[0] ? why : strerror(-ret));
 		goto fail;
 	}
 	/* Both sides are mapped: the names are no longer needed. */

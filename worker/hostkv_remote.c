@@ -1,6 +1,7 @@
 /* hostkv_remote — the hostkv store ops over a running kvstored: control requests through the
  * client library (freekv_store.h), block ops through the worker's shared-memory ring, blocks in
  * the mapped pool. See hostkv_impl.h. */
+#include "errmsg.h"
 #include "hostkv_impl.h"
 
 #include <errno.h>
@@ -20,8 +21,8 @@ struct remote {
 
 static int kerr(struct remote *r, int ret, char *err, size_t errlen, const char *what)
 {
-	snprintf(err, errlen, "%s: %s", what, kvs_error(r->k)[0] ? kvs_error(r->k) : strerror(-ret));
-	return ret;
+	return errmsg(err, errlen, ret, "%s: %s", what,
+		      kvs_error(r->k)[0] ? kvs_error(r->k) : strerror(-ret));
 }
 
 static int r_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
@@ -43,8 +44,8 @@ static int r_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, 
 		return kerr(r, ret, err, errlen, "kvstored refused to attach the sequence");
 	if (!rep || rep->body_case != FREEKV__REPLY__BODY_SEQUENCE) {
 		kvs_reply_free(rep);
-		snprintf(err, errlen, "attach: kvstored sent no sequence information");
-		return -EPROTO;
+		return errmsg(err, errlen, -EPROTO,
+			      "attach: kvstored sent no sequence information");
 	}
 	const Freekv__SequenceInfo *si = rep->sequence;
 	*committed = si->committed_tokens;
@@ -52,8 +53,7 @@ static int r_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, 
 	*ids = malloc((si->n_token_ids ? si->n_token_ids : 1) * sizeof **ids);
 	if (!*ids) {
 		kvs_reply_free(rep);
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
 	if (si->n_token_ids)
 		memcpy(*ids, si->token_ids, si->n_token_ids * sizeof **ids);
@@ -99,30 +99,27 @@ static int r_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t 
 		if (ret < 0)
 			return kerr(r, ret, err, errlen, "ring submit");
 		pushed += (unsigned)ret;
-		if (pushed < n && now_ms() > deadline) {
-			snprintf(err, errlen, "ring: submission ring stayed full for %d ms", RING_WAIT_MS);
-			return -ETIMEDOUT;
-		}
+		if (pushed < n && now_ms() > deadline)
+			return errmsg(err, errlen, -ETIMEDOUT,
+				      "ring: submission ring stayed full for %d ms", RING_WAIT_MS);
 	}
 	struct ring_entry c[HOSTKV_RING_BATCH];
 	unsigned got = 0;
 	while (got < n) {
 		uint64_t t = now_ms();
-		if (t >= deadline) {
-			snprintf(err, errlen, "ring: %u of %u completions within %d ms", got, n,
-				 RING_WAIT_MS);
-			return -ETIMEDOUT;
-		}
+		if (t >= deadline)
+			return errmsg(err, errlen, -ETIMEDOUT,
+				      "ring: %u of %u completions within %d ms", got, n,
+				      RING_WAIT_MS);
 		int m = kvs_ring_complete(r->k, c, n - got, (int)(deadline - t));
 		if (m < 0)
 			return kerr(r, m, err, errlen, "ring completion");
 		for (int i = 0; i < m; i++) {
 			uint64_t u = c[i].user_data - base;
-			if (c[i].user_data < base || u >= n) {
-				snprintf(err, errlen, "ring: unexpected completion %" PRIu64,
-					 c[i].user_data);
-				return -EPROTO;
-			}
+			if (c[i].user_data < base || u >= n)
+				return errmsg(err, errlen, -EPROTO,
+					      "ring: unexpected completion %" PRIu64,
+					      c[i].user_data);
 			e[u] = c[i];
 			got++;
 		}
@@ -179,21 +176,19 @@ int hostkv_remote_open(const struct hostkv_opts *o, const struct hostkv_store_op
 		       void **st, uint8_t **base, uint64_t *bytes, char *err, size_t errlen)
 {
 	struct remote *r = calloc(1, sizeof *r);
-	if (!r) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
+	if (!r)
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	r->next_user = 1;
 	int ret = kvs_connect(o->endpoint, o->timeout_ms > 0 ? o->timeout_ms : REMOTE_TIMEOUT_MS,
 			      &r->k);
 	if (ret) {
-		snprintf(err, errlen, "cannot connect to %s: %s", o->endpoint, strerror(-ret));
+		errmsg_set(err, errlen, "cannot connect to %s: %s", o->endpoint, strerror(-ret));
 		free(r);
 		return ret;
 	}
 	ret = kvs_hello(r->k, KVS_ROLE_WORKER, o->worker_name ? o->worker_name : "kvworker");
 	if (ret) {
-		snprintf(err, errlen, "kvstored at %s: %s", o->endpoint, kvs_error(r->k));
+		errmsg_set(err, errlen, "kvstored at %s: %s", o->endpoint, kvs_error(r->k));
 		r_close(r);
 		return ret;
 	}

@@ -59,8 +59,8 @@ struct kv_seq_params {
  * slice of one page (one recall unit). Times in nanoseconds of the compute thread, except
  * ns_recall_hidden, which is copy-thread time that did not make attention wait. */
 struct kv_layer_stats {
-	int64_t steps;		  /* decode steps that ran retrieval (compressed, not a full layer) */
-	int64_t head_checks;	  /* KV heads checked for correction (steps after the first, × n_kv) */
+	int64_t steps;		  /* decode steps that ran retrieval (compressed, past full_layers) */
+	int64_t head_checks;	  /* KV heads checked for correction (after the first step) */
 	int64_t corrections;	  /* of those, heads flagged (cosine below tau) */
 	int64_t pages_selected;	  /* head-pages attended from selection, summed over steps */
 	int64_t pages_recalled;	  /* head-pages copied from the host copy */

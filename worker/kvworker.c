@@ -1,5 +1,5 @@
-/* kvworker — the worker executable: a table of commands (generate, resume, perplexity, synth), each
- * parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage. */
+/* kvworker — the worker executable: a table of commands (generate, resume, perplexity, eval,
+ * synth), each parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage. */
 #include <stdio.h>
 #include <string.h>
 

@@ -269,7 +269,8 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 			bool moved = L->res[si * H] == gone;
 			if (!moved && (s->strat->keep_recent || gone - s->n_sink < s->k_sel)) {
 				memcpy(paged_slot(s, L, s->n_sink + s->n_win + si),
-				       paged_slot(s, L, win_slot(s, gone)), s->slot_floats * sizeof(float));
+				       paged_slot(s, L, win_slot(s, gone)),
+				       s->slot_floats * sizeof(float));
 				for (int h = 0; h < H; h++)
 					L->res[si * H + h] = gone;
 			}
@@ -364,8 +365,9 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 				return -EIO;
 			const float *sl = paged_slot(s, L, slot);
 			int off = (int)(t % P);
-			memcpy(s->dense_k + t * row, sl + (size_t)off * row, row * sizeof(float));
-			memcpy(s->dense_v + t * row, sl + ((size_t)P + off) * row, row * sizeof(float));
+			size_t bytes = row * sizeof(float);
+			memcpy(s->dense_k + t * row, sl + (size_t)off * row, bytes);
+			memcpy(s->dense_v + t * row, sl + ((size_t)P + off) * row, bytes);
 		}
 	}
 	memcpy(s->dense_k + s->len * row, k, (size_t)n * row * sizeof(float));
@@ -428,8 +430,8 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 			}
 			int slot = find_slot(s, L, lay, j, h);
 			if (slot < 0) {
-				fprintf(stderr, "policy %s: layer %d head %d: page %d is not resident\n",
-					s->strat->name, L->layer, h, j);
+				fprintf(stderr, "policy %s: layer %d head %d: page %d is not "
+					"resident\n", s->strat->name, L->layer, h, j);
 				return -EIO;
 			}
 			const float *sl = paged_slot(s, L, slot);
