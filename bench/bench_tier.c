@@ -1,12 +1,21 @@
 /* bench_tier — NVMe tier throughput (demotion writes, promotion reads) against fio on the same
  * file, with the same block size, queue depth, O_DIRECT and io_uring engine, and the ratio.
  *
- * usage: bench_tier [--file PATH] [--bs BYTES] [--qd N] [--size BYTES]
+ * usage: bench_tier [--file PATH] [--bs BYTES] [--qd N] [--size BYTES] [--reps N]
  * Defaults: a file in the build directory, 128 KiB blocks (one Llama-3.1-8B page block), queue
- * depth 32, 256 MiB. The buffers are one anonymous region registered with the tier, as the
- * pool is in kvstored. fio runs with --direct=1 --ioengine=io_uring --fixedbufs
- * --registerfiles so both sides use the same kernel paths. Three patterns: sequential write,
- * sequential read, random read (a shuffled block order, fio's randread). */
+ * depth 32, 256 MiB, 5 repetitions. The buffers are one anonymous region registered with the
+ * tier, as the pool is in kvstored. fio runs with --direct=1 --ioengine=io_uring --fixedbufs
+ * --registerfiles so both sides use the same kernel paths; like fio, the tier side keeps exactly
+ * qd requests outstanding (a completion queues the next request from its callback). Three
+ * patterns: sequential write, sequential read, random read (a shuffled block order, fio's
+ * randread).
+ *
+ * Fairness on a shared machine: an untimed warm-up (every extent written once, one read pass),
+ * then REPS repetitions in which the three patterns run on the tier, then under fio;
+ * each repetition gives a ratio, and the report is the median over repetitions with the spread
+ * (min..max). The tier computes a crc32c of every block it writes and verifies it on every read
+ * (fio does neither): the report gives the time crc32c alone takes over the same bytes as a
+ * fraction of the tier pass, measured in the same repetition. */
 #include <errno.h>
 #include <json-c/json.h>
 #include <stdbool.h>
@@ -47,45 +56,93 @@ static uint64_t parse_size(const char *s)
 }
 
 struct run {
-	uint64_t done;
+	struct tier *t;
+	char *buf;
+	const uint64_t *order;
+	const uint32_t *crcs;
+	uint64_t n, bs, sent, done;
+	bool write;
 	int err;
 };
 
+static int submit_next(struct run *run)
+{
+	uint64_t k = run->order[run->sent];
+	int ret = run->write ? tier_write(run->t, run->buf + k * run->bs, k * run->bs, (uint32_t)run->bs, k)
+			     : tier_read(run->t, run->buf + k * run->bs, k * run->bs, (uint32_t)run->bs,
+					 run->crcs[k], k);
+	if (ret == 0)
+		run->sent++;
+	return ret;
+}
+
+/* A completion frees one of the qd slots: the next request takes it at once. */
 static void on_done(void *ctx, const struct tier_result *r)
 {
 	struct run *run = ctx;
 	run->done++;
 	if (r->status && !run->err)
 		run->err = r->status;
+	if (run->sent < run->n && !run->err) {
+		int ret = submit_next(run);
+		if (ret && !run->err)
+			run->err = ret;
+	}
 }
 
-/* Runs n requests over block order `order`, at most qd outstanding. Returns bytes/s or -1. */
+/* Runs n requests over block order `order`, qd outstanding. Returns bytes/s or -1. */
 static double tier_pass(struct tier *t, bool write, char *buf, const uint64_t *order, uint64_t n,
 			uint64_t bs, unsigned qd, const uint32_t *crcs)
 {
-	struct run run = { 0 };
-	uint64_t sent = 0;
+	struct run run = { .t = t, .buf = buf, .order = order, .crcs = crcs, .n = n, .bs = bs, .write = write };
 	double t0 = now_s();
-	while (run.done < n) {
-		while (sent < n && sent - run.done < qd) {
-			uint64_t k = order[sent];
-			int ret = write ? tier_write(t, buf + k * bs, k * bs, (uint32_t)bs, k)
-					: tier_read(t, buf + k * bs, k * bs, (uint32_t)bs, crcs[k], k);
-			if (ret < 0) {
-				fprintf(stderr, "queue: %s\n", strerror(-ret));
-				return -1;
-			}
-			sent++;
+	while (run.sent < n && run.sent < qd) {
+		int ret = submit_next(&run);
+		if (ret < 0) {
+			fprintf(stderr, "queue: %s\n", strerror(-ret));
+			return -1;
 		}
+	}
+	while (run.done < n && !run.err) {
 		if (tier_flush(t) < 0 || tier_wait(t, 10000, on_done, &run) < 0)
 			return -1;
 	}
 	double dt = now_s() - t0;
 	if (run.err) {
 		fprintf(stderr, "I/O error: %s\n", strerror(-run.err));
+		while (tier_pending(t) && tier_wait(t, 1000, on_done, &run) >= 0)
+			;
 		return -1;
 	}
 	return (double)(n * bs) / dt;
+}
+
+/* Seconds crc32c alone takes over the n blocks. */
+static double crc_pass(const char *buf, uint64_t n, uint64_t bs)
+{
+	uint32_t x = 0;
+	double t0 = now_s();
+	for (uint64_t i = 0; i < n; i++)
+		x ^= crc32c(0, buf + i * bs, bs);
+	double dt = now_s() - t0;
+	__asm__ __volatile__("" : : "r"(x));
+	return dt;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+struct summary {
+	double med, lo, hi;
+};
+
+static struct summary summarize(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_d);
+	return (struct summary){ v[n / 2], v[0], v[n - 1] };
 }
 
 /* Runs fio and returns its bandwidth in bytes/s from the JSON report, or -1. */
@@ -135,12 +192,27 @@ static double fio_pass(const struct opts *o, const char *rw)
 	return bw;
 }
 
+#define MAX_REPS 32
+
+static void shuffle(uint64_t *order, uint64_t n, uint64_t *seed)
+{
+	for (uint64_t i = n - 1; i > 0; i--) {
+		*seed ^= *seed << 13;
+		*seed ^= *seed >> 7;
+		*seed ^= *seed << 17;
+		uint64_t j = *seed % (i + 1), x = order[i];
+		order[i] = order[j];
+		order[j] = x;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static char default_file[512];
 	snprintf(default_file, sizeof default_file, "%s/bench_tier-%d.img", FREEKV_BUILD_DIR,
 		 (int)getpid());
 	struct opts o = { .file = default_file, .bs = 128 << 10, .qd = 32, .size = 256ull << 20 };
+	int reps = 5;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--file") && i + 1 < argc)
 			o.file = argv[++i];
@@ -150,22 +222,26 @@ int main(int argc, char **argv)
 			o.qd = (unsigned)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--size") && i + 1 < argc)
 			o.size = parse_size(argv[++i]);
+		else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+			reps = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: %s [--file PATH] [--bs BYTES] [--qd N] [--size BYTES]\n",
+			fprintf(stderr, "usage: %s [--file PATH] [--bs BYTES] [--qd N] [--size BYTES] [--reps N]\n",
 				argv[0]);
 			return 2;
 		}
 	}
-	if (o.bs == 0 || o.bs % TIER_ALIGN || o.bs > UINT32_MAX || o.qd == 0 || o.size < o.bs) {
-		fprintf(stderr, "bs must be a multiple of %u, qd > 0, size >= bs\n", TIER_ALIGN);
+	if (o.bs == 0 || o.bs % TIER_ALIGN || o.bs > UINT32_MAX || o.qd == 0 || o.size < o.bs ||
+	    reps < 1 || reps > MAX_REPS) {
+		fprintf(stderr, "bs must be a multiple of %u, qd > 0, size >= bs, 1 <= reps <= %d\n", TIER_ALIGN,
+			MAX_REPS);
 		return 2;
 	}
 	uint64_t n = o.size / o.bs;
 	o.size = n * o.bs;
 	char *buf = mmap(NULL, o.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	uint64_t *order = malloc(sizeof *order * n);
+	uint64_t *seq_order = malloc(sizeof *seq_order * n), *rand_order = malloc(sizeof *rand_order * n);
 	uint32_t *crcs = malloc(sizeof *crcs * n);
-	if (buf == MAP_FAILED || !order || !crcs) {
+	if (buf == MAP_FAILED || !seq_order || !rand_order || !crcs) {
 		fprintf(stderr, "out of memory\n");
 		return 1;
 	}
@@ -176,6 +252,11 @@ int main(int argc, char **argv)
 		seed ^= seed << 17;
 		((uint64_t *)buf)[i] = seed;
 	}
+	for (uint64_t i = 0; i < n; i++)
+		seq_order[i] = rand_order[i] = i;
+	shuffle(rand_order, n, &seed);
+	for (uint64_t i = 0; i < n; i++)
+		crcs[i] = crc32c(0, buf + i * o.bs, o.bs);
 	struct tier_config cfg = { .path = o.file, .bytes = o.size, .queue_depth = o.qd,
 				   .reg_base = buf, .reg_bytes = o.size };
 	struct tier *t;
@@ -187,48 +268,55 @@ int main(int argc, char **argv)
 	}
 	struct tier_usage u;
 	tier_usage(t, &u);
-	printf("bench_tier: file %s, bs %llu, qd %u, size %llu MiB, O_DIRECT %s, fixed buffers %s\n",
+	printf("bench_tier: file %s, bs %llu, qd %u, size %llu MiB, O_DIRECT %s, fixed buffers %s, %d repetitions\n",
 	       o.file, (unsigned long long)o.bs, o.qd, (unsigned long long)(o.size >> 20),
-	       u.direct ? "yes" : "no", u.fixed_buffers ? "yes" : "no");
-	for (uint64_t i = 0; i < n; i++)
-		order[i] = i;
-	/* Untimed pass first: the preallocated extents are "unwritten" until written once, and fio
-	 * (which runs afterwards) only ever sees written ones. */
-	double w = tier_pass(t, true, buf, order, n, o.bs, o.qd, NULL);
-	if (w > 0)
-		w = tier_pass(t, true, buf, order, n, o.bs, o.qd, NULL);
-	/* Write checksums for the read passes: one more pass over what was just written. */
-	for (uint64_t i = 0; i < n; i++)
-		crcs[i] = crc32c(0, buf + i * o.bs, o.bs);
-	double r = tier_pass(t, false, buf, order, n, o.bs, o.qd, crcs);
-	for (uint64_t i = n - 1; i > 0; i--) {
-		seed ^= seed << 13;
-		seed ^= seed >> 7;
-		seed ^= seed << 17;
-		uint64_t j = seed % (i + 1), x = order[i];
-		order[i] = order[j];
-		order[j] = x;
+	       u.direct ? "yes" : "no", u.fixed_buffers ? "yes" : "no", reps);
+	fflush(stdout);
+	int rc = 1;
+	/* Warm-up, untimed: preallocated extents are "unwritten" until written once (fio only ever
+	 * sees written ones), and a first read pass. */
+	if (tier_pass(t, true, buf, seq_order, n, o.bs, o.qd, NULL) < 0 ||
+	    tier_pass(t, false, buf, seq_order, n, o.bs, o.qd, crcs) < 0)
+		goto out;
+	static const char *const names[3] = { "seq write (demote)", "seq read (promote)", "rand read (promote)" };
+	static const char *const fio_rw[3] = { "write", "read", "randread" };
+	double mine[3][MAX_REPS], theirs[3][MAX_REPS], ratio[3][MAX_REPS], crc_frac[3][MAX_REPS];
+	for (int r = 0; r < reps; r++) {
+		/* The tier's three passes first: fio's write pass overwrites the file with its own
+		 * bytes, and the tier's write pass at the start of a repetition restores them. */
+		for (int p = 0; p < 3; p++) {
+			const uint64_t *order = p == 2 ? rand_order : seq_order;
+			mine[p][r] = tier_pass(t, p == 0, buf, order, n, o.bs, o.qd, crcs);
+			if (mine[p][r] < 0)
+				goto out;
+			crc_frac[p][r] = crc_pass(buf, n, o.bs) / ((double)o.size / mine[p][r]);
+		}
+		for (int p = 0; p < 3; p++) {
+			theirs[p][r] = fio_pass(&o, fio_rw[p]);
+			if (theirs[p][r] <= 0)
+				goto out;
+			ratio[p][r] = mine[p][r] / theirs[p][r];
+		}
 	}
-	double rr = tier_pass(t, false, buf, order, n, o.bs, o.qd, crcs);
+	printf("median over repetitions [min..max]\n");
+	printf("%-20s %24s %24s %22s %10s\n", "pattern", "tier MB/s", "fio MB/s", "ratio", "crc share");
+	for (int p = 0; p < 3; p++) {
+		struct summary a = summarize(mine[p], reps), b = summarize(theirs[p], reps);
+		struct summary q = summarize(ratio[p], reps), c = summarize(crc_frac[p], reps);
+		printf("%-20s %7.1f [%6.1f..%6.1f] %7.1f [%6.1f..%6.1f] %6.3f [%5.3f..%5.3f] %9.1f%%\n", names[p],
+		       a.med / 1e6, a.lo / 1e6, a.hi / 1e6, b.med / 1e6, b.lo / 1e6, b.hi / 1e6, q.med, q.lo, q.hi,
+		       100 * c.med);
+	}
+	printf("crc share: time crc32c alone takes over the pass's bytes / tier pass time (the tier\n"
+	       "checksums every write and verifies every read; fio does neither)\n");
+	rc = 0;
+out:
 	tier_close(t);
-	if (w < 0 || r < 0 || rr < 0)
-		return 1;
-	double fw = fio_pass(&o, "write"), fr = fio_pass(&o, "read"), frr = fio_pass(&o, "randread");
-	const char *names[3] = { "seq write (demote)", "seq read (promote)", "rand read (promote)" };
-	double mine[3] = { w, r, rr }, theirs[3] = { fw, fr, frr };
-	printf("%-22s %12s %12s %8s\n", "pattern", "tier MB/s", "fio MB/s", "ratio");
-	for (int i = 0; i < 3; i++) {
-		if (theirs[i] > 0)
-			printf("%-22s %12.1f %12.1f %8.3f\n", names[i], mine[i] / 1e6, theirs[i] / 1e6,
-			       mine[i] / theirs[i]);
-		else
-			printf("%-22s %12.1f %12s %8s\n", names[i], mine[i] / 1e6, "n/a", "n/a");
-	}
-	printf("tier read passes verify crc32c of every block (fio does not)\n");
 	if (o.file == default_file)
 		unlink(o.file);
 	munmap(buf, o.size);
-	free(order);
+	free(seq_order);
+	free(rand_order);
 	free(crcs);
-	return 0;
+	return rc;
 }

@@ -36,6 +36,10 @@ function(freekv_add_test name)
     set(T_TIMEOUT 300)
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}" SKIP_RETURN_CODE 77 TIMEOUT ${T_TIMEOUT})
+  if(FREEKV_SANITIZE MATCHES "thread")
+    set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT
+      "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/tsan.supp")
+  endif()
 endfunction()
 
 # Sets FREEKV_HAVE_CUDA and enables the CUDA language when FREEKV_CUDA allows and nvcc exists.

@@ -480,13 +480,18 @@ int kvs_ring_complete(struct kvs *k, struct ring_entry *out, unsigned max, int t
 	if (!k->ring)
 		return seterr(k, -ENOTCONN, "no ring: say Hello as a worker first");
 	uint64_t deadline = now_ms() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms);
+	/* The control socket is checked for a shutdown notice only when the ring stayed empty for
+	 * a whole wait slice: the fast path is the ring alone. */
+	bool check = false;
 	for (;;) {
 		int n = ring_pop(k->ring, out, max);
 		if (n)
 			return n < 0 ? seterr(k, n, "ring corrupted") : n;
-		poll_notices(k);
-		if (k->shutdown)
-			return seterr(k, -ESHUTDOWN, "%s", k->notice);
+		if (check) {
+			poll_notices(k);
+			if (k->shutdown)
+				return seterr(k, -ESHUTDOWN, "%s", k->notice);
+		}
 		uint64_t t = now_ms();
 		if (t >= deadline)
 			return 0;
@@ -494,6 +499,7 @@ int kvs_ring_complete(struct kvs *k, struct ring_entry *out, unsigned max, int t
 		int ret = ring_wait(k->ring, slice);
 		if (ret && ret != -ETIMEDOUT && ret != -EINTR)
 			return seterr(k, ret, "ring wait: %s", strerror(-ret));
+		check = ret != 0;
 	}
 }
 

@@ -1,12 +1,12 @@
 /* dataplane — ring ops, leases, demotion and promotion. See dataplane.h. */
 #include "dataplane.h"
+#include "dataplane_priv.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,49 +18,9 @@
 #define DP_MAX_LEASES (1u << 22)	/* per worker */
 #define DP_MAX_PAGES (1u << 24)		/* pages per layer of one sequence */
 #define DP_ALLOC_MAX 64u
-#define DP_RECALL_MAX 32u
 #define DP_POP_BATCH 64u
-#define DP_DEMOTE_QUEUE 64u		/* sequences whose explicit demotion is still going */
 
 enum { COOKIE_WRITE = 1, COOKIE_READ = 2 };
-
-struct dp_lease {
-	uint32_t block;	/* POOL_NO_BLOCK when the slot is free */
-	uint32_t gen;
-};
-
-/* A ring op that waits: an ALLOC for room, a RECALL for promotions. */
-struct dp_pending {
-	struct ring_entry e;
-	uint32_t blocks[DP_RECALL_MAX];
-	uint64_t lease_ids[DP_RECALL_MAX];	/* 0: not leased yet */
-	uint64_t t0_us;
-	struct dp_pending *next;
-};
-
-struct dp_worker {
-	uint32_t wid;
-	struct ring *ring;
-	struct dp_lease *leases;	/* (cap,) */
-	uint32_t *free_slots;		/* (cap,) stack of free lease slots */
-	uint32_t cap, n_free, n_leases;
-	struct dp_pending *pending;
-};
-
-struct dp {
-	const struct cfg *cfg;
-	struct seq_table *seqs;
-	struct pool *pool;
-	struct tier *tier;
-	int efd;			/* rings' shared doorbell eventfd */
-	struct dp_worker *w;		/* (max_workers,) slots with ring NULL are free */
-	size_t max_w;
-	uint64_t demoted, promoted, crc_errors, demoting;
-	struct dp_opstat ops[DP_N_OPS];
-	char ring_prefix[CFG_STR_MAX];
-	uint64_t demote_q[DP_DEMOTE_QUEUE];	/* sequence ids, see demote_queue_run */
-	size_t n_demote_q;
-};
 
 static uint64_t now_us(void)
 {
@@ -76,7 +36,7 @@ int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char
 		return -ENOMEM;
 	dp->cfg = cfg;
 	dp->seqs = seqs;
-	dp->efd = -1;
+	pthread_mutex_init(&dp->lock, NULL);
 	dp->max_w = cfg->max_workers;
 	dp->w = calloc(dp->max_w, sizeof *dp->w);
 	int ret = -ENOMEM;
@@ -104,12 +64,6 @@ int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char
 		ret = tier_open(&tc, &dp->tier, err, errlen);
 		if (ret)
 			goto fail;
-	}
-	dp->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (dp->efd < 0) {
-		ret = -errno;
-		errmsg_set(err, errlen, "eventfd: %s", strerror(-ret));
-		goto fail;
 	}
 	snprintf(dp->ring_prefix, sizeof dp->ring_prefix, "%s", cfg->shm_name);
 	*out = dp;
@@ -617,8 +571,6 @@ static void demote_queue_run(struct dp *dp);
 size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
 {
 	size_t n = 0;
-	if (n < max && dp->efd >= 0)
-		fds[n++] = dp->efd;
 	if (n < max && dp->tier && tier_eventfd(dp->tier) >= 0)
 		fds[n++] = tier_eventfd(dp->tier);
 	return n;
@@ -626,7 +578,7 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
 
 int dp_poll_timeout(const struct dp *dp, int dflt)
 {
-	for (size_t i = 0; i < dp->max_w; i++)
+	for (size_t i = 0; !dp->thread_running && i < dp->max_w; i++)
 		if (dp->w[i].ring && ring_ready(dp->w[i].ring))
 			return 0; /* left over by the bounded pass: no new doorbell will come */
 	if (dp->tier && tier_pending(dp->tier) && tier_eventfd(dp->tier) < 0)
@@ -636,10 +588,7 @@ int dp_poll_timeout(const struct dp *dp, int dflt)
 
 void dp_run(struct dp *dp)
 {
-	uint64_t v;
 	struct ring_entry batch[DP_POP_BATCH];
-	if (read(dp->efd, &v, sizeof v) < 0 && errno != EAGAIN)
-		fprintf(stderr, "kvstored: eventfd read: %s\n", strerror(errno));
 	/* Completions reaped at the end of a pass can unblock waiting ops: go round again. */
 	for (int pass = 0; pass < 8; pass++) {
 		int progress = dp->tier ? tier_reap(dp->tier, tier_done, dp) : 0;
@@ -705,14 +654,8 @@ int dp_worker_add(struct dp *dp, uint32_t wid, char *ring_name, size_t len, char
 	int ret = ring_create(&rc, &w->ring, err, errlen);
 	if (ret)
 		return ret;
-	ret = ring_watch_start(w->ring, dp->efd);
-	if (ret) {
-		ring_destroy(w->ring);
-		w->ring = NULL;
-		errmsg_set(err, errlen, "ring watch thread: %s", strerror(-ret));
-		return ret;
-	}
 	w->wid = wid;
+	ring_kick(&dp->kick); /* the data-plane thread sleeps on the old set of doorbells */
 	return 0;
 }
 
@@ -788,6 +731,7 @@ void dp_worker_gone(struct dp *dp, uint32_t wid)
 			lease_drop(dp, w, &w->leases[i]);
 	free_uncommitted(dp, wid, 0);
 	ring_destroy(w->ring);
+	ring_kick(&dp->kick);
 	free(w->leases);
 	free(w->free_slots);
 	memset(w, 0, sizeof *w);
@@ -945,6 +889,7 @@ void dp_shutdown(struct dp *dp)
 {
 	if (!dp)
 		return;
+	dp_stop(dp);
 	/* Ops still waiting get a clear error before the rings go away. */
 	for (size_t i = 0; dp->w && i < dp->max_w; i++) {
 		struct dp_worker *w = &dp->w[i];
@@ -968,8 +913,7 @@ void dp_shutdown(struct dp *dp)
 	if (dp->tier)
 		tier_close(dp->tier);
 	pool_destroy(dp->pool);
-	if (dp->efd >= 0)
-		close(dp->efd);
+	pthread_mutex_destroy(&dp->lock);
 	free(dp->w);
 	free(dp);
 }

@@ -14,7 +14,18 @@
  * Ownership: dp_init creates the pool (named shared memory), opens the tier and owns both, the
  * per-worker rings and lease tables; dp_shutdown drains in-flight I/O, destroys the rings and
  * unlinks the pool. The config and the sequence table are borrowed: dp edits sequences' block
- * maps and committed lengths but never frees a sequence. Not thread-safe. */
+ * maps and committed lengths but never frees a sequence.
+ *
+ * Threads: without dp_start everything runs on the caller's thread and nothing watches the ring
+ * doorbells: the caller runs dp_run when it knows submissions arrived (the embedded store does,
+ * after each push). After
+ * dp_start a data-plane thread serves the rings: it spins over all submission rings for
+ * DP_SPIN_NS after the last op, then sleeps on all their doorbells at once (futex_waitv), and
+ * serves ring ops directly, so a ring round trip costs no eventfd or control-loop wake-up. The
+ * pool, the tier, the rings' daemon side, the lease tables, the sequence table and the config
+ * are then shared state under one mutex: the thread holds it while it serves, and the other
+ * thread must hold it (dp_lock) around every dp_* call and every access to the sequence table
+ * or the config — kvstored's control loop holds it except while it sleeps in zmq_poll. */
 #ifndef FREEKV_DATAPLANE_H
 #define FREEKV_DATAPLANE_H
 
@@ -60,7 +71,13 @@ void dp_worker_gone(struct dp *dp, uint32_t wid);
  * allocated there but never committed are freed. */
 void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s);
 
-/* Descriptors for zmq_poll (the rings' shared eventfd, the tier's eventfd); returns how many. */
+/* Starts / stops (joins) the data-plane thread. dp_shutdown stops it too. */
+int dp_start(struct dp *dp, char *err, size_t errlen);
+void dp_stop(struct dp *dp);
+void dp_lock(struct dp *dp);
+void dp_unlock(struct dp *dp);
+
+/* Descriptors for zmq_poll (the tier's eventfd); returns how many. */
 size_t dp_pollfds(const struct dp *dp, int *fds, size_t max);
 /* One pass: serve every ring, reap tier completions, retry waiting ops, demote above the high
  * watermark, submit I/O. Never blocks. */

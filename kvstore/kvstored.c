@@ -146,13 +146,15 @@ static bool already_served(const struct cfg *c)
 	return answered;
 }
 
-/* Returns when SIGTERM or SIGINT arrives. */
+/* Returns when SIGTERM or SIGINT arrives. Holds the data-plane lock except in zmq_poll: the
+ * control plane shares the sequences, the config and the pool with the data-plane thread. */
 static void event_loop(struct daemon_state *d)
 {
 	zmq_pollitem_t items[MAX_POLL];
 	int fds[8];
 	uint32_t ids[1024];
 	uint64_t wd_ms = sdn_watchdog_ms(&d->sdn), last_wd = now_ms(), last_status = 0;
+	dp_lock(d->dp);
 	for (;;) {
 		size_t n = 0;
 		items[n++] = (zmq_pollitem_t){ .socket = d->rpc.sock, .events = ZMQ_POLLIN };
@@ -171,9 +173,13 @@ static void event_loop(struct daemon_state *d)
 			int left = since >= wd_ms ? 0 : (int)(wd_ms - since);
 			timeout = left < timeout ? left : timeout;
 		}
-		if (zmq_poll(items, (int)n, timeout) < 0 && errno != EINTR) {
-			fprintf(stderr, "kvstored: zmq_poll: %s\n", zmq_strerror(errno));
-			return;
+		dp_unlock(d->dp);
+		int pr = zmq_poll(items, (int)n, timeout);
+		int perr = errno;
+		dp_lock(d->dp);
+		if (pr < 0 && perr != EINTR) {
+			fprintf(stderr, "kvstored: zmq_poll: %s\n", zmq_strerror(perr));
+			break;
 		}
 		if (items[1].revents & ZMQ_POLLIN) {
 			struct signalfd_siginfo si;
@@ -185,7 +191,7 @@ static void event_loop(struct daemon_state *d)
 					stop = true;
 			}
 			if (stop)
-				return;
+				break;
 		}
 		rpc_serve(&d->rpc, 256);
 		dp_run(d->dp);
@@ -201,6 +207,7 @@ static void event_loop(struct daemon_state *d)
 			last_status = t;
 		}
 	}
+	dp_unlock(d->dp);
 }
 
 int main(int argc, char **argv)
@@ -269,15 +276,21 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "kvstored: serving %s, pool %s (%" PRIu64 " MiB), tier %s\n", d.cfg.endpoint,
 		dp_pool_name(d.dp), dp_pool_bytes(d.dp) >> 20, d.cfg.nvme_path[0] ? d.cfg.nvme_path : "none");
-	sdn_send(&d.sdn, "READY=1");
 	send_status(&d);
+	if ((ret = dp_start(d.dp, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		goto out_rpc;
+	}
+	sdn_send(&d.sdn, "READY=1");
 
 	event_loop(&d);
+	dp_stop(d.dp);
 	rc = 0;
 
 	fprintf(stderr, "kvstored: stopping\n");
 	sdn_send(&d.sdn, "STOPPING=1");
 	rpc_notify_shutdown(&d.rpc);
+out_rpc:
 	rpc_shutdown(&d.rpc);
 out_zmq:
 	zmq_ctx_term(d.zctx);

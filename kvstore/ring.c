@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -19,7 +20,8 @@
 #include "errmsg.h"
 
 #define RING_HDR_BYTES 4096u
-#define RING_SPIN 256            /* empty checks before sleeping */
+#define RING_SPIN_NS 20000       /* a consumer polls an empty ring this long before sleeping */
+#define RING_BUSY_SPINS 64       /* pause-spins before the polling starts to yield the CPU */
 #define RING_WATCH_SLEEP_MS 100  /* the watch thread re-checks its stop flag this often */
 
 _Static_assert(sizeof(struct ring_entry) == 576, "ring_entry is part of the shared layout");
@@ -332,6 +334,13 @@ static int64_t ms_left(const struct timespec *deadline)
 	       (deadline->tv_nsec - now.tv_nsec) / 1000000;
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -366,11 +375,18 @@ int ring_wait(struct ring *r, int timeout_ms)
 			deadline.tv_nsec -= 1000000000;
 		}
 	}
-	for (int i = 0; i < RING_SPIN; i++) {
+	uint64_t spin_end = now_ns() + RING_SPIN_NS;
+	for (unsigned i = 0;; i++) {
 		int64_t n = ready_of(r);
 		if (n != 0)
 			return n < 0 ? (int)n : 0;
-		cpu_relax();
+		if ((i & 31) == 31 && now_ns() >= spin_end)
+			break;
+		/* After a short busy spin, yield: the peer may be runnable on this very CPU. */
+		if (i < RING_BUSY_SPINS)
+			cpu_relax();
+		else
+			sched_yield();
 	}
 	for (;;) {
 		uint32_t seen = atomic_load_explicit(&r->cons->bell, memory_order_acquire);
@@ -393,6 +409,60 @@ int ring_wait(struct ring *r, int timeout_ms)
 		if (ret < 0)
 			return ret;
 	}
+}
+
+int ring_sleep_prepare(struct ring *r, struct ring_bell *b)
+{
+	b->word = &r->cons->bell;
+	b->seen = atomic_load_explicit(&r->cons->bell, memory_order_acquire);
+	b->private_word = false;
+	atomic_store_explicit(&r->cons->sleeping, 1, memory_order_seq_cst);
+	int64_t n = ready_of(r);
+	if (n == 0) {
+		r->st.sleeps++;
+		return 0;
+	}
+	atomic_store_explicit(&r->cons->sleeping, 0, memory_order_relaxed);
+	return n < 0 ? (int)n : 1;
+}
+
+void ring_sleep_end(struct ring *r)
+{
+	atomic_store_explicit(&r->cons->sleeping, 0, memory_order_relaxed);
+}
+
+int ring_bells_wait(const struct ring_bell *b, size_t n, int timeout_ms)
+{
+	struct futex_waitv w[RING_BELLS_MAX];
+	struct timespec ts;
+	if (n > RING_BELLS_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		w[i] = (struct futex_waitv){
+			.val = b[i].seen,
+			.uaddr = (uint64_t)(uintptr_t)b[i].word,
+			.flags = FUTEX_32 | (b[i].private_word ? FUTEX_PRIVATE_FLAG : 0),
+		};
+	}
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	long rc = syscall(SYS_futex_waitv, w, (unsigned)n, 0u, timeout_ms < 0 ? NULL : &ts, CLOCK_MONOTONIC);
+	if (rc >= 0)
+		return 0;
+	if (errno == EINTR || errno == ENOSYS)
+		return -errno;
+	return 0; /* EAGAIN (a bell moved), ETIMEDOUT, EFAULT (a ring went away): re-check */
+}
+
+void ring_kick(_Atomic uint32_t *word)
+{
+	atomic_fetch_add_explicit(word, 1, memory_order_release);
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
 static void *watch_main(void *arg)

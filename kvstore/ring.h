@@ -10,12 +10,15 @@
  * as op RING_OP_INVALID (user_data kept, n_payload 0) so the daemon can answer it with -EINVAL.
  *
  * Doorbells: each ring has a futex word (bell) and a sleeping flag in the segment. A consumer
- * that finds its ring empty spins briefly, then sets sleeping, re-checks, and FUTEX_WAITs with a
- * timeout; ring_push does FUTEX_WAKE only when the consumer announced it sleeps (seq_cst order
- * of tail and sleeping on both sides closes the lost-wakeup window). The daemon, which polls many rings from one
- * zmq_poll loop, runs ring_watch_start per ring: a small thread that sleeps on the submission
- * doorbell and writes 1 to an eventfd the caller polls (one eventfd may serve all rings) each
- * time new submissions arrive; the loop then pops every ring until empty.
+ * that finds its ring empty spins briefly (RING_SPIN_NS), then sets sleeping, re-checks, and
+ * FUTEX_WAITs with a timeout; ring_push does FUTEX_WAKE only when the consumer announced it
+ * sleeps (seq_cst order of tail and sleeping on both sides closes the lost-wakeup window), so a
+ * consumer that is spinning costs its producer no system call. The daemon serves many rings from
+ * one data-plane thread: it spins over all of them, then announces sleep on every submission
+ * ring (ring_sleep_prepare) and sleeps on all their doorbells at once (ring_bells_wait, which is
+ * futex_waitv) plus a private kick word of its own. ring_watch_start is the alternative for a
+ * caller that wants an eventfd instead: a small thread per ring that sleeps on the submission
+ * doorbell and writes 1 to an eventfd each time new submissions arrive.
  *
  * Protocol: every submission yields exactly one completion with the same user_data. A worker
  * keeps at most `entries` operations outstanding, so the daemon's completion push cannot find
@@ -139,6 +142,30 @@ unsigned ring_space(const struct ring *r);
 /* Waits until the consumed ring is non-empty: spins briefly, then sleeps on the doorbell.
  * timeout_ms < 0 waits forever. 0 when entries are ready, -ETIMEDOUT, -EINTR, -EPROTO. */
 int ring_wait(struct ring *r, int timeout_ms);
+
+/* One doorbell to sleep on: a futex word and the value it had when the sleep was announced.
+ * private_word: the word lives in this process only (a kick word), not in a shared segment. */
+struct ring_bell {
+	_Atomic uint32_t *word;
+	uint32_t seen;
+	bool private_word;
+};
+
+/* Most doorbells one ring_bells_wait takes (the kernel's futex_waitv limit). */
+#define RING_BELLS_MAX 128u
+
+/* Daemon side, before sleeping on many rings: announces sleep on r's submission ring and
+ * re-checks it. 1 when entries are ready (nothing announced: do not sleep), 0 when announced
+ * (*b filled; call ring_sleep_end after the wait), -EPROTO. */
+int ring_sleep_prepare(struct ring *r, struct ring_bell *b);
+/* Withdraws the announcement, so that producers stop paying for FUTEX_WAKE. */
+void ring_sleep_end(struct ring *r);
+/* Sleeps until one bell moves, is woken, or timeout_ms passes (< 0: no timeout); n <=
+ * RING_BELLS_MAX. The words may belong to segments unmapped meanwhile: that returns at once.
+ * 0 (re-check the rings), -EINTR, -EINVAL (n too large), -ENOSYS (kernel before 5.16). */
+int ring_bells_wait(const struct ring_bell *b, size_t n, int timeout_ms);
+/* Bumps a private kick word and wakes its sleeper. */
+void ring_kick(_Atomic uint32_t *word);
 
 /* Daemon side: starts a thread that writes (uint64_t)1 to efd whenever new submissions arrive
  * (including ones already waiting now). -EBUSY when already watching, -EINVAL on a worker

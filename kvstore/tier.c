@@ -47,6 +47,7 @@ struct tier_req {
 	uint32_t next;          /* queue / free-list link */
 	uint8_t op;
 	uint8_t state;
+	bool crc_ready;         /* writes: crc holds the checksum of buf */
 };
 
 struct extent {
@@ -71,6 +72,7 @@ struct tier {
 	uint64_t reg_bytes;
 	unsigned n_chunks;      /* registered buffers, TIER_CHUNK_MAX each except the last */
 	struct tier_req *reqs;
+	uint32_t *crc_todo;     /* (max_reqs,) writes submitted by tier_flush, checksummed after */
 	uint32_t max_reqs;
 	uint32_t free_head;
 	uint32_t q_head, q_tail;
@@ -379,8 +381,9 @@ int tier_open(const struct tier_config *cfg, struct tier **out, char *err, size_
 	if (ret < 0)
 		goto fail;
 	t->reqs = calloc(t->max_reqs, sizeof *t->reqs);
+	t->crc_todo = calloc(t->max_reqs, sizeof *t->crc_todo);
 	ret = -ENOMEM;
-	if (!t->reqs || free_insert_at(t, 0, 0, t->bytes) < 0) {
+	if (!t->reqs || !t->crc_todo || free_insert_at(t, 0, 0, t->bytes) < 0) {
 		errmsg_set(err, err_len, "out of memory");
 		goto fail;
 	}
@@ -435,6 +438,7 @@ void tier_close(struct tier *t)
 	if (t->fd >= 0)
 		close(t->fd);
 	free(t->reqs);
+	free(t->crc_todo);
 	free(t->free_ext);
 	free(t->used.slots);
 	free(t);
@@ -456,7 +460,6 @@ static int queue_req(struct tier *t, uint8_t op, void *buf, uint64_t file_off, u
 	uint32_t gen = (r->gen + 1) & 0xffffff;
 	*r = (struct tier_req){
 		.cookie = cookie, .buf = buf, .file_off = file_off, .len = len,
-		.crc = op == TIER_OP_WRITE ? crc32c(0, buf, len) : 0,
 		.crc_expected = crc, .gen = gen, .next = NONE, .op = op, .state = REQ_QUEUED,
 	};
 	if (t->q_tail == NONE)
@@ -516,15 +519,37 @@ static void prep(struct tier *t, struct io_uring_sqe *sqe, uint32_t i)
 	io_uring_sqe_set_data64(sqe, tag.u64);
 }
 
+/* A write's checksum: computed once, after its submission when tier_flush gets to it (the CPU
+ * work then overlaps the device's), else when it completes. The buffer is unchanged meanwhile
+ * (see tier.h), so both give the checksum of the bytes written. */
+static void write_crc(struct tier_req *r)
+{
+	if (!r->crc_ready) {
+		r->crc = crc32c(0, r->buf, r->len);
+		r->crc_ready = true;
+	}
+}
+
+/* Submits what the submission queue holds, then checksums the writes just handed over. */
+static int submit(struct tier *t, uint32_t n_todo)
+{
+	int ret = io_uring_sq_ready(&t->ring) ? io_uring_submit(&t->ring) : 0;
+	for (uint32_t k = 0; k < n_todo; k++)
+		write_crc(&t->reqs[t->crc_todo[k]]);
+	return ret;
+}
+
 int tier_flush(struct tier *t)
 {
 	int moved = 0;
+	uint32_t n_todo = 0;
 	/* Never more in flight than the completion queue holds, so it cannot overflow. */
 	while (t->q_head != NONE && t->n_inflight < t->ring.cq.ring_entries) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
 		if (!sqe) {
 			/* Full submission queue: hand what is there to the kernel and retry once. */
-			int ret = io_uring_submit(&t->ring);
+			int ret = submit(t, n_todo);
+			n_todo = 0;
 			if (ret < 0 && ret != -EAGAIN && ret != -EBUSY && ret != -EINTR)
 				return ret;
 			sqe = io_uring_get_sqe(&t->ring);
@@ -540,9 +565,11 @@ int tier_flush(struct tier *t)
 		t->n_queued--;
 		t->n_inflight++;
 		prep(t, sqe, i);
+		if (t->reqs[i].op == TIER_OP_WRITE && !t->reqs[i].crc_ready)
+			t->crc_todo[n_todo++] = i;
 		moved++;
 	}
-	int ret = io_uring_submit(&t->ring);
+	int ret = submit(t, n_todo); /* no system call when nothing is new */
 	if (ret < 0 && ret != -EAGAIN && ret != -EBUSY && ret != -EINTR)
 		return ret;
 	return moved;
@@ -596,6 +623,8 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 			return 0;
 		}
 	}
+	if (r->op == TIER_OP_WRITE)
+		write_crc(r);
 	struct tier_result out = {
 		.cookie = r->cookie, .file_off = r->file_off, .buf = r->buf, .len = r->len,
 		.op = r->op, .status = status, .crc = r->crc, .crc_expected = r->crc_expected,
@@ -638,6 +667,16 @@ int tier_reap(struct tier *t, tier_done_fn done, void *ctx)
 	io_uring_for_each_cqe(&t->ring, head, cqe) {
 		reported += complete(t, cqe->user_data, cqe->res, done, ctx);
 		seen++;
+		/* What the callback queued (a refill) goes to the device now, not after the crc32c of
+		 * every other completion in this batch: the queue stays deep. The CQEs seen so far are
+		 * released first: tier_flush's in-flight bound assumes an empty completion queue. */
+		if (t->n_queued) {
+			io_uring_cq_advance(&t->ring, seen);
+			seen = 0;
+			int ret = tier_flush(t);
+			if (ret < 0)
+				return ret;
+		}
 	}
 	io_uring_cq_advance(&t->ring, seen);
 	if (t->n_queued) {

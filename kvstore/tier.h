@@ -94,8 +94,8 @@ int tier_extent_alloc(struct tier *t, uint64_t len, uint64_t *off);
 /* -EINVAL when [off, off+len) is not exactly allocated (double free, wrong length). */
 int tier_extent_free(struct tier *t, uint64_t off, uint64_t len);
 
-/* Queues a write of buf[0, len) to file_off; its crc32c is computed now and reported in the
- * result. -EINVAL misaligned or out of the file, -EBUSY when max_requests are outstanding
+/* Queues a write of buf[0, len) to file_off; its crc32c is reported in the result (computed
+ * while the write is in flight: buf must not change until it completes). -EINVAL misaligned or out of the file, -EBUSY when max_requests are outstanding
  * (reap first). */
 int tier_write(struct tier *t, const void *buf, uint64_t file_off, uint32_t len, uint64_t cookie);
 /* Queues a read into buf; the result's status is -EBADMSG when crc32c(buf) != crc. */

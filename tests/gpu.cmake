@@ -9,7 +9,15 @@ if(FREEKV_HAVE_CUDA)
   endforeach()
 endif()
 if(FREEKV_HAVE_CUDA)
+  # The CUDA backend's ops table against the CPU backend, and the engine end to end on both.
+  freekv_add_test(test_backend_cuda SOURCES gpu/test_backend_cuda.c
+    LIBS freekv_runtime CUDA::cudart LABELS gpu)
   # test_kernel_rmsnorm is registered in tests/CMakeLists.txt; its weight-dtype case compares
   # with the CPU backend.
   target_link_libraries(test_kernel_rmsnorm PRIVATE freekv_runtime)
 endif()
+
+# Backend choice (backend_open, kvworker --backend) on every build: without a device it checks
+# the clear errors for --backend cuda, with one that cuda opens.
+freekv_add_test(test_backend_select SOURCES gpu/test_backend_select.c LIBS freekv_runtime
+  LABELS unit)

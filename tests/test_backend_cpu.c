@@ -106,6 +106,9 @@ static void test_matmul(void **state)
 	for (size_t i = 0; i < 3; i++)
 		for (size_t j = 0; j < sizeof ns / sizeof *ns; j++)
 			check_matmul(dtypes[i], ns[j], 67, 300);
+	/* Fewer weight rows than one group of the dot loop. */
+	for (size_t i = 0; i < 3; i++)
+		check_matmul(dtypes[i], 1, 3, 5);
 	/* Several converted tiles (tile = 1 MiB of f32 rows). */
 	check_matmul(FKV_BF16, 9, 4000, 300);
 	check_matmul(FKV_F16, 12, 4000, 300);
@@ -134,6 +137,25 @@ static void test_matmul_all_16bit_patterns(void **state)
 			}
 		}
 	}
+	/* The same through the eight-lane conversion of the dot loop: row i is (pattern i, 0, ...,
+	 * 0), the activation (1, 0, ..., 0). */
+	uint16_t *w8 = calloc(65536 * 8, sizeof *w8);
+	float x8[8] = { 1.0f };
+	assert_non_null(w8);
+	for (int i = 0; i < 65536; i++)
+		w8[i * 8] = (uint16_t)i;
+	for (size_t t = 1; t < 3; t++) {
+		struct backend_mat m = mat(w8, dtypes[t], 65536, 8);
+		assert_int_equal(be->ops->matmul(be->ctx, y, x8, &m, 1), 0);
+		for (int i = 0; i < 65536; i++) {
+			float want;
+			dtype_to_f32(&want, &w[i], dtypes[t], 1);
+			if (isnan(want) ? !isnan(y[i]) : y[i] != want)
+				fail_msg("%s pattern 0x%04x (8 lanes): got %g, want %g",
+					 dtype_name(dtypes[t]), i, y[i], want);
+		}
+	}
+	free(w8);
 	free(w);
 	free(y);
 }
@@ -487,6 +509,156 @@ static void test_attn_decode_heads(void **state)
 	}
 }
 
+/* Prefill of n_q queries after n_ctx - n_q cached tokens against the float64 reference. */
+static void check_prefill(enum fkv_dtype t, int H, int KV, int d, int64_t n_ctx, int64_t n_q,
+			  int64_t W)
+{
+	struct backend_attn a = { H, KV, d, t, 1.0f / sqrtf((float)d), W };
+	double *k64, *v64;
+	void *k = rand_typed(t, n_ctx * KV * d, &k64);
+	void *v = rand_typed(t, n_ctx * KV * d, &v64);
+	float *q = randv(n_q * H * d, 2.0f), *out = malloc((size_t)(n_q * H * d) * 4);
+	double *ref = malloc((size_t)(n_q * H * d) * sizeof *ref);
+	assert_true(out && ref);
+	for (int64_t i = 0; i < n_q; i++)
+		for (int h = 0; h < H; h++) {
+			int kvh = h / (H / KV);
+			int64_t last = n_ctx - n_q + i;
+			int64_t j0 = W && last + 1 > W ? last + 1 - W : 0;
+			ref_attn(ref + (i * H + h) * d, q + (i * H + h) * d,
+				 k64 + j0 * KV * d + kvh * d, v64 + j0 * KV * d + kvh * d,
+				 last + 1 - j0, KV * d, d, a.scale);
+		}
+	assert_int_equal(be->ops->attn_prefill(be->ctx, out, q, n_q, k, v, n_ctx, &a), 0);
+	double e = nerr(out, ref, n_q * H * d);
+	if (e > 1e-5)
+		fail_msg("attn_prefill %s H %d KV %d d %d ctx %lld q %lld window %lld: error %g",
+			 dtype_name(t), H, KV, d, (long long)n_ctx, (long long)n_q, (long long)W,
+			 e);
+	free(k);
+	free(v);
+	free(k64);
+	free(v64);
+	free(q);
+	free(out);
+	free(ref);
+}
+
+/* The prefill work is cut into units of query rows of one KV head: groups of 3 that straddle
+ * unit boundaries, head dim 128, and a context long enough that units shrink below
+ * CPU_ATTN_ROWS rows to bound the scores (with and without a window). */
+static void test_attn_prefill_units(void **state)
+{
+	(void)state;
+	for (size_t t = 0; t < 3; t++) {
+		check_prefill(dtypes[t], 9, 3, 128, 200, 70, 0);
+		check_prefill(dtypes[t], 6, 2, 16, 131, 131, 40);
+	}
+	check_prefill(FKV_BF16, 9, 3, 32, 20000, 40, 0);
+	check_prefill(FKV_F16, 6, 3, 32, 20000, 40, 5000);
+}
+
+/* Llama-3-8B decode geometry (32 query heads on 8 KV heads, d 128) over 2048 keys in 64
+ * pages of 32 tokens taken from a larger pool in shuffled order, as a paged policy hands
+ * them over; against the reference for every dtype. */
+static void test_attn_decode_paged(void **state)
+{
+	(void)state;
+	enum { H = 32, KV = 8, d = 128, P = 32, pages = 64, pool = 80 };
+	for (size_t t = 0; t < 3; t++) {
+		struct backend_attn a = { H, KV, d, dtypes[t], 1.0f / sqrtf(d), 0 };
+		double *k64, *v64;
+		void *k = rand_typed(dtypes[t], (int64_t)pool * P * KV * d, &k64);
+		void *v = rand_typed(dtypes[t], (int64_t)pool * P * KV * d, &v64);
+		size_t es = dtype_size(dtypes[t]);
+		int order[pool];
+		for (int i = 0; i < pool; i++)
+			order[i] = i;
+		for (int i = pool - 1; i > 0; i--) {
+			int j = (int)(test_rand(&seed) % (uint64_t)(i + 1)), x = order[i];
+			order[i] = order[j];
+			order[j] = x;
+		}
+		struct backend_kv_span spans[pages];
+		double *kc = malloc((size_t)pages * P * KV * d * sizeof *kc);
+		double *vc = malloc((size_t)pages * P * KV * d * sizeof *vc);
+		assert_true(kc && vc);
+		for (int s = 0; s < pages; s++) {
+			const size_t off = (size_t)order[s] * P * KV * d, len = (size_t)P * KV * d;
+			spans[s] = (struct backend_kv_span){ (const char *)k + off * es,
+							     (const char *)v + off * es, P,
+							     KV * d };
+			memcpy(kc + (size_t)s * len, k64 + off, len * sizeof *kc);
+			memcpy(vc + (size_t)s * len, v64 + off, len * sizeof *vc);
+		}
+		float *q = randv(H * d, 1.0f), *out = malloc(H * d * sizeof *out);
+		double *ref = malloc(H * d * sizeof *ref);
+		assert_true(out && ref);
+		for (int h = 0; h < H; h++)
+			ref_attn(ref + h * d, q + h * d, kc + (h / (H / KV)) * d,
+				 vc + (h / (H / KV)) * d, (int64_t)pages * P, KV * d, d, a.scale);
+		assert_int_equal(be->ops->attn_decode(be->ctx, out, q, spans, pages, &a), 0);
+		double e = nerr(out, ref, H * d);
+		if (e > 1e-5)
+			fail_msg("attn_decode paged %s: error %g", dtype_name(dtypes[t]), e);
+		free(k);
+		free(v);
+		free(k64);
+		free(v64);
+		free(kc);
+		free(vc);
+		free(q);
+		free(out);
+		free(ref);
+	}
+}
+
+/* Results do not depend on the thread count, bit for bit (a resumed or re-run sequence must
+ * pick the same tokens): matmul on both 16-bit paths and attention, 1 thread against 2. */
+static void test_threads_bitwise(void **state)
+{
+	(void)state;
+	enum { rows = 1001, cols = 700, n = 9, H = 8, KV = 2, d = 64, ctx = 300, nq = 40 };
+	double *w64, *k64, *v64;
+	void *w = rand_typed(FKV_BF16, rows * cols, &w64);
+	void *k = rand_typed(FKV_F16, ctx * KV * d, &k64);
+	void *v = rand_typed(FKV_F16, ctx * KV * d, &v64);
+	float *x = randv(n * cols, 1.0f), *q = randv(nq * H * d, 1.0f);
+	float *y[2], *o[2], *od[2];
+	struct backend_mat m = mat(w, FKV_BF16, rows, cols);
+	struct backend_attn a = { H, KV, d, FKV_F16, 0.125f, 0 };
+	struct backend_kv_span span = { k, v, ctx, KV * d };
+	for (int i = 0; i < 2; i++) {
+		y[i] = malloc((size_t)(n + 1) * rows * sizeof *y[i]);
+		o[i] = malloc((size_t)nq * H * d * sizeof *o[i]);
+		od[i] = malloc((size_t)H * d * sizeof *od[i]);
+		assert_true(y[i] && o[i] && od[i]);
+		assert_int_equal(be->ops->set_threads(be->ctx, i + 1), 0);
+		assert_int_equal(be->ops->matmul(be->ctx, y[i], x, &m, 1), 0);
+		assert_int_equal(be->ops->matmul(be->ctx, y[i] + rows, x, &m, n), 0);
+		assert_int_equal(be->ops->attn_prefill(be->ctx, o[i], q, nq, k, v, ctx, &a), 0);
+		assert_int_equal(be->ops->attn_decode(be->ctx, od[i], q, &span, 1, &a), 0);
+	}
+	assert_memory_equal(y[0], y[1], (size_t)(n + 1) * rows * sizeof *y[0]);
+	assert_memory_equal(o[0], o[1], (size_t)nq * H * d * sizeof *o[0]);
+	assert_memory_equal(od[0], od[1], (size_t)H * d * sizeof *od[0]);
+	assert_int_equal(be->ops->set_threads(be->ctx, 2), 0);
+	be->ops->weight_release(be->ctx, &m);
+	for (int i = 0; i < 2; i++) {
+		free(y[i]);
+		free(o[i]);
+		free(od[i]);
+	}
+	free(w);
+	free(w64);
+	free(k);
+	free(k64);
+	free(v);
+	free(v64);
+	free(x);
+	free(q);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -499,6 +671,9 @@ int main(void)
 		cmocka_unit_test(test_attn_prefill),
 		cmocka_unit_test(test_attn_decode),
 		cmocka_unit_test(test_attn_decode_heads),
+		cmocka_unit_test(test_attn_prefill_units),
+		cmocka_unit_test(test_attn_decode_paged),
+		cmocka_unit_test(test_threads_bitwise),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

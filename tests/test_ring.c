@@ -289,6 +289,91 @@ static void test_futex_sleep_and_wake(void **state)
 	ring_destroy(d);
 }
 
+static uint64_t ms_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The daemon's data-plane thread sleeps on every submission doorbell at once: a push into any
+ * ring, or a kick of its private word, must end the sleep; a ring that is not empty must not
+ * let it sleep at all. */
+static void test_sleep_on_many_rings(void **state)
+{
+	(void)state;
+	char n1[64], n2[64];
+	snprintf(n1, sizeof n1, "%s", ring_test_name("m1"));
+	snprintf(n2, sizeof n2, "%s", ring_test_name("m2"));
+	struct ring *d1 = make_ring(n1, 8), *d2 = make_ring(n2, 8);
+	struct ring *w2 = open_ring(n2);
+	struct ring_bell b[3];
+	_Atomic uint32_t kick = 0;
+	struct ring_entry e;
+
+	/* Entries already there: no sleep announced. */
+	make_entry(&e, 1);
+	assert_int_equal(ring_push(w2, &e, 1), 1);
+	assert_int_equal(ring_sleep_prepare(d2, &b[2]), 1);
+	assert_int_equal(ring_pop(d2, &e, 1), 1);
+
+	/* A push from another process into the second ring wakes the sleeper. */
+	b[0] = (struct ring_bell){ &kick, atomic_load(&kick), true };
+	assert_int_equal(ring_sleep_prepare(d1, &b[1]), 0);
+	assert_int_equal(ring_sleep_prepare(d2, &b[2]), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct ring *w = NULL;
+		if (ring_open(n2, &w, NULL, 0) != 0)
+			_exit(2);
+		usleep(50000);
+		struct ring_entry x;
+		make_entry(&x, 7);
+		if (ring_push(w, &x, 1) != 1)
+			_exit(3);
+		struct ring_stats st;
+		ring_stats(w, &st);
+		_exit(st.wakes == 1 ? 0 : 4); /* it saw the announcement and rang */
+	}
+	uint64_t t0 = ms_now();
+	while (!ring_ready(d2) && ms_now() - t0 < 10000)
+		assert_int_equal(ring_bells_wait(b, 3, 10000), 0);
+	assert_true(ms_now() - t0 < 5000); /* woken, not timed out */
+	assert_int_equal(ring_ready(d2), 1);
+	assert_int_equal(ring_ready(d1), 0);
+	ring_sleep_end(d1);
+	ring_sleep_end(d2);
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	assert_int_equal(ring_pop(d2, &e, 1), 1);
+	assert_int_equal(e.user_data, 7);
+
+	/* The kick word: a bump after the snapshot ends the wait at once (no 10 s timeout). */
+	b[0].seen = atomic_load(&kick);
+	assert_int_equal(ring_sleep_prepare(d1, &b[1]), 0);
+	assert_int_equal(ring_sleep_prepare(d2, &b[2]), 0);
+	ring_kick(&kick);
+	t0 = ms_now();
+	assert_int_equal(ring_bells_wait(b, 3, 10000), 0);
+	assert_true(ms_now() - t0 < 5000);
+	ring_sleep_end(d1);
+	ring_sleep_end(d2);
+
+	/* Nothing moves: the timeout ends it. */
+	b[0].seen = atomic_load(&kick);
+	assert_int_equal(ring_sleep_prepare(d1, &b[1]), 0);
+	assert_int_equal(ring_bells_wait(b, 2, 20), 0);
+	ring_sleep_end(d1);
+	assert_int_equal(ring_bells_wait(b, RING_BELLS_MAX + 1, 0), -EINVAL);
+
+	ring_close(w2);
+	ring_destroy(d1);
+	ring_destroy(d2);
+}
+
 #define OPS 20000u
 
 /* Worker process: keeps up to `entries` operations outstanding, checks every completion. */
@@ -409,6 +494,7 @@ int main(void)
 		cmocka_unit_test(test_garbage_from_peer),
 		cmocka_unit_test(test_wait_timeout),
 		cmocka_unit_test(test_futex_sleep_and_wake),
+		cmocka_unit_test(test_sleep_on_many_rings),
 		cmocka_unit_test(test_two_processes),
 		cmocka_unit_test(test_watch_announces_pending),
 	};

@@ -1,8 +1,10 @@
 /* Tests systemd/: `systemd-analyze verify` accepts kvstored.service and kvworker@.service with
- * no warning at all (unknown keys and bad values are only warnings to systemd, errors here), and
- * every directive is preceded by a comment line. ExecStart= binaries are pointed at the build
- * tree (kvworker's serve mode does not exist yet: /bin/true stands in). The default
- * kvstored.conf is accepted by kvstored --print-config. Skips (77) without systemd-analyze. */
+ * no warning at all (unknown keys and bad values are only warnings to systemd, errors here;
+ * skipped without systemd-analyze), and every directive is preceded by a comment line.
+ * ExecStart= binaries are pointed at the build tree. The default kvstored.conf is accepted by
+ * kvstored --print-config; kvworker@.service's own ExecStart= command line, with %i = 0 and the
+ * default kvworker.conf, is accepted by kvworker serve --print-config and yields the settings it
+ * promises (the model from the file, the store and GPU from the command line). */
 #include "test_util.h"
 
 #include <stdbool.h>
@@ -47,13 +49,20 @@ static void verify(const char *unit)
 	assert_int_equal(n, 0);
 }
 
+static bool have_analyze;
+
 static void test_verify(void **state)
 {
 	(void)state;
-	char kvstored[1024];
+	if (!have_analyze) {
+		fprintf(stderr, "skip: systemd-analyze not found\n");
+		skip();
+	}
+	char kvstored[1024], kvworker[1024];
 	snprintf(kvstored, sizeof kvstored, "%s/kvstore/kvstored", FREEKV_BUILD_DIR);
+	snprintf(kvworker, sizeof kvworker, "%s/worker/kvworker", FREEKV_BUILD_DIR);
 	copy_unit("kvstored.service", "/usr/sbin/kvstored", kvstored, "kvstored.service");
-	copy_unit("kvworker@.service", "/usr/bin/kvworker", "/bin/true", "kvworker@.service");
+	copy_unit("kvworker@.service", "/usr/bin/kvworker", kvworker, "kvworker@.service");
 	verify("kvstored.service");
 	verify("kvworker@0.service");
 }
@@ -93,12 +102,92 @@ static void test_default_conf(void **state)
 	assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* Replaces every occurrence of from in s (of capacity cap) by to; false when it does not fit. */
+static bool replace_all(char *s, size_t cap, const char *from, const char *to)
+{
+	char out[4096];
+	size_t n = 0, fl = strlen(from), tl = strlen(to);
+	for (const char *p = s; *p;) {
+		if (!strncmp(p, from, fl)) {
+			if (n + tl >= sizeof out)
+				return false;
+			memcpy(out + n, to, tl);
+			n += tl;
+			p += fl;
+		} else {
+			if (n + 1 >= sizeof out)
+				return false;
+			out[n++] = *p++;
+		}
+	}
+	out[n] = '\0';
+	if (n >= cap)
+		return false;
+	memcpy(s, out, n + 1);
+	return true;
+}
+
+static void test_worker_command_line(void **state)
+{
+	(void)state;
+	char path[1024], line[4096], cmd[4200], out[4096], kvworker[1024], conf[1024];
+	snprintf(path, sizeof path, "%s/systemd/kvworker@.service", FREEKV_SOURCE_DIR);
+	snprintf(kvworker, sizeof kvworker, "%s/worker/kvworker", FREEKV_BUILD_DIR);
+	snprintf(conf, sizeof conf, "%s/systemd/kvworker.conf", FREEKV_SOURCE_DIR);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	bool found = false, notify = false;
+	while (fgets(line, sizeof line, f)) {
+		if (!strcmp(line, "Type=notify\n"))
+			notify = true;
+		if (!strncmp(line, "ExecStart=", 10)) {
+			found = true;
+			break;
+		}
+	}
+	fclose(f);
+	assert_true(found);
+	assert_true(notify);
+	line[strcspn(line, "\n")] = '\0';
+	char *exec = line + 10;
+	assert_true(replace_all(exec, sizeof line - 10, "/usr/bin/kvworker", kvworker));
+	assert_true(replace_all(exec, sizeof line - 10, "%i", "0"));
+	assert_true(replace_all(exec, sizeof line - 10, "/etc/freekv/kvworker.conf", conf));
+	snprintf(cmd, sizeof cmd, "%s --print-config 2>&1", exec);
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	size_t n = fread(out, 1, sizeof out - 1, p);
+	out[n] = '\0';
+	int st = pclose(p);
+	fprintf(stderr, "%s\n%s", cmd, out);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_non_null(strstr(out, "model = /var/lib/freekv/models/model.gguf\n"));
+	assert_non_null(strstr(out, "store = ipc:///run/freekv/kvstored.sock\n"));
+	assert_non_null(strstr(out, "listen = ipc:///run/freekv/kvworker-0.sock\n"));
+	assert_non_null(strstr(out, "gpu = 0\n"));
+	assert_non_null(strstr(out, "policy = freekv\n"));
+	assert_non_null(strstr(out, "backend = auto\n"));
+	/* The same binary refuses a config key it does not know (the parser is not a no-op). */
+	snprintf(path, sizeof path, "%s/bad.conf", dir);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fprintf(f, "model = /m.gguf\nno-such-key = 1\n");
+	fclose(f);
+	snprintf(cmd, sizeof cmd, "%s serve --config %s --print-config >/dev/null 2>&1", kvworker,
+		 path);
+	st = system(cmd);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 2);
+	snprintf(cmd, sizeof cmd, "%s serve --help >/dev/null", kvworker);
+	st = system(cmd);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
-	if (system("command -v systemd-analyze >/dev/null 2>&1") != 0) {
-		fprintf(stderr, "skip: systemd-analyze not found\n");
-		return TEST_SKIP_EXIT;
-	}
+	have_analyze = system("command -v systemd-analyze >/dev/null 2>&1") == 0;
 	strcpy(dir, "/tmp/fkv-units-XXXXXX");
 	if (!mkdtemp(dir))
 		return 1;
@@ -106,6 +195,7 @@ int main(void)
 		cmocka_unit_test(test_verify),
 		cmocka_unit_test(test_every_directive_commented),
 		cmocka_unit_test(test_default_conf),
+		cmocka_unit_test(test_worker_command_line),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	char cmd[128];

@@ -122,12 +122,31 @@ struct backend_ops {
 				 const struct backend_kv_span *spans, const int *first,
 				 const struct backend_attn *a);
 
+	/* (optional) The device half of a recall (DESIGN §3, §5): n recall units in host memory,
+	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a
+	 * head of a block), each scattered into head heads[i] of the NHD f32 slot slots[i]
+	 * (2, p, n_kv, d), a backend address. May be called from one thread besides the one
+	 * queueing the other ops (the recall thread); the units are consumed before it returns,
+	 * so the caller may reuse them at once. The scatter is ordered after every op queued
+	 * before the call and before every op queued after it returns (on CUDA: the same stream;
+	 * on the CPU: done on return). No two units may name the same (slot, head). */
+	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
+			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt);
+
 	/* (optional) Waits until every queued op has finished. */
 	int (*sync)(void *ctx);
 	/* (optional) Sets the number of compute threads. */
 	int (*set_threads)(void *ctx, int n);
 	/* (optional) The number of compute threads ops use. */
 	int (*get_threads)(void *ctx);
+
+	/* (optional) Page-locks the host range [ptr, ptr + bytes) (the worker's mapping of the
+	 * kvstored pool) so that copies between it and backend memory run as DMA. On failure
+	 * nothing stays registered and err says why (the locked-memory limit, LimitMEMLOCK, when
+	 * the system refused). Registrations left at backend_free() are undone. */
+	int (*host_register)(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen);
+	/* (optional) Undoes host_register(ptr); -ENOENT when ptr was not registered. */
+	int (*host_unregister)(void *ctx, void *ptr);
 };
 
 /* A backend: ops plus private state. Allocated by the backend's constructor, freed by
@@ -142,6 +161,19 @@ struct backend {
  * inside the OpenMP tasks, so only one pool ever runs. The pool is per process: the last
  * thread count set wins for every CPU backend. Returns 0 or -ENOMEM. */
 int backend_cpu_new(struct backend **out, int threads);
+
+/* The CUDA backend on device `device` (worker/backend_cuda.c): every op a kernel of kernels/ or
+ * a cuBLAS GEMM on one stream. -ENODEV when the device does not exist or the build has no CUDA
+ * support; -ENOMEM, -EIO when CUDA setup fails (printed to stderr). */
+int backend_cuda_new(struct backend **out, int device);
+
+/* CUDA devices usable by backend_cuda_new (0 without CUDA support or a driver). */
+int backend_cuda_devices(void);
+
+/* The backend called name: "cpu", "cuda" (device 0) or "auto"/NULL (cuda when a device is
+ * present, else cpu). threads goes to the CPU backend. On failure err says why (-ENODEV for
+ * cuda without a device, -EINVAL for an unknown name). */
+int backend_open(const char *name, int threads, struct backend **out, char *err, size_t errlen);
 
 /* Frees the backend and everything it still owns. Safe on NULL. */
 void backend_free(struct backend *be);

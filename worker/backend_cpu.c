@@ -3,9 +3,12 @@
  * Buffers are plain heap memory, weights are borrowed from the model mapping (weight_load copies
  * nothing). 16-bit weights are converted on the fly: a product with one row (decode) runs a
  * direct dot loop that converts a short chunk of a weight row at a time; a larger product
- * converts blocks of weight rows to f32 tiles and hands each to sgemm. Attention converts one
- * K/V row at a time. Scratch for those lives in one growing buffer owned by the context. */
+ * converts blocks of weight rows to f32 tiles and hands each to sgemm. Attention works in
+ * units of query rows that share a KV head (a GQA group, or several queries' groups in
+ * prefill): each K/V row is converted once per unit. Scratch for tiles and scores lives in one
+ * growing buffer owned by the context. Results do not depend on the thread count. */
 #include "backend.h"
+#include "layout.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -18,8 +21,6 @@
 /* Products with at most this many activation rows use the direct dot loop (measured: from 2
  * rows on, converted tiles + sgemm win). */
 #define CPU_GEMV_MAX_ROWS 1
-/* Elements of a weight row converted at once by the dot loop (stack buffer). */
-#define CPU_DOT_CHUNK 256
 /* Target size of one converted f32 weight tile for sgemm: about one core's L2 (measured best of
  * 256 KiB, 1 MiB, 4 MiB on the development machine). */
 #define CPU_TILE_BYTES (1u << 20)
@@ -28,6 +29,22 @@
 #define CPU_PAR_MIN (1 << 18)
 /* Largest head_dim the stack buffers accept. */
 #define CPU_MAX_HEAD_DIM 1024
+/* Weight rows per task of the direct dot loop. */
+#define CPU_DOT_ROWS 64
+/* Most query rows one attention unit takes, and the most scores (floats) a unit's scratch may
+ * hold: a unit converts each K/V row once for all its rows. */
+#define CPU_ATTN_ROWS 64
+#define CPU_ATTN_SCORES (1 << 20)
+
+/* The hot loops are compiled twice, for x86-64-v3 (AVX2, FMA) and the baseline, and the loader
+ * picks the clone the CPU runs (GCC function multiversioning): the build targets the baseline,
+ * so without this every loop would be SSE2. Functions with an OpenMP region are not cloned
+ * (the region is outlined before cloning); they call CPU_HOT workers. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CPU_HOT
+#endif
 
 struct cpu_ctx {
 	float *scratch; /* tiles and attention scores */
@@ -93,6 +110,63 @@ static inline void cvt16(float *dst, const uint16_t *src, enum fkv_dtype t, int6
 		for (int64_t i = 0; i < n; i++)
 			dst[i] = f16_val(src[i]);
 	}
+}
+
+/* Eight lanes, with GCC/Clang vector extensions: the kernels below spell out their vector
+ * accumulators (an OpenMP simd reduction keeps its partial sums in memory, a store-to-load
+ * chain per step); each clone compiles them to its widest registers. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* vectors by value, only between inlined statics */
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+static inline v8f ld8(const float *p)
+{
+	v8f v;
+	memcpy(&v, p, sizeof v);
+	return v;
+}
+
+static inline v4d ld4d(const float *p)
+{
+	v4f v;
+	memcpy(&v, p, sizeof v);
+	return __builtin_convertvector(v, v4d);
+}
+
+static inline float hsum8(const v8f *v)
+{
+	const v8f x = *v;
+	return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+static inline double hsum4d(const v4d *v)
+{
+	const v4d x = *v;
+	return (x[0] + x[2]) + (x[1] + x[3]);
+}
+
+/* p[0..7], 16-bit values of dtype t, as f32: bf16_val / f16_val on eight lanes. */
+__attribute__((always_inline)) static inline v8f cvt8(const uint16_t *p, enum fkv_dtype t)
+{
+	v8h h;
+	memcpy(&h, p, sizeof h);
+	v8u u = __builtin_convertvector(h, v8u), r;
+	v8f f;
+	if (t == FKV_BF16) {
+		u <<= 16;
+		memcpy(&f, &u, sizeof f);
+		return f;
+	}
+	v8u em = u & 0x7fffu, b = em << 13;
+	memcpy(&f, &b, sizeof f);
+	f *= 0x1p112f;
+	memcpy(&r, &f, sizeof r);
+	r |= ((v8u)(em >= 0x7c00u) & 0x7f800000u) | (u & 0x8000u) << 16;
+	memcpy(&f, &r, sizeof f);
+	return f;
 }
 
 /* Row r of a (rows, cols) array of dtype t converted into dst (cols). Returns dst, or the row
@@ -170,32 +244,66 @@ static void cpu_weight_release(void *ctx, struct backend_mat *w)
 	memset(w, 0, sizeof *w);
 }
 
-/* Few activation rows, 16-bit weights: each weight row is read once, converted a chunk at a
- * time, and dotted with every activation row. */
+/* Rows [r0, r1) of y (rows) = w · x for 16-bit w of dtype t, x (cols): each weight element
+ * is converted in registers and multiplied at once. Four weight rows go together, each with
+ * its own vector sum, so that four independent chains hide the latency of the adds (one chain
+ * is latency-bound); a short last group repeats its last row. Always inlined with a constant
+ * t, so that the dtype test leaves the loop. */
+__attribute__((always_inline)) static inline void
+dot_rows_t(float *y, const float *x, const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
+	   enum fkv_dtype t)
+{
+	float (*val)(uint16_t) = t == FKV_BF16 ? bf16_val : f16_val;
+	for (int64_t r = r0; r < r1; r += 4) {
+		const uint16_t *wr[4];
+		for (int k = 0; k < 4; k++)
+			wr[k] = w + (r + k < r1 ? r + k : r1 - 1) * cols;
+		v8f a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+		int64_t c = 0;
+		for (; c + 8 <= cols; c += 8) {
+			v8f xv = ld8(x + c);
+			a0 += cvt8(wr[0] + c, t) * xv;
+			a1 += cvt8(wr[1] + c, t) * xv;
+			a2 += cvt8(wr[2] + c, t) * xv;
+			a3 += cvt8(wr[3] + c, t) * xv;
+		}
+		float acc[4] = { hsum8(&a0), hsum8(&a1), hsum8(&a2), hsum8(&a3) };
+		for (; c < cols; c++)
+			for (int k = 0; k < 4; k++)
+				acc[k] += val(wr[k][c]) * x[c];
+		for (int k = 0; k < 4 && r + k < r1; k++)
+			y[r + k] = acc[k];
+	}
+}
+
+CPU_HOT static void dot_rows(float *y, const float *x, const struct backend_mat *w, int64_t r0,
+			     int64_t r1)
+{
+	if (w->dtype == FKV_BF16)
+		dot_rows_t(y, x, w->data, w->cols, r0, r1, FKV_BF16);
+	else
+		dot_rows_t(y, x, w->data, w->cols, r0, r1, FKV_F16);
+}
+
+/* Few activation rows, 16-bit weights: blocks of weight rows spread over the threads, one
+ * activation row at a time (the vectorised work is in dot_rows, outside the OpenMP region, so
+ * that it gets the CPU_HOT clone). */
 static void matmul_dot(float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	const int64_t rows = w->rows, cols = w->cols;
-	const size_t es = dtype_size(w->dtype);
-	#pragma omp parallel for schedule(static) if (rows * cols * n > CPU_PAR_MIN)
-	for (int64_t r = 0; r < rows; r++) {
-		float tmp[CPU_DOT_CHUNK];
-		float acc[CPU_GEMV_MAX_ROWS] = { 0 };
-		const char *wr = (const char *)w->data + (size_t)(r * cols) * es;
-		for (int64_t c0 = 0; c0 < cols; c0 += CPU_DOT_CHUNK) {
-			int64_t m = cols - c0 < CPU_DOT_CHUNK ? cols - c0 : CPU_DOT_CHUNK;
-			cvt16(tmp, (const uint16_t *)wr + c0, w->dtype, m);
-			for (int64_t j = 0; j < n; j++) {
-				const float *xj = x + j * cols + c0;
-				float s = 0.0f;
-				#pragma omp simd reduction(+ : s)
-				for (int64_t c = 0; c < m; c++)
-					s += tmp[c] * xj[c];
-				acc[j] += s;
-			}
-		}
-		for (int64_t j = 0; j < n; j++)
-			y[j * rows + r] = acc[j];
+	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
+	for (int64_t j = 0; j < n; j++) {
+		#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
+		for (int64_t b = 0; b < nblk; b++)
+			dot_rows(y + j * rows, x + j * cols, w, b * CPU_DOT_ROWS,
+				 (b + 1) * CPU_DOT_ROWS < rows ? (b + 1) * CPU_DOT_ROWS : rows);
 	}
+}
+
+/* n 16-bit values of dtype t to f32: the tile conversion of matmul_blocks, cloned. */
+CPU_HOT static void cvt_tile(float *dst, const uint16_t *src, enum fkv_dtype t, int64_t n)
+{
+	cvt16(dst, src, t, n);
 }
 
 /* Blocks of weight rows, one per task, each multiplied by one single-threaded sgemm (or
@@ -223,7 +331,7 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 		const float *wt = (const float *)w->data + r0 * cols;
 		if (tiles) {
 			float *t = tiles + (size_t)omp_get_thread_num() * (size_t)(blk * cols);
-			cvt16(t, (const uint16_t *)w->data + r0 * cols, w->dtype, m * cols);
+			cvt_tile(t, (const uint16_t *)w->data + r0 * cols, w->dtype, m * cols);
 			wt = t;
 		}
 		/* y[:, r0:r0+m] (n, m) = x (n, cols) · wtᵀ, wt (m, cols) */
@@ -384,53 +492,102 @@ static int cpu_softmax(void *ctx, float *x, int64_t rows, int64_t cols)
 	return 0;
 }
 
-/* Attention scores accumulate in double: the sum is then independent of the order of the
- * head dimensions to f32 precision, so both rotary layouts of one model agree. */
-static inline float dot(const float *a, const float *b, int n)
-{
-	double s = 0.0;
-	#pragma omp simd reduction(+ : s)
-	for (int i = 0; i < n; i++)
-		s += (double)a[i] * b[i];
-	return (float)s;
-}
-
-/* Where an attention call reads keys from: the decode spans, or one dense span for prefill. */
+/* Where an attention call reads one KV head's keys from: spans holding n keys (the decode
+ * spans, or one dense span for prefill). */
 struct attn_src {
 	const struct backend_kv_span *spans;
 	int n_spans;
+	int64_t n;
 };
 
-/* One query head q (d) against keys [k0, n_keys) of src (KV head kvh): scores into s
- * (n_keys - k0), output into o (d). */
-static void attn_head(float *o, const float *q, float *s, const struct attn_src *src,
-		      int64_t k0, int64_t n_keys, int kvh, const struct backend_attn *a)
+/* Query rows that share one KV head, as one unit of work: row r is query q[r] (d) attending
+ * to keys [lo[r], hi[r]) of the source, its output going to o[r] (d). The rows of a unit are
+ * a GQA group (decode) or the groups of consecutive queries (prefill), so each K and V row is
+ * converted once for all of them. */
+struct attn_rows {
+	const float *q[CPU_ATTN_ROWS];
+	float *o[CPU_ATTN_ROWS];
+	int64_t lo[CPU_ATTN_ROWS], hi[CPU_ATTN_ROWS];
+	int n;
+};
+
+/* Attention scores accumulate in double: the sum is then independent of the order of the
+ * head dimensions to f32 precision, so both rotary layouts of one model agree.
+ * Scores of key row x (d) for rows r .. r + 3 of u (those that exist and see the key) into
+ * s[0], s[ld], s[2 ld], s[3 ld]. The four sums run side by side, so their vector adds overlap
+ * (one sum is latency-bound); a missing row repeats row r. Always inlined, so that it is
+ * compiled into each clone of attn_unit. */
+__attribute__((always_inline)) static inline void
+scores4(float *s, int64_t ld, const struct attn_rows *u, int r, int64_t key, const float *x, int d,
+	float scale)
+{
+	const float *q[4];
+	bool any = false;
+	for (int k = 0; k < 4; k++) {
+		q[k] = u->q[r + k < u->n ? r + k : r];
+		any |= r + k < u->n && key >= u->lo[r + k] && key < u->hi[r + k];
+	}
+	if (!any)
+		return;
+	v4d a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+	int i = 0;
+	for (; i + 4 <= d; i += 4) {
+		v4d xv = ld4d(x + i);
+		a0 += ld4d(q[0] + i) * xv;
+		a1 += ld4d(q[1] + i) * xv;
+		a2 += ld4d(q[2] + i) * xv;
+		a3 += ld4d(q[3] + i) * xv;
+	}
+	double acc[4] = { hsum4d(&a0), hsum4d(&a1), hsum4d(&a2), hsum4d(&a3) };
+	for (; i < d; i++)
+		for (int k = 0; k < 4; k++)
+			acc[k] += (double)q[k][i] * x[i];
+	for (int k = 0; k < 4 && r + k < u->n; k++)
+		if (key >= u->lo[r + k] && key < u->hi[r + k])
+			s[k * ld] = (float)acc[k] * scale;
+}
+
+/* Runs a unit: keys [k0, k1) of src (KV head kvh) hold every row's range; s is scratch of
+ * (n, k1 - k0) scores. Two passes over the keys: scores (then a softmax per row), then the
+ * weighted sum of V. Every sum of a row runs in key order, whatever the other rows of the
+ * unit are, so a row's result does not depend on how rows are grouped or threaded. */
+CPU_HOT static void attn_unit(const struct attn_rows *u, float *s, const struct attn_src *src,
+			      int64_t k0, int64_t k1, int kvh, const struct backend_attn *a)
 {
 	const int d = a->head_dim;
+	const int64_t ld_s = k1 - k0;
 	const size_t es = dtype_size(a->kv_dtype);
 	float tmp[CPU_MAX_HEAD_DIM];
-	int64_t base = 0; /* key index of the span's first row */
 	for (int pass = 0; pass < 2; pass++) {
-		base = 0;
-		if (pass == 1) {
-			softmax_row(s, n_keys - k0);
-			memset(o, 0, (size_t)d * sizeof *o);
-		}
-		for (int sp = 0; sp < src->n_spans && base < n_keys; sp++) {
+		if (pass == 1)
+			for (int r = 0; r < u->n; r++) {
+				softmax_row(s + r * ld_s + (u->lo[r] - k0), u->hi[r] - u->lo[r]);
+				memset(u->o[r], 0, (size_t)d * sizeof *u->o[r]);
+			}
+		int64_t base = 0; /* key index of the span's first row */
+		for (int sp = 0; sp < src->n_spans && base < k1; sp++) {
 			const struct backend_kv_span *span = &src->spans[sp];
 			int64_t t0 = k0 > base ? k0 - base : 0;
-			int64_t t1 = n_keys - base < span->n ? n_keys - base : span->n;
+			int64_t t1 = k1 - base < span->n ? k1 - base : span->n;
 			const char *rows = (const char *)(pass ? span->v : span->k);
 			for (int64_t t = t0; t < t1; t++) {
-				const char *r = rows + (size_t)(t * span->row_stride +
+				const int64_t key = base + t;
+				const char *p = rows + (size_t)(t * span->row_stride +
 								(int64_t)kvh * d) * es;
-				const float *x = row_f32(tmp, r, a->kv_dtype, 0, d);
+				const float *x = row_f32(tmp, p, a->kv_dtype, 0, d);
 				if (!pass) {
-					s[base + t - k0] = dot(q, x, d) * a->scale;
-				} else {
-					float p = s[base + t - k0];
+					for (int r = 0; r < u->n; r += 4)
+						scores4(s + r * ld_s + (key - k0), ld_s, u, r,
+							key, x, d, a->scale);
+					continue;
+				}
+				for (int r = 0; r < u->n; r++) {
+					if (key < u->lo[r] || key >= u->hi[r])
+						continue;
+					float pr = s[r * ld_s + (key - k0)], *o = u->o[r];
+					#pragma omp simd
 					for (int i = 0; i < d; i++)
-						o[i] += p * x[i];
+						o[i] += pr * x[i];
 				}
 			}
 			base += span->n;
@@ -446,40 +603,77 @@ static int check_attn(const struct backend_attn *a)
 	return 0;
 }
 
+/* Every query head of n_q queries q (n_q, n_heads, d) against its KV head's keys src[kvh],
+ * into out (n_q, n_heads, d). causal: query i sees keys up to n_ctx - n_q + i (windowed as
+ * a.window says), else every key of its source. The rows of one KV head are cut into units of
+ * at most CPU_ATTN_ROWS rows (fewer when the keys are many, to bound the score scratch) and
+ * the units of all heads spread over the threads. */
+static int attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
+		    const struct attn_src *src, int64_t n_ctx, bool causal,
+		    const struct backend_attn *a)
+{
+	const int d = a->head_dim, H = a->n_heads, KV = a->n_kv_heads, G = H / KV;
+	int64_t max_keys = causal ? n_ctx : 0;
+	for (int kvh = 0; kvh < KV && !causal; kvh++)
+		max_keys = src[kvh].n > max_keys ? src[kvh].n : max_keys;
+	int64_t R = CPU_ATTN_SCORES / max_keys;
+	const int64_t rows = n_q * G; /* per KV head */
+	R = R > CPU_ATTN_ROWS ? CPU_ATTN_ROWS : R < 1 ? 1 : R;
+	R = R > rows ? rows : R;
+	const int64_t units = (rows + R - 1) / R;
+	const bool par = n_q * H * max_keys * d > CPU_PAR_MIN && units * KV > 1;
+	const int nt = par ? omp_get_max_threads() : 1;
+	float *scores = scratch_get(c, (size_t)nt * (size_t)(R * max_keys));
+	if (!scores)
+		return -ENOMEM;
+	#pragma omp parallel for schedule(dynamic) num_threads(nt) if (par)
+	for (int64_t task = 0; task < units * KV; task++) {
+		const int kvh = (int)(task / units);
+		const int64_t j0 = task % units * R, j1 = j0 + R < rows ? j0 + R : rows;
+		struct attn_rows u = { .n = (int)(j1 - j0) };
+		int64_t k0 = INT64_MAX, k1 = 0;
+		for (int64_t j = j0; j < j1; j++) {
+			const int64_t i = j / G, h = (int64_t)kvh * G + j % G, r = j - j0;
+			u.q[r] = q + (i * H + h) * d;
+			u.o[r] = out + (i * H + h) * d;
+			u.hi[r] = causal ? n_ctx - n_q + i + 1 : src[kvh].n;
+			u.lo[r] = causal && a->window > 0 && u.hi[r] > a->window ?
+					  u.hi[r] - a->window : 0;
+			k0 = u.lo[r] < k0 ? u.lo[r] : k0;
+			k1 = u.hi[r] > k1 ? u.hi[r] : k1;
+		}
+		const int th = par ? omp_get_thread_num() : 0;
+		float *s = scores + (size_t)th * (size_t)(R * max_keys);
+		attn_unit(&u, s, &src[kvh], k0, k1, kvh, a);
+	}
+	return 0;
+}
+
 static int cpu_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
 			    const void *v, int64_t n_ctx, const struct backend_attn *a)
 {
-	struct cpu_ctx *c = ctx;
 	int ret = check_attn(a);
 	if (ret)
 		return ret;
 	if (n_q > n_ctx)
 		return -EINVAL;
-	const int d = a->head_dim, H = a->n_heads, G = a->n_heads / a->n_kv_heads;
-	int nt = omp_get_max_threads();
-	float *scores = scratch_get(c, (size_t)nt * (size_t)n_ctx);
-	if (!scores)
+	if (n_q <= 0)
+		return 0;
+	struct backend_kv_span span = { k, v, n_ctx, (int64_t)a->n_kv_heads * a->head_dim };
+	struct attn_src *src = malloc((size_t)a->n_kv_heads * sizeof *src);
+	if (!src)
 		return -ENOMEM;
-	struct backend_kv_span span = { k, v, n_ctx, (int64_t)a->n_kv_heads * d };
-	struct attn_src src = { &span, 1 };
-	#pragma omp parallel for collapse(2) schedule(dynamic, 4) \
-		if (n_q * n_ctx * H * d > CPU_PAR_MIN)
-	for (int64_t i = 0; i < n_q; i++)
-		for (int h = 0; h < H; h++) {
-			float *s = scores + (size_t)omp_get_thread_num() * (size_t)n_ctx;
-			int64_t last = n_ctx - n_q + i; /* this query's own position */
-			int64_t k0 = a->window > 0 && last + 1 > a->window ? last + 1 - a->window : 0;
-			attn_head(out + (i * H + h) * d, q + (i * H + h) * d, s, &src, k0, last + 1,
-				  h / G, a);
-		}
-	return 0;
+	for (int kvh = 0; kvh < a->n_kv_heads; kvh++)
+		src[kvh] = (struct attn_src){ &span, 1, n_ctx };
+	ret = attn_run(ctx, out, q, n_q, src, n_ctx, true, a);
+	free(src);
+	return ret;
 }
 
 static int cpu_attn_decode(void *ctx, float *out, const float *q,
 			   const struct backend_kv_span *spans, int n_spans,
 			   const struct backend_attn *a)
 {
-	struct cpu_ctx *c = ctx;
 	int ret = check_attn(a);
 	if (ret)
 		return ret;
@@ -488,52 +682,39 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 		n_keys += spans[s].n;
 	if (n_keys <= 0)
 		return -EINVAL;
-	const int d = a->head_dim, H = a->n_heads, G = a->n_heads / a->n_kv_heads;
-	float *scores = scratch_get(c, (size_t)H * (size_t)n_keys);
-	if (!scores)
+	struct attn_src *src = malloc((size_t)a->n_kv_heads * sizeof *src);
+	if (!src)
 		return -ENOMEM;
-	struct attn_src src = { spans, n_spans };
-	#pragma omp parallel for schedule(static) if (n_keys * H * d > CPU_PAR_MIN)
-	for (int h = 0; h < H; h++)
-		attn_head(out + h * d, q + h * d, scores + (size_t)h * (size_t)n_keys, &src, 0,
-			  n_keys, h / G, a);
-	return 0;
+	for (int kvh = 0; kvh < a->n_kv_heads; kvh++)
+		src[kvh] = (struct attn_src){ spans, n_spans, n_keys };
+	ret = attn_run(ctx, out, q, 1, src, 0, false, a);
+	free(src);
+	return ret;
 }
 
 static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
 				 const struct backend_kv_span *spans, const int *first,
 				 const struct backend_attn *a)
 {
-	struct cpu_ctx *c = ctx;
 	int ret = check_attn(a);
 	if (ret)
 		return ret;
-	const int d = a->head_dim, H = a->n_heads, G = a->n_heads / a->n_kv_heads;
-	int64_t max_keys = 0;
-	for (int kvh = 0; kvh < a->n_kv_heads; kvh++) {
-		int64_t n = 0;
-		if (first[kvh + 1] < first[kvh])
-			return -EINVAL;
-		for (int s = first[kvh]; s < first[kvh + 1]; s++)
-			n += spans[s].n;
-		if (n <= 0)
-			return -EINVAL;
-		max_keys = n > max_keys ? n : max_keys;
-	}
-	float *scores = scratch_get(c, (size_t)H * (size_t)max_keys);
-	if (!scores)
+	struct attn_src *src = malloc((size_t)a->n_kv_heads * sizeof *src);
+	if (!src)
 		return -ENOMEM;
-	#pragma omp parallel for schedule(static) if (max_keys * H * d > CPU_PAR_MIN)
-	for (int h = 0; h < H; h++) {
-		int kvh = h / G;
-		struct attn_src src = { spans + first[kvh], first[kvh + 1] - first[kvh] };
-		int64_t n = 0;
-		for (int s = 0; s < src.n_spans; s++)
-			n += src.spans[s].n;
-		attn_head(out + h * d, q + h * d, scores + (size_t)h * (size_t)max_keys, &src, 0, n,
-			  kvh, a);
+	for (int kvh = 0; kvh < a->n_kv_heads && !ret; kvh++) {
+		src[kvh] = (struct attn_src){ spans + first[kvh], first[kvh + 1] - first[kvh], 0 };
+		if (first[kvh + 1] < first[kvh])
+			ret = -EINVAL;
+		for (int s = first[kvh]; s < first[kvh + 1] && !ret; s++)
+			src[kvh].n += spans[s].n;
+		if (src[kvh].n <= 0)
+			ret = -EINVAL;
 	}
-	return 0;
+	if (!ret)
+		ret = attn_run(ctx, out, q, 1, src, 0, false, a);
+	free(src);
+	return ret;
 }
 
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
@@ -561,6 +742,19 @@ static int cpu_get_threads(void *ctx)
 	return omp_get_max_threads();
 }
 
+/* Recall units land in host slots: layout_scatter_unit, the reference of the recall_scatter
+ * kernel. */
+static int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
+			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
+{
+	(void)ctx;
+	const struct kv_geom g = { .n_kv = n_kv, .p = p, .d = d, .dtype = unit_dt };
+	const size_t ub = layout_unit_bytes(&g);
+	for (int i = 0; i < n; i++)
+		layout_scatter_unit(&g, slots[i], heads[i], (const char *)units + (size_t)i * ub);
+	return 0;
+}
+
 static const struct backend_ops cpu_ops = {
 	.name = "cpu",
 	.free = cpu_free,
@@ -584,6 +778,7 @@ static const struct backend_ops cpu_ops = {
 	.attn_prefill = cpu_attn_prefill,
 	.attn_decode = cpu_attn_decode,
 	.attn_decode_heads = cpu_attn_decode_heads,
+	.recall_units = cpu_recall_units,
 	.sync = NULL,
 	.set_threads = cpu_set_threads,
 	.get_threads = cpu_get_threads,

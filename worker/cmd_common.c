@@ -135,6 +135,8 @@ void cmd_session_usage(FILE *f)
 		"      --top-p P        nucleus mass, 1 = off (default 0.95)\n"
 		"  -s, --seed S         sampling seed (default: from the clock)\n"
 		"  -t, --threads N      compute threads (default: all cores)\n"
+		"      --backend B      cuda, cpu or auto (default auto: cuda when a device is\n"
+		"                       present, else cpu)\n"
 		"  -c, --ctx-size N     context limit in tokens (default: the model's)\n"
 		"      --ids            print token ids, space-separated, instead of text\n"
 		"      --stats          print a JSON line of timings and retrieval statistics to\n"
@@ -149,6 +151,23 @@ void cmd_session_usage(FILE *f)
 		"             policies built: %s; defaults 32/2048/512/512/0.9/1, scaled\n"
 		"             down for short contexts\n",
 		policy_opts_usage(), kvcache_policy_names());
+}
+
+const char *cmd_backend_for(const char *backend, const char *policy, const char *prog)
+{
+	(void)policy;
+	(void)prog;
+	return backend;
+}
+
+int cmd_backend_check(const char *backend, const char *policy, const char *prog)
+{
+	(void)backend;
+	if (!policy || kvcache_policy(policy))
+		return 0;
+	fprintf(stderr, "%s: unknown KV policy '%s' (built: %s)\n", prog, policy,
+		kvcache_policy_names());
+	return -EINVAL;
 }
 
 /* "--flag value" or "--flag=value"; NULL when argv[*i] is not flag (or short). */
@@ -174,7 +193,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, c
 }
 
 enum sflag { SF_MODEL, SF_N, SF_THREADS, SF_CTX, SF_CTX2, SF_TEMP, SF_TOPK, SF_TOPP, SF_SEED,
-	     SF_STORE, SF_SEQ };
+	     SF_STORE, SF_SEQ, SF_BACKEND };
 
 static const struct {
 	const char *flag, *brief;
@@ -184,7 +203,7 @@ static const struct {
 	[SF_CTX2] = { "--ctx", NULL },	      [SF_TEMP] = { "--temp", NULL },
 	[SF_TOPK] = { "--top-k", NULL },      [SF_TOPP] = { "--top-p", NULL },
 	[SF_SEED] = { "--seed", "-s" },	      [SF_STORE] = { "--store", NULL },
-	[SF_SEQ] = { "--seq", NULL },
+	[SF_SEQ] = { "--seq", NULL },	      [SF_BACKEND] = { "--backend", NULL },
 };
 
 static int bad_value(const struct cmd_session_opts *o, const char *flag, const char *val)
@@ -223,6 +242,11 @@ int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i)
 		switch ((enum sflag)f) {
 		case SF_MODEL: o->model = v; break;
 		case SF_STORE: o->endpoint = v; break;
+		case SF_BACKEND:
+			if (strcmp(v, "cuda") && strcmp(v, "cpu") && strcmp(v, "auto"))
+				return bad_value(o, "--backend", v);
+			o->backend = v;
+			break;
 		case SF_SEQ:
 			if (!*v || strlen(v) >= sizeof ((struct cmd_session *)0)->seq_name)
 				return bad_value(o, "--seq", v);
@@ -292,8 +316,11 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;
 	}
-	if ((ret = backend_cpu_new(&s->be, (int)o->threads))) {
-		fprintf(stderr, "%s: cannot create the CPU backend\n", o->prog);
+	if ((ret = cmd_backend_check(o->backend, s->o.po.policy, o->prog)))
+		return ret;
+	if ((ret = backend_open(cmd_backend_for(o->backend, s->o.po.policy, o->prog),
+				(int)o->threads, &s->be, err, sizeof err))) {
+		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;
 	}
 	struct engine_opts eo = { .max_ctx = o->ctx, .max_seqs = 1, .policy = s->o.po.policy,
@@ -390,6 +417,7 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("threads", json_object_new_int(s->be->ops->get_threads
 						   ? s->be->ops->get_threads(s->be->ctx)
 						   : (int)s->o.threads));
+	ADD("backend", json_object_new_string(s->be->ops->name));
 	ADD("seed", json_object_new_uint64(s->o.sp.seed));
 	ADD("policy", json_object_new_string(engine_policy_name(s->e)));
 	ADD("page", json_object_new_int(k->page));

@@ -38,6 +38,8 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_resume(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_client(int argc, char **argv);
 
 /* Parse a whole decimal number within [lo, hi]; 0 or -EINVAL. */
 int cmd_parse_long(const char *s, long lo, long hi, long *out);
@@ -63,6 +65,7 @@ struct cmd_session_opts {
 	bool ids, stats, keep;
 	const char *endpoint;	/* --store; NULL: an embedded in-process store */
 	const char *seq_name;	/* --seq; NULL: a fresh name */
+	const char *backend;	/* --backend cuda|cpu|auto; NULL: auto */
 	struct policy_opts po;
 };
 
@@ -73,6 +76,14 @@ void cmd_session_defaults(struct cmd_session_opts *o, const char *prog);
 int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i);
 /* The shared flags, for usage texts. */
 void cmd_session_usage(FILE *f);
+
+/* The backend name to open for --backend value backend (NULL: auto) and a KV policy: backend
+ * unchanged, since every built policy runs on both backends (the retrieval policies need the
+ * optional recall_units and attn_decode_heads ops, which the CPU and CUDA backends have). */
+const char *cmd_backend_for(const char *backend, const char *policy, const char *prog);
+/* -EINVAL (printed) when policy names no built policy; else 0. A backend that lacks an op a
+ * policy needs is refused when the policy is created (-EOPNOTSUPP, engine error message). */
+int cmd_backend_check(const char *backend, const char *policy, const char *prog);
 
 /* Everything a decoding run holds; cmd_session_open fills it, cmd_session_close frees it. */
 struct cmd_session {

@@ -44,6 +44,7 @@ static void usage(FILE *f)
 		"      --prefill N        tokens of each window prefilled before decoding (default 1)\n"
 		"      --max-tokens N     stop after scoring N tokens (default: the whole file)\n"
 		"  -t, --threads N        compute threads (default: all cores)\n"
+		"      --backend B        cuda, cpu or auto (default: cuda when a device is present)\n"
 		"      --json             one JSON document instead of the table\n"
 		"  -h, --help             this text\n"
 		"retrieval options (scaled to the window length unless given):\n  %s\n",
@@ -52,6 +53,7 @@ static void usage(FILE *f)
 
 struct eval_args {
 	const char *model, *file;
+	const char *backend; /* NULL: auto */
 	const char *policies[EVAL_MAX_POLICIES];
 	int n_policies;
 	long ctx, prefill, max_tokens, threads;
@@ -159,6 +161,10 @@ static int parse(int argc, char **argv, struct eval_args *a)
 		} else if ((v = flag_val(argc, argv, &i, "-t", "--threads", &miss)) || miss) {
 			if (!v || cmd_parse_long(v, 1, 4096, &a->threads))
 				return bad("-t", v);
+		} else if ((v = flag_val(argc, argv, &i, NULL, "--backend", &miss)) || miss) {
+			if (!v || (strcmp(v, "cuda") && strcmp(v, "cpu") && strcmp(v, "auto")))
+				return bad("--backend", v);
+			a->backend = v;
 		} else if (!strncmp(s, "--policy", 8) && (s[8] == '\0' || s[8] == '=')) {
 			fprintf(stderr, "kvworker eval: use --policies LIST (eval compares several)\n");
 			return CMD_USAGE;
@@ -509,8 +515,14 @@ int cmd_eval(int argc, char **argv)
 		ret = CMD_USAGE;
 		goto out;
 	}
-	if (backend_cpu_new(&be, (int)a.threads)) {
-		fprintf(stderr, "kvworker eval: cannot create the CPU backend\n");
+	const char *bname = a.backend;
+	for (int i = 0; i < a.n_policies; i++) {
+		if (cmd_backend_check(bname, a.policies[i], "kvworker eval"))
+			goto out;
+		bname = cmd_backend_for(bname, a.policies[i], "kvworker eval");
+	}
+	if (backend_open(bname, (int)a.threads, &be, err, sizeof err)) {
+		fprintf(stderr, "kvworker eval: %s\n", err);
 		goto out;
 	}
 	struct hostkv_opts ho = { .worker_name = "kvworker eval" };

@@ -23,6 +23,7 @@ static void usage(FILE *f)
 		"  -f, --file PATH      text to score; '-' reads stdin\n"
 		"  -c, --ctx-size N     window length in tokens (default: min(512, the model's))\n"
 		"  -t, --threads N      compute threads (default: all cores)\n"
+		"      --backend B      cuda, cpu or auto (default: cuda when a device is present)\n"
 		"  -h, --help           this text\n");
 }
 
@@ -32,6 +33,7 @@ static const struct option opts[] = {
 	{ "ctx", required_argument, NULL, 'c' },
 	{ "ctx-size", required_argument, NULL, 'c' },
 	{ "threads", required_argument, NULL, 't' },
+	{ "backend", required_argument, NULL, 'B' },
 	{ "help", no_argument, NULL, 'h' },
 	{ NULL, 0, NULL, 0 },
 };
@@ -93,7 +95,7 @@ out:
 
 int cmd_perplexity(int argc, char **argv)
 {
-	const char *model = NULL, *file = NULL;
+	const char *model = NULL, *file = NULL, *backend = NULL;
 	long ctx = 0, threads = 0;
 	optind = 1;
 	int c;
@@ -101,6 +103,7 @@ int cmd_perplexity(int argc, char **argv)
 		switch (c) {
 		case 'm': model = optarg; break;
 		case 'f': file = optarg; break;
+		case 'B': backend = optarg; break;
 		case 'c':
 			if (cmd_parse_long(optarg, 2, 1L << 24, &ctx)) {
 				fprintf(stderr, "kvworker perplexity: invalid --ctx '%s'\n", optarg);
@@ -153,8 +156,8 @@ int cmd_perplexity(int argc, char **argv)
 		fprintf(stderr, "kvworker perplexity: --ctx must leave room for BOS and a token\n");
 		goto out;
 	}
-	if (backend_cpu_new(&be, (int)threads)) {
-		fprintf(stderr, "kvworker perplexity: cannot create the CPU backend\n");
+	if (backend_open(backend, (int)threads, &be, err, sizeof err)) {
+		fprintf(stderr, "kvworker perplexity: %s\n", err);
 		goto out;
 	}
 	struct engine_opts eo = { .max_ctx = ctx, .max_seqs = 1 };

@@ -382,7 +382,14 @@ int engine_seq_open(struct engine *e, struct hostkv_seq *host, int *seq, char *e
 		return errmsg(err, errlen, -EOPNOTSUPP, "policy %s cannot resume a sequence",
 			      e->policy->name);
 	void *kv;
-	int ret = e->policy->create(&p, &kv);
+	/* Recall reads the pool: page-locked before the first recall on a backend that DMAs. */
+	int ret = host ? hostkv_seq_register(host, e->be, err, errlen) : 0;
+	if (ret)
+		return ret;
+	ret = e->policy->create(&p, &kv);
+	if (ret == -EOPNOTSUPP)
+		return errmsg(err, errlen, ret, "policy %s does not run on the %s backend (it lacks "
+			      "an op the policy needs)", e->policy->name, e->be->ops->name);
 	if (ret)
 		return errmsg(err, errlen, ret, "policy %s: cannot create sequence state: %s",
 			      e->policy->name, strerror(-ret));

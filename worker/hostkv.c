@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "errmsg.h"
 #include "hostkv_impl.h"
 
@@ -42,6 +43,7 @@ struct hostkv {
 	uint8_t *base;
 	uint64_t bytes;
 	bool remote;
+	struct backend *reg_be;	/* the backend the pool mapping is registered with, or NULL */
 	pthread_mutex_t mu;	/* store ops, last_call_ms, seqs list */
 	uint64_t last_call_ms;
 	struct hostkv_seq *seqs;
@@ -169,6 +171,8 @@ void hostkv_close(struct hostkv *h)
 		pthread_mutex_unlock(&h->mu);
 		pthread_join(h->hb, NULL);
 	}
+	if (h->reg_be)
+		h->reg_be->ops->host_unregister(h->reg_be->ctx, h->base);
 	h->ops->close(h->st);
 	pthread_cond_destroy(&h->hb_cond);
 	pthread_mutex_destroy(&h->mu);
@@ -178,6 +182,23 @@ void hostkv_close(struct hostkv *h)
 bool hostkv_is_remote(const struct hostkv *h)
 {
 	return h->remote;
+}
+
+int hostkv_seq_register(struct hostkv_seq *s, struct backend *be, char *err, size_t errlen)
+{
+	struct hostkv *h = s->h;
+	if (!be->ops->host_register)
+		return 0;
+	pthread_mutex_lock(&h->mu);
+	int ret = 0;
+	if (h->reg_be && h->reg_be != be)
+		ret = errmsg(err, errlen, -EBUSY, "the pool mapping is registered with another "
+			     "backend");
+	else if (!h->reg_be && !(ret = be->ops->host_register(be->ctx, h->base, h->bytes, err,
+								errlen)))
+		h->reg_be = be;
+	pthread_mutex_unlock(&h->mu);
+	return ret;
 }
 
 /* ---------------------------------------------------------------- ring batches */

@@ -47,6 +47,14 @@ int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, siz
 void hostkv_close(struct hostkv *h);
 bool hostkv_is_remote(const struct hostkv *h);
 
+struct backend;
+/* Registers the pool mapping that s's blocks live in with be (its host_register op: page-locked
+ * for DMA recall) once per store handle; 0 at once when be has no host_register. On failure
+ * nothing stays registered and err says why (LimitMEMLOCK when the system refused the lock);
+ * -EBUSY when another backend holds the registration. hostkv_close() undoes it, so be must
+ * outlive the store handle. */
+int hostkv_seq_register(struct hostkv_seq *s, struct backend *be, char *err, size_t errlen);
+
 /* Opens sequence name for this model (fingerprint) and KV geometry, creating it when create
  * is set and it does not exist. An existing sequence with another fingerprint or geometry is
  * refused. The sequence is attached to this worker until closed. */

@@ -73,6 +73,7 @@ void paged_destroy(void *st)
 	free(s->span_page);
 	free(s->first);
 	free(s->chk);
+	free(s->hslot);
 	free(s);
 }
 
@@ -143,7 +144,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	    p->attn.head_dim <= 0 || p->attn.n_heads % p->attn.n_kv_heads ||
 	    p->max_tokens > INT32_MAX)
 		return -EINVAL;
-	if (!be->ops->attn_decode_heads || strcmp(be->ops->name, "cpu"))
+	const struct backend_ops *ops = be->ops;
+	if (!ops->attn_decode_heads || (strat->recalls && !ops->recall_units))
 		return -EOPNOTSUPP;
 	if (strat->recalls && !p->host)
 		return -EINVAL;
@@ -183,7 +185,9 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->span_page = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->span_page);
 	s->first = calloc((size_t)s->g.n_kv + 1, sizeof *s->first);
 	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
-	ret = s->L && s->hq && s->spans && s->span_page && s->first && s->chk ? 0 : -ENOMEM;
+	s->hslot = malloc(s->slot_floats * sizeof *s->hslot);
+	ret = s->L && s->hq && s->spans && s->span_page && s->first && s->chk && s->hslot ? 0
+											  : -ENOMEM;
 	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
 		ret = layer_init(s, &s->L[l], l);
 	if (!ret && s->full_layers) {
@@ -192,7 +196,7 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 		ret = kv_policy_full.create(&fp, &s->full);
 	}
 	if (!ret && strat->recalls) {
-		struct recall_opts ro = { .g = s->wt.g, .host = p->host };
+		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be };
 		ret = recall_new(&ro, &s->rc);
 	}
 	if (ret) {
@@ -252,43 +256,56 @@ static int settle_layer(struct paged *s, struct paged_layer *L)
 	return ret;
 }
 
-/* Places rows k, v (n, n_kv, d) f32 (already rounded) of positions [pos, pos + n) into the
- * slots: window ring or sink, moving pages that leave the window, summarising pages that fill. */
+/* Places rows k, v (n, n_kv, d) f32 host memory (already rounded) of positions [pos, pos + n)
+ * into the slots, one run of rows per page: window ring or sink, moving pages that leave the
+ * window (a backend copy), summarising pages that fill (from a download of the page's keys, so
+ * the summaries are those of the slot's bytes on every backend). */
 static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, const float *k,
 			const float *v, int64_t n)
 {
+	struct backend *be = s->p.be;
 	const int P = s->g.p, H = s->g.n_kv, d = s->g.d;
 	const size_t row = (size_t)H * d;
-	for (int64_t i = 0; i < n; i++) {
+	for (int64_t i = 0; i < n;) {
 		int64_t t = pos + i;
 		int page = (int)(t / P), off = (int)(t % P);
+		int64_t m = n - i < P - off ? n - i : P - off;
+		int ret;
 		if (off == 0 && page >= s->n_sink + s->n_win) {
 			int gone = page - s->n_win; /* leaves the window now */
 			int si = sel_slot_index(s, gone);
 			/* A retried step finds the page already moved (its ring rows since reused). */
 			bool moved = L->res[si * H] == gone;
 			if (!moved && (s->strat->keep_recent || gone - s->n_sink < s->k_sel)) {
-				memcpy(paged_slot(s, L, s->n_sink + s->n_win + si),
-				       paged_slot(s, L, win_slot(s, gone)),
-				       s->slot_floats * sizeof(float));
+				ret = be->ops->copy(be->ctx,
+						    paged_slot(s, L, s->n_sink + s->n_win + si),
+						    paged_slot(s, L, win_slot(s, gone)),
+						    s->slot_floats * sizeof(float));
+				if (ret)
+					return ret;
 				for (int h = 0; h < H; h++)
 					L->res[si * H + h] = gone;
 			}
 		}
 		int slot = page < s->n_sink ? page : win_slot(s, page);
 		float *sl = paged_slot(s, L, slot);
-		memcpy(sl + (size_t)off * row, k + i * row, row * sizeof(float));
-		memcpy(sl + ((size_t)P + off) * row, v + i * row, row * sizeof(float));
-		if (off == P - 1) {
-			int ret = grow_summaries(s, L, page + 1);
+		size_t bytes = (size_t)m * row * sizeof(float);
+		ret = be->ops->upload(be->ctx, sl + (size_t)off * row, k + i * row, bytes)
+		   ?: be->ops->upload(be->ctx, sl + ((size_t)P + off) * row, v + i * row, bytes);
+		if (ret)
+			return ret;
+		if (off + m == P) {
+			ret = grow_summaries(s, L, page + 1)
+			   ?: be->ops->download(be->ctx, s->hslot, sl, (size_t)P * row * sizeof(float));
 			if (ret)
 				return ret;
 			for (int h = 0; h < H; h++) {
 				size_t at = ((size_t)h * L->page_cap + page) * d;
-				select_page_summary(P, d, sl + (size_t)h * d, row, L->kmin + at,
+				select_page_summary(P, d, s->hslot + (size_t)h * d, row, L->kmin + at,
 						    L->kmax + at);
 			}
 		}
+		i += m;
 	}
 	return 0;
 }
@@ -339,11 +356,13 @@ static int grow_dense(struct paged *s, int64_t need)
 
 /* Prefill: every position of the layer, dense, for causal attention of the step's n queries:
  * the past from the slots while it fits the budget (taken before the step's rows move pages
- * out), else from the host copy (the worker's own blocks, committed or not); then the step's
- * rows k, v (n, n_kv, d) f32, rounded. */
+ * out; backend copies, one run per page), else from the host copy (the worker's own blocks,
+ * committed or not, loaded on the host and uploaded); then the step's rows k, v (n, n_kv, d)
+ * f32 host memory, rounded. */
 static int build_dense(struct paged *s, struct paged_layer *L, const float *k, const float *v,
 		       int64_t n)
 {
+	struct backend *be = s->p.be;
 	const int64_t ctx = s->len + n;
 	const int P = s->g.p;
 	const size_t row = (size_t)s->g.n_kv * s->g.d;
@@ -353,26 +372,38 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 	if (s->len > s->g.budget) {
 		if (!s->p.host)
 			return -EOPNOTSUPP;
-		ret = kv_wt_load(&s->wt, L->layer, 0, s->len, true, s->dense_k, s->dense_v);
+		size_t bytes = (size_t)s->len * row * sizeof(float);
+		float *hk = malloc(bytes), *hv = malloc(bytes);
+		ret = hk && hv ? kv_wt_load(&s->wt, L->layer, 0, s->len, true, hk, hv) : -ENOMEM;
+		if (!ret)
+			ret = be->ops->upload(be->ctx, s->dense_k, hk, bytes)
+			   ?: be->ops->upload(be->ctx, s->dense_v, hv, bytes);
+		free(hk);
+		free(hv);
 		if (ret)
 			return ret;
 	} else {
 		struct select_layout lay;
 		select_layout_of(&s->g, (int)s->len, &lay);
-		for (int64_t t = 0; t < s->len; t++) {
+		for (int64_t t = 0; t < s->len;) {
 			int slot = find_slot(s, L, &lay, (int)(t / P), 0);
 			if (slot < 0)
 				return -EIO;
 			const float *sl = paged_slot(s, L, slot);
 			int off = (int)(t % P);
-			size_t bytes = row * sizeof(float);
-			memcpy(s->dense_k + t * row, sl + (size_t)off * row, bytes);
-			memcpy(s->dense_v + t * row, sl + ((size_t)P + off) * row, bytes);
+			int64_t m = s->len - t < P - off ? s->len - t : P - off;
+			size_t bytes = (size_t)m * row * sizeof(float);
+			ret = be->ops->copy(be->ctx, s->dense_k + t * row, sl + (size_t)off * row, bytes)
+			   ?: be->ops->copy(be->ctx, s->dense_v + t * row,
+					    sl + ((size_t)P + off) * row, bytes);
+			if (ret)
+				return ret;
+			t += m;
 		}
 	}
-	memcpy(s->dense_k + s->len * row, k, (size_t)n * row * sizeof(float));
-	memcpy(s->dense_v + s->len * row, v, (size_t)n * row * sizeof(float));
-	return 0;
+	size_t bytes = (size_t)n * row * sizeof(float);
+	return be->ops->upload(be->ctx, s->dense_k + s->len * row, k, bytes)
+	    ?: be->ops->upload(be->ctx, s->dense_v + s->len * row, v, bytes);
 }
 
 static int attend_dense(struct paged *s, float *out, const float *q, int64_t n)
@@ -504,18 +535,20 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 	}
 	if (!s->p.host)
 		return 0;
+	struct backend *be = s->p.be;
 	const struct kv_geom *g = &s->wt.g;
 	size_t ub = layout_unit_bytes(g);
 	char *mine = (char *)s->chk, *host = mine + ub, err[256];
 	for (int h = 0; h < H; h++)
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++) {
-			const float *sl = s->spans[sp].k;
 			int page = s->span_page[sp];
 			void *block;
-			int ret = hostkv_block(s->p.host, L->layer, page, &block, err, sizeof err);
+			int ret = hostkv_block(s->p.host, L->layer, page, &block, err, sizeof err)
+				?: be->ops->download(be->ctx, s->hslot, s->spans[sp].k,
+						     s->slot_floats * sizeof(float));
 			if (ret)
 				return ret;
-			layout_gather_unit(g, mine, h, sl);
+			layout_gather_unit(g, mine, h, s->hslot);
 			memcpy(host, (char *)block + (size_t)h * ub, ub);
 			int n = (int)s->spans[sp].n;
 			size_t rb = (size_t)g->d * dtype_size(g->dtype);

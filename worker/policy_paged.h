@@ -12,8 +12,11 @@
  * page (host memory the CPU backend computes on), the last query, and the counters.
  *
  * Dense prefill reads the past from the slots while everything fits, else from the host copy.
- * The first `full_layers` layers are a nested `full` state. Slots are written with host stores,
- * so the state needs a backend whose buffers the host can address: the CPU backend.
+ * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (f32 on
+ * every backend, whatever the KV dtype: the host copy keeps the dtype, the slots hold its values
+ * exactly) touched only through backend ops — upload (appended rows), copy (pages leaving the
+ * window, dense prefill), download (page summaries, debug checks), recall_units (recall) and
+ * attn_decode_heads — so the same code runs on the CPU and the CUDA backend.
  * Everything here is owned by the paged state (paged_create / destroy); strategies borrow it. */
 #ifndef FREEKV_POLICY_PAGED_H
 #define FREEKV_POLICY_PAGED_H
@@ -89,6 +92,7 @@ struct paged {
 	float *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) f32 */
 	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
+	float *hslot;		/* host scratch: one slot downloaded, (2, p, n_kv, d) f32 */
 	int64_t attended;
 };
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "hostkv.h"
 
 #define RECALL_MAX_JOBS 64
@@ -28,6 +29,8 @@ struct recall_job {
 struct staging {
 	void *buf;		 /* (cap, 2, p, d) block dtype */
 	struct recall_unit *dst; /* (cap) */
+	void **slots;		 /* (cap) dst[i].slot, for backend recall_units */
+	int *heads;		 /* (cap) dst[i].head */
 	int n;
 	bool full;		 /* written by the copy thread, not yet converted */
 	bool last;		 /* converting it completes its job */
@@ -126,6 +129,26 @@ static void *copy_main(void *arg)
 	return NULL;
 }
 
+/* The units of a full staging buffer into their slots. */
+static int scatter(struct recall *r, struct staging *s)
+{
+	const struct backend *be = r->o.be;
+	if (!be) {
+		for (int j = 0; j < s->n; j++)
+			layout_scatter_unit(&r->o.g, s->dst[j].slot, s->dst[j].head,
+					    (const char *)s->buf + (size_t)j * r->unit_bytes);
+		return 0;
+	}
+	if (!s->n)
+		return 0;
+	for (int j = 0; j < s->n; j++) {
+		s->slots[j] = s->dst[j].slot;
+		s->heads[j] = s->dst[j].head;
+	}
+	return be->ops->recall_units(be->ctx, s->slots, s->heads, s->buf, s->n, r->o.g.p,
+				     r->o.g.n_kv, r->o.g.d, r->o.g.dtype);
+}
+
 /* Convert thread: HND units of a full staging buffer into their NHD slots, then frees it. */
 static void *conv_main(void *arg)
 {
@@ -141,15 +164,15 @@ static void *conv_main(void *arg)
 		pthread_mutex_unlock(&r->mu);
 
 		int64_t t0 = now_ns();
-		for (int j = 0; j < s->n; j++)
-			layout_scatter_unit(&r->o.g, s->dst[j].slot, s->dst[j].head,
-					    (const char *)s->buf + (size_t)j * r->unit_bytes);
+		int err = scatter(r, s);
 		if (r->o.poison)
 			memset(s->buf, 0xff, (size_t)s->n * r->unit_bytes);
 		int64_t t1 = now_ns();
 
 		pthread_mutex_lock(&r->mu);
 		struct recall_job *job = s->job;
+		if (err && !job->err)
+			job->err = err;
 		job->acc.ns_busy += t1 - t0;
 		job->acc.units += s->n;
 		job->acc.bytes += (int64_t)s->n * (int64_t)r->unit_bytes;
@@ -180,6 +203,8 @@ void recall_free(struct recall *r)
 	for (int b = 0; b < 2; b++) {
 		free(r->st[b].buf);
 		free(r->st[b].dst);
+		free(r->st[b].slots);
+		free(r->st[b].heads);
 	}
 	free(r);
 }
@@ -189,6 +214,8 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 	if (o->g.n_kv <= 0 || o->g.p <= 0 || o->g.d <= 0 || (!o->host && !o->src) ||
 	    o->units_per_buffer < 0)
 		return -EINVAL;
+	if (o->be && !o->be->ops->recall_units)
+		return -EOPNOTSUPP;
 	struct recall *r = calloc(1, sizeof *r);
 	if (!r)
 		return -ENOMEM;
@@ -200,7 +227,9 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 	for (int b = 0; b < 2; b++) {
 		r->st[b].buf = malloc((size_t)r->cap * r->unit_bytes);
 		r->st[b].dst = calloc((size_t)r->cap, sizeof *r->st[b].dst);
-		if (!r->st[b].buf || !r->st[b].dst) {
+		r->st[b].slots = calloc((size_t)r->cap, sizeof *r->st[b].slots);
+		r->st[b].heads = calloc((size_t)r->cap, sizeof *r->st[b].heads);
+		if (!r->st[b].buf || !r->st[b].dst || !r->st[b].slots || !r->st[b].heads) {
 			recall_free(r);
 			return -ENOMEM;
 		}

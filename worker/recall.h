@@ -1,7 +1,9 @@
-/* recall — the double-buffered recall stream of DESIGN §5 on the CPU backend: copies one KV
- * head's recall unit per (layer, page, head) from the host copy into a staging buffer (the
- * "H2D copy", a copy thread) while the other staging buffer is converted HND -> NHD into the
- * device slots (layout_scatter_unit, a convert thread). The two threads hand the two buffers back
+/* recall — the double-buffered recall stream of DESIGN §5: copies one KV head's recall unit per
+ * (layer, page, head) from the host copy into a staging buffer (a copy thread) while the other
+ * staging buffer is converted HND -> NHD into the device slots (a convert thread): with a
+ * backend, by its recall_units op (CPU: layout_scatter_unit; CUDA: an H2D copy and the
+ * recall_scatter kernel queued on the backend's stream), else by layout_scatter_unit on host
+ * slots (tests). The two threads hand the two buffers back
  * and forth with explicit full/empty flags, so no buffer is written while it is being read.
  *
  * Work arrives as jobs in FIFO order; each job gets a ticket, and recall_wait(ticket) is the
@@ -21,6 +23,7 @@
 
 #include "layout.h"
 
+struct backend;
 struct hostkv_seq;
 struct recall;
 
@@ -29,7 +32,7 @@ struct recall_unit {
 	int layer;
 	int page;
 	int head;
-	float *slot; /* NHD (2, p, n_kv, d) f32 */
+	float *slot; /* NHD (2, p, n_kv, d) f32: a backend address when recall_opts.be is set */
 };
 
 /* Runs on the copy thread before the job's units are copied; sets *units / *n (may be 0).
@@ -46,6 +49,7 @@ struct recall_opts {
 	recall_src_fn src;
 	void *src_arg;
 	bool poison;		  /* fill a staging buffer with NaN bytes once converted (tests) */
+	struct backend *be;	  /* borrowed: its recall_units op writes the slots; NULL: host */
 };
 
 struct recall_done {

@@ -3,8 +3,13 @@
 #   1. configure + build with FREEKV_CUDA=ON for sm_90 (H100/H200),
 #   2. ctest -L gpu (every kernel against its CPU twin),
 #   3. compute-sanitizer memcheck and racecheck on the retrieval kernels' tests,
-#   4. the kernel micro-benchmarks (bench_kernels: recall units vs one copy, decode attention
-#      vs its HBM floor).
+#   4. compute-sanitizer memcheck on the CUDA backend's test (every op vs the CPU backend, the
+#      engine end to end), and memcheck + racecheck on ONE decode step of the real binary:
+#      `kvworker generate --backend cuda -n 2` on stories260K,
+#   5. the kernel micro-benchmarks (bench_kernels: recall units vs one copy, decode attention
+#      vs its HBM floor),
+#   6. the decode benchmark (bench_decode_gpu: Llama-3.1-8B geometry, long-input and
+#      long-generation, batch 1/4/8, per policy); DECODE_ARGS=--quick for a short smoke run.
 # Every step runs even when an earlier one failed; the summary lists each step's result and the
 # exit status is non-zero when any failed. Logs go to $OUT (default BUILD/gpu-run).
 # Usage: bench/gpu/run.sh [BUILD_DIR]   (default: build-gpu in the source tree)
@@ -61,8 +66,24 @@ for t in "${RETRIEVAL_TESTS[@]}"; do
     "$BUILD/tests/$t"
 done
 
+step memcheck_test_backend_cuda "$SAN" --tool memcheck --leak-check full --error-exitcode 1 \
+  "$BUILD/tests/test_backend_cuda"
+MODEL=${FREEKV_MODELS_DIR:-$SRC/../shared/models}/stories260K/stories260K.gguf
+if [ -f "$MODEL" ]; then
+  for tool in memcheck racecheck; do
+    step "${tool}_decode_step" "$SAN" --tool "$tool" --error-exitcode 1 \
+      "$BUILD/worker/kvworker" generate --backend cuda -m "$MODEL" -p "Once upon a time" \
+      -n 2 --temp 0 --ids
+  done
+else
+  SUMMARY+=("SKIP  decode_step under compute-sanitizer ($MODEL not found)")
+fi
+
 step bench_kernels "$BUILD/bench/bench_kernels"
 cat "$OUT/bench_kernels.log"
+# shellcheck disable=SC2086 # DECODE_ARGS is a list of flags
+step bench_decode_gpu "$BUILD/bench/bench_decode_gpu" ${DECODE_ARGS:-}
+cat "$OUT/bench_decode_gpu.log"
 
 echo "== summary ($OUT)"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -1,0 +1,356 @@
+/* bench_decode_gpu — decode step latency on the CUDA backend with Llama-3.1-8B geometry (32
+ * layers, dim 4096, GQA 32/8, head dim 128, FFN 14336, vocab 128256, llama3 rope), bf16, as in
+ * the FreeKV paper: long-input (32K prompt, 512 generated) and long-generation (600 prompt, 16K
+ * generated), batch 1 / 4 / 8, per KV policy, B = 2048, S = W = 512, p = 32.
+ *
+ * Weights: random, made without a 16 GB file: one bf16 buffer per tensor shape class filled
+ * from a fixed-seed generator on the host and shared by every layer's tensor of that shape;
+ * weight_load copies each to the device (the numbers are meaningless, the bytes moved are the
+ * real model's). Each run prefills every sequence of the batch through the engine, then times
+ * every decode step of the batch (engine_decode: projections, RoPE, KV append, attention, MLP,
+ * logits, download); it prints the mean and median step time, the step's floor (weight bytes +
+ * KV bytes read, over the device-to-device copy bandwidth measured here), and the ratios
+ * freekv / streaming and quest / freekv when those policies ran.
+ *
+ * The retrieval policies (streaming, quest, freekv) run on the CPU backend only so far
+ * (policy_paged keeps its slots in host memory); on cuda their rows are reported as not run,
+ * with the engine's reason, and the ratios are printed only for policies that ran.
+ *
+ * usage: bench_decode_gpu [--quick] [--layers N] [--policies LIST] [--batches LIST]
+ *   --quick  4 layers, vocab 32000, one shape: 2048 prompt, 32 generated, batch 1 and 4 */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "engine.h"
+#include "model.h"
+#include "sampler.h"
+
+#define MAX_LIST 8
+
+struct shape {
+	const char *name;
+	int prompt, gen;
+};
+
+struct args {
+	int layers, vocab;
+	const char *policies[MAX_LIST];
+	int n_policies;
+	int batches[MAX_LIST];
+	int n_batches;
+	struct shape shapes[2];
+	int n_shapes;
+};
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static uint64_t rng = 0x8b8b8b8bULL;
+
+static uint16_t rnd_bf16(float scale)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	float f = ((float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f) * scale;
+	return f32_to_bf16(f);
+}
+
+/* A host bf16 buffer of n random values in [-scale, scale). */
+static uint16_t *rand_buf(size_t n, float scale)
+{
+	uint16_t *b = malloc(n * sizeof *b);
+	for (size_t i = 0; b && i < n; i++)
+		b[i] = rnd_bf16(scale);
+	return b;
+}
+
+static struct fkv_tensor tensor(const void *data, int64_t rows, int64_t cols)
+{
+	return (struct fkv_tensor){ .data = data, .dtype = FKV_BF16, .n_dims = cols > 1 ? 2 : 1,
+				    .shape = { rows, cols } };
+}
+
+/* The model: config of Llama 3.1 8B with `layers` layers and `vocab` tokens; bufs[] holds the
+ * shared weight buffers (freed by the caller). Returns 0 or -ENOMEM. */
+static int make_model(struct fkv_model *m, int layers, int vocab, uint16_t *bufs[6])
+{
+	memset(m, 0, sizeof *m);
+	struct fkv_model_config *c = &m->cfg;
+	snprintf(c->arch, sizeof c->arch, "llama");
+	c->n_layers = layers;
+	c->dim = 4096;
+	c->n_heads = 32;
+	c->n_kv_heads = 8;
+	c->head_dim = 128;
+	c->ffn_dim = 14336;
+	c->vocab_size = vocab;
+	c->ctx_len = 131072;
+	c->norm_eps = 1e-5f;
+	c->rope_theta = 500000.0f;
+	c->rope_style = FKV_ROPE_HALVES;
+	c->rope_scaling_factor = 8.0f;
+	c->rope_low_freq_factor = 1.0f;
+	c->rope_high_freq_factor = 4.0f;
+	c->rope_original_ctx = 8192;
+	c->bos_id = c->eos_id = -1;
+	c->dtype = FKV_BF16;
+	const int64_t D = c->dim, Q = (int64_t)c->n_heads * c->head_dim;
+	const int64_t KV = (int64_t)c->n_kv_heads * c->head_dim, F = c->ffn_dim;
+	bufs[0] = rand_buf((size_t)(vocab * D), 0.05f);	/* embedding and output */
+	bufs[1] = rand_buf((size_t)D, 1.0f);			/* norms: around 1 */
+	for (int64_t i = 0; bufs[1] && i < D; i++)
+		bufs[1][i] = f32_to_bf16(1.0f + 0.1f * bf16_to_f32(bufs[1][i]));
+	bufs[2] = rand_buf((size_t)(Q * D), 0.02f);		/* wq, wo */
+	bufs[3] = rand_buf((size_t)(KV * D), 0.02f);		/* wk, wv */
+	bufs[4] = rand_buf((size_t)(F * D), 0.02f);		/* gate, up, down */
+	bufs[5] = NULL;
+	m->layers = calloc((size_t)layers, sizeof *m->layers);
+	for (int i = 0; i < 5; i++)
+		if (!bufs[i])
+			return -ENOMEM;
+	if (!m->layers)
+		return -ENOMEM;
+	m->tok_embd = tensor(bufs[0], vocab, D);
+	m->output = tensor(bufs[0], vocab, D);
+	m->out_norm = tensor(bufs[1], D, 1);
+	for (int l = 0; l < layers; l++) {
+		struct fkv_layer_weights *w = &m->layers[l];
+		w->attn_norm = w->ffn_norm = tensor(bufs[1], D, 1);
+		w->wq = tensor(bufs[2], Q, D);
+		w->wo = tensor(bufs[2], D, Q);
+		w->wk = w->wv = tensor(bufs[3], KV, D);
+		w->w_gate = w->w_up = tensor(bufs[4], F, D);
+		w->w_down = tensor(bufs[4], D, F);
+	}
+	return 0;
+}
+
+/* Device-to-device copy bandwidth in bytes/s (read + write counted), from a 1 GiB copy. */
+static double hbm_bandwidth(void)
+{
+	size_t n = (size_t)1 << 30;
+	void *a = NULL, *b = NULL;
+	if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) {
+		cudaFree(a);
+		return 0;
+	}
+	cudaEvent_t e0, e1;
+	cudaEventCreate(&e0);
+	cudaEventCreate(&e1);
+	cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+	cudaEventRecord(e0, 0);
+	for (int i = 0; i < 5; i++)
+		cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+	cudaEventRecord(e1, 0);
+	cudaEventSynchronize(e1);
+	float ms = 0;
+	cudaEventElapsedTime(&ms, e0, e1);
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	cudaFree(a);
+	cudaFree(b);
+	return ms > 0 ? 5.0 * 2.0 * (double)n / (ms / 1e3) : 0;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+	double a = *(const double *)x, b = *(const double *)y;
+	return (a > b) - (a < b);
+}
+
+/* One (shape, policy, batch) run; mean and median step ms, or a negative errno with err. */
+static int run(const struct fkv_model *m, struct backend *be, const struct shape *sh,
+	       const char *policy, int batch, double *mean, double *median, char *err,
+	       size_t errlen)
+{
+	struct engine *e = NULL;
+	struct engine_opts o = { .max_ctx = sh->prompt + sh->gen + 1, .max_seqs = batch,
+				 .policy = policy,
+				 .kv = { .page = 32, .budget = 2048, .sink = 512, .window = 512,
+					 .full_layers = 1, .tau = 0.9f } };
+	int ret = engine_new(&e, m, be, &o, err, errlen);
+	if (ret)
+		return ret;
+	const int V = m->cfg.vocab_size;
+	int seqs[MAX_LIST * 2];
+	int32_t *ids = malloc((size_t)sh->prompt * sizeof *ids), tok[MAX_LIST * 2];
+	float *lg = malloc((size_t)batch * V * sizeof *lg);
+	double *t = malloc((size_t)sh->gen * sizeof *t);
+	if (!ids || !lg || !t) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (int b = 0; b < batch && !ret; b++) {
+		for (int i = 0; i < sh->prompt; i++)
+			ids[i] = (int32_t)((uint64_t)(i * 7919 + b * 104729) % (uint64_t)V);
+		ret = engine_seq_new(e, &seqs[b], err, errlen) ?:
+		      engine_prefill(e, seqs[b], ids, sh->prompt, lg + (size_t)b * V, false, err,
+				     errlen);
+	}
+	for (int s = 0; s < sh->gen && !ret; s++) {
+		for (int b = 0; b < batch; b++)
+			tok[b] = sampler_argmax(lg + (size_t)b * V, V);
+		double t0 = now_ms();
+		ret = engine_decode(e, batch, seqs, tok, lg, err, errlen);
+		t[s] = now_ms() - t0;
+	}
+	if (!ret) {
+		double sum = 0;
+		for (int s = 0; s < sh->gen; s++)
+			sum += t[s];
+		*mean = sum / sh->gen;
+		qsort(t, (size_t)sh->gen, sizeof *t, cmp_double);
+		*median = t[sh->gen / 2];
+	}
+out:
+	free(ids);
+	free(lg);
+	free(t);
+	engine_free(e);
+	return ret;
+}
+
+static int parse_list(const char *s, int *out)
+{
+	int n = 0;
+	for (char *end; *s && n < MAX_LIST; s = *end ? end + 1 : end) {
+		long v = strtol(s, &end, 10);
+		if (end == s || v <= 0 || v > 64 || (*end && *end != ','))
+			return -1;
+		out[n++] = (int)v;
+	}
+	return n;
+}
+
+static int parse(int argc, char **argv, struct args *a)
+{
+	static char pol[256];
+	*a = (struct args){ .layers = 32, .vocab = 128256, .n_policies = 4,
+			    .policies = { "full", "streaming", "quest", "freekv" },
+			    .n_batches = 3, .batches = { 1, 4, 8 }, .n_shapes = 2,
+			    .shapes = { { "long-input", 32768, 512 },
+					{ "long-generation", 600, 16384 } } };
+	for (int i = 1; i < argc; i++) {
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(argv[i], "--quick")) {
+			a->layers = 4;
+			a->vocab = 32000;
+			a->n_shapes = 1;
+			a->shapes[0] = (struct shape){ "quick", 2048, 32 };
+			a->n_batches = 2;
+		} else if (!strcmp(argv[i], "--layers") && v) {
+			a->layers = atoi(v);
+			i++;
+			if (a->layers <= 0 || a->layers > 32)
+				return -1;
+		} else if (!strcmp(argv[i], "--batches") && v) {
+			if ((a->n_batches = parse_list(v, a->batches)) <= 0)
+				return -1;
+			i++;
+		} else if (!strcmp(argv[i], "--policies") && v) {
+			snprintf(pol, sizeof pol, "%s", v);
+			a->n_policies = 0;
+			for (char *sv, *p = strtok_r(pol, ",", &sv); p && a->n_policies < MAX_LIST;
+			     p = strtok_r(NULL, ",", &sv))
+				a->policies[a->n_policies++] = p;
+			i++;
+		} else {
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct args a;
+	if (parse(argc, argv, &a)) {
+		fprintf(stderr, "usage: bench_decode_gpu [--quick] [--layers N] [--policies LIST] "
+				"[--batches LIST]\n");
+		return 2;
+	}
+	struct backend *be = NULL;
+	char err[512];
+	if (backend_open("cuda", 0, &be, err, sizeof err)) {
+		fprintf(stderr, "bench_decode_gpu: %s\n", err);
+		return 1;
+	}
+	struct cudaDeviceProp prop;
+	cudaGetDeviceProperties(&prop, 0);
+	double bw = hbm_bandwidth();
+	struct fkv_model m;
+	uint16_t *bufs[6] = { 0 };
+	if (make_model(&m, a.layers, a.vocab, bufs)) {
+		fprintf(stderr, "bench_decode_gpu: out of host memory for the weights\n");
+		return 1;
+	}
+	const int64_t D = 4096, QD = 4096, KVD = 1024, F = 14336;
+	double wbytes = 2.0 * ((double)a.layers * (2 * QD * D + 2 * KVD * D + 3 * F * D + 2 * D) +
+			       (double)a.vocab * D + D);
+	printf("device: %s; d2d bandwidth %.0f GB/s; Llama-3.1-8B geometry, %d layers, vocab %d, "
+	       "bf16 (%.2f GB of weights); B=2048 S=W=512 p=32\n",
+	       prop.name, bw / 1e9, a.layers, a.vocab, wbytes / 1e9);
+	printf("%-16s %-10s %5s %10s %10s %10s\n", "shape", "policy", "batch", "mean_ms",
+	       "median_ms", "floor_ms");
+	int status = 0;
+	for (int si = 0; si < a.n_shapes; si++)
+		for (int bi = 0; bi < a.n_batches; bi++) {
+			const struct shape *sh = &a.shapes[si];
+			int batch = a.batches[bi];
+			double med[MAX_LIST];
+			for (int pi = 0; pi < a.n_policies; pi++) {
+				const char *pol = a.policies[pi];
+				double mean = 0, median = 0;
+				med[pi] = NAN;
+				int ret = run(&m, be, sh, pol, batch, &mean, &median, err, sizeof err);
+				if (ret) {
+					printf("%-16s %-10s %5d not run: %s\n", sh->name, pol, batch, err);
+					if (!strcmp(pol, "full"))
+						status = 1;
+					continue;
+				}
+				/* KV read per step at mid-run: full reads the whole context, the
+				 * others the budget. */
+				double toks = !strcmp(pol, "full") ? sh->prompt + sh->gen / 2.0 : 2048;
+				double kvb = 2.0 * a.layers * toks * KVD * 2 * batch;
+				double floor_ms = bw > 0 ? (wbytes + kvb) / bw * 1e3 : NAN;
+				med[pi] = median;
+				printf("%-16s %-10s %5d %10.3f %10.3f %10.3f\n", sh->name, pol, batch,
+				       mean, median, floor_ms);
+				fflush(stdout);
+			}
+			double fk = NAN, st = NAN, qu = NAN;
+			for (int pi = 0; pi < a.n_policies; pi++) {
+				if (!strcmp(a.policies[pi], "freekv"))
+					fk = med[pi];
+				else if (!strcmp(a.policies[pi], "streaming"))
+					st = med[pi];
+				else if (!strcmp(a.policies[pi], "quest"))
+					qu = med[pi];
+			}
+			if (!isnan(fk) && !isnan(st))
+				printf("%-16s batch %d: freekv / streaming = %.3f (target <= 1.10)\n",
+				       sh->name, batch, fk / st);
+			if (!isnan(fk) && !isnan(qu))
+				printf("%-16s batch %d: quest / freekv = %.3f\n", sh->name, batch,
+				       qu / fk);
+		}
+	free(m.layers);
+	for (int i = 0; i < 6; i++)
+		free(bufs[i]);
+	backend_free(be);
+	return status;
+}

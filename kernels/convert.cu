@@ -1,0 +1,28 @@
+// convert — see convert.cuh.
+#include "convert.cuh"
+#include "kv_dtype.cuh"
+
+template <typename T>
+static __global__ void convert_kernel(T *dst,		// (n)
+				      const float *src, // (n)
+				      long long n)
+{
+	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+	     i += (long long)gridDim.x * blockDim.x)
+		dst[i] = kv_from_f32<T>(src[i]);
+}
+
+extern "C" cudaError_t convert_f32(void *dst, enum fkv_dtype dt, const float *src, long long n,
+				   cudaStream_t stream)
+{
+	if (n <= 0)
+		return cudaSuccess;
+	unsigned blocks = kv_blocks(n, 256);
+	if (blocks > 65535u * 8u)
+		blocks = 65535u * 8u;
+	cudaError_t e = kv_dispatch(dt, [&](auto tag) {
+		using T = decltype(tag);
+		convert_kernel<T><<<blocks, 256, 0, stream>>>((T *)dst, src, n);
+	});
+	return e != cudaSuccess ? e : cudaGetLastError();
+}

@@ -1,0 +1,159 @@
+/* dataplane_thread — the data-plane thread of kvstored and the lock it shares with the control
+ * plane. See dataplane.h ("Threads"). */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "dataplane.h"
+#include "dataplane_priv.h"
+#include "errmsg.h"
+#include "ring.h"
+
+#define DP_SPIN_NS 50000u		/* the data-plane thread polls idle rings this long, then sleeps */
+#define DP_BUSY_NS 5000u		/* of which this long without yielding the CPU */
+#define DP_SLEEP_MS 100			/* its longest sleep (a safety net: every change kicks it) */
+#define DP_SLEEP_MANY_MS 1		/* its sleep when there are more rings than futex_waitv takes */
+
+/* The control plane announces that it waits, so that the data-plane thread, which re-takes
+ * the lock in a loop, lets it in (a plain mutex would let the spinning thread win every time). */
+void dp_lock(struct dp *dp)
+{
+	atomic_fetch_add_explicit(&dp->ctl_waiting, 1, memory_order_relaxed);
+	pthread_mutex_lock(&dp->lock);
+	atomic_fetch_sub_explicit(&dp->ctl_waiting, 1, memory_order_relaxed);
+}
+
+void dp_unlock(struct dp *dp)
+{
+	pthread_mutex_unlock(&dp->lock);
+}
+
+/* The data-plane thread's own lock: gives way while the control plane waits for it. */
+static void thread_lock(struct dp *dp)
+{
+	while (atomic_load_explicit(&dp->ctl_waiting, memory_order_relaxed))
+		sched_yield();
+	pthread_mutex_lock(&dp->lock);
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static bool rings_ready(const struct dp *dp)
+{
+	for (size_t i = 0; i < dp->max_w; i++)
+		if (dp->w[i].ring && ring_ready(dp->w[i].ring))
+			return true;
+	return false;
+}
+
+/* Announce sleep on every ring and sleep on all doorbells plus the kick word; returns at once
+ * when a ring turns out not to be empty. Called without the lock; takes it to read the rings. */
+static void thread_sleep(struct dp *dp)
+{
+	struct ring_bell bells[RING_BELLS_MAX];
+	size_t nb = 0;
+	bool ready = false, all = true;
+	thread_lock(dp);
+	bells[nb++] = (struct ring_bell){ &dp->kick, atomic_load_explicit(&dp->kick, memory_order_acquire), true };
+	for (size_t i = 0; i < dp->max_w && !ready; i++) {
+		if (!dp->w[i].ring)
+			continue;
+		if (nb == RING_BELLS_MAX) {
+			all = false;
+			break;
+		}
+		int ret = ring_sleep_prepare(dp->w[i].ring, &bells[nb]);
+		if (ret == 0)
+			nb++;
+		else if (ret > 0)
+			ready = true;
+		else
+			all = false; /* a corrupt ring: no doorbell to trust, poll it */
+	}
+	dp_unlock(dp);
+	if (!ready) {
+		int ret = ring_bells_wait(bells, nb, all ? DP_SLEEP_MS : DP_SLEEP_MANY_MS);
+		if (ret == -ENOSYS) {
+			struct timespec ts = { 0, DP_SLEEP_MANY_MS * 1000000L };
+			nanosleep(&ts, NULL); /* no futex_waitv (Linux < 5.16): poll */
+		}
+	}
+	thread_lock(dp);
+	for (size_t i = 0; i < dp->max_w; i++)
+		if (dp->w[i].ring)
+			ring_sleep_end(dp->w[i].ring);
+	dp_unlock(dp);
+}
+
+static void *thread_main(void *arg)
+{
+	struct dp *dp = arg;
+	uint64_t idle_since = 0;
+	while (!atomic_load_explicit(&dp->thread_stop, memory_order_acquire)) {
+		thread_lock(dp);
+		bool work = rings_ready(dp);
+		if (work)
+			dp_run(dp);
+		dp_unlock(dp);
+		if (work) {
+			idle_since = 0;
+			continue;
+		}
+		uint64_t t = now_ns();
+		if (!idle_since)
+			idle_since = t;
+		if (t - idle_since < DP_SPIN_NS) {
+			/* Busy first, then yielding: a worker waiting on this CPU gets it at once. */
+			if (t - idle_since < DP_BUSY_NS)
+				for (int i = 0; i < 16; i++)
+					cpu_relax();
+			else
+				sched_yield();
+			continue;
+		}
+		thread_sleep(dp);
+		idle_since = 0;
+	}
+	return NULL;
+}
+
+int dp_start(struct dp *dp, char *err, size_t errlen)
+{
+	if (dp->thread_running)
+		return -EBUSY;
+	atomic_store(&dp->thread_stop, false);
+	int ret = pthread_create(&dp->thread, NULL, thread_main, dp);
+	if (ret) {
+		errmsg_set(err, errlen, "data-plane thread: %s", strerror(ret));
+		return -ret;
+	}
+	dp->thread_running = true;
+	return 0;
+}
+
+void dp_stop(struct dp *dp)
+{
+	if (!dp->thread_running)
+		return;
+	atomic_store(&dp->thread_stop, true);
+	ring_kick(&dp->kick);
+	pthread_join(dp->thread, NULL);
+	dp->thread_running = false;
+}

@@ -1,0 +1,701 @@
+/* backend_cuda — the backend ops table on one CUDA device: every op is a kernel of kernels/ (or a
+ * cuBLAS GEMM) queued on the backend's compute stream, so ops run in order without host waits;
+ * only download() and sync() wait, and only for that stream.
+ *
+ * Buffers are device allocations (cudaMalloc), tracked so that backend_free() releases whatever
+ * the caller left. Weights are copied to the device in their file dtype. Linear layers go
+ * through gemm_xwt (cublasGemmEx, f32 accumulation) with a workspace grown on demand. Decode
+ * attention over span lists (the `full` policy's dense caches) stages the span descriptors in a
+ * small ring of pinned buffers, each reused only after the event of its last copy, so a decode
+ * step never waits on the device. host_register page-locks host memory (the kvstored pool
+ * mapping) in chunks for DMA. recall_units (the device half of a policy's recall, called from
+ * a recall thread) copies the units into a device staging buffer and scatters them into the
+ * slots with the recall_scatter kernel, both on the compute stream: the stream orders the
+ * scatter after the attention that still reads a slot and before the next one that needs it,
+ * with no host wait (a mutex guards the staging buffer between recall threads of several
+ * sequences). Without FREEKV_HAVE_CUDA only the constructor is built, and it
+ * reports that no device is available. */
+#include "backend.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef FREEKV_HAVE_CUDA
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "add.cuh"
+#include "convert.cuh"
+#include "cuda_check.h"
+#include "embedding.cuh"
+#include "gather_rows.cuh"
+#include "gemm.cuh"
+#include "prefill_attention.cuh"
+#include "recall_scatter.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "silu_mul.cuh"
+#include "softmax.cuh"
+#include "span_attention.cuh"
+
+/* Span-descriptor staging buffers in flight at once (decode attention calls between reuses). */
+#define CUDA_SPAN_RING 8
+/* Bytes page-locked per cudaHostRegister call. */
+#define CUDA_REGISTER_CHUNK ((size_t)1 << 30)
+
+/* One staging slot for the descriptors of a span attention call. */
+struct span_slot {
+	struct span_desc *host;	/* pinned: descs, then the first[] table after them */
+	void *dev;		/* device copy of the same bytes */
+	size_t cap;		/* bytes of each */
+	cudaEvent_t done;	/* recorded after the copy; the slot is free once it fired */
+	int used;
+};
+
+/* A page-locked host range, registered in chunks. */
+struct host_reg {
+	char *ptr;
+	size_t bytes;
+};
+
+struct cuda_ctx {
+	int device;
+	cudaStream_t stream;
+	cublasHandle_t blas;
+	void *gemm_ws;
+	size_t gemm_ws_bytes;
+	void **bufs;		/* live buf_alloc/weight_load allocations */
+	size_t n_bufs, cap_bufs;
+	struct span_slot ring[CUDA_SPAN_RING];
+	int ring_next;
+	struct host_reg *regs;
+	size_t n_regs;
+	/* Recall staging, guarded by recall_mu: units (HND, any dtype) and (slot, head) pairs. */
+	pthread_mutex_t recall_mu;
+	void *rc_units;		/* device, rc_units_cap bytes */
+	size_t rc_units_cap;
+	int32_t *rc_dst;	/* device, (rc_dst_cap, 2) */
+	int32_t *rc_dst_host;	/* pageable, (rc_dst_cap, 2) */
+	int rc_dst_cap;
+};
+
+static int track_add(struct cuda_ctx *c, void *p)
+{
+	if (c->n_bufs == c->cap_bufs) {
+		size_t cap = c->cap_bufs ? 2 * c->cap_bufs : 64;
+		void **nb = realloc(c->bufs, cap * sizeof *nb);
+		if (!nb)
+			return -ENOMEM;
+		c->bufs = nb;
+		c->cap_bufs = cap;
+	}
+	c->bufs[c->n_bufs++] = p;
+	return 0;
+}
+
+/* Forgets p; false when it was not ours. */
+static bool track_del(struct cuda_ctx *c, void *p)
+{
+	for (size_t i = c->n_bufs; i-- > 0;)
+		if (c->bufs[i] == p) {
+			c->bufs[i] = c->bufs[--c->n_bufs];
+			return true;
+		}
+	return false;
+}
+
+static void *dev_alloc(struct cuda_ctx *c, size_t bytes)
+{
+	void *p = NULL;
+	if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return NULL;
+	}
+	if (track_add(c, p)) {
+		cudaFree(p);
+		return NULL;
+	}
+	return p;
+}
+
+static void unregister_all(struct cuda_ctx *c)
+{
+	for (size_t i = 0; i < c->n_regs; i++)
+		for (size_t off = 0; off < c->regs[i].bytes; off += CUDA_REGISTER_CHUNK)
+			cudaHostUnregister(c->regs[i].ptr + off);
+	free(c->regs);
+	c->regs = NULL;
+	c->n_regs = 0;
+}
+
+static void cuda_free(void *ctx)
+{
+	struct cuda_ctx *c = ctx;
+	cudaSetDevice(c->device);
+	if (c->stream)
+		cudaStreamSynchronize(c->stream);
+	for (size_t i = 0; i < c->n_bufs; i++)
+		cudaFree(c->bufs[i]);
+	free(c->bufs);
+	cudaFree(c->gemm_ws);
+	for (int i = 0; i < CUDA_SPAN_RING; i++) {
+		cudaFreeHost(c->ring[i].host);
+		cudaFree(c->ring[i].dev);
+		if (c->ring[i].done)
+			cudaEventDestroy(c->ring[i].done);
+	}
+	unregister_all(c);
+	cudaFree(c->rc_units);
+	cudaFree(c->rc_dst);
+	free(c->rc_dst_host);
+	pthread_mutex_destroy(&c->recall_mu);
+	if (c->blas)
+		cublasDestroy(c->blas);
+	if (c->stream)
+		cudaStreamDestroy(c->stream);
+	free(c);
+}
+
+static void *cuda_buf_alloc(void *ctx, size_t bytes)
+{
+	return dev_alloc(ctx, bytes);
+}
+
+static void cuda_buf_free(void *ctx, void *buf)
+{
+	struct cuda_ctx *c = ctx;
+	if (buf && track_del(c, buf))
+		cudaFree(buf);
+}
+
+static int cuda_upload(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	struct cuda_ctx *c = ctx;
+	/* From pageable memory the call returns once src has been staged, so the caller may
+	 * reuse it at once; from page-locked memory (a registered pool) the DMA runs later, so
+	 * the upload waits for it to keep that promise. */
+	struct cudaPointerAttributes at;
+	bool locked = cudaPointerGetAttributes(&at, src) == cudaSuccess &&
+		      at.type == cudaMemoryTypeHost;
+	(void)cudaGetLastError();
+	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+	if (locked)
+		CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+static int cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+static int cuda_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+	return 0;
+}
+
+static int cuda_convert(void *ctx, void *dst, enum fkv_dtype t, const float *src, int64_t n)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(convert_f32(dst, t, src, n, c->stream));
+	return 0;
+}
+
+static int cuda_gather_rows(void *ctx, float *dst, const float *src, int64_t cols,
+			    const int32_t *idx, int64_t n)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(gather_rows_f32(dst, src, cols, idx, n, c->stream));
+	return 0;
+}
+
+static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst)
+{
+	struct cuda_ctx *c = ctx;
+	if (!src->data)
+		return -EINVAL;
+	int64_t rows = src->shape[0], cols = src->n_dims == 2 ? src->shape[1] : 1;
+	size_t bytes = (size_t)rows * (size_t)cols * dtype_size(src->dtype);
+	void *p = dev_alloc(c, bytes);
+	if (!p)
+		return -ENOMEM;
+	cudaError_t e = cudaMemcpy(p, src->data, bytes, cudaMemcpyHostToDevice);
+	if (e != cudaSuccess) {
+		track_del(c, p);
+		cudaFree(p);
+		return cuda_check_fail(e, "cudaMemcpy(weight)", __func__, __FILE__, __LINE__);
+	}
+	dst->data = p;
+	dst->dtype = src->dtype;
+	dst->rows = rows;
+	dst->cols = cols;
+	dst->priv = p;
+	return 0;
+}
+
+static void cuda_weight_release(void *ctx, struct backend_mat *w)
+{
+	struct cuda_ctx *c = ctx;
+	if (w->priv && track_del(c, w->priv))
+		cudaFree(w->priv);
+	memset(w, 0, sizeof *w);
+}
+
+static int cuda_matmul(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n)
+{
+	struct cuda_ctx *c = ctx;
+	size_t ws = gemm_workspace_bytes(w->dtype, n, w->cols);
+	if (ws > c->gemm_ws_bytes) {
+		/* cudaFree waits for the device, so queued GEMMs are done with the old one. */
+		cudaFree(c->gemm_ws);
+		c->gemm_ws = NULL;
+		c->gemm_ws_bytes = 0;
+		CUDA_CHECK(cudaMalloc(&c->gemm_ws, ws));
+		c->gemm_ws_bytes = ws;
+	}
+	return gemm_xwt(c->blas, y, x, w->data, w->dtype, n, w->rows, w->cols, c->gemm_ws,
+			c->gemm_ws_bytes, c->stream);
+}
+
+static int cuda_rmsnorm(void *ctx, float *y, const float *x, const struct backend_mat *w,
+			int64_t n, int64_t dim, float eps)
+{
+	struct cuda_ctx *c = ctx;
+	if (n > INT32_MAX || dim > INT32_MAX)
+		return -EINVAL;
+	CUDA_CHECK(rmsnorm_rows(y, x, w->data, w->dtype, (int)n, (int)dim, eps, c->stream));
+	return 0;
+}
+
+static int cuda_rope(void *ctx, float *x, int64_t n, int n_heads, int head_dim, const int32_t *pos,
+		     const struct backend_rope *r)
+{
+	struct cuda_ctx *c = ctx;
+	if (n > INT32_MAX)
+		return -EINVAL;
+	struct rope_cfg cfg = {
+		.pairing = r->style == FKV_ROPE_HALVES ? ROPE_PAIR_HALVES : ROPE_PAIR_INTERLEAVED,
+		.theta = r->theta,
+		.scaling_factor = r->scaling_factor,
+		.low_freq_factor = r->low_freq_factor,
+		.high_freq_factor = r->high_freq_factor,
+		.original_ctx = r->original_ctx,
+	};
+	CUDA_CHECK(rope_f32(x, pos, (int)n, n_heads, head_dim, cfg, c->stream));
+	return 0;
+}
+
+static int cuda_silu_mul(void *ctx, float *out, const float *gate, const float *up, int64_t n)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(silu_mul_f32(out, gate, up, n, c->stream));
+	return 0;
+}
+
+static int cuda_add(void *ctx, float *y, const float *x, int64_t n)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(add_f32(y, x, n, c->stream));
+	return 0;
+}
+
+static int cuda_add_bias(void *ctx, float *y, const struct backend_mat *b, int64_t n)
+{
+	struct cuda_ctx *c = ctx;
+	if (b->rows > INT32_MAX)
+		return -EINVAL;
+	CUDA_CHECK(add_bias_rows(y, b->data, b->dtype, n, (int)b->rows, c->stream));
+	return 0;
+}
+
+static int cuda_embed(void *ctx, float *out, const struct backend_mat *table, const int32_t *ids,
+		      int64_t n)
+{
+	struct cuda_ctx *c = ctx;
+	if (n > INT32_MAX || table->cols > INT32_MAX || table->rows > INT32_MAX)
+		return -EINVAL;
+	CUDA_CHECK(embedding_rows(out, table->data, table->dtype, ids, (int)n, (int)table->cols,
+				  (int)table->rows, c->stream));
+	return 0;
+}
+
+static int cuda_softmax(void *ctx, float *x, int64_t rows, int64_t cols)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(softmax_rows(x, rows, cols, c->stream));
+	return 0;
+}
+
+static int check_attn(const struct backend_attn *a)
+{
+	if (a->head_dim <= 0 || a->head_dim > SPAN_ATTN_MAX_D || a->n_kv_heads <= 0 ||
+	    a->n_heads % a->n_kv_heads || a->window < 0)
+		return -EINVAL;
+	return 0;
+}
+
+static int cuda_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
+			     const void *v, int64_t n_ctx, const struct backend_attn *a)
+{
+	struct cuda_ctx *c = ctx;
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	if (n_q > n_ctx || n_ctx > INT32_MAX || a->window > INT32_MAX)
+		return -EINVAL;
+	CUDA_CHECK(prefill_attention(out, q, k, v, a->kv_dtype, (int)n_q, (int)n_ctx, a->n_heads,
+				     a->n_kv_heads, a->head_dim, a->scale, (int)a->window,
+				     c->stream));
+	return 0;
+}
+
+/* Stages n_spans descriptors and the first[] table (n_kv + 1) in the next ring slot and queues
+ * their copy to the device; *dspans / *dfirst are the device addresses. */
+static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, int n_spans,
+		       const int *first, int n_kv, const struct span_desc **dspans,
+		       const int32_t **dfirst)
+{
+	struct span_slot *s = &c->ring[c->ring_next];
+	c->ring_next = (c->ring_next + 1) % CUDA_SPAN_RING;
+	size_t span_bytes = (size_t)n_spans * sizeof(struct span_desc);
+	size_t bytes = span_bytes + (size_t)(n_kv + 1) * sizeof(int32_t);
+	if (!s->done)
+		CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+	if (s->used)
+		CUDA_CHECK(cudaEventSynchronize(s->done));
+	if (bytes > s->cap) {
+		size_t cap = bytes < 4096 ? 4096 : 2 * bytes;
+		cudaFreeHost(s->host);
+		cudaFree(s->dev);
+		s->host = NULL;
+		s->dev = NULL;
+		s->cap = 0;
+		CUDA_CHECK(cudaMallocHost((void **)&s->host, cap));
+		CUDA_CHECK(cudaMalloc(&s->dev, cap));
+		s->cap = cap;
+	}
+	for (int i = 0; i < n_spans; i++)
+		s->host[i] = (struct span_desc){ spans[i].k, spans[i].v, spans[i].n,
+						 spans[i].row_stride };
+	int32_t *hf = (int32_t *)((char *)s->host + span_bytes);
+	for (int i = 0; i <= n_kv; i++)
+		hf[i] = first ? first[i] : (i ? n_spans : 0);
+	CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, c->stream));
+	CUDA_CHECK(cudaEventRecord(s->done, c->stream));
+	s->used = 1;
+	*dspans = s->dev;
+	*dfirst = (const int32_t *)((char *)s->dev + span_bytes);
+	return 0;
+}
+
+/* first == NULL: every KV head reads all n_spans spans. */
+static int attn_spans(struct cuda_ctx *c, float *out, const float *q,
+		      const struct backend_kv_span *spans, int n_spans, const int *first,
+		      const struct backend_attn *a)
+{
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	for (int h = 0; h < a->n_kv_heads; h++) {
+		int s0 = first ? first[h] : 0, s1 = first ? first[h + 1] : n_spans;
+		int64_t n = 0;
+		if (s1 < s0)
+			return -EINVAL;
+		for (int s = s0; s < s1; s++)
+			n += spans[s].n;
+		if (n <= 0)
+			return -EINVAL;
+	}
+	const struct span_desc *ds;
+	const int32_t *df;
+	if ((ret = stage_spans(c, spans, n_spans, first, a->n_kv_heads, &ds, &df)))
+		return ret;
+	CUDA_CHECK(span_attention(out, q, ds, df, a->kv_dtype, a->n_heads, a->n_kv_heads,
+				  a->head_dim, a->scale, c->stream));
+	return 0;
+}
+
+static int cuda_attn_decode(void *ctx, float *out, const float *q,
+			    const struct backend_kv_span *spans, int n_spans,
+			    const struct backend_attn *a)
+{
+	return attn_spans(ctx, out, q, spans, n_spans, NULL, a);
+}
+
+static int cuda_attn_decode_heads(void *ctx, float *out, const float *q,
+				  const struct backend_kv_span *spans, const int *first,
+				  const struct backend_attn *a)
+{
+	if (a->n_kv_heads <= 0 || first[0] < 0)
+		return -EINVAL;
+	return attn_spans(ctx, out, q, spans, first[a->n_kv_heads], first, a);
+}
+
+/* Grows the recall staging to n units of ub bytes. Growth frees buffers a queued scatter may
+ * still read, so it waits for the stream first (only while the staging grows). */
+static int recall_reserve(struct cuda_ctx *c, int n, size_t ub)
+{
+	if ((size_t)n * ub <= c->rc_units_cap && n <= c->rc_dst_cap)
+		return 0;
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	int cap = n < 64 ? 64 : n;
+	cudaFree(c->rc_units);
+	cudaFree(c->rc_dst);
+	free(c->rc_dst_host);
+	c->rc_units = NULL;
+	c->rc_dst = NULL;
+	c->rc_units_cap = 0;
+	c->rc_dst_cap = 0;
+	c->rc_dst_host = malloc((size_t)cap * 2 * sizeof *c->rc_dst_host);
+	if (!c->rc_dst_host)
+		return -ENOMEM;
+	CUDA_CHECK(cudaMalloc(&c->rc_units, (size_t)cap * ub));
+	CUDA_CHECK(cudaMalloc((void **)&c->rc_dst, (size_t)cap * 2 * sizeof *c->rc_dst));
+	c->rc_units_cap = (size_t)cap * ub;
+	c->rc_dst_cap = cap;
+	return 0;
+}
+
+/* With recall_mu held. Slot indices count from the lowest slot address when every slot lies a
+ * whole number of slots from it (one layer's slot buffer: one launch); otherwise each unit is
+ * its own launch with its slot as the base. */
+static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
+			 const void *units, int n, int p, int n_kv, int d, enum fkv_dtype dt)
+{
+	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
+	const size_t sb = (size_t)2 * p * n_kv * d * sizeof(float);
+	CUDA_CHECK(cudaSetDevice(c->device));
+	int ret = recall_reserve(c, n, ub);
+	if (ret)
+		return ret;
+	char *base = slots[0];
+	for (int i = 1; i < n; i++)
+		if ((char *)slots[i] < base)
+			base = slots[i];
+	bool one = true;
+	for (int i = 0; i < n && one; i++) {
+		size_t off = (size_t)((char *)slots[i] - base);
+		one = off % sb == 0 && off / sb <= INT32_MAX;
+	}
+	for (int i = 0; i < n; i++) {
+		c->rc_dst_host[2 * i] = one ? (int32_t)((size_t)((char *)slots[i] - base) / sb) : 0;
+		c->rc_dst_host[2 * i + 1] = heads[i];
+	}
+	struct cudaPointerAttributes at;
+	bool locked = cudaPointerGetAttributes(&at, units) == cudaSuccess &&
+		      at.type == cudaMemoryTypeHost;
+	(void)cudaGetLastError();
+	CUDA_CHECK(cudaMemcpyAsync(c->rc_units, units, (size_t)n * ub, cudaMemcpyHostToDevice,
+				   c->stream));
+	CUDA_CHECK(cudaMemcpyAsync(c->rc_dst, c->rc_dst_host, (size_t)n * 2 * sizeof(int32_t),
+				   cudaMemcpyHostToDevice, c->stream));
+	if (one) {
+		CUDA_CHECK(recall_scatter(base, FKV_F32, c->rc_units, dt, c->rc_dst, n, n_kv, p, d,
+					  c->stream));
+	} else {
+		for (int i = 0; i < n; i++)
+			CUDA_CHECK(recall_scatter(slots[i], FKV_F32, (char *)c->rc_units + i * ub, dt,
+						  c->rc_dst + 2 * i, 1, n_kv, p, d, c->stream));
+	}
+	/* Page-locked units are read by a DMA that runs later: keep the promise that the caller
+	 * may reuse them on return. */
+	if (locked)
+		CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+static int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
+			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
+{
+	struct cuda_ctx *c = ctx;
+	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0)
+		return -EINVAL;
+	if (!n)
+		return 0;
+	pthread_mutex_lock(&c->recall_mu);
+	int ret = recall_locked(c, slots, heads, units, n, p, n_kv, d, unit_dt);
+	pthread_mutex_unlock(&c->recall_mu);
+	return ret;
+}
+
+static int cuda_sync(void *ctx)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+static int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen)
+{
+	struct cuda_ctx *c = ctx;
+	struct host_reg *nr = realloc(c->regs, (c->n_regs + 1) * sizeof *nr);
+	if (!nr)
+		return -ENOMEM;
+	c->regs = nr;
+	for (size_t off = 0; off < bytes; off += CUDA_REGISTER_CHUNK) {
+		size_t len = bytes - off < CUDA_REGISTER_CHUNK ? bytes - off : CUDA_REGISTER_CHUNK;
+		cudaError_t e = cudaHostRegister((char *)ptr + off, len, cudaHostRegisterPortable);
+		if (e == cudaSuccess)
+			continue;
+		(void)cudaGetLastError();
+		for (size_t o = 0; o < off; o += CUDA_REGISTER_CHUNK)
+			cudaHostUnregister((char *)ptr + o);
+		if (e == cudaErrorHostMemoryAlreadyRegistered) {
+			snprintf(err, errlen, "host range at offset %zu is already page-locked", off);
+			return -EEXIST;
+		}
+		snprintf(err, errlen,
+			 "cannot page-lock %zu bytes of the KV pool for DMA (cudaHostRegister at "
+			 "offset %zu: %s); raise the locked-memory limit: LimitMEMLOCK=infinity "
+			 "in the unit, or ulimit -l / memlock in limits.conf",
+			 bytes, off, cudaGetErrorString(e));
+		return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
+	}
+	c->regs[c->n_regs++] = (struct host_reg){ ptr, bytes };
+	return 0;
+}
+
+static int cuda_host_unregister(void *ctx, void *ptr)
+{
+	struct cuda_ctx *c = ctx;
+	for (size_t i = 0; i < c->n_regs; i++) {
+		if (c->regs[i].ptr != ptr)
+			continue;
+		for (size_t off = 0; off < c->regs[i].bytes; off += CUDA_REGISTER_CHUNK)
+			cudaHostUnregister(c->regs[i].ptr + off);
+		c->regs[i] = c->regs[--c->n_regs];
+		return 0;
+	}
+	return -ENOENT;
+}
+
+static const struct backend_ops cuda_ops = {
+	.name = "cuda",
+	.free = cuda_free,
+	.buf_alloc = cuda_buf_alloc,
+	.buf_free = cuda_buf_free,
+	.upload = cuda_upload,
+	.download = cuda_download,
+	.copy = cuda_copy,
+	.convert = cuda_convert,
+	.gather_rows = cuda_gather_rows,
+	.weight_load = cuda_weight_load,
+	.weight_release = cuda_weight_release,
+	.matmul = cuda_matmul,
+	.rmsnorm = cuda_rmsnorm,
+	.rope = cuda_rope,
+	.silu_mul = cuda_silu_mul,
+	.add = cuda_add,
+	.add_bias = cuda_add_bias,
+	.embed = cuda_embed,
+	.softmax = cuda_softmax,
+	.attn_prefill = cuda_attn_prefill,
+	.attn_decode = cuda_attn_decode,
+	.attn_decode_heads = cuda_attn_decode_heads,
+	.recall_units = cuda_recall_units,
+	.sync = cuda_sync,
+	.host_register = cuda_host_register,
+	.host_unregister = cuda_host_unregister,
+};
+
+int backend_cuda_devices(void)
+{
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return n;
+}
+
+/* Creates the stream and cuBLAS handle; the caller frees c on failure. */
+static int cuda_init(struct cuda_ctx *c)
+{
+	CUDA_CHECK(cudaSetDevice(c->device));
+	CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+	CUBLAS_CHECK(cublasCreate(&c->blas));
+	CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+	return 0;
+}
+
+int backend_cuda_new(struct backend **out, int device)
+{
+	int n = backend_cuda_devices();
+	if (device < 0 || device >= n)
+		return -ENODEV;
+	struct backend *be = calloc(1, sizeof *be);
+	struct cuda_ctx *c = calloc(1, sizeof *c);
+	if (!be || !c) {
+		free(be);
+		free(c);
+		return -ENOMEM;
+	}
+	c->device = device;
+	pthread_mutex_init(&c->recall_mu, NULL);
+	int ret = cuda_init(c);
+	if (ret) {
+		cuda_free(c);
+		free(be);
+		return ret;
+	}
+	be->ops = &cuda_ops;
+	be->ctx = c;
+	*out = be;
+	return 0;
+}
+
+#else /* !FREEKV_HAVE_CUDA */
+
+int backend_cuda_devices(void)
+{
+	return 0;
+}
+
+int backend_cuda_new(struct backend **out, int device)
+{
+	(void)out;
+	(void)device;
+	return -ENODEV;
+}
+
+#endif
+
+int backend_open(const char *name, int threads, struct backend **out, char *err, size_t errlen)
+{
+	bool have = backend_cuda_devices() > 0;
+	if (!name || !strcmp(name, "auto"))
+		name = have ? "cuda" : "cpu";
+	int ret;
+	if (!strcmp(name, "cpu")) {
+		if ((ret = backend_cpu_new(out, threads)))
+			snprintf(err, errlen, "cannot create the CPU backend: %s", strerror(-ret));
+		return ret;
+	}
+	if (strcmp(name, "cuda")) {
+		snprintf(err, errlen, "unknown backend '%s' (cuda, cpu or auto)", name);
+		return -EINVAL;
+	}
+	if (!have) {
+		snprintf(err, errlen,
+#ifdef FREEKV_HAVE_CUDA
+			 "--backend cuda: no CUDA device is available (use --backend cpu)"
+#else
+			 "--backend cuda: this build has no CUDA support (use --backend cpu)"
+#endif
+		);
+		return -ENODEV;
+	}
+	if ((ret = backend_cuda_new(out, 0)))
+		snprintf(err, errlen, "cannot create the CUDA backend: %s", strerror(-ret));
+	return ret;
+}

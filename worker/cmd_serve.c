@@ -1,0 +1,575 @@
+/* cmd_serve — `kvworker serve`: the worker as a long-lived service. It loads the model once,
+ * attaches to kvstored (hostkv: heartbeat thread, pool mapping, ring), listens on a ZeroMQ
+ * ROUTER (proto/worker.proto) and serves Generate/Resume/Cancel/Status requests with
+ * continuous batching (serve_batch.c): between two engine steps it takes every request that
+ * arrived, and each step runs all active sequences together.
+ *
+ * Configuration: every long flag is also a config file key (`key = value`, `#` comments; the
+ * key is the flag without its dashes, e.g. `model = /srv/m.gguf`, `max-seqs = 8`). The file
+ * given with --config is read first and the command line wins; both go through one flag
+ * parser, so they cannot disagree.
+ *
+ * Service: sd_notify READY=1 once it listens, STATUS= with the active count, WATCHDOG=1 when
+ * asked for; SIGTERM/SIGINT finish the current step, keep every active sequence in kvstored
+ * (detached, resumable with Resume or `kvworker resume`), send STOPPING=1 and exit 0. Bad
+ * requests get error replies; nothing a client sends makes the process exit. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "backend.h"
+#include "cmd_common.h"
+#include "sdnotify.h"
+#include "serve_batch.h"
+#include "tokenizer.h"
+
+#define SERVE_DEFAULT_LISTEN "ipc:///run/freekv/kvworker-%d.sock"
+#define SERVE_DEFAULT_STORE "ipc:///run/freekv/kvstored.sock"
+
+struct serve_opts {
+	const char *model, *store, *listen, *config, *name, *backend;
+	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch;
+	bool print_config;
+	struct policy_opts po;
+	char listen_buf[256];
+};
+
+static volatile sig_atomic_t g_stop;
+
+static void on_stop(int sig)
+{
+	(void)sig;
+	g_stop = 1;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvworker serve -m MODEL [--store ENDPOINT] [--listen ENDPOINT] [--gpu N]\n"
+		"                      [--config FILE] [options]\n"
+		"  serves generation requests (proto/worker.proto) with continuous batching; talk\n"
+		"  to it with `kvworker client`\n"
+		"  -m, --model PATH          .gguf file or Hugging Face folder\n"
+		"      --store ENDPOINT      kvstored endpoint (default %s)\n"
+		"      --listen ENDPOINT     ROUTER endpoint: ipc://PATH or tcp on a loopback\n"
+		"                            address (default ipc:///run/freekv/kvworker-GPU.sock)\n"
+		"      --gpu N               CUDA device of the cuda backend (default 0); it also\n"
+		"                            names the default socket. Without a CUDA device (or a\n"
+		"                            build without CUDA) it is recorded and the CPU backend\n"
+		"                            is used; the log says so\n"
+		"      --backend B           cuda, cpu or auto (default auto: cuda when a device is\n"
+		"                            present and the policy runs there, else cpu)\n"
+		"      --config FILE         read flags from FILE first: `key = value` lines, key =\n"
+		"                            a long flag without dashes; the command line wins\n"
+		"  -t, --threads N           compute threads (default: all cores)\n"
+		"      --max-seqs N          sequences decoded together at most (default 8)\n"
+		"      --max-queue N         requests that wait for a slot beyond those (default\n"
+		"                            64); more are refused with -EBUSY\n"
+		"  -c, --ctx-size N          context limit in tokens (default: the model's)\n"
+		"      --ubatch N            tokens per forward chunk (default 256)\n"
+		"      --max-request-bytes N larger request frames are refused (default 1048576)\n"
+		"      --name NAME           worker name shown by `kvctl workers`\n"
+		"      --print-config        print the effective settings (config file, then\n"
+		"                            flags) as a config file and exit\n"
+		"  retrieval: %s\n"
+		"             policies built: %s\n"
+		"  -h, --help                this text\n",
+		SERVE_DEFAULT_STORE, policy_opts_usage(), kvcache_policy_names());
+}
+
+enum { F_MODEL, F_STORE, F_LISTEN, F_GPU, F_CONFIG, F_THREADS, F_MAXSEQS, F_CTX, F_UBATCH,
+       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE };
+
+static const struct {
+	const char *flag, *brief;
+	long lo, hi;	/* bounds of a numeric flag (hi 0: a string) */
+} sflags[] = {
+	[F_MODEL] = { "--model", "-m", 0, 0 },
+	[F_STORE] = { "--store", NULL, 0, 0 },
+	[F_LISTEN] = { "--listen", NULL, 0, 0 },
+	[F_GPU] = { "--gpu", NULL, 0, 1024 },
+	[F_CONFIG] = { "--config", NULL, 0, 0 },
+	[F_THREADS] = { "--threads", "-t", 1, 4096 },
+	[F_MAXSEQS] = { "--max-seqs", NULL, 1, 1024 },
+	[F_CTX] = { "--ctx-size", "-c", 1, 1L << 30 },
+	[F_UBATCH] = { "--ubatch", NULL, 1, 65536 },
+	[F_MAXREQ] = { "--max-request-bytes", NULL, 64, 1L << 30 },
+	[F_NAME] = { "--name", NULL, 0, 0 },
+	[F_BACKEND] = { "--backend", NULL, 0, 0 },
+	[F_MAXQUEUE] = { "--max-queue", NULL, 0, 65536 },
+};
+
+/* Consumes argv[*i] (and its value): 1 consumed, 0 not ours, -EINVAL after printing why. */
+static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const char *where)
+{
+	char err[256];
+	int ret = policy_opts_parse_flag(&o->po, argc, argv, i, err, sizeof err);
+	if (ret < 0) {
+		fprintf(stderr, "kvworker serve: %s%s\n", where, err);
+		return -EINVAL;
+	}
+	if (ret)
+		return 1;
+	const char *a = argv[*i];
+	for (size_t f = 0; f < sizeof sflags / sizeof *sflags; f++) {
+		size_t fl = strlen(sflags[f].flag);
+		const char *v = NULL;
+		if ((sflags[f].brief && !strcmp(a, sflags[f].brief)) || !strcmp(a, sflags[f].flag)) {
+			if (*i + 1 >= argc) {
+				fprintf(stderr, "kvworker serve: %s%s needs a value\n", where, a);
+				return -EINVAL;
+			}
+			v = argv[++*i];
+		} else if (!strncmp(a, sflags[f].flag, fl) && a[fl] == '=') {
+			v = a + fl + 1;
+		} else {
+			continue;
+		}
+		long l = 0;
+		if (sflags[f].hi && cmd_parse_long(v, sflags[f].lo, sflags[f].hi, &l)) {
+			fprintf(stderr, "kvworker serve: %sinvalid value '%s' for %s (%ld..%ld)\n",
+				where, v, sflags[f].flag, sflags[f].lo, sflags[f].hi);
+			return -EINVAL;
+		}
+		switch (f) {
+		case F_MODEL: o->model = v; break;
+		case F_STORE: o->store = v; break;
+		case F_LISTEN: o->listen = v; break;
+		case F_CONFIG: o->config = v; break;
+		case F_NAME: o->name = v; break;
+		case F_BACKEND:
+			if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
+				fprintf(stderr, "kvworker serve: %s--backend: need cuda, cpu or auto\n",
+					where);
+				return -EINVAL;
+			}
+			o->backend = v;
+			break;
+		case F_GPU: o->gpu = l; break;
+		case F_THREADS: o->threads = l; break;
+		case F_MAXSEQS: o->max_seqs = l; break;
+		case F_MAXQUEUE: o->max_queue = l; break;
+		case F_CTX: o->ctx = l; break;
+		case F_UBATCH: o->ubatch = l; break;
+		case F_MAXREQ: o->max_request_bytes = l; break;
+		}
+		return 1;
+	}
+	return 0;
+}
+
+static char *trim(char *s)
+{
+	while (*s == ' ' || *s == '\t')
+		s++;
+	char *e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+		*--e = '\0';
+	return s;
+}
+
+/* Config file: each `key = value` line is the flag `--key value`. The strings stay allocated
+ * (in *keep) for as long as the options point into them. 0 or -errno after printing why. */
+static int load_config(struct serve_opts *o, const char *path, char **keep)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		int e = errno;
+		fprintf(stderr, "kvworker serve: cannot read config %s: %s\n", path, strerror(e));
+		return -e;
+	}
+	size_t cap = 16384, len = 0;
+	char *store = malloc(cap), line[1024];
+	int lineno = 0, ret = 0;
+	while (store && fgets(line, sizeof line, f)) {
+		char where[300];
+		snprintf(where, sizeof where, "%s:%d: ", path, ++lineno);
+		if (!strchr(line, '\n') && !feof(f)) {
+			fprintf(stderr, "kvworker serve: %sline too long\n", where);
+			ret = -EINVAL;
+			break;
+		}
+		char *hash = strchr(line, '#');
+		if (hash)
+			*hash = '\0';
+		char *s = trim(line), *eq = strchr(s, '=');
+		if (!*s)
+			continue;
+		if (!eq) {
+			fprintf(stderr, "kvworker serve: %sexpected 'key = value'\n", where);
+			ret = -EINVAL;
+			break;
+		}
+		*eq = '\0';
+		char *key = trim(s), *val = trim(eq + 1);
+		size_t need = strlen(key) + strlen(val) + 4;
+		if (len + need > cap) {
+			/* Earlier values are pointed to by o: the buffer never moves. */
+			fprintf(stderr, "kvworker serve: %sconfig file too large\n", where);
+			ret = -E2BIG;
+			break;
+		}
+		char *flag = store + len;
+		snprintf(flag, need, "--%s", key);
+		char *value = flag + strlen(flag) + 1;
+		strcpy(value, val);
+		len += need;
+		if (!strcmp(key, "config")) {
+			fprintf(stderr, "kvworker serve: %sa config file cannot name another\n", where);
+			ret = -EINVAL;
+			break;
+		}
+		char *argv[2] = { flag, value };
+		int i = 0, r = parse_flag(o, 2, argv, &i, where);
+		if (r == 0)
+			fprintf(stderr, "kvworker serve: %sunknown key '%s'\n", where, key);
+		if (r <= 0) {
+			ret = r ? r : -ENOENT;
+			break;
+		}
+		if (i != 1) {
+			fprintf(stderr, "kvworker serve: %s'%s' takes no value here\n", where, key);
+			ret = -EINVAL;
+			break;
+		}
+	}
+	if (!store)
+		ret = -ENOMEM;
+	fclose(f);
+	*keep = store;
+	return ret;
+}
+
+/* The effective settings as `key = value` lines that load_config reads back; 0 = default. */
+static void print_config(const struct serve_opts *o)
+{
+	printf("model = %s\nstore = %s\nlisten = %s\n", o->model, o->store, o->listen);
+	if (o->gpu >= 0)
+		printf("gpu = %ld\n", o->gpu);
+	if (o->name)
+		printf("name = %s\n", o->name);
+	printf("backend = %s\n", o->backend ? o->backend : "auto");
+	if (o->threads)
+		printf("threads = %ld\n", o->threads);
+	if (o->ctx)
+		printf("ctx-size = %ld\n", o->ctx);
+	if (o->ubatch)
+		printf("ubatch = %ld\n", o->ubatch);
+	printf("max-seqs = %ld\nmax-queue = %ld\nmax-request-bytes = %ld\npolicy = %s\n",
+	       o->max_seqs, o->max_queue, o->max_request_bytes, o->po.policy);
+	if (o->po.set_page)
+		printf("page-size = %d\n", o->po.kv.page);
+	if (o->po.set_budget)
+		printf("budget = %d\n", o->po.kv.budget);
+	if (o->po.set_sink)
+		printf("sink = %d\n", o->po.kv.sink);
+	if (o->po.set_window)
+		printf("window = %d\n", o->po.kv.window);
+	printf("full-layers = %d\ntau = %g\n", o->po.kv.full_layers, (double)o->po.kv.tau);
+}
+
+/* 0 parsed, -1 help or config shown, CMD_USAGE. */
+static int parse(int argc, char **argv, struct serve_opts *o, char **cfg_store)
+{
+	*o = (struct serve_opts){ .gpu = -1, .max_seqs = 8, .max_queue = 64,
+				  .max_request_bytes = 1 << 20 };
+	policy_opts_default(&o->po);
+	*cfg_store = NULL;
+	/* The config file first, wherever --config stands, so that flags override it. */
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage(stdout);
+			return -1;
+		}
+		if (!strcmp(a, "--config") && i + 1 < argc)
+			o->config = argv[++i];
+		else if (!strncmp(a, "--config=", 9))
+			o->config = a + 9;
+	}
+	if (o->config && load_config(o, o->config, cfg_store))
+		return CMD_USAGE;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--print-config")) {
+			o->print_config = true;
+			continue;
+		}
+		int r = parse_flag(o, argc, argv, &i, "");
+		if (r < 0) {
+			usage(stderr);
+			return CMD_USAGE;
+		}
+		if (r)
+			continue;
+		fprintf(stderr, "kvworker serve: %s '%s'\n",
+			argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
+		usage(stderr);
+		return CMD_USAGE;
+	}
+	if (!o->model) {
+		fprintf(stderr, "kvworker serve: need -m MODEL (or `model =` in the config file)\n");
+		usage(stderr);
+		return CMD_USAGE;
+	}
+	if (!o->store)
+		o->store = SERVE_DEFAULT_STORE;
+	if (!o->listen) {
+		snprintf(o->listen_buf, sizeof o->listen_buf, SERVE_DEFAULT_LISTEN,
+			 o->gpu >= 0 ? (int)o->gpu : 0);
+		o->listen = o->listen_buf;
+	}
+	if (!strncmp(o->listen, "tcp://", 6)) {
+		const char *h = o->listen + 6;
+		if (strncmp(h, "127.", 4) && strncmp(h, "localhost:", 10) && strncmp(h, "[::1]:", 6)) {
+			fprintf(stderr, "kvworker serve: --listen %s: tcp only on a loopback address\n",
+				o->listen);
+			return CMD_USAGE;
+		}
+	} else if (strncmp(o->listen, "ipc://", 6) || !o->listen[6]) {
+		fprintf(stderr, "kvworker serve: --listen %s: need ipc://PATH or tcp://127.0.0.1:PORT\n",
+			o->listen);
+		return CMD_USAGE;
+	}
+	if (o->print_config) {
+		print_config(o);
+		return -1;
+	}
+	return 0;
+}
+
+/* Everything the service holds; torn down in reverse order by serve_close. */
+struct service {
+	struct fkv_model m;
+	struct fkv_tokenizer *tok;
+	struct backend *be;
+	struct engine *e;
+	struct hostkv *hk;
+	void *zctx, *sock;
+	const char *bound;		/* the endpoint once bound */
+	struct sdn sdn;
+	struct serve srv;
+	bool srv_init, m_loaded;
+};
+
+/* cuda on --gpu when asked for (or auto with a device), else the CPU backend, saying why. */
+static int open_backend(struct service *v, const struct serve_opts *o, const char *policy)
+{
+	const char *name = cmd_backend_for(o->backend, policy, "kvworker serve");
+	int devices = backend_cuda_devices(), ret;
+	bool cuda = name && !strcmp(name, "cuda");
+	if (!name || !strcmp(name, "auto"))
+		cuda = devices > 0;
+	if (cuda) {
+		int dev = o->gpu >= 0 ? (int)o->gpu : 0;
+		if ((ret = backend_cuda_new(&v->be, dev)))
+			fprintf(stderr, "kvworker serve: cannot use CUDA device %d (%d found): %s\n",
+				dev, devices, strerror(-ret));
+		else
+			fprintf(stderr, "kvworker serve: CUDA backend on device %d\n", dev);
+		return ret;
+	}
+	if (o->gpu >= 0 || !name || strcmp(name, "cpu"))
+		fprintf(stderr, "kvworker serve: %s: using the CPU backend%s\n",
+			devices ? "--backend cpu" : "no CUDA device (or no CUDA in this build)",
+			o->gpu >= 0 ? " (--gpu recorded, unused)" : "");
+	if ((ret = backend_cpu_new(&v->be, (int)o->threads)))
+		fprintf(stderr, "kvworker serve: cannot create the CPU backend\n");
+	return ret;
+}
+
+static int service_open(struct service *v, const struct serve_opts *o)
+{
+	char err[512];
+	int ret = cmd_load(o->model, &v->m, &v->tok);
+	if (ret)
+		return ret;
+	v->m_loaded = true;
+	struct policy_opts po = o->po;
+	int64_t ctx = o->ctx ? o->ctx : (v->m.cfg.ctx_len > 0 ? v->m.cfg.ctx_len : 2048);
+	FILE *notice = strcmp(po.policy, "full") ? stderr : NULL;
+	ret = policy_opts_finalize(&po, (int)(ctx < INT32_MAX ? ctx : INT32_MAX), notice, err,
+				   sizeof err);
+	if (ret) {
+		fprintf(stderr, "kvworker serve: %s\n", err);
+		return ret;
+	}
+	if ((ret = open_backend(v, o, po.policy)))
+		return ret;
+	struct engine_opts eo = { .max_ctx = o->ctx, .max_seqs = (int)o->max_seqs,
+				  .ubatch = (int)o->ubatch, .policy = po.policy, .kv = po.kv };
+	if ((ret = engine_new(&v->e, &v->m, v->be, &eo, err, sizeof err))) {
+		fprintf(stderr, "kvworker serve: %s\n", err);
+		return ret;
+	}
+	char wname[64];
+	if (o->name)
+		snprintf(wname, sizeof wname, "%s", o->name);
+	else
+		snprintf(wname, sizeof wname, "kvworker-serve-%d", (int)getpid());
+	struct hostkv_opts ho = { .endpoint = o->store, .worker_name = wname };
+	if ((ret = hostkv_open(&ho, &v->hk, err, sizeof err))) {
+		fprintf(stderr, "kvworker serve: kvstored at %s: %s\n", o->store, err);
+		return ret;
+	}
+	if (!(v->zctx = zmq_ctx_new()) || !(v->sock = zmq_socket(v->zctx, ZMQ_ROUTER))) {
+		fprintf(stderr, "kvworker serve: cannot create a ZeroMQ socket: %s\n",
+			zmq_strerror(errno));
+		return -ENOMEM;
+	}
+	int one = 1, zero = 0, hwm = 100000;
+	zmq_setsockopt(v->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+	zmq_setsockopt(v->sock, ZMQ_LINGER, &zero, sizeof zero);
+	zmq_setsockopt(v->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+	if (zmq_bind(v->sock, o->listen)) {
+		int e = errno;
+		fprintf(stderr, "kvworker serve: cannot listen on %s: %s\n", o->listen,
+			zmq_strerror(e));
+		return -e;
+	}
+	v->bound = o->listen;
+	/* The trust boundary is the freekv group (DESIGN §4): owner and group only. */
+	if (!strncmp(o->listen, "ipc://", 6) && chmod(o->listen + 6, 0660))
+		fprintf(stderr, "kvworker serve: chmod %s: %s\n", o->listen + 6, strerror(errno));
+	v->srv = (struct serve){ .m = &v->m, .tok = v->tok, .e = v->e, .hk = v->hk, .sock = v->sock,
+				 .model_path = o->model, .backend_name = v->be->ops->name,
+				 .gpu = (int)o->gpu,
+				 .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
+				 .max_request_bytes = (size_t)o->max_request_bytes };
+	if ((ret = serve_init(&v->srv))) {
+		fprintf(stderr, "kvworker serve: out of memory\n");
+		return ret;
+	}
+	v->srv_init = true;
+	return 0;
+}
+
+static void service_close(struct service *v)
+{
+	if (v->srv_init)
+		serve_free(&v->srv);
+	if (v->sock) {
+		/* Let the last replies (Done, reason shutdown) reach their clients. */
+		int linger = 2000;
+		zmq_setsockopt(v->sock, ZMQ_LINGER, &linger, sizeof linger);
+		zmq_close(v->sock);
+	}
+	if (v->zctx)
+		zmq_ctx_term(v->zctx);
+	/* libzmq leaves the ipc socket file behind; it is ours since the bind succeeded. */
+	if (v->bound && !strncmp(v->bound, "ipc://", 6))
+		unlink(v->bound + 6);
+	hostkv_close(v->hk);
+	engine_free(v->e);
+	backend_free(v->be);
+	tokenizer_free(v->tok);
+	if (v->m_loaded)
+		model_free(&v->m);
+}
+
+static void report(struct service *v)
+{
+	char *txt = serve_stats_json(&v->srv);
+	if (!txt)
+		return;
+	int ret = hostkv_report_stats(v->hk, txt);
+	if (ret)
+		fprintf(stderr, "kvworker serve: cannot report statistics to kvstored: %s\n",
+			strerror(-ret));
+	free(txt);
+}
+
+static int loop(struct service *v)
+{
+	struct serve *s = &v->srv;
+	uint64_t wd_ms = sdn_watchdog_ms(&v->sdn);
+	double last_report = cmd_now_ms(), last_wd = last_report;
+	int last_active = -1;
+	while (!g_stop) {
+		/* Block only while idle; with work, take what arrived and step. */
+		long timeout = s->n_active ? 0 : 200;
+		zmq_pollitem_t it = { .socket = v->sock, .events = ZMQ_POLLIN };
+		int n = zmq_poll(&it, 1, timeout);
+		if (n < 0 && errno != EINTR) {
+			fprintf(stderr, "kvworker serve: poll: %s\n", zmq_strerror(errno));
+			return -errno;
+		}
+		if (n > 0) {
+			int events = 0;
+			size_t el = sizeof events;
+			while (!g_stop && zmq_getsockopt(v->sock, ZMQ_EVENTS, &events, &el) == 0 &&
+			       (events & ZMQ_POLLIN)) {
+				int ret = serve_handle(s);
+				if (ret) {
+					fprintf(stderr, "kvworker serve: receive: %s\n",
+						zmq_strerror(-ret));
+					return ret;
+				}
+			}
+		}
+		if (g_stop)
+			break;
+		serve_step(s);
+		double now = cmd_now_ms();
+		if (s->n_active != last_active) {
+			sdn_send(&v->sdn, "STATUS=serving: %d active sequences, %llu requests done",
+				 s->n_active, (unsigned long long)s->requests_served);
+			last_active = s->n_active;
+		}
+		if (now - last_report > 500) {
+			report(v);
+			last_report = now;
+		}
+		if (wd_ms && now - last_wd >= (double)wd_ms) {
+			sdn_send(&v->sdn, "WATCHDOG=1");
+			last_wd = now;
+		}
+	}
+	return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+	struct serve_opts o;
+	char *cfg_store = NULL;
+	int ret = parse(argc, argv, &o, &cfg_store);
+	if (ret) {
+		free(cfg_store);
+		return ret < 0 ? CMD_OK : ret;
+	}
+	struct service v = { 0 };
+	if ((ret = sdn_init(&v.sdn))) {
+		fprintf(stderr, "kvworker serve: NOTIFY_SOCKET: %s\n", strerror(-ret));
+		free(cfg_store);
+		return CMD_FAIL;
+	}
+	struct sigaction sa = { .sa_handler = on_stop };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	int rc = CMD_FAIL;
+	if (service_open(&v, &o) == 0) {
+		fprintf(stderr, "kvworker serve: listening on %s (model %s, policy %s, backend %s, "
+			"max %ld sequences, store %s)\n", o.listen, o.model,
+			engine_policy_name(v.e), v.be->ops->name, o.max_seqs, o.store);
+		sdn_send(&v.sdn, "READY=1\nSTATUS=serving on %s", o.listen);
+		ret = loop(&v);
+		sdn_send(&v.sdn, "STOPPING=1\nSTATUS=stopping: keeping %d sequences",
+			 v.srv.n_active);
+		serve_shutdown(&v.srv);
+		report(&v);
+		fprintf(stderr, "kvworker serve: stopped after %llu requests, %llu tokens\n",
+			(unsigned long long)v.srv.requests_served,
+			(unsigned long long)v.srv.tokens_generated);
+		rc = ret ? CMD_FAIL : CMD_OK;
+	}
+	service_close(&v);
+	sdn_shutdown(&v.sdn);
+	free(cfg_store);
+	return rc;
+}
