@@ -3,7 +3,9 @@
  * rate of the metadata operations the daemon runs per block (alloc + free, offset lookup).
  *
  * usage: bench_pool [--bytes SIZE] [--bs SIZE] [--passes N] [--lock]
- * Defaults: 256 MiB pool, 128 KiB blocks, 5 passes (the best pass is reported). */
+ * Defaults: 256 MiB pool, 128 KiB blocks, 5 passes. Each pass copies through the pool and then
+ * between private buffers back to back (so load drifts on a shared machine hit both alike) and
+ * gives a ratio; the report is the median over passes with the spread (min..max). */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -35,20 +37,28 @@ static uint64_t parse_size(const char *s)
 	}
 }
 
-/* Best-of-passes copy rate (bytes/s): n blocks of bs from src[i] to dst[i]. */
-static double copy_rate(char **dst, char **src, uint64_t n, uint64_t bs, int passes)
+#define MAX_PASSES 64
+
+/* Copy rate of one pass (bytes/s): n blocks of bs from src[i] to dst[i]. */
+static double copy_rate(char **dst, char **src, uint64_t n, uint64_t bs)
 {
-	double best = 0;
-	for (int p = 0; p < passes; p++) {
-		double t0 = now_s();
-		for (uint64_t i = 0; i < n; i++)
-			memcpy(dst[i], src[i], bs);
-		double dt = now_s() - t0;
-		double rate = (double)(n * bs) / dt;
-		if (rate > best)
-			best = rate;
-	}
-	return best;
+	double t0 = now_s();
+	for (uint64_t i = 0; i < n; i++)
+		memcpy(dst[i], src[i], bs);
+	return (double)(n * bs) / (now_s() - t0);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Prints median [min..max] of v (sorts it). */
+static void print_summary(const char *fmt_med, double scale, double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_d);
+	printf(fmt_med, v[n / 2] * scale, v[0] * scale, v[n - 1] * scale);
 }
 
 static void *anon(uint64_t bytes)
@@ -80,7 +90,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (bs == 0 || bs > UINT32_MAX || bytes < bs || passes < 1) {
+	if (bs == 0 || bs > UINT32_MAX || bytes < bs || passes < 1 || passes > MAX_PASSES) {
 		fprintf(stderr, "bad sizes\n");
 		return 2;
 	}
@@ -122,16 +132,29 @@ int main(int argc, char **argv)
 		dstp[i] = dst + i * bs;
 		privp[i] = priv + i * bs;
 	}
-	printf("bench_pool: %llu blocks of %llu bytes (%llu MiB), mlock %s, best of %d passes\n",
+	printf("bench_pool: %llu blocks of %llu bytes (%llu MiB), mlock %s, %d passes\n",
 	       (unsigned long long)n, (unsigned long long)bs,
 	       (unsigned long long)(n * bs >> 20), lock ? "yes" : "no", passes);
-	double pw = copy_rate(blk, srcp, n, bs, passes);
-	double bw = copy_rate(privp, srcp, n, bs, passes);
-	double pr = copy_rate(dstp, blk, n, bs, passes);
-	double br = copy_rate(dstp, privp, n, bs, passes);
-	printf("%-8s %14s %14s %8s\n", "copy", "pool MB/s", "memcpy MB/s", "ratio");
-	printf("%-8s %14.1f %14.1f %8.3f\n", "write", pw / 1e6, bw / 1e6, pw / bw);
-	printf("%-8s %14.1f %14.1f %8.3f\n", "read", pr / 1e6, br / 1e6, pr / br);
+	/* [0] write into the pool, [1] read out of it; rate pool, rate memcpy, ratio. */
+	double pool_r[2][MAX_PASSES], base_r[2][MAX_PASSES], ratio[2][MAX_PASSES];
+	copy_rate(blk, srcp, n, bs); /* warm-up */
+	copy_rate(privp, srcp, n, bs);
+	for (int k = 0; k < passes; k++) {
+		pool_r[0][k] = copy_rate(blk, srcp, n, bs);
+		base_r[0][k] = copy_rate(privp, srcp, n, bs);
+		pool_r[1][k] = copy_rate(dstp, blk, n, bs);
+		base_r[1][k] = copy_rate(dstp, privp, n, bs);
+		for (int d = 0; d < 2; d++)
+			ratio[d][k] = pool_r[d][k] / base_r[d][k];
+	}
+	printf("median over passes [min..max]\n");
+	printf("%-6s %26s %26s %22s\n", "copy", "pool MB/s", "memcpy MB/s", "ratio");
+	for (int d = 0; d < 2; d++) {
+		printf("%-6s ", d ? "read" : "write");
+		print_summary("%8.1f [%7.1f..%7.1f] ", 1e-6, pool_r[d], passes);
+		print_summary("%8.1f [%7.1f..%7.1f] ", 1e-6, base_r[d], passes);
+		print_summary("%6.3f [%5.3f..%5.3f]\n", 1, ratio[d], passes);
+	}
 
 	/* Metadata: offset lookups (what validating a worker's offsets costs) and alloc + free. */
 	double t0 = now_s();

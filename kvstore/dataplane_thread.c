@@ -13,7 +13,7 @@
 #include "ring.h"
 
 #define DP_SPIN_NS 50000u		/* the data-plane thread polls idle rings this long, then sleeps */
-#define DP_BUSY_NS 5000u		/* of which this long without yielding the CPU */
+#define DP_BUSY_NS 200u			/* of which this long without yielding the CPU */
 #define DP_SLEEP_MS 100			/* its longest sleep (a safety net: every change kicks it) */
 #define DP_SLEEP_MANY_MS 1		/* its sleep when there are more rings than futex_waitv takes */
 

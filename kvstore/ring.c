@@ -21,7 +21,7 @@
 
 #define RING_HDR_BYTES 4096u
 #define RING_SPIN_NS 20000       /* a consumer polls an empty ring this long before sleeping */
-#define RING_BUSY_SPINS 64       /* pause-spins before the polling starts to yield the CPU */
+#define RING_BUSY_SPINS 4        /* pause-spins before the polling starts to yield the CPU */
 #define RING_WATCH_SLEEP_MS 100  /* the watch thread re-checks its stop flag this often */
 
 _Static_assert(sizeof(struct ring_entry) == 576, "ring_entry is part of the shared layout");

@@ -40,7 +40,8 @@
  * Ownership: ring_create (daemon) creates the segment (mode 0660, optional group) and returns a
  * handle that ring_destroy unmaps and unlinks; ring_open (worker) maps an existing segment and
  * ring_close unmaps it. The handle owns the mapping and, while running, its watch thread.
- * ring_push / ring_pop / ring_wait are called by one thread per side. */
+ * ring_push / ring_pop / ring_wait are called by one thread per side at a time (kvstored's two
+ * threads that serve rings take its data-plane lock around them). */
 #ifndef FREEKV_RING_H
 #define FREEKV_RING_H
 

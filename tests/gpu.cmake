@@ -12,6 +12,9 @@ if(FREEKV_HAVE_CUDA)
   # The CUDA backend's ops table against the CPU backend, and the engine end to end on both.
   freekv_add_test(test_backend_cuda SOURCES gpu/test_backend_cuda.c
     LIBS freekv_runtime CUDA::cudart LABELS gpu)
+  # streaming / quest / freekv on the CUDA backend (paged slots, recall_units) vs the CPU.
+  freekv_add_test(test_policies_cuda SOURCES gpu/test_policies_cuda.c
+    LIBS freekv_runtime CUDA::cudart LABELS gpu)
   # test_kernel_rmsnorm is registered in tests/CMakeLists.txt; its weight-dtype case compares
   # with the CPU backend.
   target_link_libraries(test_kernel_rmsnorm PRIVATE freekv_runtime)

@@ -2,12 +2,14 @@
  * from in-memory HND blocks through the source callback; every slot slice must end up equal to
  * a reference layout_scatter_unit of its block, with tiny staging buffers (many hand-overs),
  * poisoned staging (a buffer reused while read would leave NaN bytes in a slot), many jobs in
- * flight, a prepare step on the copy thread, and a failing source. */
+ * flight, a prepare step on the copy thread, a failing source, and the backend path (the
+ * recall_units op the paged policies use, here the CPU backend's, counted and made to fail). */
 #include "test_util.h"
 
 #include <errno.h>
 #include <math.h>
 
+#include "backend.h"
 #include "recall.h"
 
 enum { LAYERS = 3, PAGES = 40, N_KV = 4, P = 8, D = 16, SLOTS = 12 };
@@ -209,12 +211,65 @@ static void test_prepare_and_errors(void **state)
 	assert_int_equal(recall_new(&none, &r), -EINVAL);
 }
 
+/* A CPU backend whose recall_units counts units and fails on demand: the convert thread hands
+ * whole staging buffers to the backend op, whose failure fails the job. */
+static const struct backend_ops *cpu_ops;
+static int be_units, be_fail;
+
+static int counting_recall_units(void *ctx, void *const *slots, const int *heads,
+				 const void *units, int n, int p, int n_kv, int d,
+				 enum fkv_dtype dt)
+{
+	be_units += n;
+	if (be_fail)
+		return -EIO;
+	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt);
+}
+
+static void test_backend_recall_units(void **state)
+{
+	(void)state;
+	struct backend *cpu;
+	assert_int_equal(backend_cpu_new(&cpu, 1), 0);
+	cpu_ops = cpu->ops;
+	assert_non_null(cpu_ops->recall_units);
+	struct backend_ops ops = *cpu_ops;
+	ops.recall_units = counting_recall_units;
+	struct backend be = { .ops = &ops, .ctx = cpu->ctx };
+	struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src, .poison = true,
+				 .be = &be };
+	struct recall *r;
+	assert_int_equal(recall_new(&o, &r), 0);
+	size_t nf = SLOTS * slot_floats();
+	float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
+	struct recall_unit units[SLOTS * N_KV];
+	uint64_t seed = 99, ticket;
+	int n = random_units(&seed, slots, units, SLOTS * N_KV);
+	expect_units(ref, slots, units, n);
+	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+	assert_int_equal(recall_wait(r, ticket, NULL), 0);
+	assert_int_equal(be_units, n);
+	assert_memory_equal(slots, ref, nf * sizeof(float));
+	be_fail = 1;
+	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+	assert_int_equal(recall_wait(r, ticket, NULL), -EIO);
+	be_fail = 0;
+	recall_free(r);
+	/* A backend without the op cannot carry a recall stream. */
+	ops.recall_units = NULL;
+	assert_int_equal(recall_new(&o, &r), -EOPNOTSUPP);
+	free(slots);
+	free(ref);
+	backend_free(cpu);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_jobs_in_flight),
 		cmocka_unit_test(test_many_jobs),
 		cmocka_unit_test(test_prepare_and_errors),
+		cmocka_unit_test(test_backend_recall_units),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -12,9 +12,11 @@
  * KV bytes read, over the device-to-device copy bandwidth measured here), and the ratios
  * freekv / streaming and quest / freekv when those policies ran.
  *
- * The retrieval policies (streaming, quest, freekv) run on the CPU backend only so far
- * (policy_paged keeps its slots in host memory); on cuda their rows are reported as not run,
- * with the engine's reason, and the ratios are printed only for policies that ran.
+ * The retrieval policies (streaming, quest, freekv) run on cuda like `full`: each sequence gets a
+ * host copy in an embedded store sized for the run (the engine page-locks its pool for DMA
+ * recall), the budget's slots live on the device and recalls go through recall_units. A run
+ * that fails is reported as not run with the engine's reason, and the ratios are printed only
+ * for policies that ran.
  *
  * usage: bench_decode_gpu [--quick] [--layers N] [--policies LIST] [--batches LIST]
  *   --quick  4 layers, vocab 32000, one shape: 2048 prompt, 32 generated, batch 1 and 4 */
@@ -30,6 +32,7 @@
 #include "backend.h"
 #include "dtype.h"
 #include "engine.h"
+#include "hostkv.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -171,12 +174,15 @@ static int cmp_double(const void *x, const void *y)
 	return (a > b) - (a < b);
 }
 
-/* One (shape, policy, batch) run; mean and median step ms, or a negative errno with err. */
+/* One (shape, policy, batch) run; mean and median step ms, or a negative errno with err. The
+ * retrieval policies get a host copy per sequence in an embedded store sized for the run. */
 static int run(const struct fkv_model *m, struct backend *be, const struct shape *sh,
 	       const char *policy, int batch, double *mean, double *median, char *err,
 	       size_t errlen)
 {
 	struct engine *e = NULL;
+	struct hostkv *hk = NULL;
+	struct hostkv_seq *hs[MAX_LIST * 2] = { 0 };
 	struct engine_opts o = { .max_ctx = sh->prompt + sh->gen + 1, .max_seqs = batch,
 				 .policy = policy,
 				 .kv = { .page = 32, .budget = 2048, .sink = 512, .window = 512,
@@ -193,12 +199,29 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 		ret = -ENOMEM;
 		goto out;
 	}
+	struct kv_geom g;
+	engine_kv_geom(e, &g);
+	if (strcmp(policy, "full")) {
+		int64_t pages = (o.max_ctx + g.p - 1) / g.p;
+		struct hostkv_opts ho = {
+			.worker_name = "bench_decode_gpu",
+			.embedded_bytes = (size_t)batch * m->cfg.n_layers * pages *
+						  layout_block_bytes(&g) / 4 * 5 + ((size_t)64 << 20),
+		};
+		ret = hostkv_open(&ho, &hk, err, errlen);
+	}
 	for (int b = 0; b < batch && !ret; b++) {
+		char name[32];
+		snprintf(name, sizeof name, "bench-%d", b);
 		for (int i = 0; i < sh->prompt; i++)
 			ids[i] = (int32_t)((uint64_t)(i * 7919 + b * 104729) % (uint64_t)V);
-		ret = engine_seq_new(e, &seqs[b], err, errlen) ?:
-		      engine_prefill(e, seqs[b], ids, sh->prompt, lg + (size_t)b * V, false, err,
-				     errlen);
+		if (hk)
+			ret = hostkv_seq_open(hk, name, m->fingerprint, m->cfg.n_layers, &g, true,
+					      &hs[b], err, errlen);
+		if (!ret)
+			ret = engine_seq_open(e, hs[b], &seqs[b], err, errlen) ?:
+			      engine_prefill(e, seqs[b], ids, sh->prompt, lg + (size_t)b * V,
+					     false, err, errlen);
 	}
 	for (int s = 0; s < sh->gen && !ret; s++) {
 		for (int b = 0; b < batch; b++)
@@ -220,6 +243,10 @@ out:
 	free(lg);
 	free(t);
 	engine_free(e);
+	for (int b = 0; b < batch; b++)
+		if (hs[b])
+			hostkv_seq_close(hs[b], true);
+	hostkv_close(hk);
 	return ret;
 }
 

@@ -4,7 +4,8 @@
 #   2. ctest -L gpu (every kernel against its CPU twin),
 #   3. compute-sanitizer memcheck and racecheck on the retrieval kernels' tests,
 #   4. compute-sanitizer memcheck on the CUDA backend's test (every op vs the CPU backend, the
-#      engine end to end), and memcheck + racecheck on ONE decode step of the real binary:
+#      engine end to end), memcheck + racecheck on the policies' test (streaming, quest,
+#      freekv on cuda vs cpu), and memcheck + racecheck on ONE decode step of the real binary:
 #      `kvworker generate --backend cuda -n 2` on stories260K,
 #   5. the kernel micro-benchmarks (bench_kernels: recall units vs one copy, decode attention
 #      vs its HBM floor),
@@ -68,6 +69,12 @@ done
 
 step memcheck_test_backend_cuda "$SAN" --tool memcheck --leak-check full --error-exitcode 1 \
   "$BUILD/tests/test_backend_cuda"
+# The retrieval policies on CUDA: recall threads queue H2D copies and recall_scatter on the
+# compute stream while it runs attention over the same slots.
+for tool in memcheck racecheck; do
+  step "${tool}_test_policies_cuda" "$SAN" --tool "$tool" --error-exitcode 1 \
+    "$BUILD/tests/test_policies_cuda"
+done
 MODEL=${FREEKV_MODELS_DIR:-$SRC/../shared/models}/stories260K/stories260K.gguf
 if [ -f "$MODEL" ]; then
   for tool in memcheck racecheck; do

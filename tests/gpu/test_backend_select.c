@@ -1,7 +1,8 @@
 /* test_backend_select — choosing a backend (backend_open, kvworker --backend), on any machine:
  * cpu always opens; an unknown name is refused with a message; auto picks cuda exactly when a
  * device is present; --backend cuda without a device (or without CUDA support) is a clear error
- * and exit status 1 from every kvworker command, and --backend cpu runs. Label unit: the
+ * and exit status 1 from every kvworker command (a retrieval policy included; with a device,
+ * quest generates on cuda), and --backend cpu runs. Label unit: the
  * no-device checks are what CI can run; on a GPU machine the cuda cases are checked instead. */
 #include "test_util.h"
 
@@ -68,13 +69,19 @@ static void test_kvworker_flag(void **state)
 	snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' -n 1 --backend tpu -p x 2>&1", bin, model);
 	assert_int_not_equal(run(cmd, out, sizeof out), 0);
 	assert_non_null(strstr(out, "--backend"));
-	/* The retrieval policies do not run on cuda yet: refused up front on any machine. */
-	snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' -n 1 --policy quest --backend cuda -p x "
-		 "2>&1", bin, model);
-	assert_int_equal(run(cmd, out, sizeof out), 1);
-	assert_non_null(strstr(out, "policy quest runs on the cpu backend only"));
-	if (backend_cuda_devices() > 0)
+	/* A retrieval policy on cuda: runs with a device, else the no-device error (no longer a
+	 * policy refusal). */
+	snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' -n 2 --temp 0 --policy quest "
+		 "--backend cuda -p 'Once' 2>&1", bin, model);
+	if (backend_cuda_devices() > 0) {
+		int st = run(cmd, out, sizeof out);
+		if (st != 0)
+			fail_msg("quest on cuda: status %d, output: %s", st, out);
 		return;
+	}
+	assert_int_equal(run(cmd, out, sizeof out), 1);
+	assert_non_null(strstr(out, "--backend cuda"));
+	assert_null(strstr(out, "cpu backend only"));
 	char text[] = "/tmp/freekv-backend-select-XXXXXX";
 	int fd = mkstemp(text);
 	assert_true(fd >= 0);
