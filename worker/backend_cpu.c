@@ -35,6 +35,10 @@
  * hold: a unit converts each K/V row once for all its rows. */
 #define CPU_ATTN_ROWS 64
 #define CPU_ATTN_SCORES (1 << 20)
+/* A unit reads one head's slice of each K/V row, a row stride apart: it prefetches the slice
+ * this many rows ahead (measured on f32 spans of (32, 8, 128) pages: 1.8x over no prefetch,
+ * 2 to 8 rows alike). */
+#define CPU_ATTN_PREFETCH 4
 
 /* The hot loops are compiled twice, for x86-64-v3 (AVX2, FMA) and the baseline, and the loader
  * picks the clone the CPU runs (GCC function multiversioning): the build targets the baseline,
@@ -570,10 +574,14 @@ CPU_HOT static void attn_unit(const struct attn_rows *u, float *s, const struct 
 			int64_t t0 = k0 > base ? k0 - base : 0;
 			int64_t t1 = k1 - base < span->n ? k1 - base : span->n;
 			const char *rows = (const char *)(pass ? span->v : span->k);
+			const size_t pf = (size_t)(CPU_ATTN_PREFETCH * span->row_stride) * es;
 			for (int64_t t = t0; t < t1; t++) {
 				const int64_t key = base + t;
 				const char *p = rows + (size_t)(t * span->row_stride +
 								(int64_t)kvh * d) * es;
+				if (t + CPU_ATTN_PREFETCH < t1)
+					for (size_t b = 0; b < (size_t)d * es; b += 64)
+						__builtin_prefetch(p + pf + b);
 				const float *x = row_f32(tmp, p, a->kv_dtype, 0, d);
 				if (!pass) {
 					for (int r = 0; r < u->n; r += 4)

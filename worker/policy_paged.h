@@ -9,7 +9,8 @@
  * while there is room (the sequence still fits the budget, so every policy attends to
  * everything), and afterwards only when the strategy keeps recent pages (streaming); otherwise
  * it stays in the host copy until selected. Also per layer: min/max key summaries of every full
- * page (host memory the CPU backend computes on), the last query, and the counters.
+ * page (host memory, from a download of the page's keys: selection runs on the host, select.c),
+ * the last query, and the counters.
  *
  * Dense prefill reads the past from the slots while everything fits, else from the host copy.
  * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (f32 on
