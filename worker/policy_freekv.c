@@ -111,18 +111,4 @@ static int freekv_create(const struct kv_seq_params *p, void **st)
 	return paged_create(p, &freekv, st);
 }
 
-const struct kv_policy_ops kv_policy_freekv = {
-	.name = "freekv",
-	.create = freekv_create,
-	.destroy = paged_destroy,
-	.step_begin = paged_step_begin,
-	.layer_begin = NULL,
-	.append = paged_append,
-	.attend = paged_attend,
-	.layer_end = NULL,
-	.step_end = paged_step_end,
-	.length = paged_length,
-	.stats = paged_stats,
-	.layer_stats = paged_layer_stats,
-	.restore = paged_restore,
-};
+const struct kv_policy_ops kv_policy_freekv = PAGED_POLICY_OPS("freekv", freekv_create);

@@ -128,4 +128,14 @@ void paged_drop_selection(struct paged *s, struct paged_layer *L);
 
 int64_t paged_now_ns(void);
 
+/* The kv_policy_ops of a paged policy: every op but create is the shared paged_* one. */
+#define PAGED_POLICY_OPS(NAME, CREATE)                                                        \
+	{                                                                                       \
+		.name = (NAME), .create = (CREATE), .destroy = paged_destroy,                  \
+		.step_begin = paged_step_begin, .layer_begin = NULL, .append = paged_append,   \
+		.attend = paged_attend, .layer_end = NULL, .step_end = paged_step_end,         \
+		.length = paged_length, .stats = paged_stats, .layer_stats = paged_layer_stats, \
+		.restore = paged_restore,                                                      \
+	}
+
 #endif

@@ -30,18 +30,4 @@ static int quest_create(const struct kv_seq_params *p, void **st)
 	return paged_create(p, &quest, st);
 }
 
-const struct kv_policy_ops kv_policy_quest = {
-	.name = "quest",
-	.create = quest_create,
-	.destroy = paged_destroy,
-	.step_begin = paged_step_begin,
-	.layer_begin = NULL,
-	.append = paged_append,
-	.attend = paged_attend,
-	.layer_end = NULL,
-	.step_end = paged_step_end,
-	.length = paged_length,
-	.stats = paged_stats,
-	.layer_stats = paged_layer_stats,
-	.restore = paged_restore,
-};
+const struct kv_policy_ops kv_policy_quest = PAGED_POLICY_OPS("quest", quest_create);

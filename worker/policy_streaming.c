@@ -28,18 +28,4 @@ static int streaming_create(const struct kv_seq_params *p, void **st)
 	return paged_create(p, &streaming, st);
 }
 
-const struct kv_policy_ops kv_policy_streaming = {
-	.name = "streaming",
-	.create = streaming_create,
-	.destroy = paged_destroy,
-	.step_begin = paged_step_begin,
-	.layer_begin = NULL,
-	.append = paged_append,
-	.attend = paged_attend,
-	.layer_end = NULL,
-	.step_end = paged_step_end,
-	.length = paged_length,
-	.stats = paged_stats,
-	.layer_stats = paged_layer_stats,
-	.restore = paged_restore,
-};
+const struct kv_policy_ops kv_policy_streaming = PAGED_POLICY_OPS("streaming", streaming_create);
