@@ -16,49 +16,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "pool.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t parse_size(const char *s)
-{
-	char *end;
-	uint64_t v = strtoull(s, &end, 10);
-	switch (*end) {
-	case 'k': case 'K': return v << 10;
-	case 'm': case 'M': return v << 20;
-	case 'g': case 'G': return v << 30;
-	default: return v;
-	}
-}
 
 #define MAX_PASSES 64
 
 /* Copy rate of one pass (bytes/s): n blocks of bs from src[i] to dst[i]. */
 static double copy_rate(char **dst, char **src, uint64_t n, uint64_t bs)
 {
-	double t0 = now_s();
+	double t0 = bench_now_s();
 	for (uint64_t i = 0; i < n; i++)
 		memcpy(dst[i], src[i], bs);
-	return (double)(n * bs) / (now_s() - t0);
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
+	return (double)(n * bs) / (bench_now_s() - t0);
 }
 
 /* Prints median [min..max] of v (sorts it). */
 static void print_summary(const char *fmt_med, double scale, double *v, int n)
 {
-	qsort(v, (size_t)n, sizeof *v, cmp_d);
-	printf(fmt_med, v[n / 2] * scale, v[0] * scale, v[n - 1] * scale);
+	struct bench_summary m = bench_summarize(v, n);
+	printf(fmt_med, m.med * scale, m.lo * scale, m.hi * scale);
 }
 
 static void *anon(uint64_t bytes)
@@ -77,9 +53,9 @@ int main(int argc, char **argv)
 	bool lock = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--bytes") && i + 1 < argc)
-			bytes = parse_size(argv[++i]);
+			bytes = bench_parse_size(argv[++i]);
 		else if (!strcmp(argv[i], "--bs") && i + 1 < argc)
-			bs = parse_size(argv[++i]);
+			bs = bench_parse_size(argv[++i]);
 		else if (!strcmp(argv[i], "--passes") && i + 1 < argc)
 			passes = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--lock"))
@@ -157,7 +133,7 @@ int main(int argc, char **argv)
 	}
 
 	/* Metadata: offset lookups (what validating a worker's offsets costs) and alloc + free. */
-	double t0 = now_s();
+	double t0 = bench_now_s();
 	uint64_t found = 0;
 	for (int r = 0; r < 20; r++) {
 		for (uint64_t i = 0; i < n; i++) {
@@ -165,16 +141,16 @@ int main(int argc, char **argv)
 			found += pool_block_at(p, pool_block_get(p, ids[i])->dram_off, &id) == 0;
 		}
 	}
-	double lookup = (double)(20 * n) / (now_s() - t0);
+	double lookup = (double)(20 * n) / (bench_now_s() - t0);
 	uint64_t half = n / 2;
-	t0 = now_s();
+	t0 = bench_now_s();
 	for (int r = 0; r < 20; r++) {
 		for (uint64_t i = 0; i < half; i++)
 			pool_block_free(p, ids[i]);
 		for (uint64_t i = 0; i < half; i++)
 			pool_block_alloc(p, cls, &ids[i]);
 	}
-	double churn = (double)(20 * half) / (now_s() - t0);
+	double churn = (double)(20 * half) / (bench_now_s() - t0);
 	printf("metadata: %.2f M offset lookups/s (%llu ok), %.2f M alloc+free pairs/s\n",
 	       lookup / 1e6, (unsigned long long)found, churn / 1e6);
 	pool_destroy(p);

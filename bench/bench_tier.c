@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "crc32c.h"
 #include "tier.h"
 
@@ -35,25 +36,6 @@ struct opts {
 	uint64_t bs, size;
 	unsigned qd;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t parse_size(const char *s)
-{
-	char *end;
-	uint64_t v = strtoull(s, &end, 10);
-	switch (*end) {
-	case 'k': case 'K': return v << 10;
-	case 'm': case 'M': return v << 20;
-	case 'g': case 'G': return v << 30;
-	default: return v;
-	}
-}
 
 struct run {
 	struct tier *t;
@@ -95,7 +77,7 @@ static double tier_pass(struct tier *t, bool write, char *buf, const uint64_t *o
 			uint64_t bs, unsigned qd, const uint32_t *crcs)
 {
 	struct run run = { .t = t, .buf = buf, .order = order, .crcs = crcs, .n = n, .bs = bs, .write = write };
-	double t0 = now_s();
+	double t0 = bench_now_s();
 	while (run.sent < n && run.sent < qd) {
 		int ret = submit_next(&run);
 		if (ret < 0) {
@@ -107,7 +89,7 @@ static double tier_pass(struct tier *t, bool write, char *buf, const uint64_t *o
 		if (tier_flush(t) < 0 || tier_wait(t, 10000, on_done, &run) < 0)
 			return -1;
 	}
-	double dt = now_s() - t0;
+	double dt = bench_now_s() - t0;
 	if (run.err) {
 		fprintf(stderr, "I/O error: %s\n", strerror(-run.err));
 		while (tier_pending(t) && tier_wait(t, 1000, on_done, &run) >= 0)
@@ -121,28 +103,12 @@ static double tier_pass(struct tier *t, bool write, char *buf, const uint64_t *o
 static double crc_pass(const char *buf, uint64_t n, uint64_t bs)
 {
 	uint32_t x = 0;
-	double t0 = now_s();
+	double t0 = bench_now_s();
 	for (uint64_t i = 0; i < n; i++)
 		x ^= crc32c(0, buf + i * bs, bs);
-	double dt = now_s() - t0;
+	double dt = bench_now_s() - t0;
 	__asm__ __volatile__("" : : "r"(x));
 	return dt;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-struct summary {
-	double med, lo, hi;
-};
-
-static struct summary summarize(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof *v, cmp_d);
-	return (struct summary){ v[n / 2], v[0], v[n - 1] };
 }
 
 /* Runs fio and returns its bandwidth in bytes/s from the JSON report, or -1. */
@@ -217,11 +183,11 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[i], "--file") && i + 1 < argc)
 			o.file = argv[++i];
 		else if (!strcmp(argv[i], "--bs") && i + 1 < argc)
-			o.bs = parse_size(argv[++i]);
+			o.bs = bench_parse_size(argv[++i]);
 		else if (!strcmp(argv[i], "--qd") && i + 1 < argc)
 			o.qd = (unsigned)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--size") && i + 1 < argc)
-			o.size = parse_size(argv[++i]);
+			o.size = bench_parse_size(argv[++i]);
 		else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
 			reps = atoi(argv[++i]);
 		else {
@@ -301,8 +267,10 @@ int main(int argc, char **argv)
 	printf("median over repetitions [min..max]\n");
 	printf("%-20s %24s %24s %22s %10s\n", "pattern", "tier MB/s", "fio MB/s", "ratio", "crc share");
 	for (int p = 0; p < 3; p++) {
-		struct summary a = summarize(mine[p], reps), b = summarize(theirs[p], reps);
-		struct summary q = summarize(ratio[p], reps), c = summarize(crc_frac[p], reps);
+		struct bench_summary a = bench_summarize(mine[p], reps);
+		struct bench_summary b = bench_summarize(theirs[p], reps);
+		struct bench_summary q = bench_summarize(ratio[p], reps);
+		struct bench_summary c = bench_summarize(crc_frac[p], reps);
 		printf("%-20s %7.1f [%6.1f..%6.1f] %7.1f [%6.1f..%6.1f] %6.3f [%5.3f..%5.3f] %9.1f%%\n", names[p],
 		       a.med / 1e6, a.lo / 1e6, a.hi / 1e6, b.med / 1e6, b.lo / 1e6, b.hi / 1e6, q.med, q.lo, q.hi,
 		       100 * c.med);

@@ -135,14 +135,22 @@ static json_object *status_json(const Freekv__StatsReply *s)
 	return j;
 }
 
-static int v_status(struct kvs *k, const struct opts *o)
+/* Fetches kvstored's stats, hands them to show (json: --json given), frees the reply. */
+static int with_stats(struct kvs *k, const struct opts *o,
+		      void (*show)(const Freekv__StatsReply *s, bool json))
 {
 	Freekv__Reply *r;
 	int ret = kvs_stats(k, &r);
 	if (ret)
 		return failed(k, ret);
-	const Freekv__StatsReply *s = r->stats;
-	if (o->json) {
+	show(r->stats, o->json);
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+static void show_status(const Freekv__StatsReply *s, bool json)
+{
+	if (json) {
 		emit(status_json(s));
 	} else {
 		char a[32], b[32], c[32], d[32];
@@ -155,8 +163,11 @@ static int v_status(struct kvs *k, const struct opts *o)
 		printf("  DRAM  %12s / %-12s %8" PRIu64 " blocks\n", a, b, s->blocks_dram);
 		printf("  NVMe  %12s / %-12s %8" PRIu64 " blocks\n", c, d, s->blocks_nvme);
 	}
-	kvs_reply_free(r);
-	return EXIT_OK;
+}
+
+static int v_status(struct kvs *k, const struct opts *o)
+{
+	return with_stats(k, o, show_status);
 }
 
 static int v_workers(struct kvs *k, const struct opts *o)
@@ -356,14 +367,9 @@ static json_object *stat_rows(Freekv__CommandStat **v, size_t n, bool print, con
 	return arr;
 }
 
-static int v_stats(struct kvs *k, const struct opts *o)
+static void show_stats(const Freekv__StatsReply *s, bool json)
 {
-	Freekv__Reply *r;
-	int ret = kvs_stats(k, &r);
-	if (ret)
-		return failed(k, ret);
-	const Freekv__StatsReply *s = r->stats;
-	if (o->json) {
+	if (json) {
 		json_object *j = json_object_new_object();
 		json_object_object_add(j, "demoted_blocks", json_object_new_uint64(s->demoted_blocks));
 		json_object_object_add(j, "promoted_blocks", json_object_new_uint64(s->promoted_blocks));
@@ -381,8 +387,11 @@ static int v_stats(struct kvs *k, const struct opts *o)
 		printf("\n");
 		json_object_put(stat_rows(s->ring_ops, s->n_ring_ops, true, "RING OP"));
 	}
-	kvs_reply_free(r);
-	return EXIT_OK;
+}
+
+static int v_stats(struct kvs *k, const struct opts *o)
+{
+	return with_stats(k, o, show_stats);
 }
 
 static int v_config(struct kvs *k, const struct opts *o)

@@ -8,25 +8,11 @@
 #include <errno.h>
 #include <math.h>
 
-#include "backend.h"
+#include "test_backend.h"
 
-static struct backend *be;
 static uint64_t seed = 0x5eed;
 
 static const enum fkv_dtype dtypes[] = { FKV_F32, FKV_F16, FKV_BF16 };
-
-static int setup(void **state)
-{
-	(void)state;
-	return backend_cpu_new(&be, 2);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	backend_free(be);
-	return 0;
-}
 
 static float *randv(int64_t n, float scale)
 {
@@ -59,18 +45,6 @@ static struct backend_mat mat(const void *data, enum fkv_dtype t, int64_t rows, 
 	struct backend_mat m;
 	assert_int_equal(be->ops->weight_load(be->ctx, &src, &m), 0);
 	return m;
-}
-
-/* max |got - want| / max |want|: the normalised error. */
-static double nerr(const float *got, const double *want, int64_t n)
-{
-	double e = 0.0, m = 1e-12;
-	for (int64_t i = 0; i < n; i++) {
-		assert_false(isnan(got[i]));
-		e = fmax(e, fabs(got[i] - want[i]));
-		m = fmax(m, fabs(want[i]));
-	}
-	return e / m;
 }
 
 static void check_matmul(enum fkv_dtype t, int64_t n, int64_t rows, int64_t cols)

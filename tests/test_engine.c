@@ -13,13 +13,12 @@
 #include <stdbool.h>
 #include <sys/stat.h>
 
-#include "backend.h"
+#include "test_backend.h"
 #include "engine.h"
 #include "model.h"
 #include "sampler.h"
 #include "synth.h"
 
-static struct backend *be;
 static uint64_t seed = 0xe11e;
 
 /* ---- reference forward pass (float64) ---- */
@@ -238,18 +237,6 @@ static void mem_model_free(struct fkv_model *m)
 }
 
 /* ---- helpers ---- */
-
-static double nerr(const float *got, const double *want, int64_t n)
-{
-	double e = 0, mx = 1e-12;
-	for (int64_t i = 0; i < n; i++) {
-		if (isnan(got[i]))
-			return INFINITY;
-		e = fmax(e, fabs(got[i] - want[i]));
-		mx = fmax(mx, fabs(want[i]));
-	}
-	return e / mx;
-}
 
 static struct engine *new_engine(const struct fkv_model *m, int ubatch, bool kv_f32)
 {
@@ -654,19 +641,6 @@ static void test_presets_vs_reference(void **state)
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
 	assert_int_equal(system(cmd), 0);
 	assert_true(done >= (big ? 3 : 1));
-}
-
-static int setup(void **state)
-{
-	(void)state;
-	return backend_cpu_new(&be, 2);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	backend_free(be);
-	return 0;
 }
 
 int main(int argc, char **argv)

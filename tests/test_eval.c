@@ -7,71 +7,19 @@
  * engaged). No accuracy ordering between policies is asserted: none is guaranteed. Policies not
  * built yet are skipped with a note. --json parses with json-c; bad input exits 2 or 1 with a
  * message, never a crash. */
-#include "test_util.h"
+#include "test_proc.h"
 
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <math.h>
-#include <sys/wait.h>
 
 #include "kvcache.h"
 
 static char bin[4096], tmpdir[64], gguf[4096], corpus[4096];
 
-struct result {
-	int rc;
-	char *out, *err;
-};
-
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	assert_non_null(f);
-	char *buf = calloc(1, 1 << 20);
-	assert_non_null(buf);
-	size_t n = fread(buf, 1, (1 << 20) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-	return buf;
-}
-
 /* Runs kvworker with args (NULL-terminated), stdin from /dev/null. */
 static struct result run(const char *const *args)
 {
-	char outp[128], errp[128];
-	snprintf(outp, sizeof outp, "%s/out", tmpdir);
-	snprintf(errp, sizeof errp, "%s/err", tmpdir);
-	const char *argv[40] = { bin };
-	int n = 1;
-	while (args[n - 1] && n < 39) {
-		argv[n] = args[n - 1];
-		n++;
-	}
-	argv[n] = NULL;
-	pid_t pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		int i = open("/dev/null", O_RDONLY);
-		int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		if (i < 0 || o < 0 || e < 0)
-			_exit(127);
-		dup2(i, 0);
-		dup2(o, 1);
-		dup2(e, 2);
-		execv(bin, (char *const *)argv);
-		_exit(127);
-	}
-	int st;
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_true(WIFEXITED(st)); /* never a crash */
-	return (struct result){ WEXITSTATUS(st), slurp(outp), slurp(errp) };
-}
-
-static void result_free(struct result *r)
-{
-	free(r->out);
-	free(r->err);
+	return proc_run(bin, tmpdir, NULL, args);
 }
 
 #define RUN(...) run((const char *const[]){ __VA_ARGS__, NULL })
@@ -171,7 +119,7 @@ static void test_full_self_and_perplexity(void **state)
 	assert_true(ppl > 1.0 && ppl < 100.0);
 	assert_true(fabs(log(ppl) - num(f, "nll_sum") / (double)n) < 1e-12);
 	json_object_put(doc);
-	result_free(&r);
+	proc_result_free(&r);
 
 	r = RUN("perplexity", "-m", gguf, "-f", corpus);
 	assert_int_equal(r.rc, 0);
@@ -181,7 +129,7 @@ static void test_full_self_and_perplexity(void **state)
 		last = p;
 	double ref = strtod(last + strlen("perplexity: "), NULL);
 	assert_true(fabs(ppl - ref) / ref < 1e-4);
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 /* --max-tokens bounds the scored tokens exactly; the table has a row per policy. */
@@ -194,7 +142,7 @@ static void test_max_tokens_and_table(void **state)
 	assert_non_null(strstr(r.out, "scored 100 tokens (windows: 1 "));
 	assert_non_null(strstr(r.out, "| full      |"));
 	assert_non_null(strstr(r.out, "perplexity"));
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 /* With B at least the window every policy attends to everything: full's scores exactly. */
@@ -222,7 +170,7 @@ static void test_budget_covers_context(void **state)
 		assert_int_equal(inum(p, "pages_recalled"), 0);
 	}
 	json_object_put(doc);
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 /* tau above 1 flags every checked head, so freekv selects with the current query every step:
@@ -263,7 +211,7 @@ static void test_freekv_tau2_equals_quest(void **state)
 	}
 	assert_int_equal(sum, inum(fk, "pages_recalled"));
 	json_object_put(doc);
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 /* Bad input: exit 2 (usage) or 1 (failure) with a message, never a crash. */
@@ -292,15 +240,15 @@ static void test_bad_input(void **state)
 		struct result r = run(args);
 		if (r.rc != cases[c].rc || !strstr(r.err, cases[c].msg))
 			fail_msg("case %zu: rc %d, stderr: %s", c, r.rc, r.err);
-		result_free(&r);
+		proc_result_free(&r);
 	}
 	struct result r = RUN("eval", "-m", gguf, "-f", "/nonexistent/corpus.txt");
 	assert_int_equal(r.rc, 1);
 	assert_non_null(strstr(r.err, "cannot read"));
-	result_free(&r);
+	proc_result_free(&r);
 	r = RUN("eval", "-f", corpus);
 	assert_int_equal(r.rc, 2);
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 int main(void)

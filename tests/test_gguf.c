@@ -348,20 +348,6 @@ static void test_synthetic_truncations(void **state)
 	free(b.p);
 }
 
-static uint8_t *read_file(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	assert_non_null(f);
-	fseek(f, 0, SEEK_END);
-	*len = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	uint8_t *p = malloc(*len);
-	assert_non_null(p);
-	assert_int_equal(fread(p, 1, *len, f), *len);
-	fclose(f);
-	return p;
-}
-
 static void test_stories_metadata(void **state)
 {
 	(void)state;
@@ -440,7 +426,7 @@ static void test_stories_metadata(void **state)
 	const char *bin = test_model_path("stories260K/stories260K.bin");
 	if (bin) {
 		size_t blen;
-		uint8_t *b = read_file(bin, &blen);
+		uint8_t *b = test_read_file(bin, &blen);
 		t = gguf_tensor(g, gguf_find_tensor(g, "token_embd.weight"));
 		assert_memory_equal(t->data, b + 28, 512 * 64 * 4);
 		t = gguf_tensor(g, gguf_find_tensor(g, "blk.0.attn_q.weight"));
@@ -461,7 +447,7 @@ static void test_stories_truncations(void **state)
 	if (!path)
 		skip();
 	size_t len;
-	uint8_t *p = read_file(path, &len);
+	uint8_t *p = test_read_file(path, &len);
 	char err[256];
 	for (size_t cut = 0; cut < len; cut += cut < 14240 ? 1 : 4093) {
 		err[0] = 0;
@@ -501,7 +487,7 @@ static void test_fuzz(void **state)
 	size_t len;
 	uint8_t *orig;
 	if (path) {
-		orig = read_file(path, &len);
+		orig = test_read_file(path, &len);
 	} else {
 		struct mk o = MK_DEFAULT;
 		struct buf b = make_gguf(&o);

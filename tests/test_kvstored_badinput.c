@@ -34,6 +34,19 @@ static size_t pack_req(Freekv__Request *q, uint8_t *buf, size_t cap)
 	return freekv__request__pack(q, buf);
 }
 
+/* Makes q an OPEN_SEQUENCE request with body o: named name, geometry g, and a fingerprint of
+ * fp_len bytes at fp. */
+static void open_body(Freekv__Request *q, Freekv__OpenSequence *o, Freekv__Geometry *g,
+		      const char *name, uint8_t *fp, size_t fp_len)
+{
+	o->name = (char *)name;
+	o->model_fingerprint.len = fp_len;
+	o->model_fingerprint.data = fp;
+	o->geometry = g;
+	q->body_case = FREEKV__REQUEST__BODY_OPEN_SEQUENCE;
+	q->open_sequence = o;
+}
+
 /* One bad message; returns the reply's status (must be < 0). */
 static int send_bad(void *sock, uint64_t *rng, uint32_t other_worker, int *kind_out)
 {
@@ -57,12 +70,7 @@ static int send_bad(void *sock, uint64_t *rng, uint32_t other_worker, int *kind_
 	case 1: /* truncated valid request */
 		g.n_layers = g.n_kv_heads = g.head_dim = g.page_size = 4;
 		g.dtype = FREEKV__DTYPE__DTYPE_F16;
-		o.name = "t";
-		o.model_fingerprint.len = 1;
-		o.model_fingerprint.data = buf + 70000;
-		o.geometry = &g;
-		q.body_case = FREEKV__REQUEST__BODY_OPEN_SEQUENCE;
-		q.open_sequence = &o;
+		open_body(&q, &o, &g, "t", buf + 70000, 1);
 		len = pack_req(&q, buf, sizeof buf);
 		len = test_rand(rng) % len;
 		break;
@@ -97,25 +105,15 @@ static int send_bad(void *sock, uint64_t *rng, uint32_t other_worker, int *kind_
 		g.head_dim = 1u << 30;
 		g.page_size = 16;
 		g.dtype = (Freekv__DType)(test_rand(rng) % 9 + 4);
-		o.name = "geo";
-		o.model_fingerprint.len = 4;
-		o.model_fingerprint.data = buf + 70000;
-		o.geometry = &g;
-		q.body_case = FREEKV__REQUEST__BODY_OPEN_SEQUENCE;
-		q.open_sequence = &o;
+		open_body(&q, &o, &g, "geo", buf + 70000, 4);
 		len = pack_req(&q, buf, sizeof buf);
 		break;
 	case 7: /* oversize token count (max_tokens=1000) */
 		g.n_layers = g.n_kv_heads = g.head_dim = g.page_size = 4;
 		g.dtype = FREEKV__DTYPE__DTYPE_F16;
-		o.name = "many";
-		o.model_fingerprint.len = 4;
-		o.model_fingerprint.data = buf + 70000;
-		o.geometry = &g;
+		open_body(&q, &o, &g, "many", buf + 70000, 4);
 		o.n_token_ids = 1001 + test_rand(rng) % 10000;
 		o.token_ids = many;
-		q.body_case = FREEKV__REQUEST__BODY_OPEN_SEQUENCE;
-		q.open_sequence = &o;
 		len = pack_req(&q, buf, sizeof buf);
 		break;
 	case 8: /* oversized frame (max_request_bytes=64K) */

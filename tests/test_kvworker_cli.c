@@ -2,14 +2,12 @@
  * on stories260K and checks what it prints — the greedy continuation equals the engine's own
  * greedy tokens, text output is the decoding of those ids, --stats is one JSON line, perplexity
  * ends with its line, bad flags exit 2, failures exit 1 with a message. */
-#include "test_util.h"
+#include "test_proc.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include "backend.h"
 #include "engine.h"
@@ -20,61 +18,10 @@
 static char bin[4096], tmpdir[64];
 static const char *gguf, *hf;
 
-/* Output of one run: exit code, stdout and stderr as strings (malloc'ed). */
-struct result {
-	int rc;
-	char *out, *err;
-};
-
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	assert_non_null(f);
-	char *buf = calloc(1, 1 << 20);
-	assert_non_null(buf);
-	size_t n = fread(buf, 1, (1 << 20) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-	return buf;
-}
-
 /* Runs kvworker with args (NULL-terminated) and stdin from in_path (or /dev/null). */
 static struct result run(const char *in_path, const char *const *args)
 {
-	char outp[128], errp[128];
-	snprintf(outp, sizeof outp, "%s/out", tmpdir);
-	snprintf(errp, sizeof errp, "%s/err", tmpdir);
-	const char *argv[32] = { bin };
-	int n = 1;
-	while (args[n - 1] && n < 31) {
-		argv[n] = args[n - 1];
-		n++;
-	}
-	argv[n] = NULL;
-	pid_t pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		int i = open(in_path ? in_path : "/dev/null", O_RDONLY);
-		int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		if (i < 0 || o < 0 || e < 0)
-			_exit(127);
-		dup2(i, 0);
-		dup2(o, 1);
-		dup2(e, 2);
-		execv(bin, (char *const *)argv);
-		_exit(127);
-	}
-	int st;
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_true(WIFEXITED(st)); /* never a crash */
-	return (struct result){ WEXITSTATUS(st), slurp(outp), slurp(errp) };
-}
-
-static void result_free(struct result *r)
-{
-	free(r->out);
-	free(r->err);
+	return proc_run(bin, tmpdir, in_path, args);
 }
 
 #define RUN(in, ...) run(in, (const char *const[]){ __VA_ARGS__, NULL })
@@ -201,9 +148,9 @@ static void test_generate_greedy(void **state)
 	free(text);
 	tokenizer_free(tok);
 	model_free(&m);
-	result_free(&rg);
-	result_free(&rh);
-	result_free(&rt);
+	proc_result_free(&rg);
+	proc_result_free(&rh);
+	proc_result_free(&rt);
 }
 
 static void test_generate_stdin_stats_seed(void **state)
@@ -244,11 +191,11 @@ static void test_generate_stdin_stats_seed(void **state)
 	assert_int_equal(s1.rc, 0);
 	assert_string_equal(s1.out, s2.out);
 	assert_string_not_equal(s1.out, s3.out);
-	result_free(&a);
-	result_free(&b);
-	result_free(&s1);
-	result_free(&s2);
-	result_free(&s3);
+	proc_result_free(&a);
+	proc_result_free(&b);
+	proc_result_free(&s1);
+	proc_result_free(&s2);
+	proc_result_free(&s3);
 }
 
 static void test_perplexity(void **state)
@@ -274,7 +221,7 @@ static void test_perplexity(void **state)
 			last--;
 		assert_int_equal(sscanf(last, "perplexity: %lf", &ppl[i]), 1);
 		assert_true(ppl[i] > 1.0 && ppl[i] < 100.0); /* far below vocab 512: a trained model */
-		result_free(&r);
+		proc_result_free(&r);
 	}
 	assert_true(fabs(ppl[0] - ppl[1]) < 1e-3 * ppl[0]);
 	/* Shuffled words score worse than the story. */
@@ -287,7 +234,7 @@ static void test_perplexity(void **state)
 	assert_non_null(strstr(r.out, "perplexity: "));
 	assert_int_equal(sscanf(strstr(r.out, "perplexity: "), "perplexity: %lf", &bad), 1);
 	assert_true(bad > 2 * ppl[0]);
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 static void test_bad_flags_exit_2(void **state)
@@ -320,18 +267,18 @@ static void test_bad_flags_exit_2(void **state)
 				 cases[i][1] : "", r.rc);
 		assert_non_null(strstr(r.err, "usage") ? r.err : strstr(r.err, "unknown"));
 		assert_int_equal(r.out[0], '\0');
-		result_free(&r);
+		proc_result_free(&r);
 	}
 	struct result h = RUN(NULL, "generate", "--help");
 	assert_int_equal(h.rc, 0);
 	assert_non_null(strstr(h.out, "--top-p"));
-	result_free(&h);
+	proc_result_free(&h);
 	h = RUN(NULL, "perplexity", "--help");
 	assert_int_equal(h.rc, 0);
-	result_free(&h);
+	proc_result_free(&h);
 	h = RUN(NULL, "synth", "--help");
 	assert_int_equal(h.rc, 0);
-	result_free(&h);
+	proc_result_free(&h);
 }
 
 static void test_failures_exit_1(void **state)
@@ -340,11 +287,11 @@ static void test_failures_exit_1(void **state)
 	struct result r = RUN(NULL, "generate", "-m", "/nonexistent/model.gguf", "-p", "x");
 	assert_int_equal(r.rc, 1);
 	assert_non_null(strstr(r.err, "/nonexistent/model.gguf"));
-	result_free(&r);
+	proc_result_free(&r);
 	r = RUN(NULL, "perplexity", "-m", "/nonexistent", "-f", "/nonexistent/text");
 	assert_int_equal(r.rc, 1);
 	assert_non_null(strstr(r.err, "cannot read"));
-	result_free(&r);
+	proc_result_free(&r);
 	if (!gguf)
 		return;
 	/* A prompt longer than the context: a clear error. */
@@ -352,7 +299,7 @@ static void test_failures_exit_1(void **state)
 		"4", "--temp", "0");
 	assert_int_equal(r.rc, 1);
 	assert_non_null(strstr(r.err, "context limit"));
-	result_free(&r);
+	proc_result_free(&r);
 	/* Generation stops at the context limit and says so. */
 	int ids[64];
 	r = RUN(NULL, "generate", "-m", gguf, "-p", "Once upon a time", "--ctx", "12", "-n", "50",
@@ -360,7 +307,7 @@ static void test_failures_exit_1(void **state)
 	assert_int_equal(r.rc, 0);
 	assert_true(parse_ids(r.out, ids, 64) <= 12 - 5 + 1);
 	assert_non_null(strstr(r.err, "context limit"));
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 static void test_synth_then_generate(void **state)
@@ -371,7 +318,7 @@ static void test_synth_then_generate(void **state)
 	struct result r = RUN(NULL, "synth", "--preset", "tiny", "--layers", "1", "--dtype", "bf16",
 			      "--out", out);
 	assert_int_equal(r.rc, 0);
-	result_free(&r);
+	proc_result_free(&r);
 	r = RUN(NULL, "generate", "-m", out, "-p", "hello world", "-n", "5", "--temp", "0",
 		"--ids");
 	assert_int_equal(r.rc, 0);
@@ -379,7 +326,7 @@ static void test_synth_then_generate(void **state)
 	for (char *p = strtok(r.out, " \n"); p; p = strtok(NULL, " \n"))
 		n++;
 	assert_true(n >= 1 && n <= 5);
-	result_free(&r);
+	proc_result_free(&r);
 }
 
 int main(void)

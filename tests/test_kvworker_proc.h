@@ -1,13 +1,15 @@
 /* Helpers for tests that run the real kvworker binary next to a real kvstored: start it with
  * its stdout on a pipe, read whitespace-separated token ids as they stream, wait for it, and
- * read a sequence's kept token ids from the daemon. Header-only, used with
- * test_kvstored_harness.h by test_resume.c and test_two_workers.c. */
+ * read a sequence's kept token ids from the daemon, and whether a KV policy is built. Header-only,
+ * used with test_kvstored_harness.h by test_resume.c, test_two_workers.c and test_serve.c. */
 #ifndef FREEKV_TEST_KVWORKER_PROC_H
 #define FREEKV_TEST_KVWORKER_PROC_H
 
 #include "test_kvstored_harness.h"
 
 #include <ctype.h>
+
+#include "kvcache.h"
 
 #define P_MAX_ARGS 48
 #define P_MAX_IDS 4096
@@ -126,6 +128,15 @@ static inline int p_seq_ids(const char *endpoint, const char *name, int *ids, in
 	kvs_reply_free(r);
 	kvs_close(k);
 	return n;
+}
+
+/* True when KV policy name is built; otherwise notes on stderr that the case is skipped. */
+static inline bool p_policy_built(const char *name)
+{
+	if (kvcache_policy(name))
+		return true;
+	fprintf(stderr, "note: policy %s is not built: case skipped\n", name);
+	return false;
 }
 
 #endif

@@ -178,29 +178,9 @@ static void rm_tmpdir(void)
 	rmdir(tmpdir);
 }
 
-static uint8_t *read_all(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	assert_non_null(f);
-	fseek(f, 0, SEEK_END);
-	*len = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	uint8_t *p = malloc(*len + 1);
-	assert_non_null(p);
-	assert_int_equal(fread(p, 1, *len, f), *len);
-	p[*len] = 0;
-	fclose(f);
-	return p;
-}
-
 static void write_all(const char *name, const void *p, size_t len)
 {
-	char path[256];
-	snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-	FILE *f = fopen(path, "wb");
-	assert_non_null(f);
-	assert_int_equal(fwrite(p, 1, len, f), len);
-	fclose(f);
+	test_write_file(tmpdir, name, p, len);
 }
 
 /* The stories config with key set to value (a JSON literal), or removed when value is NULL. */
@@ -224,7 +204,7 @@ static uint8_t *stories_weights(size_t *len)
 {
 	char path[4200];
 	snprintf(path, sizeof path, "%s/model.safetensors", hf_dir);
-	return read_all(path, len);
+	return test_read_file(path, len);
 }
 
 static int load_tmp(char *err, size_t errlen)
@@ -467,7 +447,7 @@ static void test_load_errors(void **state)
 	/* GGUF: a tensor of a quantised type is refused by name */
 	if (gguf_path[0]) {
 		size_t glen;
-		uint8_t *gb = read_all(gguf_path, &glen);
+		uint8_t *gb = test_read_file(gguf_path, &glen);
 		const char name[] = "blk.2.ffn_up.weight";
 		uint8_t *at = memmem(gb, 20000, name, sizeof name - 1);
 		assert_non_null(at);
@@ -503,7 +483,7 @@ static void test_load_fuzz(void **state)
 		skip();
 	make_tmpdir();
 	size_t len;
-	uint8_t *orig = read_all(gguf_path, &len), *p = malloc(len);
+	uint8_t *orig = test_read_file(gguf_path, &len), *p = malloc(len);
 	assert_non_null(p);
 	char path[128], err[512];
 	snprintf(path, sizeof path, "%s/x.gguf", tmpdir);

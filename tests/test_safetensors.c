@@ -109,27 +109,17 @@ static void test_bad_headers(void **state)
 	assert_non_null(strstr(err, "exceeds"));
 }
 
-static void write_file(const char *dir, const char *name, const void *p, size_t len)
-{
-	char path[512];
-	snprintf(path, sizeof path, "%s/%s", dir, name);
-	FILE *f = fopen(path, "wb");
-	assert_non_null(f);
-	assert_int_equal(fwrite(p, 1, len, f), len);
-	fclose(f);
-}
-
 static void write_image(const char *dir, const char *name, const char *header, size_t data_len)
 {
 	size_t len;
 	uint8_t *p = image(header, data_len, &len);
-	write_file(dir, name, p, len);
+	test_write_file(dir, name, p, len);
 	free(p);
 }
 
 static void write_index(const char *dir, const char *json)
 {
-	write_file(dir, "model.safetensors.index.json", json, strlen(json));
+	test_write_file(dir, "model.safetensors.index.json", json, strlen(json));
 }
 
 static int open_dir(const char *dir, char *err, size_t errlen, struct st_ctx **out)
@@ -203,20 +193,6 @@ static void test_sharded(void **state)
 	rmdir(dir);
 }
 
-static uint8_t *read_all(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	assert_non_null(f);
-	fseek(f, 0, SEEK_END);
-	*len = (size_t)ftell(f);
-	fseek(f, 0, SEEK_SET);
-	uint8_t *p = malloc(*len);
-	assert_non_null(p);
-	assert_int_equal(fread(p, 1, *len, f), *len);
-	fclose(f);
-	return p;
-}
-
 static void test_stories_folder(void **state)
 {
 	(void)state;
@@ -257,7 +233,7 @@ static void test_stories_folder(void **state)
 	char file[4200];
 	snprintf(file, sizeof file, "%s/model.safetensors", dir);
 	size_t len;
-	uint8_t *p = read_all(file, &len);
+	uint8_t *p = test_read_file(file, &len);
 	uint64_t hl;
 	memcpy(&hl, p, 8);
 	for (size_t cut = 0; cut < len; cut += cut < 8 + hl + 64 ? 1 : 4099) {

@@ -234,10 +234,7 @@ static bool notified(int fd, const char *want)
 static bool use_policy(const char *name)
 {
 	g_policy = name;
-	if (kvcache_policy(name))
-		return true;
-	fprintf(stderr, "note: policy %s is not built: case skipped\n", name);
-	return false;
+	return p_policy_built(name);
 }
 
 

@@ -1,5 +1,6 @@
 /* Shared helpers for the cmocka tests: includes in the order cmocka needs, a deterministic
- * RNG, the skip convention (exit 77) and where the test models live. */
+ * RNG, the skip convention (exit 77), where the test models live, and reading or writing a
+ * whole file. */
 #ifndef FREEKV_TEST_UTIL_H
 #define FREEKV_TEST_UTIL_H
 
@@ -45,6 +46,34 @@ static inline const char *test_model_path(const char *rel)
 		return NULL;
 	}
 	return buf;
+}
+
+/* The whole of a file in a malloc'ed buffer (length in *len, plus a NUL after the last byte);
+ * fails the test when unreadable. */
+static inline uint8_t *test_read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	*len = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	uint8_t *p = malloc(*len + 1);
+	assert_non_null(p);
+	assert_int_equal(fread(p, 1, *len, f), *len);
+	p[*len] = 0;
+	fclose(f);
+	return p;
+}
+
+/* Writes len bytes at p to dir/name (created or truncated); fails the test on any error. */
+static inline void test_write_file(const char *dir, const char *name, const void *p, size_t len)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(p, 1, len, f), len);
+	assert_int_equal(fclose(f), 0);
 }
 
 #endif

@@ -100,6 +100,26 @@ int cmd_load(const char *path, struct fkv_model *m, struct fkv_tokenizer **tok)
 	return 0;
 }
 
+double cmd_nll(const float *logits, int V, int target)
+{
+	double mx = -INFINITY, z = 0.0;
+	for (int i = 0; i < V; i++)
+		mx = fmax(mx, logits[i]);
+	for (int i = 0; i < V; i++)
+		z += exp(logits[i] - mx);
+	return log(z) + mx - logits[target];
+}
+
+long cmd_window(int32_t *win, const int32_t *toks, long n, long start, long per, int bos)
+{
+	long take = n - start < per ? n - start : per, len = 0;
+	if (bos >= 0)
+		win[len++] = bos;
+	for (long i = 0; i < take; i++)
+		win[len++] = toks[start + i];
+	return len;
+}
+
 double cmd_now_ms(void)
 {
 	struct timespec ts;

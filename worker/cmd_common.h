@@ -53,6 +53,12 @@ int cmd_read_text(const char *path, char **out);
  * the reason to stderr on failure. Returns 0 or a negative errno; on failure nothing is held. */
 int cmd_load(const char *path, struct fkv_model *m, struct fkv_tokenizer **tok);
 
+/* -log p(target) from one row of V logits, in double. */
+double cmd_nll(const float *logits, int V, int target);
+/* The scoring window of perplexity and eval that starts at text token start of toks[0..n):
+ * BOS first when bos >= 0, then up to per text tokens. Writes win; returns its length. */
+long cmd_window(int32_t *win, const int32_t *toks, long n, long start, long per, int bos);
+
 /* Milliseconds on the monotonic clock. */
 double cmd_now_ms(void);
 

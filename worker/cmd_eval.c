@@ -191,17 +191,6 @@ static int parse(int argc, char **argv, struct eval_args *a)
 	return set_policies(a, list);
 }
 
-/* -log p(target) from one row of logits, in double. */
-static double nll(const float *logits, int V, int target)
-{
-	double mx = -INFINITY, z = 0.0;
-	for (int i = 0; i < V; i++)
-		mx = fmax(mx, logits[i]);
-	for (int i = 0; i < V; i++)
-		z += exp(logits[i] - mx);
-	return log(z) + mx - logits[target];
-}
-
 static void stats_add(struct kv_layer_stats *d, const struct kv_layer_stats *s)
 {
 	d->steps += s->steps;
@@ -222,7 +211,7 @@ static void score_rows(struct eval_run *r, const float *logits, int V, const int
 {
 	for (long i = 0; i < n; i++) {
 		const float *row = logits + (size_t)i * V;
-		r->nll += nll(row, V, win[first + i + 1]);
+		r->nll += cmd_nll(row, V, win[first + i + 1]);
 		r->argmax[r->scored++] = sampler_argmax(row, V);
 	}
 }
@@ -295,11 +284,7 @@ static int eval_policy(const struct fkv_model *m, struct backend *be, struct hos
 	long per = bos >= 0 ? a->ctx - 1 : a->ctx;
 	double t0 = cmd_now_ms();
 	for (long start = 0; start < n && !ret; start += per) {
-		long take = n - start < per ? n - start : per, len = 0;
-		if (bos >= 0)
-			win[len++] = bos;
-		for (long i = 0; i < take; i++)
-			win[len++] = toks[start + i];
+		long len = cmd_window(win, toks, n, start, per, bos);
 		if (len < 2)
 			break;
 		ret = eval_window(e, h, m, r, win, len, np, logits);

@@ -38,17 +38,6 @@ static const struct option opts[] = {
 	{ NULL, 0, NULL, 0 },
 };
 
-/* -log p(target) from one row of logits, in double. */
-static double nll(const float *logits, int V, int target)
-{
-	double mx = -INFINITY, z = 0.0;
-	for (int i = 0; i < V; i++)
-		mx = fmax(mx, logits[i]);
-	for (int i = 0; i < V; i++)
-		z += exp(logits[i] - mx);
-	return log(z) + mx - logits[target];
-}
-
 /* Scores every window; returns 0 with *sum / *count filled, or CMD_FAIL. */
 static int score(struct engine *e, const int *toks, int n, int bos, long ctx, double *sum,
 		 long *count)
@@ -65,11 +54,7 @@ static int score(struct engine *e, const int *toks, int n, int bos, long ctx, do
 	long per = bos >= 0 ? ctx - 1 : ctx; /* text tokens per window */
 	int w = 0;
 	for (long start = 0; start < n; start += per, w++) {
-		long m = n - start < per ? n - start : per, len = 0;
-		if (bos >= 0)
-			win[len++] = bos;
-		for (long i = 0; i < m; i++)
-			win[len++] = toks[start + i];
+		long len = cmd_window(win, toks, n, start, per, bos);
 		if (len < 2)
 			break;
 		int seq;
@@ -81,7 +66,7 @@ static int score(struct engine *e, const int *toks, int n, int bos, long ctx, do
 		engine_seq_free(e, seq);
 		double ws = 0.0;
 		for (long i = 1; i < len; i++)
-			ws += nll(logits + (size_t)(i - 1) * V, V, win[i]);
+			ws += cmd_nll(logits + (size_t)(i - 1) * V, V, win[i]);
 		*sum += ws;
 		*count += len - 1;
 		printf("window %d: %ld tokens, perplexity %.4f\n", w, len - 1, exp(ws / (len - 1)));
