@@ -6,6 +6,9 @@
  * leaves its sequences detached, not orphaned. */
 #include "test_kvstored_harness.h"
 
+#include <stdatomic.h>
+#include <sys/mman.h>
+
 #define N_PAGES 6
 
 static int victim(const struct harness *h, int ready_fd)
@@ -45,8 +48,8 @@ static int victim(const struct harness *h, int ready_fd)
 		pause();
 }
 
-/* Loops alloc/commit/recall/release on its own sequence until SIGTERM; exits with 0 when every
- * operation succeeded and at least `min_rounds` rounds ran. */
+/* Loops alloc/commit/recall/release on its own sequence until SIGTERM, counting finished rounds
+ * in *rounds (shared with the parent); exits with 0 when every operation succeeded. */
 static volatile sig_atomic_t stop_flag;
 static void on_term(int sig)
 {
@@ -54,7 +57,7 @@ static void on_term(int sig)
 	stop_flag = 1;
 }
 
-static int bystander(const struct harness *h)
+static int bystander(const struct harness *h, _Atomic uint32_t *rounds)
 {
 	uint64_t seq, off[1], lease;
 	uint64_t mask = 3;
@@ -77,10 +80,11 @@ static int bystander(const struct harness *h)
 		if (kvs_release(k, &lease, 1))
 			return 6;
 		page++;
+		atomic_store(rounds, page);
 		h_sleep_ms(2);
 	}
 	kvs_close(k);
-	return page >= 20 ? 0 : 8;
+	return 0;
 }
 
 static void test_kill9_orphans_within_1s(void **state)
@@ -90,10 +94,14 @@ static void test_kill9_orphans_within_1s(void **state)
 	int pfd[2];
 	harness_start(&h, NULL);
 	assert_int_equal(pipe(pfd), 0);
+	_Atomic uint32_t *rounds = mmap(NULL, sizeof *rounds, PROT_READ | PROT_WRITE,
+					MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	assert_true(rounds != MAP_FAILED);
+	atomic_store(rounds, 0);
 	pid_t by = fork();
 	assert_true(by >= 0);
 	if (by == 0)
-		_exit(bystander(&h));
+		_exit(bystander(&h, rounds));
 	pid_t v = fork();
 	assert_true(v >= 0);
 	if (v == 0)
@@ -110,6 +118,7 @@ static void test_kill9_orphans_within_1s(void **state)
 	assert_int_equal(r->sequence->pages->dram, 2 * N_PAGES + 1);
 	kvs_reply_free(r);
 
+	uint32_t rounds_at_kill = atomic_load(rounds);
 	uint64_t t0 = h_now_ms();
 	assert_int_equal(kill(v, SIGKILL), 0);
 	int st;
@@ -162,7 +171,13 @@ static void test_kill9_orphans_within_1s(void **state)
 	assert_int_equal(kvs_recall(k, seq, 1, &gone, &m1, 1, &o1, &l1), -ENOENT);
 	kvs_close(k);
 
-	h_sleep_ms(100);
+	/* The other worker kept working through the death and the resume: wait (bounded) until it
+	 * has finished 10 more rounds, each checking its own bytes. */
+	uint64_t t1 = h_now_ms();
+	while (atomic_load(rounds) < rounds_at_kill + 10) {
+		assert_true(h_now_ms() - t1 < 10000);
+		h_sleep_ms(5);
+	}
 	kill(by, SIGTERM);
 	assert_int_equal(waitpid(by, &st, 0), by);
 	assert_true(WIFEXITED(st));
@@ -170,6 +185,7 @@ static void test_kill9_orphans_within_1s(void **state)
 	kvs_close(ctl);
 	close(pfd[0]);
 	close(pfd[1]);
+	munmap(rounds, sizeof *rounds);
 	harness_stop(&h);
 }
 
