@@ -244,6 +244,9 @@ static int op_alloc(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 	if (e->layer >= s->geo.n_layers || e->count == 0 || e->count > DP_ALLOC_MAX ||
 	    e->first_page >= DP_MAX_PAGES || e->count > DP_MAX_PAGES - e->first_page)
 		return -EINVAL;
+	/* A page past max_tokens would only grow the sequence's block table (n_layers x pages). */
+	if ((uint64_t)(e->first_page + e->count - 1) * s->geo.page_size >= dp->cfg->max_tokens)
+		return -ERANGE;
 	for (uint32_t i = 0; i < e->count; i++)
 		if (seq_block(s, e->layer, e->first_page + i) != SEQ_NO_BLOCK)
 			return -EEXIST;
@@ -325,9 +328,14 @@ static void unlease_pending(struct dp *dp, struct dp_worker *w, struct dp_pendin
 static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 {
 	int waiting = 0, ret;
+	if (!attached_seq(dp, w, p->e.seq_id)) {
+		ret = -ENOENT; /* detached or closed while waiting */
+		goto fail;
+	}
 	for (uint32_t i = 0; i < p->e.count; i++) {
-		if (p->lease_ids[i])
+		if (p->lease_ids[i] && lease_get(w, p->lease_ids[i]))
 			continue;
+		p->lease_ids[i] = 0; /* dropped meanwhile (RELEASE of a guessed id): lease again */
 		struct pool_block *b = pool_block_get(dp->pool, p->blocks[i]);
 		if (!b || b->seq_id != p->e.seq_id || b->layer != p->e.layer) {
 			ret = -ENOENT; /* dropped meanwhile */
@@ -428,13 +436,19 @@ static int op_release(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 	return 0;
 }
 
-static void defer(struct dp_worker *w, struct dp_pending *p)
+/* Queues p; -EBUSY when the worker already has a ring's worth of ops waiting (more could not
+ * all complete into its completion ring, and the queue must not grow without bound). */
+static int defer(struct dp_worker *w, struct dp_pending *p)
 {
 	struct dp_pending **pp = &w->pending;
-	while (*pp)
+	uint32_t n = 0;
+	for (; *pp; n++)
 		pp = &(*pp)->next;
+	if (n >= ring_entries(w->ring))
+		return -EBUSY;
 	p->next = NULL;
 	*pp = p;
+	return 0;
 }
 
 static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_entry *in)
@@ -455,8 +469,10 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 		if (ret == -EAGAIN) {
 			demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
 			if (dp->demoting) {
-				defer(w, p);
-				return;
+				ret = defer(w, p);
+				if (!ret)
+					return;
+				break;
 			}
 			ret = -ENOSPC;
 		}
@@ -467,8 +483,10 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 	case RING_OP_RECALL:
 		ret = op_recall(dp, w, p);
 		if (ret == -EAGAIN) {
-			defer(w, p);
-			return;
+			ret = defer(w, p);
+			if (!ret)
+				return;
+			unlease_pending(dp, w, p);
 		}
 		break;
 	case RING_OP_RELEASE:
@@ -605,8 +623,9 @@ void dp_run(struct dp *dp)
 				for (int k = 0; k < n; k++)
 					serve_entry(dp, w, &batch[k]);
 			}
-			if (n < 0)
+			if (n < 0 && !w->corrupt_logged) /* once: every other worker's traffic passes here */
 				fprintf(stderr, "kvstored: worker %u: ring corrupted (%s)\n", w->wid, strerror(-n));
+			w->corrupt_logged |= n < 0;
 		}
 		demote_watermark(dp);
 		if (dp->n_demote_q)

@@ -7,9 +7,12 @@
  * another sequence's block. Leases are recorded per worker (lease id = generation << 32 | slot).
  * A RECALL of NVMe-resident blocks promotes them through the tier and completes later; an ALLOC
  * that finds the pool full waits while demotion makes room and fails with -ENOSPC only when
- * nothing more can be demoted. Demotion runs between dram_high_watermark and dram_low_watermark
- * (read live from the config), choosing unleased committed blocks, detached sequences first,
- * then least recently used; its writes carry a crc32c that every promotion verifies.
+ * nothing more can be demoted. At most a ring's worth of ops wait per worker (more get -EBUSY);
+ * a RECALL whose sequence is detached while it waits fails with -ENOENT; an ALLOC of a page that
+ * would hold tokens at or past max_tokens gets -ERANGE. Demotion runs between
+ * dram_high_watermark and dram_low_watermark (read live from the config), choosing unleased
+ * committed blocks, detached sequences first, then least recently used; its writes carry a
+ * crc32c that every promotion verifies.
  *
  * Ownership: dp_init creates the pool (named shared memory), opens the tier and owns both, the
  * per-worker rings and lease tables; dp_shutdown drains in-flight I/O, destroys the rings and

@@ -36,6 +36,7 @@ struct dp_worker {
 	uint32_t *free_slots;		/* (cap,) stack of free lease slots */
 	uint32_t cap, n_free, n_leases;
 	struct dp_pending *pending;
+	bool corrupt_logged;		/* "ring corrupted" was logged for this worker */
 };
 
 struct dp {

@@ -4,7 +4,7 @@
  * bad magic/version, unsupported tensor type, lying counts and offsets, every truncation of
  * the header and a sample of the data, and a random mutation/truncation fuzz loop (run it under
  * ASan: no crash, no over-read, no leak). */
-#include "test_util.h"
+#include "test_buf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,37 +14,26 @@
 
 /* ---- a little GGUF writer ---- */
 
-struct buf {
-	uint8_t *p;
-	size_t n, cap;
-};
-
-static void put(struct buf *b, const void *src, size_t n)
+static void put(struct test_buf *b, const void *src, size_t n)
 {
-	if (b->n + n > b->cap) {
-		b->cap = (b->n + n) * 2 + 64;
-		b->p = realloc(b->p, b->cap);
-		assert_non_null(b->p);
-	}
-	memcpy(b->p + b->n, src, n);
-	b->n += n;
+	test_buf_put(b, src, n);
 }
 
-static void put_u8(struct buf *b, uint8_t v) { put(b, &v, 1); }
-static void put_u32(struct buf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(struct buf *b, uint64_t v) { put(b, &v, 8); }
-static void put_f32(struct buf *b, float v) { put(b, &v, 4); }
-static void put_str(struct buf *b, const char *s)
+static void put_u8(struct test_buf *b, uint8_t v) { put(b, &v, 1); }
+static void put_u32(struct test_buf *b, uint32_t v) { put(b, &v, 4); }
+static void put_u64(struct test_buf *b, uint64_t v) { put(b, &v, 8); }
+static void put_f32(struct test_buf *b, float v) { put(b, &v, 4); }
+static void put_str(struct test_buf *b, const char *s)
 {
 	put_u64(b, strlen(s));
 	put(b, s, strlen(s));
 }
-static void put_key(struct buf *b, const char *k, uint32_t type)
+static void put_key(struct test_buf *b, const char *k, uint32_t type)
 {
 	put_str(b, k);
 	put_u32(b, type);
 }
-static void pad_to(struct buf *b, size_t align)
+static void pad_to(struct test_buf *b, size_t align)
 {
 	while (b->n % align)
 		put_u8(b, 0);
@@ -62,9 +51,9 @@ struct mk {
 #define MK_DEFAULT { .magic = 0x46554747u, .version = 3, .tensor_type = 1, .b_offset = 64 }
 
 /* 15 metadata entries of every type, alignment 64, tensors: "a" f32 (3, 2), "b" (type opt) (4), "c" bf16 (2, 2). */
-static struct buf make_gguf(const struct mk *o)
+static struct test_buf make_gguf(const struct mk *o)
 {
-	struct buf b = { 0 };
+	struct test_buf b = { 0 };
 	put_u32(&b, o->magic);
 	put_u32(&b, o->version);
 	put_u64(&b, 3);
@@ -181,7 +170,7 @@ static void test_synthetic_all_types(void **state)
 {
 	(void)state;
 	struct mk o = MK_DEFAULT;
-	struct buf b = make_gguf(&o);
+	struct test_buf b = make_gguf(&o);
 	struct gguf_ctx *g;
 	char err[256];
 	assert_int_equal(gguf_open_buf(b.p, b.n, &g, err, sizeof err), 0);
@@ -277,7 +266,7 @@ static void test_synthetic_all_types(void **state)
 
 static void expect_error(const struct mk *o, int want, const char *needle)
 {
-	struct buf b = make_gguf(o);
+	struct test_buf b = make_gguf(o);
 	char err[256] = "";
 	int ret = parse_copy(b.p, b.n, err, sizeof err);
 	free(b.p);
@@ -293,7 +282,7 @@ static void test_bad_files(void **state)
 	expect_error(&o, -EPROTO, "magic");
 	o = (struct mk)MK_DEFAULT;
 	o.version = 2; /* v2 has the same layout as v3 */
-	struct buf v2 = make_gguf(&o);
+	struct test_buf v2 = make_gguf(&o);
 	char e2[256];
 	assert_int_equal(parse_copy(v2.p, v2.n, e2, sizeof e2), 0);
 	free(v2.p);
@@ -325,7 +314,7 @@ static void test_bad_files(void **state)
 	expect_error(&o, -EINVAL, "metadata entries");
 	o.kv_count_delta = 1; /* one more than written: the tensor table is read as metadata */
 	char err[256];
-	struct buf b = make_gguf(&o);
+	struct test_buf b = make_gguf(&o);
 	assert_true(parse_copy(b.p, b.n, err, sizeof err) < 0);
 	free(b.p);
 }
@@ -335,7 +324,7 @@ static void test_synthetic_truncations(void **state)
 {
 	(void)state;
 	struct mk o = MK_DEFAULT;
-	struct buf b = make_gguf(&o);
+	struct test_buf b = make_gguf(&o);
 	char err[256];
 	assert_int_equal(parse_copy(b.p, b.n, err, sizeof err), 0);
 	for (size_t cut = 0; cut < b.n; cut++) {
@@ -490,7 +479,7 @@ static void test_fuzz(void **state)
 		orig = test_read_file(path, &len);
 	} else {
 		struct mk o = MK_DEFAULT;
-		struct buf b = make_gguf(&o);
+		struct test_buf b = make_gguf(&o);
 		orig = b.p;
 		len = b.n;
 	}

@@ -225,6 +225,11 @@ static void test_ring_fuzz(void **state)
 	assert_int_equal(kvs_recall(a, seq_b, 0, &pg, &m, 1, o, l), -ENOENT);
 	assert_int_equal(kvs_alloc(a, seq_a, 9, 0, 1, o), -EINVAL);	/* layer out of range */
 	assert_int_equal(kvs_alloc(a, seq_a, 0, 0, 1, o), -EEXIST);
+	/* Pages past max_tokens (1M tokens of 16: page 65535 is the last) are out of range: a far
+	 * page would only grow the daemon's block table (n_layers x pages). */
+	assert_int_equal(kvs_alloc(a, seq_a, 0, (1u << 24) - 1, 1, o), -ERANGE);
+	assert_int_equal(kvs_alloc(a, seq_a, 0, 65535, 2, o), -ERANGE);
+	assert_int_equal(kvs_alloc(a, seq_a, 1, 65535, 1, o), 0);
 	assert_int_equal(kvs_commit(a, seq_a, 1u << 30, off_a, 1), -ERANGE);
 	uint64_t bad_mask = 1u << 5;
 	assert_int_equal(kvs_recall(a, seq_a, 0, &pg, &bad_mask, 1, o, l), -EINVAL);

@@ -1,6 +1,6 @@
 /* Helpers for tests that run the real kvworker binary next to a real kvstored: start it with
- * its stdout on a pipe, read whitespace-separated token ids as they stream, wait for it, and
- * read a sequence's kept token ids from the daemon, and whether a KV policy is built. Header-only,
+ * its stdout on a pipe, read whitespace-separated token ids as they stream, wait for it, read a
+ * sequence's kept token ids from the daemon, and tell whether a KV policy is built. Header-only,
  * used with test_kvstored_harness.h by test_resume.c, test_two_workers.c and test_serve.c. */
 #ifndef FREEKV_TEST_KVWORKER_PROC_H
 #define FREEKV_TEST_KVWORKER_PROC_H

@@ -6,9 +6,12 @@
 #include "test_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <zmq.h>
 
 #include "proto/kvstore.pb-c.h"
+#include "ring.h"
 #include "rpc.h"
 
 struct env {
@@ -27,7 +30,8 @@ static uint64_t clock_ms(void)
 	return fake_ms;
 }
 
-static int setup(void **state)
+/* An env whose data plane has an NVMe tier (a file in the env's directory) when tier is set. */
+static int env_setup(void **state, bool tier)
 {
 	struct env *e = calloc(1, sizeof *e);
 	char err[512], v[CFG_STR_MAX];
@@ -40,7 +44,9 @@ static int setup(void **state)
 	assert_int_equal(cfg_set(&e->cfg, "shm_name", v, false, err, sizeof err), 0);
 	assert_int_equal(cfg_set(&e->cfg, "dram_bytes", "8M", false, err, sizeof err), 0);
 	assert_int_equal(cfg_set(&e->cfg, "lock_memory", "false", false, err, sizeof err), 0);
-	assert_int_equal(cfg_set(&e->cfg, "nvme_path", "", false, err, sizeof err), 0);
+	snprintf(v, sizeof v, "%s/tier.bin", e->dir);
+	assert_int_equal(cfg_set(&e->cfg, "nvme_path", tier ? v : "", false, err, sizeof err), 0);
+	assert_int_equal(cfg_set(&e->cfg, "nvme_bytes", "8M", false, err, sizeof err), 0);
 	assert_int_equal(cfg_set(&e->cfg, "max_tokens", "100", false, err, sizeof err), 0);
 	assert_int_equal(cfg_set(&e->cfg, "max_request_bytes", "4K", false, err, sizeof err), 0);
 	assert_int_equal(seq_table_init(&e->seqs, 16), 0);
@@ -56,14 +62,27 @@ static int setup(void **state)
 	return 0;
 }
 
+static int setup(void **state)
+{
+	return env_setup(state, false);
+}
+
+static int setup_tier(void **state)
+{
+	return env_setup(state, true);
+}
+
 static int teardown(void **state)
 {
 	struct env *e = *state;
+	char path[128];
 	rpc_shutdown(&e->s);
 	zmq_ctx_term(e->zctx);
 	dp_shutdown(e->dp);
 	wk_shutdown(&e->workers);
 	seq_table_shutdown(&e->seqs);
+	snprintf(path, sizeof path, "%s/tier.bin", e->dir);
+	unlink(path);
 	rmdir(e->dir);
 	free(e);
 	return 0;
@@ -311,6 +330,332 @@ static void test_counters_and_config(void **state)
 	freekv__reply__free_unpacked(r, NULL);
 }
 
+/* ---------------------------------------------------------------- ring ops against the control plane */
+
+/* A worker of the env: welcomed as "w1", its ring mapped, sequence "r" attached, with pages 0
+ * and 1 of layer 0 allocated and committed. */
+struct wenv {
+	uint32_t wid;
+	struct ring *r;
+	uint64_t seq;
+	uint64_t user;
+};
+
+/* Submits x and runs the data plane once; 1 when x now holds its completion, 0 when it waits. */
+static int submit(struct env *e, struct wenv *w, struct ring_entry *x)
+{
+	x->user_data = ++w->user;
+	assert_int_equal(ring_push(w->r, x, 1), 1);
+	dp_run(e->dp);
+	return ring_pop(w->r, x, 1);
+}
+
+/* The next completion, waiting for tier I/O as long as it takes (bounded). */
+static void next_completion(struct env *e, struct wenv *w, struct ring_entry *out)
+{
+	for (int i = 0; i < 400; i++) {
+		dp_run(e->dp);
+		if (ring_pop(w->r, out, 1) == 1)
+			return;
+		dp_drain(e->dp, 20);
+	}
+	fail_msg("no completion");
+}
+
+static void entry(struct ring_entry *x, uint32_t op, uint64_t seq, uint32_t count)
+{
+	memset(x, 0, sizeof *x);
+	x->op = op;
+	x->seq_id = seq;
+	x->count = count;
+}
+
+static int release(struct env *e, struct wenv *w, const uint64_t *leases, uint32_t n)
+{
+	struct ring_entry x;
+	entry(&x, RING_OP_RELEASE, 0, n);
+	x.n_payload = n;
+	memcpy(x.payload, leases, n * sizeof *leases);
+	if (!submit(e, w, &x))
+		next_completion(e, w, &x);
+	return x.status;
+}
+
+static void recall_entry(struct ring_entry *x, uint64_t seq, uint32_t first, uint32_t n)
+{
+	entry(x, RING_OP_RECALL, seq, n);
+	x->n_payload = 2 * n;
+	for (uint32_t i = 0; i < n; i++) {
+		x->payload[2 * i] = first + i;
+		x->payload[2 * i + 1] = 1;
+	}
+}
+
+static void worker_up(struct env *e, struct wenv *w)
+{
+	char err[256];
+	memset(w, 0, sizeof *w);
+	Freekv__Request q = FREEKV__REQUEST__INIT;
+	Freekv__Hello h = FREEKV__HELLO__INIT;
+	h.role = FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER;
+	h.pid = (uint32_t)getpid();
+	q.body_case = FREEKV__REQUEST__BODY_HELLO;
+	q.hello = &h;
+	Freekv__Reply *r = call(e, "w1", &q);
+	assert_int_equal(r->status, 0);
+	w->wid = r->welcome->worker_id;
+	assert_int_equal(ring_open(r->welcome->ring_name, &w->r, err, sizeof err), 0);
+	freekv__reply__free_unpacked(r, NULL);
+	r = open_seq(e, "r", 2, 1, 0);
+	w->seq = r->sequence->seq_id;
+	freekv__reply__free_unpacked(r, NULL);
+	Freekv__Request a = FREEKV__REQUEST__INIT;
+	Freekv__SequenceRef ref = FREEKV__SEQUENCE_REF__INIT;
+	ref.seq_id = w->seq;
+	a.body_case = FREEKV__REQUEST__BODY_ATTACH;
+	a.attach = &ref;
+	a.has_worker_id = true;
+	a.worker_id = w->wid;
+	assert_int_equal(status_of(call(e, "w1", &a)), 0);
+	struct ring_entry x;
+	entry(&x, RING_OP_ALLOC, w->seq, 2);
+	assert_int_equal(submit(e, w, &x), 1);
+	assert_int_equal(x.status, 0);
+	uint64_t off[2] = { x.payload[0], x.payload[1] };
+	entry(&x, RING_OP_COMMIT, w->seq, 2);
+	x.committed_tokens = 32;
+	x.n_payload = 2;
+	memcpy(x.payload, off, sizeof off);
+	assert_int_equal(submit(e, w, &x), 1);
+	assert_int_equal(x.status, 0);
+}
+
+/* Demotes every unleased block of the worker's sequence and waits for the writes. */
+static void demote_all(struct env *e, struct wenv *w)
+{
+	char err[256];
+	uint64_t n;
+	assert_int_equal(dp_demote_seq(e->dp, seq_find(&e->seqs, w->seq), &n, err, sizeof err), 0);
+	dp_drain(e->dp, 2000);
+}
+
+/* A RECALL still waiting for its promotion when the worker detaches the sequence must fail:
+ * it may not hand out offsets (or leases) of a sequence the worker no longer holds. Whether the
+ * promotion is still in flight after dp_run is up to the disk, so the test tries until it is. */
+static void test_recall_pending_across_detach(void **state)
+{
+	struct env *e = *state;
+	struct wenv w;
+	struct ring_entry x;
+	bool hit = false;
+	worker_up(e, &w);
+	for (int attempt = 0; attempt < 200 && !hit; attempt++) {
+		demote_all(e, &w);
+		recall_entry(&x, w.seq, 0, 1);
+		if (submit(e, &w, &x)) {
+			assert_int_equal(x.status, 0);
+			assert_int_equal(release(e, &w, &x.payload[1], 1), 0);
+			continue;
+		}
+		hit = true;
+		Freekv__Request d = FREEKV__REQUEST__INIT;
+		Freekv__SequenceRef ref = FREEKV__SEQUENCE_REF__INIT;
+		ref.seq_id = w.seq;
+		d.body_case = FREEKV__REQUEST__BODY_DETACH;
+		d.detach = &ref;
+		d.has_worker_id = true;
+		d.worker_id = w.wid;
+		assert_int_equal(status_of(call(e, "w1", &d)), 0);
+		next_completion(e, &w, &x);
+		assert_int_equal(x.status, -ENOENT);
+		assert_int_equal(dp_worker_leases(e->dp, w.wid), 0);
+	}
+	ring_close(w.r);
+	if (!hit)
+		skip();
+}
+
+/* A worker that releases a lease its waiting RECALL took (by guessing the id) still gets, when
+ * the RECALL completes, leases that are valid: never the offset of a block it no longer leases. */
+static void test_recall_pending_release_guessed(void **state)
+{
+	struct env *e = *state;
+	struct wenv w;
+	struct ring_entry x, y;
+	bool hit = false;
+	worker_up(e, &w);
+	for (int attempt = 0; attempt < 200 && !hit; attempt++) {
+		recall_entry(&x, w.seq, 0, 1);
+		if (!submit(e, &w, &x))
+			next_completion(e, &w, &x);
+		assert_int_equal(x.status, 0);
+		uint64_t held = x.payload[1];
+		demote_all(e, &w);	/* page 1 only: page 0 is leased */
+		assert_int_equal(release(e, &w, &held, 1), 0);
+		uint64_t guess = held + (1ull << 32);	/* the same slot, one generation on */
+		recall_entry(&x, w.seq, 0, 2);
+		if (submit(e, &w, &x)) {
+			assert_int_equal(x.status, 0);
+			uint64_t l[2] = { x.payload[1], x.payload[3] };
+			assert_int_equal(release(e, &w, l, 2), 0);
+			continue;
+		}
+		uint64_t recall_ud = x.user_data;
+		entry(&y, RING_OP_RELEASE, 0, 1);
+		y.n_payload = 1;
+		y.payload[0] = guess;
+		if (!submit(e, &w, &y))
+			next_completion(e, &w, &y);
+		if (y.user_data == recall_ud) {	/* the RECALL finished first: not the case sought */
+			uint64_t l[2] = { y.payload[3], y.payload[1] };
+			next_completion(e, &w, &x);	/* the guessed RELEASE: it may have dropped l[1] */
+			assert_int_equal(release(e, &w, l, x.status == 0 ? 1 : 2), 0);
+			continue;
+		}
+		hit = true;
+		assert_int_equal(y.status, 0);	/* the guess was right */
+		next_completion(e, &w, &x);
+		assert_int_equal(x.user_data, recall_ud);
+		assert_int_equal(x.status, 0);
+		assert_int_equal(dp_worker_leases(e->dp, w.wid), 2);
+		uint64_t l[2] = { x.payload[1], x.payload[3] };
+		assert_int_equal(release(e, &w, l, 2), 0);
+	}
+	ring_close(w.r);
+	if (!hit)
+		skip();
+}
+
+/* A worker that corrupts its ring's indices gets its ring ignored, and the daemon says so once,
+ * not on every pass of the data plane (which runs whenever any other worker submits). */
+static void test_corrupt_ring_logged_once(void **state)
+{
+	struct env *e = *state;
+	struct wenv w;
+	char err[256], path[128], line[256];
+	worker_up(e, &w);
+	int fd = shm_open(ring_name(w.r), O_RDWR, 0);
+	assert_true(fd >= 0);
+	char *hdr = mmap(NULL, RING_OFF_SLOTS, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	assert_true(hdr != MAP_FAILED);
+	close(fd);
+	*(volatile uint32_t *)(hdr + RING_OFF_SQ_TAIL) += 1u << 31;	/* far past the daemon's head */
+	munmap(hdr, RING_OFF_SLOTS);
+
+	Freekv__Request q = FREEKV__REQUEST__INIT;
+	Freekv__Hello h = FREEKV__HELLO__INIT;
+	h.role = FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER;
+	h.pid = (uint32_t)getpid();
+	q.body_case = FREEKV__REQUEST__BODY_HELLO;
+	q.hello = &h;
+	Freekv__Reply *r = call(e, "w2", &q);
+	assert_int_equal(r->status, 0);
+	struct wenv w2 = { .wid = r->welcome->worker_id };
+	assert_int_equal(ring_open(r->welcome->ring_name, &w2.r, err, sizeof err), 0);
+	freekv__reply__free_unpacked(r, NULL);
+
+	snprintf(path, sizeof path, "%s/stderr", e->dir);
+	int log = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600), saved = dup(2);
+	assert_true(log >= 0 && saved >= 0);
+	fflush(stderr);
+	dup2(log, 2);
+	for (int i = 0; i < 50; i++) {
+		struct ring_entry x;
+		uint64_t forged = 12345;
+		entry(&x, RING_OP_RELEASE, 0, 1);
+		x.n_payload = 1;
+		x.payload[0] = forged;
+		assert_int_equal(submit(e, &w2, &x), 1);
+		assert_int_equal(x.status, -EINVAL);
+	}
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	FILE *f = fdopen(log, "r");
+	rewind(f);
+	int n = 0;
+	while (fgets(line, sizeof line, f))
+		n += strstr(line, "ring corrupted") != NULL;
+	fclose(f);
+	unlink(path);
+	assert_int_equal(n, 1);
+	ring_close(w2.r);
+	ring_close(w.r);
+}
+
+/* Ops that wait (here RECALLs of a page being promoted) queue in the daemon, outside the ring: a
+ * worker that keeps submitting must not grow that queue without bound. At most a ring's worth
+ * (ring_entries = 8) wait; the rest are refused with -EBUSY. */
+static void test_pending_bounded(void **state)
+{
+	struct env *e = *state;
+	char err[256];
+	struct wenv w;
+	struct ring_entry x[8];
+	bool hit = false;
+	assert_int_equal(cfg_set(&e->cfg, "ring_entries", "8", false, err, sizeof err), 0);
+	worker_up(e, &w);
+	for (int attempt = 0; attempt < 200 && !hit; attempt++) {
+		int busy = 0;
+		struct dp_stats st;
+		demote_all(e, &w);
+		for (int round = 0; round < 2; round++) {
+			for (int i = 0; i < 8; i++) {
+				recall_entry(&x[i], w.seq, 0, 1);
+				x[i].user_data = ++w.user;
+			}
+			assert_int_equal(ring_push(w.r, x, 8), 8);
+			dp_run(e->dp);
+			dp_stats(e->dp, &st);
+			if (round == 0 && st.pending_ops != 8)
+				break;	/* the promotion was done already: not the case sought */
+			hit = round == 1 && st.pending_ops > 0;
+			if (hit)
+				assert_true(st.pending_ops <= 8);
+		}
+		/* Until quiet: when the promotion ends within the second pass, the 8 waiting RECALLs
+		 * find the completion ring full of refusals and are dropped (16 outstanding is the
+		 * worker's own error), with their leases: Detach and Attach drop those. */
+		uint64_t leases[16];
+		int nl = 0;
+		for (int i = 0; i < 2000; i++) {
+			dp_run(e->dp);
+			if (ring_pop(w.r, &x[0], 1) == 1) {
+				busy += x[0].status == -EBUSY;
+				if (x[0].status == 0)
+					leases[nl++] = x[0].payload[1];
+				else
+					assert_int_equal(x[0].status, -EBUSY);
+				continue;
+			}
+			dp_stats(e->dp, &st);
+			if (!st.pending_ops && !st.tier_pending)
+				break;
+			dp_drain(e->dp, 20);
+		}
+		if (nl)
+			assert_int_equal(release(e, &w, leases, (uint32_t)nl), 0);
+		if (hit)
+			assert_int_equal(busy, 8);
+		if (dp_worker_leases(e->dp, w.wid)) {
+			Freekv__Request q = FREEKV__REQUEST__INIT;
+			Freekv__SequenceRef ref = FREEKV__SEQUENCE_REF__INIT;
+			ref.seq_id = w.seq;
+			q.has_worker_id = true;
+			q.worker_id = w.wid;
+			q.body_case = FREEKV__REQUEST__BODY_DETACH;
+			q.detach = &ref;
+			assert_int_equal(status_of(call(e, "w1", &q)), 0);
+			q.body_case = FREEKV__REQUEST__BODY_ATTACH;
+			q.attach = &ref;
+			assert_int_equal(status_of(call(e, "w1", &q)), 0);
+		}
+	}
+	ring_close(w.r);
+	if (!hit)
+		skip();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -318,6 +663,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_sequences_and_validation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_worker_identity, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_counters_and_config, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_recall_pending_across_detach, setup_tier, teardown),
+		cmocka_unit_test_setup_teardown(test_recall_pending_release_guessed, setup_tier, teardown),
+		cmocka_unit_test_setup_teardown(test_corrupt_ring_logged_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pending_bounded, setup_tier, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

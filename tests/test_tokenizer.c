@@ -3,7 +3,7 @@
  * against a naive quadratic reference; a hand-written byte-level tokenizer (Llama 3 regex) from
  * tokenizer.json and from an equivalent GGUF "gpt2" vocabulary with ids worked out by hand;
  * decode round trips; malformed files. */
-#include "test_util.h"
+#include "test_buf.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -526,20 +526,13 @@ static void bl_write_json(const char *dir, bool pair_merges)
 
 /* A minimal GGUF v3 writer: header, metadata, no tensors. */
 struct gbuf {
-	unsigned char *p;
-	size_t n, cap;
+	struct test_buf buf;
 	uint64_t n_kv;
 };
 
 static void gb_put(struct gbuf *b, const void *s, size_t n)
 {
-	if (b->n + n > b->cap) {
-		b->cap = (b->n + n) * 2 + 64;
-		b->p = realloc(b->p, b->cap);
-		assert_non_null(b->p);
-	}
-	memcpy(b->p + b->n, s, n);
-	b->n += n;
+	test_buf_put(&b->buf, s, n);
 }
 
 static void gb_u32(struct gbuf *b, uint32_t v) { gb_put(b, &v, 4); }
@@ -605,8 +598,8 @@ static void gb_kv_arr32(struct gbuf *b, const char *key, enum gguf_type type, co
 
 static void gb_end(struct gbuf *b)
 {
-	memcpy(b->p + 16, &b->n_kv, 8);
-	while (b->n % GGUF_DEFAULT_ALIGNMENT)
+	memcpy(b->buf.p + 16, &b->n_kv, 8);
+	while (b->buf.n % GGUF_DEFAULT_ALIGNMENT)
 		gb_put(b, "", 1);
 }
 
@@ -726,7 +719,7 @@ static void test_bytelevel_json_and_gguf(void **state)
 	struct gbuf b;
 	struct gguf_ctx *g = NULL;
 	bl_gguf(&b);
-	rc = gguf_open_buf(b.p, b.n, &g, err, sizeof err);
+	rc = gguf_open_buf(b.buf.p, b.buf.n, &g, err, sizeof err);
 	if (rc == 0)
 		rc = tokenizer_load_gguf(g, &gg, err, sizeof err);
 	if (rc)
@@ -753,7 +746,7 @@ static void test_bytelevel_json_and_gguf(void **state)
 	tokenizer_free(jp);
 	tokenizer_free(gg);
 	gguf_close(g);
-	free(b.p);
+	free(b.buf.p);
 	rm_tmpdir(dir);
 }
 
@@ -865,7 +858,7 @@ static void expect_gguf_error(struct gbuf *b, int want, const char *needle)
 	struct gguf_ctx *g = NULL;
 	struct fkv_tokenizer *t = (struct fkv_tokenizer *)1;
 	gb_end(b);
-	assert_int_equal(gguf_open_buf(b->p, b->n, &g, err, sizeof err), 0);
+	assert_int_equal(gguf_open_buf(b->buf.p, b->buf.n, &g, err, sizeof err), 0);
 	int rc = tokenizer_load_gguf(g, &t, err, sizeof err);
 	if (rc != want || !strstr(err, needle))
 		fprintf(stderr, "gguf: rc %d, err \"%s\" (want %d, \"%s\")\n", rc, err, want, needle);
@@ -873,7 +866,7 @@ static void expect_gguf_error(struct gbuf *b, int want, const char *needle)
 	assert_non_null(strstr(err, needle));
 	assert_null(t);
 	gguf_close(g);
-	free(b->p);
+	free(b->buf.p);
 }
 
 static void test_gguf_malformed(void **state)
@@ -959,7 +952,7 @@ static void test_gguf_score_order(void **state)
 		gb_kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
 		gb_kv_bool(&b, "tokenizer.ggml.add_space_prefix", false);
 		gb_end(&b);
-		assert_int_equal(gguf_open_buf(b.p, b.n, &g, err, sizeof err), 0);
+		assert_int_equal(gguf_open_buf(b.buf.p, b.buf.n, &g, err, sizeof err), 0);
 		assert_int_equal(tokenizer_load_gguf(g, &t, err, sizeof err), 0);
 		if (k == 0)
 			expect_ids(t, "abcx", true, (int[]){ 1, 10, 9, 3 }, 4);
@@ -975,7 +968,7 @@ static void test_gguf_score_order(void **state)
 		free(text);
 		tokenizer_free(t);
 		gguf_close(g);
-		free(b.p);
+		free(b.buf.p);
 	}
 }
 
