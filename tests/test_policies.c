@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "hostkv.h"
@@ -590,6 +591,138 @@ static void test_device_memory_backend(void **state)
 	}
 }
 
+/* A model with more layers than the recall stream's job ring had entries (64): with tau 0 every
+ * retrieval layer leaves a speculative recall in flight until the next step, so the ring must
+ * hold one per layer or submitting the 65th blocks forever (a watchdog alarm fails the test
+ * instead of hanging it). Direct policy API on synthetic f32 rows, debug invariants on. */
+static void test_many_layers_in_flight(void **state)
+{
+	(void)state;
+	NEED_MODEL();
+	enum { NL = 80, NQ = 2, NKV = 1, D = 8, STEPS = 40 };
+	const struct kv_policy_ops *P = kvcache_policy("freekv");
+	struct kv_geom g = { .n_kv = NKV, .p = 4, .d = D, .dtype = FKV_F32 };
+	struct hostkv_seq *hs;
+	char err[256];
+	if (hostkv_seq_open(store, "tp-many-layers", model.fingerprint, NL, &g, true, &hs, err,
+			    sizeof err))
+		fail_msg("hostkv_seq_open: %s", err);
+	struct kv_seq_params p = {
+		.be = be, .n_layers = NL, .attn = { NQ, NKV, D, FKV_F32, 0.35f, 0 },
+		.max_tokens = 256, .opts = kvo(4, 16, 4, 4, 1, 0.0f, true), .host = hs,
+	};
+	void *st;
+	assert_int_equal(P->create(&p, &st), 0);
+	const struct backend_ops *o = be->ops;
+	float *k = o->buf_alloc(be->ctx, NKV * D * sizeof *k);
+	float *v = o->buf_alloc(be->ctx, NKV * D * sizeof *v);
+	float *q = o->buf_alloc(be->ctx, NQ * D * sizeof *q);
+	float *out = o->buf_alloc(be->ctx, NQ * D * sizeof *out);
+	assert_true(k && v && q && out);
+	float hk[NKV * D], hv[NKV * D], hq[NQ * D];
+	uint64_t rs = 99;
+	alarm(60);
+	for (int t = 0; t < STEPS; t++) {
+		assert_int_equal(P->step_begin(st, 1), 0);
+		for (int l = 0; l < NL; l++) {
+			for (int i = 0; i < NKV * D; i++) {
+				hk[i] = test_randf(&rs) * 2.0f - 1.0f;
+				hv[i] = test_randf(&rs) * 2.0f - 1.0f;
+			}
+			for (int i = 0; i < NQ * D; i++)
+				hq[i] = test_randf(&rs) * 2.0f - 1.0f;
+			assert_int_equal(o->upload(be->ctx, k, hk, sizeof hk), 0);
+			assert_int_equal(o->upload(be->ctx, v, hv, sizeof hv), 0);
+			assert_int_equal(o->upload(be->ctx, q, hq, sizeof hq), 0);
+			assert_int_equal(P->append(st, l, k, v, 1), 0);
+			assert_int_equal(P->attend(st, l, out, q, 1), 0);
+		}
+		P->step_end(st);
+	}
+	alarm(0);
+	struct kv_stats ks;
+	P->stats(st, &ks);
+	assert_int_equal(ks.tokens, STEPS);
+	assert_true(ks.sum.pages_recalled > 0);
+	P->destroy(st);
+	o->buf_free(be->ctx, k);
+	o->buf_free(be->ctx, v);
+	o->buf_free(be->ctx, q);
+	o->buf_free(be->ctx, out);
+	hostkv_seq_close(hs, true);
+}
+
+/* The debug invariants are live: a slot that no longer matches its page in the host copy (here
+ * the host copy of an attended sink page is changed behind the policy's back) fails the step
+ * with -EIO, for every retrieval policy, before and after the budget is exceeded. */
+static void test_invariants_catch_divergence(void **state)
+{
+	(void)state;
+	NEED_MODEL();
+	enum { NL = 2, NQ = 4, NKV = 2, D = 8 };
+	static const char *const pols[] = { "streaming", "quest", "freekv" };
+	struct kv_geom g = { .n_kv = NKV, .p = 4, .d = D, .dtype = FKV_F32 };
+	const struct backend_ops *o = be->ops;
+	float *k = o->buf_alloc(be->ctx, NKV * D * sizeof *k);
+	float *v = o->buf_alloc(be->ctx, NKV * D * sizeof *v);
+	float *q = o->buf_alloc(be->ctx, NQ * D * sizeof *q);
+	float *out = o->buf_alloc(be->ctx, NQ * D * sizeof *out);
+	assert_true(k && v && q && out);
+	float hk[NKV * D], hv[NKV * D], hq[NQ * D];
+	for (int pi = 0; pi < 3; pi++)
+		for (int steps = 6; steps <= 30; steps += 24) {
+			char name[64], err[256];
+			snprintf(name, sizeof name, "tp-div-%d-%d", pi, steps);
+			struct hostkv_seq *hs;
+			if (hostkv_seq_open(store, name, model.fingerprint, NL, &g, true, &hs, err,
+					    sizeof err))
+				fail_msg("hostkv_seq_open: %s", err);
+			const struct kv_policy_ops *P = kvcache_policy(pols[pi]);
+			struct kv_seq_params p = {
+				.be = be, .n_layers = NL, .attn = { NQ, NKV, D, FKV_F32, 0.35f, 0 },
+				.max_tokens = 256, .opts = kvo(4, 16, 4, 4, 1, 0.9f, true), .host = hs,
+			};
+			void *st;
+			assert_int_equal(P->create(&p, &st), 0);
+			uint64_t rs = 7;
+			int ret = 0;
+			for (int t = 0; t <= steps && !ret; t++) {
+				if (t == steps) {
+					void *block;
+					assert_int_equal(hostkv_block(hs, 1, 0, &block, err, sizeof err), 0);
+					((float *)block)[1] += 1.0f; /* head 0, K row 0 of sink page 0 */
+				}
+				assert_int_equal(P->step_begin(st, 1), 0);
+				for (int l = 0; l < NL && !ret; l++) {
+					for (int i = 0; i < NKV * D; i++) {
+						hk[i] = test_randf(&rs) * 2.0f - 1.0f;
+						hv[i] = test_randf(&rs) * 2.0f - 1.0f;
+					}
+					for (int i = 0; i < NQ * D; i++)
+						hq[i] = test_randf(&rs) * 2.0f - 1.0f;
+					assert_int_equal(o->upload(be->ctx, k, hk, sizeof hk), 0);
+					assert_int_equal(o->upload(be->ctx, v, hv, sizeof hv), 0);
+					assert_int_equal(o->upload(be->ctx, q, hq, sizeof hq), 0);
+					assert_int_equal(P->append(st, l, k, v, 1), 0);
+					ret = P->attend(st, l, out, q, 1);
+				}
+				if (!ret)
+					P->step_end(st);
+				else if (t < steps)
+					fail_msg("%s: step %d failed before the corruption", pols[pi], t);
+			}
+			if (ret != -EIO)
+				fail_msg("%s after %d steps: divergence not caught (%d)", pols[pi], steps,
+					 ret);
+			P->destroy(st);
+			hostkv_seq_close(hs, true);
+		}
+	o->buf_free(be->ctx, k);
+	o->buf_free(be->ctx, v);
+	o->buf_free(be->ctx, q);
+	o->buf_free(be->ctx, out);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -601,6 +734,8 @@ int main(void)
 		cmocka_unit_test(test_chunked_prefill_is_dense),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_device_memory_backend),
+		cmocka_unit_test(test_many_layers_in_flight),
+		cmocka_unit_test(test_invariants_catch_divergence),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

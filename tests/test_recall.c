@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "recall.h"
@@ -211,6 +212,50 @@ static void test_prepare_and_errors(void **state)
 	assert_int_equal(recall_new(&none, &r), -EINVAL);
 }
 
+/* The accounting of a job whose prepare step takes long (speculative selection runs there):
+ * ns_busy and ns_hidden count the copy and the conversion only, not the prepare step, which its
+ * caller times itself (policy_freekv folds it into ns_select): the old accounting started the
+ * clock before prepare and reported the selection as recall time a second time. */
+static int slow_prepare(void *arg, struct recall_unit **units, int *n)
+{
+	struct prep *p = arg;
+	p->calls++;
+	usleep(200 * 1000);
+	*units = p->u;
+	*n = 0;
+	return 0;
+}
+
+static void test_accounting_excludes_prepare(void **state)
+{
+	(void)state;
+	struct recall_opts o = { .g = geom, .units_per_buffer = 3, .src = src };
+	struct recall *r;
+	assert_int_equal(recall_new(&o, &r), 0);
+	struct prep pr = { 0 };
+	uint64_t t;
+	struct recall_done dn;
+	assert_int_equal(recall_submit(r, NULL, 0, slow_prepare, &pr, &t), 0);
+	assert_int_equal(recall_wait(r, t, &dn), 0);
+	assert_int_equal(pr.calls, 1);
+	assert_int_equal(dn.units, 0);
+	assert_true(dn.ns_waited >= 150 * 1000 * 1000);
+	assert_true(dn.ns_busy < 150 * 1000 * 1000);
+	assert_true(dn.ns_hidden >= 0 && dn.ns_hidden < 150 * 1000 * 1000);
+	/* A job waited for long after it finished: all of its wall time was hidden. */
+	struct recall_unit u = { 1, 7, 0, NULL };
+	float *slots = calloc(SLOTS * slot_floats(), sizeof(float));
+	u.slot = slots;
+	assert_int_equal(recall_submit(r, &u, 1, NULL, NULL, &t), 0);
+	usleep(100 * 1000);
+	assert_int_equal(recall_wait(r, t, &dn), 0);
+	assert_int_equal(dn.units, 1);
+	assert_true(dn.ns_hidden > 0);
+	assert_true(dn.ns_hidden <= dn.ns_busy + dn.ns_waited + 100 * 1000 * 1000);
+	recall_free(r);
+	free(slots);
+}
+
 /* A CPU backend whose recall_units counts units and fails on demand: the convert thread hands
  * whole staging buffers to the backend op, whose failure fails the job. */
 static const struct backend_ops *cpu_ops;
@@ -269,6 +314,7 @@ int main(void)
 		cmocka_unit_test(test_jobs_in_flight),
 		cmocka_unit_test(test_many_jobs),
 		cmocka_unit_test(test_prepare_and_errors),
+		cmocka_unit_test(test_accounting_excludes_prepare),
 		cmocka_unit_test(test_backend_recall_units),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

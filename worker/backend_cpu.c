@@ -44,7 +44,8 @@
  * picks the clone the CPU runs (GCC function multiversioning): the build targets the baseline,
  * so without this every loop would be SSE2. Functions with an OpenMP region are not cloned
  * (the region is outlined before cloning); they call CPU_HOT workers. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+	!defined(__SANITIZE_THREAD__) /* an instrumented ifunc resolver runs before TSan starts */
 #define CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define CPU_HOT

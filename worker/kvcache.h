@@ -57,7 +57,8 @@ struct kv_seq_params {
 
 /* Retrieval counters of one layer, cumulative since create. A "head-page" is one KV head's
  * slice of one page (one recall unit). Times in nanoseconds of the compute thread, except
- * ns_recall_hidden, which is copy-thread time that did not make attention wait. */
+ * ns_recall_hidden, which is the wall time of speculative recalls (copy and conversion, not
+ * the selection before them, which ns_select counts) that attention did not wait for. */
 struct kv_layer_stats {
 	int64_t steps;		  /* decode steps that ran retrieval (compressed, past full_layers) */
 	int64_t head_checks;	  /* KV heads checked for correction (after the first step) */

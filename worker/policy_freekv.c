@@ -35,6 +35,7 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 			return ret;
 		L->have_target = true;
 		L->spec_select = false;
+		memset(L->att_now, 1, (size_t)H);
 		set_att(s, L);
 		return paged_recall_now(s, L, L->units_c, n);
 	}
@@ -48,6 +49,8 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 	L->st.head_checks += H;
 	L->st.corrections += flagged;
 	L->spec_select = !flagged;
+	for (int h = 0; h < H; h++)
+		L->att_now[h] = !L->spec_heads[h];
 	if (flagged) {
 		paged_select(s, L, q, lay, L->fresh, L->scratch_c, &L->st.ns_select);
 		for (int h = 0; h < H && !ret; h++) {

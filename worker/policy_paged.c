@@ -48,6 +48,7 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 	free(L->units_c);
 	free(L->units_r);
 	free(L->spec_heads);
+	free(L->att_now);
 }
 
 void paged_destroy(void *st)
@@ -129,8 +130,9 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	L->units_c = calloc(H * K, sizeof *L->units_c);
 	L->units_r = calloc(H * K, sizeof *L->units_r);
 	L->spec_heads = calloc(H, 1);
+	L->att_now = calloc(H, 1);
 	if (!L->slots || !L->res || !L->target || !L->fresh || !L->att || !L->q_last ||
-	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads)
+	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads || !L->att_now)
 		return -ENOMEM;
 	for (size_t i = 0; i < K * H; i++)
 		L->res[i] = -1;
@@ -196,7 +198,10 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 		ret = kv_policy_full.create(&fp, &s->full);
 	}
 	if (!ret && strat->recalls) {
-		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be };
+		/* A layer's speculative job stays unwaited until the next step reaches the layer;
+		 * meanwhile every layer submits at most one blocking and one speculative job. */
+		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be,
+					  .max_jobs = 2 * p->n_layers + 2 };
 		ret = recall_new(&ro, &s->rc);
 	}
 	if (ret) {
@@ -246,7 +251,7 @@ static int settle_layer(struct paged *s, struct paged_layer *L)
 	int ret = recall_wait(s->rc, L->ticket, &dn);
 	L->ticket = 0;
 	L->st.ns_recall_wait += dn.ns_waited;
-	L->st.ns_recall_hidden += dn.ns_busy > dn.ns_waited ? dn.ns_busy - dn.ns_waited : 0;
+	L->st.ns_recall_hidden += dn.ns_hidden;
 	L->st.pages_recalled += dn.units;
 	L->st.bytes_recalled += dn.bytes;
 	L->st.ns_select += L->spec_ns_select;
@@ -516,6 +521,35 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
+/* Debug: group-consistent selection as DESIGN §5 defines it, recomputed by select_topk: a head
+ * whose pages were selected with this step's query attends exactly the top-k of q_t at this
+ * layout; the others (freekv's unflagged heads) exactly the top-k of the previous query at the
+ * previous step's layout. Every query head of a group reads its KV head's pages (spans are per
+ * KV head), so the group shares one selection. */
+static int check_selection(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
+{
+	const int H = s->g.n_kv, K = s->k_sel;
+	int *now = malloc((size_t)2 * H * K * sizeof *now), *prev = now + (size_t)H * K;
+	if (!now)
+		return -ENOMEM;
+	select_topk(&s->g, lay, s->hq, L->kmin, L->kmax, L->page_cap, now, L->scratch_c);
+	if (L->prev_valid)
+		select_topk(&s->g, &L->prev_lay, L->q_last, L->kmin, L->kmax, L->page_cap, prev,
+			    L->scratch_c);
+	int ret = 0;
+	for (int h = 0; h < H && !ret; h++) {
+		const int *want = L->att_now[h] ? now : L->prev_valid ? prev : NULL;
+		if (want && memcmp(L->att + h * K, want + h * K, (size_t)K * sizeof *want)) {
+			fprintf(stderr, "policy %s: layer %d head %d: pages are not the top-%d of the "
+				"%s query\n", s->strat->name, L->layer, h, K,
+				L->att_now[h] ? "current" : "previous");
+			ret = -EIO;
+		}
+	}
+	free(now);
+	return ret;
+}
+
 static int check_invariants(struct paged *s, struct paged_layer *L,
 			    const struct select_layout *lay, int len)
 {
@@ -532,6 +566,11 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 					return -EIO;
 				}
 			}
+	}
+	if (lay->compressed && s->strat->recalls) {
+		int ret = check_selection(s, L, lay);
+		if (ret)
+			return ret;
 	}
 	if (!s->p.host)
 		return 0;
@@ -574,6 +613,7 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	struct paged_layer *L = &s->L[layer];
 	const size_t qd = (size_t)s->g.n_q * s->g.d;
 	if (n > 1) {
+		L->prev_valid = false;
 		int ret = attend_dense(s, out, q, n);
 		if (!ret)
 			ret = be->ops->download(be->ctx, L->q_last, q + (size_t)(n - 1) * qd,
@@ -608,6 +648,9 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		ret = s->strat->after_attend(s, L, s->hq, &lay);
 	memcpy(L->q_last, s->hq, qd * sizeof(float));
 	L->have_q = true;
+	/* Once the layer's recall has landed, every head holds the top-k of this query here. */
+	L->prev_valid = !ret && lay.compressed && s->strat->recalls;
+	L->prev_lay = lay;
 	return ret;
 }
 
@@ -713,7 +756,9 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 {
 	const int H = s->g.n_kv, K = s->k_sel, n0 = *n;
 	bool keep[K];
-	int changed = 0;
+	int old[K];
+	for (int i = 0; i < K; i++)
+		old[i] = L->res[i * H + h];
 	for (int i = 0; i < K; i++) {
 		keep[i] = false;
 		for (int j = 0; j < K && !keep[i]; j++)
@@ -726,7 +771,6 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 			resident = L->res[i * H + h] == pages[j];
 		if (resident)
 			continue;
-		changed++;
 		while (keep[next])
 			next++;
 		keep[next] = true;
@@ -738,19 +782,34 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 	}
 	if (!s->p.opts.debug_invariants)
 		return 0;
-	/* Only changed pages are recalled, once each, and the head now holds exactly pages. */
+	/* Checked against the residency before planning: the units are exactly the pages that were
+	 * not resident, once each; pages that were resident stay in their slots; the head now holds
+	 * exactly pages, ascending. */
+	bool ok = true;
 	for (int j = 0; j < K; j++) {
-		int held = 0;
-		for (int i = 0; i < K; i++)
+		int held = 0, was = 0, planned = 0;
+		for (int i = 0; i < K; i++) {
 			held += L->res[i * H + h] == pages[j];
-		if (held != 1 || (j && pages[j] <= pages[j - 1]))
-			changed = -1;
+			was += old[i] == pages[j];
+		}
+		for (int u = n0; u < *n; u++)
+			planned += units[u].page == pages[j] && units[u].head == h;
+		ok &= held == 1 && planned == (was ? 0 : 1) && !(j && pages[j] <= pages[j - 1]);
 	}
-	for (int u = n0; u < *n && changed >= 0; u++)
-		for (int w = n0; w < u; w++)
-			if (units[w].page == units[u].page)
-				changed = -1;
-	if (changed != *n - n0) {
+	for (int i = 0; i < K; i++) {
+		bool wanted = false;
+		for (int j = 0; j < K; j++)
+			wanted |= old[i] == pages[j];
+		ok &= !wanted || L->res[i * H + h] == old[i];
+	}
+	int fresh = 0;
+	for (int j = 0; j < K; j++) {
+		bool was = false;
+		for (int i = 0; i < K; i++)
+			was |= old[i] == pages[j];
+		fresh += !was;
+	}
+	if (!ok || fresh != *n - n0) {
 		fprintf(stderr, "policy %s: layer %d head %d: recall plan is not the changed pages\n",
 			s->strat->name, L->layer, h);
 		return -EIO;
@@ -781,4 +840,5 @@ void paged_drop_selection(struct paged *s, struct paged_layer *L)
 	for (int i = 0; i < s->k_sel * s->g.n_kv; i++)
 		L->res[i] = -1;
 	L->have_target = false;
+	L->prev_valid = false;
 }

@@ -46,6 +46,10 @@ struct paged_layer {
 	float *scratch_c;      /* selection scratch of the compute thread */
 	float *scratch_r;      /* ... and of the copy thread */
 	int *att;	       /* (n_kv, k_sel): pages the current step attends to */
+	/* For the debug checks, set by the strategy at each compressed decode step: */
+	uint8_t *att_now;      /* (n_kv): att of the head was selected with this step's query */
+	bool prev_valid;       /* the others' att was selected with q_last at prev_lay */
+	struct select_layout prev_lay;
 	struct recall_unit *units_c; /* (n_kv * k_sel) blocking recall plan */
 	struct recall_unit *units_r; /* (n_kv * k_sel) speculative recall plan */
 	uint64_t ticket;       /* pending speculative recall of this layer (0: none) */

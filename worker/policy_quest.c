@@ -4,10 +4,13 @@
  * selection and recall sit on the critical path. */
 #include "policy_paged.h"
 
+#include <string.h>
+
 static int quest_before(struct paged *s, struct paged_layer *L, const float *q,
 			const struct select_layout *lay)
 {
 	paged_select(s, L, q, lay, L->att, L->scratch_c, &L->st.ns_select);
+	memset(L->att_now, 1, (size_t)s->g.n_kv);
 	int n = 0, ret = 0;
 	for (int h = 0; h < s->g.n_kv && !ret; h++)
 		ret = paged_plan_head(s, L, h, L->att + h * s->k_sel, L->units_c, &n);

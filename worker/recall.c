@@ -11,8 +11,6 @@
 #include "backend.h"
 #include "hostkv.h"
 
-#define RECALL_MAX_JOBS 64
-
 struct recall_job {
 	uint64_t ticket;
 	struct recall_unit *units;
@@ -22,6 +20,7 @@ struct recall_job {
 	int err;
 	bool in_use; /* submitted and not yet waited for */
 	bool done;
+	int64_t t_start, t_done; /* first copy begins, last conversion ends (monotonic ns) */
 	struct recall_done acc;
 };
 
@@ -43,7 +42,8 @@ struct recall {
 	int cap;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	struct recall_job jobs[RECALL_MAX_JOBS];
+	struct recall_job *jobs; /* (n_jobs) ring indexed by ticket % n_jobs */
+	int n_jobs;
 	uint64_t submitted;	/* last ticket handed out */
 	uint64_t copied;	/* last ticket the copy thread took */
 	struct staging st[2];
@@ -80,11 +80,12 @@ static void *copy_main(void *arg)
 			pthread_cond_wait(&r->cv, &r->mu);
 		if (r->copied == r->submitted)
 			break;
-		struct recall_job *job = &r->jobs[++r->copied % RECALL_MAX_JOBS];
+		struct recall_job *job = &r->jobs[++r->copied % (uint64_t)r->n_jobs];
 		pthread_mutex_unlock(&r->mu);
 
-		int64_t t0 = now_ns();
 		int err = job->prepare ? job->prepare(job->arg, &job->units, &job->n) : 0;
+		int64_t t0 = now_ns();
+		job->t_start = t0;
 		int i = 0;
 		bool last = false;
 		while (!last) {
@@ -176,8 +177,10 @@ static void *conv_main(void *arg)
 		job->acc.ns_busy += t1 - t0;
 		job->acc.units += s->n;
 		job->acc.bytes += (int64_t)s->n * (int64_t)r->unit_bytes;
-		if (s->last)
+		if (s->last) {
 			job->done = true;
+			job->t_done = t1;
+		}
 		s->full = false;
 		pthread_cond_broadcast(&r->cv);
 		b ^= 1;
@@ -206,13 +209,14 @@ void recall_free(struct recall *r)
 		free(r->st[b].slots);
 		free(r->st[b].heads);
 	}
+	free(r->jobs);
 	free(r);
 }
 
 int recall_new(const struct recall_opts *o, struct recall **out)
 {
 	if (o->g.n_kv <= 0 || o->g.p <= 0 || o->g.d <= 0 || (!o->host && !o->src) ||
-	    o->units_per_buffer < 0)
+	    o->units_per_buffer < 0 || o->max_jobs < 0)
 		return -EINVAL;
 	if (o->be && !o->be->ops->recall_units)
 		return -EOPNOTSUPP;
@@ -222,8 +226,14 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 	r->o = *o;
 	r->unit_bytes = layout_unit_bytes(&o->g);
 	r->cap = o->units_per_buffer ? o->units_per_buffer : 64;
+	r->n_jobs = o->max_jobs ? o->max_jobs : 64;
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
+	r->jobs = calloc((size_t)r->n_jobs, sizeof *r->jobs);
+	if (!r->jobs) {
+		recall_free(r);
+		return -ENOMEM;
+	}
 	for (int b = 0; b < 2; b++) {
 		r->st[b].buf = malloc((size_t)r->cap * r->unit_bytes);
 		r->st[b].dst = calloc((size_t)r->cap, sizeof *r->st[b].dst);
@@ -260,7 +270,7 @@ int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_pre
 	if (n < 0 || (n && !units))
 		return -EINVAL;
 	pthread_mutex_lock(&r->mu);
-	struct recall_job *job = &r->jobs[(r->submitted + 1) % RECALL_MAX_JOBS];
+	struct recall_job *job = &r->jobs[(r->submitted + 1) % (uint64_t)r->n_jobs];
 	while (job->in_use)
 		pthread_cond_wait(&r->cv, &r->mu);
 	*job = (struct recall_job){
@@ -281,7 +291,7 @@ int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done)
 		return 0;
 	int64_t t0 = now_ns();
 	pthread_mutex_lock(&r->mu);
-	struct recall_job *job = &r->jobs[ticket % RECALL_MAX_JOBS];
+	struct recall_job *job = &r->jobs[ticket % (uint64_t)r->n_jobs];
 	if (ticket > r->submitted || !job->in_use || job->ticket != ticket) {
 		pthread_mutex_unlock(&r->mu);
 		return -EINVAL;
@@ -290,8 +300,12 @@ int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done)
 		pthread_cond_wait(&r->cv, &r->mu);
 	int err = job->err;
 	if (done) {
+		int64_t t1 = now_ns();
 		*done = job->acc;
-		done->ns_waited = now_ns() - t0;
+		done->ns_waited = t1 - t0;
+		int64_t a = job->t_start > t0 ? job->t_start : t0;
+		int64_t b = job->t_done < t1 ? job->t_done : t1;
+		done->ns_hidden = job->t_done - job->t_start - (b > a ? b - a : 0);
 	}
 	job->in_use = false;
 	pthread_cond_broadcast(&r->cv);

@@ -45,6 +45,10 @@ typedef int (*recall_src_fn)(void *arg, int layer, int page, const void **block)
 struct recall_opts {
 	struct kv_geom g;	  /* host block geometry */
 	int units_per_buffer;	  /* staging capacity in units; 0 = 64 */
+	/* Jobs submitted and not yet waited for, plus those submitted while one of them waits:
+	 * the job ring's size (tickets map to ticket % max_jobs; a submission whose entry is still
+	 * unwaited blocks until it is). 0 = 64. */
+	int max_jobs;
 	struct hostkv_seq *host;  /* source of blocks; or src/src_arg when host is NULL */
 	recall_src_fn src;
 	void *src_arg;
@@ -55,8 +59,11 @@ struct recall_opts {
 struct recall_done {
 	int64_t units;		/* units copied */
 	int64_t bytes;
-	int64_t ns_busy;	/* copy-thread + convert-thread time spent on the job */
+	int64_t ns_busy;	/* copy-thread + convert-thread time copying and converting the
+				 * job's units (not its prepare step) */
 	int64_t ns_waited;	/* time recall_wait blocked */
+	int64_t ns_hidden;	/* wall time from the first copy to the last conversion that
+				 * recall_wait did not block for: the recall hidden beside the caller */
 };
 
 int recall_new(const struct recall_opts *o, struct recall **out);
