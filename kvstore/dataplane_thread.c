@@ -39,22 +39,6 @@ static void thread_lock(struct dp *dp)
 	pthread_mutex_lock(&dp->lock);
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
-
 static bool rings_ready(const struct dp *dp)
 {
 	for (size_t i = 0; i < dp->max_w; i++)
@@ -116,14 +100,14 @@ static void *thread_main(void *arg)
 			idle_since = 0;
 			continue;
 		}
-		uint64_t t = now_ns();
+		uint64_t t = ring_now_ns();
 		if (!idle_since)
 			idle_since = t;
 		if (t - idle_since < DP_SPIN_NS) {
 			/* Busy first, then yielding: a worker waiting on this CPU gets it at once. */
 			if (t - idle_since < DP_BUSY_NS)
 				for (int i = 0; i < 16; i++)
-					cpu_relax();
+					ring_cpu_relax();
 			else
 				sched_yield();
 			continue;

@@ -334,20 +334,11 @@ static int64_t ms_left(const struct timespec *deadline)
 	       (deadline->tv_nsec - now.tv_nsec) / 1000000;
 }
 
-static uint64_t now_ns(void)
+uint64_t ring_now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
 }
 
 /* One FUTEX_WAIT on a doorbell the caller announced it sleeps on (ms < 0: no timeout); clears
@@ -375,16 +366,16 @@ int ring_wait(struct ring *r, int timeout_ms)
 			deadline.tv_nsec -= 1000000000;
 		}
 	}
-	uint64_t spin_end = now_ns() + RING_SPIN_NS;
+	uint64_t spin_end = ring_now_ns() + RING_SPIN_NS;
 	for (unsigned i = 0;; i++) {
 		int64_t n = ready_of(r);
 		if (n != 0)
 			return n < 0 ? (int)n : 0;
-		if ((i & 31) == 31 && now_ns() >= spin_end)
+		if ((i & 31) == 31 && ring_now_ns() >= spin_end)
 			break;
 		/* After a short busy spin, yield: the peer may be runnable on this very CPU. */
 		if (i < RING_BUSY_SPINS)
-			cpu_relax();
+			ring_cpu_relax();
 		else
 			sched_yield();
 	}

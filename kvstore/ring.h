@@ -181,4 +181,16 @@ struct ring_stats {
 };
 void ring_stats(const struct ring *r, struct ring_stats *s);
 
+/* Helpers for the bounded spins on both sides of a ring (worker completion waits and the
+ * daemon's data-plane thread): a monotonic clock in ns and a spin-loop hint. */
+uint64_t ring_now_ns(void);
+static inline void ring_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
 #endif
