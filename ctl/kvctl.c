@@ -376,13 +376,16 @@ static void show_stats(const Freekv__StatsReply *s, bool json)
 		json_object_object_add(j, "crc_errors", json_object_new_uint64(s->crc_errors));
 		json_object_object_add(j, "pending_ops", json_object_new_uint64(s->pending_ops));
 		json_object_object_add(j, "tier_in_flight", json_object_new_uint64(s->tier_in_flight));
+		json_object_object_add(j, "swaps", json_object_new_uint64(s->swaps));
+		json_object_object_add(j, "swap_failures", json_object_new_uint64(s->swap_failures));
 		json_object_object_add(j, "commands", stat_rows(s->commands, s->n_commands, false, NULL));
 		json_object_object_add(j, "ring_ops", stat_rows(s->ring_ops, s->n_ring_ops, false, NULL));
 		emit(j);
 	} else {
-		printf("demoted %" PRIu64 ", promoted %" PRIu64 ", crc errors %" PRIu64 ", pending ops %" PRIu64
-		       ", tier I/O %" PRIu64 "\n\n",
-		       s->demoted_blocks, s->promoted_blocks, s->crc_errors, s->pending_ops, s->tier_in_flight);
+		printf("demoted %" PRIu64 ", promoted %" PRIu64 ", swapped %" PRIu64 " (%" PRIu64 " failed), crc errors %"
+		       PRIu64 ", pending ops %" PRIu64 ", tier I/O %" PRIu64 "\n\n",
+		       s->demoted_blocks, s->promoted_blocks, s->swaps, s->swap_failures, s->crc_errors,
+		       s->pending_ops, s->tier_in_flight);
 		json_object_put(stat_rows(s->commands, s->n_commands, true, "REQUEST"));
 		printf("\n");
 		json_object_put(stat_rows(s->ring_ops, s->n_ring_ops, true, "RING OP"));

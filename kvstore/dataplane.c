@@ -20,9 +20,7 @@
 #define DP_ALLOC_MAX 64u
 #define DP_POP_BATCH 64u
 
-enum { COOKIE_WRITE = 1, COOKIE_READ = 2 };
-
-static uint64_t now_us(void)
+uint64_t dp_now_us(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -97,7 +95,7 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 {
 	unsigned k = e->op >= RING_OP_ALLOC && e->op <= RING_OP_RELEASE ? e->op - 1 : DP_OP_INVALID;
 	dp->ops[k].calls++;
-	dp->ops[k].total_us += now_us() - t0;
+	dp->ops[k].total_us += dp_now_us() - t0;
 	e->status = status;
 	if (status) {
 		dp->ops[k].errors++;
@@ -179,7 +177,7 @@ static int demote_block(struct dp *dp, uint32_t id)
 	ret = pool_block_demote_begin(dp->pool, id, off);
 	if (!ret)
 		ret = tier_write(dp->tier, pool_block_data(dp->pool, id), off, b->bytes,
-				 (uint64_t)COOKIE_WRITE << 32 | id);
+				 (uint64_t)DP_COOKIE_WRITE << 32 | id);
 	if (ret) {
 		if (b->tier == POOL_TIER_DEMOTING)
 			pool_block_demote_end(dp->pool, id, false, 0);
@@ -332,50 +330,61 @@ static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 		ret = -ENOENT; /* detached or closed while waiting */
 		goto fail;
 	}
-	for (uint32_t i = 0; i < p->e.count; i++) {
-		if (p->lease_ids[i] && lease_get(w, p->lease_ids[i]))
-			continue;
-		p->lease_ids[i] = 0; /* dropped meanwhile (RELEASE of a guessed id): lease again */
-		struct pool_block *b = pool_block_get(dp->pool, p->blocks[i]);
-		if (!b || b->seq_id != p->e.seq_id || b->layer != p->e.layer) {
-			ret = -ENOENT; /* dropped meanwhile */
-			goto fail;
-		}
-		switch (b->tier) {
-		case POOL_TIER_DRAM:
-			ret = lease_add(dp, w, p->blocks[i], &p->lease_ids[i]);
-			if (ret)
+	/* Lease what is in DRAM first, so that no move below picks this RECALL's own blocks. */
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t i = 0; i < p->e.count; i++) {
+			if (p->lease_ids[i] && lease_get(w, p->lease_ids[i]))
+				continue;
+			p->lease_ids[i] = 0; /* dropped meanwhile (RELEASE of a guessed id): lease again */
+			struct pool_block *b = pool_block_get(dp->pool, p->blocks[i]);
+			if (!b || b->seq_id != p->e.seq_id || b->layer != p->e.layer) {
+				ret = -ENOENT; /* dropped meanwhile */
 				goto fail;
-			pool_block_touch(dp->pool, p->blocks[i]);
-			break;
-		case POOL_TIER_NVME: {
-			uint64_t off = b->nvme_off;
-			ret = pool_block_promote_begin(dp->pool, p->blocks[i]);
-			if (ret == -ENOSPC) {
-				demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
-				if (!dp->demoting)
-					goto fail;
-				waiting = 1;
-				break;
 			}
-			if (ret)
-				goto fail;
-			ret = tier_read(dp->tier, pool_block_data(dp->pool, p->blocks[i]), off, b->bytes, b->crc,
-					(uint64_t)COOKIE_READ << 32 | p->blocks[i]);
-			if (ret) {
-				pool_block_promote_end(dp->pool, p->blocks[i], false);
-				if (ret == -EBUSY) {
+			if (pass == 0 && b->tier != POOL_TIER_DRAM)
+				continue;
+			switch (b->tier) {
+			case POOL_TIER_DRAM:
+				ret = lease_add(dp, w, p->blocks[i], &p->lease_ids[i]);
+				if (ret)
+					goto fail;
+				pool_block_touch(dp->pool, p->blocks[i]);
+				break;
+			case POOL_TIER_NVME: {
+				uint64_t off = b->nvme_off;
+				ret = pool_block_promote_begin(dp->pool, p->blocks[i]);
+				if (ret == -ENOSPC) {
+					demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+					/* Nothing could be demoted (the tier is full too): trade places. */
+					ret = dp->demoting ? 0 : dp_swap_start(dp, p->blocks[i]);
+					if (ret && ret != -EBUSY)
+						goto fail;
 					waiting = 1;
 					break;
 				}
-				goto fail;
+				if (ret)
+					goto fail;
+				ret = tier_read(dp->tier, pool_block_data(dp->pool, p->blocks[i]), off, b->bytes,
+						b->crc, (uint64_t)DP_COOKIE_READ << 32 | p->blocks[i]);
+				if (ret) {
+					pool_block_promote_end(dp->pool, p->blocks[i], false);
+					if (ret == -EBUSY) {
+						waiting = 1;
+						break;
+					}
+					goto fail;
+				}
+				waiting = 1;
+				break;
 			}
-			waiting = 1;
-			break;
-		}
-		default:	/* I/O in flight: wait for it */
-			waiting = 1;
-			break;
+			default:	/* I/O in flight: wait for it */
+				if (dp_swap_restoring(dp, p->blocks[i])) {
+					ret = -EIO; /* a failed swap is writing it back; see dataplane_swap.c */
+					goto fail;
+				}
+				waiting = 1;
+				break;
+			}
 		}
 	}
 	if (waiting)
@@ -458,11 +467,11 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 	int ret;
 	if (!p) {
 		tmp = *in;
-		complete(dp, w, &tmp, -ENOMEM, now_us());
+		complete(dp, w, &tmp, -ENOMEM, dp_now_us());
 		return;
 	}
 	p->e = *in;
-	p->t0_us = now_us();
+	p->t0_us = dp_now_us();
 	switch (in->op) {
 	case RING_OP_ALLOC:
 		ret = op_alloc(dp, w, &p->e);
@@ -526,8 +535,17 @@ static void retry_pending(struct dp *dp, struct dp_worker *w)
 	}
 }
 
+/* Whether pending op p is a RECALL that names block. */
+static bool recall_waits_for(const struct dp_pending *p, uint32_t block)
+{
+	for (uint32_t k = 0; p->e.op == RING_OP_RECALL && k < p->e.count; k++)
+		if (p->blocks[k] == block)
+			return true;
+	return false;
+}
+
 /* A promotion failed (checksum or I/O): every RECALL waiting for that block fails with it. */
-static void fail_recalls_of(struct dp *dp, uint32_t block, int status)
+void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status)
 {
 	for (size_t i = 0; i < dp->max_w; i++) {
 		struct dp_worker *w = &dp->w[i];
@@ -536,9 +554,7 @@ static void fail_recalls_of(struct dp *dp, uint32_t block, int status)
 			continue;
 		while (*pp) {
 			struct dp_pending *p = *pp;
-			bool hit = false;
-			for (uint32_t k = 0; p->e.op == RING_OP_RECALL && k < p->e.count; k++)
-				hit |= p->blocks[k] == block;
+			bool hit = recall_waits_for(p, block);
 			if (!hit) {
 				pp = &p->next;
 				continue;
@@ -551,14 +567,43 @@ static void fail_recalls_of(struct dp *dp, uint32_t block, int status)
 	}
 }
 
+/* A block just became DRAM-resident through a swap: advance the RECALLs waiting for it now, so
+ * that they lease it before another swap can pick it as its victim (two RECALLs competing for
+ * the last unleased DRAM block would otherwise trade it back and forth without end). */
+void dp_retry_recalls_of(struct dp *dp, uint32_t block)
+{
+	for (size_t i = 0; i < dp->max_w; i++) {
+		struct dp_worker *w = &dp->w[i];
+		struct dp_pending **pp = &w->pending;
+		if (!w->ring)
+			continue;
+		while (*pp) {
+			struct dp_pending *p = *pp;
+			bool hit = recall_waits_for(p, block);
+			int ret = hit ? recall_step(dp, w, p) : -EAGAIN;
+			if (ret == -EAGAIN) {
+				pp = &p->next;
+				continue;
+			}
+			*pp = p->next;
+			complete(dp, w, &p->e, ret, p->t0_us);
+			free(p);
+		}
+	}
+}
+
 static void tier_done(void *ctx, const struct tier_result *r)
 {
 	struct dp *dp = ctx;
 	uint32_t id = (uint32_t)r->cookie;
+	if (r->cookie >> 32 == DP_COOKIE_SWAP) {
+		dp_swap_done(dp, r);
+		return;
+	}
 	struct pool_block *b = pool_block_get(dp->pool, id);
 	if (!b)
 		return;
-	if (r->cookie >> 32 == COOKIE_WRITE) {
+	if (r->cookie >> 32 == DP_COOKIE_WRITE) {
 		dp->demoting--;
 		uint64_t off = b->nvme_off;
 		pool_block_demote_end(dp->pool, id, r->status == 0, r->crc);
@@ -579,7 +624,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 	}
 	if (r->status == -EBADMSG)
 		dp->crc_errors++;
-	fail_recalls_of(dp, id, r->status);
+	dp_fail_recalls_of(dp, id, r->status);
 }
 
 static void demote_queue_run(struct dp *dp);
@@ -601,6 +646,9 @@ int dp_poll_timeout(const struct dp *dp, int dflt)
 			return 0; /* left over by the bounded pass: no new doorbell will come */
 	if (dp->tier && tier_pending(dp->tier) && tier_eventfd(dp->tier) < 0)
 		return 1;
+	for (unsigned i = 0; i < DP_SWAP_MAX; i++)
+		if (dp->swaps[i].phase == DP_SWAP_RESTORE && dp->swaps[i].restore_waiting)
+			return dflt < 100 ? dflt : 100; /* dp_swap_retry's next attempt */
 	return dflt;
 }
 
@@ -628,6 +676,7 @@ void dp_run(struct dp *dp)
 			w->corrupt_logged |= n < 0;
 		}
 		demote_watermark(dp);
+		dp_swap_retry(dp);
 		if (dp->n_demote_q)
 			demote_queue_run(dp);
 		if (dp->tier && tier_flush(dp->tier) > 0)
@@ -639,8 +688,8 @@ void dp_run(struct dp *dp)
 
 void dp_drain(struct dp *dp, int timeout_ms)
 {
-	uint64_t end = now_us() + (uint64_t)timeout_ms * 1000;
-	while (dp->tier && tier_pending(dp->tier) && now_us() < end) {
+	uint64_t end = dp_now_us() + (uint64_t)timeout_ms * 1000;
+	while (dp->tier && tier_pending(dp->tier) && dp_now_us() < end) {
 		tier_flush(dp->tier);
 		tier_wait(dp->tier, 50, tier_done, dp);
 	}
@@ -888,6 +937,8 @@ void dp_stats(struct dp *dp, struct dp_stats *st)
 	st->demoted = dp->demoted;
 	st->promoted = dp->promoted;
 	st->crc_errors = dp->crc_errors;
+	st->swaps = dp->swapped;
+	st->swap_failures = dp->swap_failures;
 	for (size_t i = 0; i < dp->max_w; i++) {
 		if (!dp->w[i].ring)
 			continue;
@@ -931,6 +982,7 @@ void dp_shutdown(struct dp *dp)
 	}
 	if (dp->tier)
 		tier_close(dp->tier);
+	dp_swap_shutdown(dp); /* after tier_close: in-flight swap I/O still uses the bounces */
 	pool_destroy(dp->pool);
 	pthread_mutex_destroy(&dp->lock);
 	free(dp->w);

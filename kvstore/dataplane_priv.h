@@ -1,6 +1,7 @@
-/* dataplane_priv — the data plane's state, shared by its two source files: dataplane.c (ring
- * ops, leases, demotion, promotion) and dataplane_thread.c (the data-plane thread and its lock).
- * Private to those two files; everyone else uses dataplane.h. */
+/* dataplane_priv — the data plane's state, shared by its source files: dataplane.c (ring ops,
+ * leases, demotion, promotion), dataplane_swap.c (DRAM <-> NVMe swaps when both tiers are full)
+ * and dataplane_thread.c (the data-plane thread and its lock). Private to those files; everyone
+ * else uses dataplane.h. */
 #ifndef FREEKV_DATAPLANE_PRIV_H
 #define FREEKV_DATAPLANE_PRIV_H
 
@@ -11,9 +12,14 @@
 
 #include "dataplane.h"
 #include "ring.h"
+#include "tier.h"
 
 #define DP_RECALL_MAX 32u
 #define DP_DEMOTE_QUEUE 64u		/* sequences whose explicit demotion is still going */
+#define DP_SWAP_MAX 8u			/* swaps in flight at once */
+
+/* Tier request cookies: kind << 32 | block id (or swap slot for DP_COOKIE_SWAP). */
+enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3 };
 
 struct dp_lease {
 	uint32_t block;	/* POOL_NO_BLOCK when the slot is free */
@@ -27,6 +33,24 @@ struct dp_pending {
 	uint64_t lease_ids[DP_RECALL_MAX];	/* 0: not leased yet */
 	uint64_t t0_us;
 	struct dp_pending *next;
+};
+
+/* One swap (dataplane_swap.c): block moves NVMe -> DRAM into victim's slot, victim moves to
+ * block's extent. READ: block's extent -> bounce (crc checked); WRITE: victim's DRAM bytes ->
+ * the extent; then the bounce is copied into the victim's slot and both descriptors commit.
+ * RESTORE: the write failed, the bounce (block's verified bytes) is being written back. */
+enum dp_swap_phase { DP_SWAP_FREE = 0, DP_SWAP_READ, DP_SWAP_WRITE, DP_SWAP_RESTORE };
+
+struct dp_swap {
+	uint8_t phase;			/* enum dp_swap_phase */
+	bool restore_waiting;		/* RESTORE: no write in flight, retry at restore_at_us */
+	uint32_t block, victim;
+	uint64_t nvme_off;
+	uint32_t bytes;
+	uint32_t restore_tries;
+	uint64_t restore_at_us;
+	void *bounce;			/* (bounce_bytes,) TIER_ALIGN-aligned, kept for the next swap */
+	uint32_t bounce_bytes;
 };
 
 struct dp_worker {
@@ -57,6 +81,27 @@ struct dp {
 	char ring_prefix[CFG_STR_MAX];
 	uint64_t demote_q[DP_DEMOTE_QUEUE];	/* sequence ids, see demote_queue_run */
 	size_t n_demote_q;
+	struct dp_swap swaps[DP_SWAP_MAX];
+	uint64_t swapped, swap_failures;
 };
+
+uint64_t dp_now_us(void);
+/* Every RECALL waiting for block fails with status (dataplane.c). */
+void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status);
+/* block is DRAM-resident now: the RECALLs waiting for it take their leases at once. */
+void dp_retry_recalls_of(struct dp *dp, uint32_t block);
+
+/* dataplane_swap.c. dp_swap_start: block (NVMe-resident) cannot get a DRAM slot and nothing can
+ * be demoted: start swapping it with the coldest unleased committed DRAM block of its class.
+ * 0 started, -EBUSY no swap slot or tier request free now (try later), -ENOSPC no victim. */
+int dp_swap_start(struct dp *dp, uint32_t block);
+/* A tier completion whose cookie kind is DP_COOKIE_SWAP. */
+void dp_swap_done(struct dp *dp, const struct tier_result *r);
+/* Resubmits restore writes that failed (at most every DP_SWAP_RETRY_US). */
+void dp_swap_retry(struct dp *dp);
+/* True while block's swap failed half-way and its bytes are being written back. */
+bool dp_swap_restoring(const struct dp *dp, uint32_t block);
+/* Frees the bounce buffers (after the tier has drained). */
+void dp_swap_shutdown(struct dp *dp);
 
 #endif

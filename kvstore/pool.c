@@ -605,9 +605,45 @@ int pool_block_promote_end(struct pool *p, uint32_t id, bool ok)
 		b->lru = ++p->clock;
 		set_tier(p, b, POOL_TIER_DRAM);
 	} else {
-		slot_free(p, b);
+		if (b->dram_off != POOL_NO_OFFSET)
+			slot_free(p, b);
 		set_tier(p, b, POOL_TIER_NVME);
 	}
+	return 0;
+}
+
+int pool_block_swap_begin(struct pool *p, uint32_t a, uint32_t v)
+{
+	struct pool_block *ba = pool_block_get(p, a), *bv = pool_block_get(p, v);
+	if (!ba || !bv || a == v || ba->tier != POOL_TIER_NVME || bv->tier != POOL_TIER_DRAM ||
+	    ba->cls != bv->cls)
+		return -EINVAL;
+	if (bv->leases)
+		return -EBUSY;
+	assert(ba->dram_off == POOL_NO_OFFSET && ba->nvme_off != POOL_NO_OFFSET);
+	set_tier(p, ba, POOL_TIER_PROMOTING);
+	bv->nvme_off = ba->nvme_off;
+	set_tier(p, bv, POOL_TIER_DEMOTING);
+	return 0;
+}
+
+int pool_block_swap_commit(struct pool *p, uint32_t a, uint32_t v, uint32_t v_crc)
+{
+	struct pool_block *ba = pool_block_get(p, a), *bv = pool_block_get(p, v);
+	if (!ba || !bv || ba->tier != POOL_TIER_PROMOTING || ba->dram_off != POOL_NO_OFFSET ||
+	    bv->tier != POOL_TIER_DEMOTING || bv->nvme_off != ba->nvme_off)
+		return -EINVAL;
+	int ret = slab_set_tag(p->slab, bv->dram_off, a);
+	assert(ret == 0);
+	(void)ret;
+	ba->dram_off = bv->dram_off;
+	ba->nvme_off = POOL_NO_OFFSET;
+	ba->lru = ++p->clock;
+	set_tier(p, ba, POOL_TIER_DRAM);
+	bv->dram_off = POOL_NO_OFFSET;
+	bv->crc = v_crc;
+	bv->has_crc = true;
+	set_tier(p, bv, POOL_TIER_NVME);
 	return 0;
 }
 

@@ -77,7 +77,8 @@ enum pool_tier {
 	POOL_TIER_DRAM,       /* bytes at dram_off */
 	POOL_TIER_NVME,       /* bytes at nvme_off only */
 	POOL_TIER_DEMOTING,   /* write DRAM -> NVMe in flight: both offsets valid, DRAM authoritative */
-	POOL_TIER_PROMOTING,  /* read NVMe -> DRAM in flight: both offsets valid, NVMe authoritative */
+	POOL_TIER_PROMOTING,  /* read NVMe -> DRAM in flight: NVMe authoritative; dram_off valid
+			       * except during a swap (pool_block_swap_begin) */
 };
 
 /* Block descriptor. The caller (daemon) may write the owner fields (seq_id, layer, page, refs,
@@ -167,9 +168,22 @@ int pool_block_demote_begin(struct pool *p, uint32_t id, uint64_t nvme_off);
 int pool_block_demote_end(struct pool *p, uint32_t id, bool ok, uint32_t crc);
 /* Promotion: begin: NVME -> PROMOTING, allocates a DRAM slot (-ENOSPC when none);
  *   end ok: PROMOTING -> DRAM, forgets nvme_off (the caller frees the extent);
- *   end failed: PROMOTING -> NVME, releases the DRAM slot. */
+ *   end failed: PROMOTING -> NVME, releases the DRAM slot (if it has one: see swaps). */
 int pool_block_promote_begin(struct pool *p, uint32_t id);
 int pool_block_promote_end(struct pool *p, uint32_t id, bool ok);
+
+/* Swap, when DRAM and NVMe are both full: NVMe-resident block a takes DRAM-resident block v's
+ * slot and v takes a's extent, around two I/Os the caller runs (read a's extent into a buffer,
+ * write v's bytes to that extent, copy the buffer into v's slot).
+ *   begin: a NVME -> PROMOTING with no DRAM slot (NVMe authoritative); v DRAM -> DEMOTING to
+ *          a's extent (DRAM authoritative). -EINVAL wrong tiers, a == v or different classes;
+ *          -EBUSY v leased.
+ *   commit: v -> NVME at a's old extent with v_crc, its slot now a's; a -> DRAM in that slot
+ *          (touched). The slot must already hold a's bytes.
+ * To undo a begin: pool_block_demote_end(v, false, 0) and pool_block_promote_end(a, false),
+ * in either order, each when its side is done (a keeps its extent and crc). */
+int pool_block_swap_begin(struct pool *p, uint32_t a, uint32_t v);
+int pool_block_swap_commit(struct pool *p, uint32_t a, uint32_t v, uint32_t v_crc);
 
 /* Victim scan for demotion. rank(ctx, b) is called for every DRAM-resident, unleased block and
  * returns -1 to skip it, else a rank (0 = most preferred). Up to max ids are written to ids in

@@ -31,6 +31,7 @@ struct call {
 	struct wk_worker *w;	/* the welcomed caller, or NULL */
 	const void *ident;
 	size_t ident_len;
+	const struct rpc_peer *peer;	/* NULL: in-process caller */
 	char err[RPC_ERR_MAX];
 	struct arena_chunk *chunks;
 };
@@ -159,6 +160,25 @@ static struct seq *lookup(struct call *c, bool has_id, uint64_t id, const char *
 
 /* ---------------------------------------------------------------- handlers */
 
+/* A Hello's pid against the connection's credentials; see rpc.h. */
+static int check_hello_pid(struct call *c, uint32_t pid)
+{
+	const struct rpc_peer *p = c->peer;
+	int ret = 0;
+	if (!p || !p->ipc)
+		return 0;
+	if (!p->has_cred)
+		ret = fail(c, -EPERM, "Hello claims pid %u but the ipc connection carries no peer "
+			   "credentials to check it against", pid);
+	else if (p->pid != pid)
+		ret = fail(c, -EPERM, "Hello claims pid %u but the connection belongs to pid %u (uid %u)",
+			   pid, p->pid, p->uid);
+	if (ret && ++c->s->hello_refused <= 10)
+		fprintf(stderr, "kvstored: Hello refused: %s%s\n", c->err,
+			c->s->hello_refused == 10 ? " (further refusals are not logged)" : "");
+	return ret;
+}
+
 static int h_hello(struct call *c)
 {
 	const Freekv__Hello *h = c->req->hello;
@@ -168,7 +188,10 @@ static int h_hello(struct call *c)
 	struct wk_worker *w = wk_find_ident(x->workers, c->ident, c->ident_len);
 	if (w)
 		return fail(c, -EALREADY, "this connection is already worker %u", w->id);
-	int ret = wk_add(x->workers, h->pid, (enum wk_role)h->role, h->name, c->ident, c->ident_len, x->now_ms(), &w);
+	int ret = check_hello_pid(c, h->pid);
+	if (ret)
+		return ret;
+	ret = wk_add(x->workers, h->pid, (enum wk_role)h->role, h->name, c->ident, c->ident_len, x->now_ms(), &w);
 	if (ret == -ESRCH)
 		return fail(c, ret, "pid %u does not exist", h->pid);
 	if (ret == -ENOSPC)
@@ -459,6 +482,9 @@ static int h_stats(struct call *c)
 	r->leases = d.leases;
 	r->pending_ops = d.pending_ops;
 	r->tier_in_flight = d.tier_pending;
+	r->has_swaps = r->has_swap_failures = true;
+	r->swaps = d.swaps;
+	r->swap_failures = d.swap_failures;
 	for (size_t i = 0; i < nc; i++) {
 		struct rpc_stat *st = &c->s->stats[i];
 		if (!(r->commands[r->n_commands++] = cmd_stat(c, rpc_command_name(i), st->calls, st->errors, st->total_us)))
@@ -618,10 +644,11 @@ static int dispatch(struct call *c, size_t *row)
 	return ret;
 }
 
-int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len, const void *data,
-		size_t len, uint8_t **reply, size_t *reply_len)
+int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
+		const struct rpc_peer *peer, const void *data, size_t len, uint8_t **reply,
+		size_t *reply_len)
 {
-	struct call c = { .s = s, .ident = ident, .ident_len = ident_len };
+	struct call c = { .s = s, .ident = ident, .ident_len = ident_len, .peer = peer };
 	Freekv__Reply rep = FREEKV__REPLY__INIT;
 	Freekv__Request *req = NULL;
 	size_t row = N_CMDS;
@@ -711,6 +738,9 @@ int rpc_init(struct rpc_server *s, void *zctx, const struct rpc_ctx *ctx, char *
 			rpc_shutdown(s);
 			return ret;
 		}
+	} else {
+		fprintf(stderr, "kvstored: %s carries no peer credentials: the pid a client announces "
+			"in Hello is not verified\n", ep);
 	}
 	return 0;
 }
@@ -723,6 +753,42 @@ void rpc_shutdown(struct rpc_server *s)
 		unlink(s->ipc_path);
 	free(s->stats);
 	memset(s, 0, sizeof *s);
+}
+
+int rpc_peer_parse(const char *a, struct rpc_peer *p)
+{
+	uint32_t v[3];
+	if (!a)
+		return -EINVAL;
+	const char *end = a + strlen(a);
+	for (int k = 2; k >= 0; k--) {
+		const char *f = end;
+		uint64_t x = 0;
+		while (f > a && f[-1] >= '0' && f[-1] <= '9')
+			f--;
+		if (f == end || end - f > 10 || f == a || f[-1] != ':')
+			return -EINVAL;
+		for (const char *q = f; q < end; q++)
+			x = x * 10 + (uint64_t)(*q - '0');
+		if (x > UINT32_MAX)
+			return -EINVAL;
+		v[k] = (uint32_t)x;
+		end = f - 1;
+	}
+	p->uid = v[0];
+	p->gid = v[1];
+	p->pid = v[2];
+	p->has_cred = true;
+	return 0;
+}
+
+/* The sender of m as libzmq saw the connection (see rpc.h). */
+static void peer_of(const struct rpc_server *s, zmq_msg_t *m, struct rpc_peer *p)
+{
+	memset(p, 0, sizeof *p);
+	p->ipc = s->ipc_path[0] != '\0';
+	if (p->ipc)
+		rpc_peer_parse(zmq_msg_gets(m, "Peer-Address"), p);
 }
 
 /* Receive one multipart message: frames[0] is the routing identity. Returns the frame count
@@ -769,7 +835,10 @@ int rpc_serve(struct rpc_server *s, int budget)
 		size_t rep_len = 0;
 		if (total == 2 || delim) {
 			zmq_msg_t *p = &f[total - 1];
-			rpc_process(s, ident, ident_len, zmq_msg_data(p), zmq_msg_size(p), &rep, &rep_len);
+			struct rpc_peer peer;
+			peer_of(s, p, &peer);
+			rpc_process(s, ident, ident_len, &peer, zmq_msg_data(p), zmq_msg_size(p), &rep,
+				    &rep_len);
 		} else {
 			Freekv__Reply r = FREEKV__REPLY__INIT;
 			char msg[96];

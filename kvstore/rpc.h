@@ -9,6 +9,15 @@
  * client sends can stop the daemon. rpc_serve() drains the socket through rpc_process();
  * rpc_notify_shutdown() tells every registered client that the daemon is stopping.
  *
+ * Worker identity: the pid a Hello announces is what liveness watches (pidfd), so on an ipc://
+ * endpoint it is checked against the kernel's credentials of the connection. libzmq records
+ * SO_PEERCRED when it accepts a Unix-domain connection and attaches it to every message from
+ * that connection as the "Peer-Address" property ("host:uid:gid:pid", zmq_msg_gets); unlike the
+ * deprecated ZMQ_SRCFD (a descriptor number the I/O thread may already have closed and reused)
+ * it cannot name another connection. A Hello whose pid differs, or that arrives over ipc
+ * without credentials, is refused with -EPERM naming both pids. tcp:// (loopback only) carries
+ * no credentials: the pid is accepted unverified and the daemon logs that it is.
+ *
  * Ownership: struct rpc_ctx holds borrowed pointers to the modules the handlers act on (all
  * owned by kvstored's main). rpc_init opens the socket in the caller's ZeroMQ context;
  * rpc_shutdown closes it (the ipc socket file is removed). Replies returned by rpc_process are
@@ -16,6 +25,7 @@
 #ifndef FREEKV_RPC_H
 #define FREEKV_RPC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +45,13 @@ struct rpc_ctx {
 	uint64_t (*now_ms)(void);
 };
 
+/* What the transport says about a request's sender (rpc_serve fills it per message). */
+struct rpc_peer {
+	bool ipc;			/* came over the ipc:// endpoint */
+	bool has_cred;			/* pid/uid/gid are the connection's SO_PEERCRED */
+	uint32_t pid, uid, gid;
+};
+
 struct rpc_stat {
 	uint64_t calls, errors, total_us;
 };
@@ -45,6 +62,7 @@ struct rpc_server {
 	struct rpc_stat *stats;		/* (rpc_n_commands(),) */
 	struct rpc_stat bad;		/* undecodable / malformed frames */
 	char ipc_path[CFG_STR_MAX];
+	uint64_t hello_refused;		/* Hellos refused for a pid mismatch (logged: the first 10) */
 };
 
 /* Binds a ROUTER socket at ctx->cfg->endpoint (an ipc socket file gets mode 0660 and the
@@ -55,9 +73,16 @@ void rpc_shutdown(struct rpc_server *s);
 /* Handle up to `budget` waiting messages without blocking; returns how many were handled. */
 int rpc_serve(struct rpc_server *s, int budget);
 
-/* Decode, check, dispatch and encode one request; *reply (malloc'd) gets the packed Reply. */
-int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len, const void *data,
-		size_t len, uint8_t **reply, size_t *reply_len);
+/* Decode, check, dispatch and encode one request; *reply (malloc'd) gets the packed Reply.
+ * peer (borrowed, may be NULL: an in-process caller, treated like tcp) is the sender as the
+ * transport knows it. */
+int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
+		const struct rpc_peer *peer, const void *data, size_t len, uint8_t **reply,
+		size_t *reply_len);
+
+/* Parses libzmq's ipc "Peer-Address" property ("host:uid:gid:pid", three decimal fields at the
+ * end) into p's credentials. -EINVAL (p untouched) for NULL or any other form. */
+int rpc_peer_parse(const char *peer_address, struct rpc_peer *p);
 
 /* Send a Reply with id 0, status -ESHUTDOWN and a Notice to every registered client. */
 void rpc_notify_shutdown(struct rpc_server *s);

@@ -8,6 +8,7 @@ add_library(freekv_store_service STATIC
   ${CMAKE_CURRENT_LIST_DIR}/seq.c
   ${CMAKE_CURRENT_LIST_DIR}/workers.c
   ${CMAKE_CURRENT_LIST_DIR}/dataplane.c
+  ${CMAKE_CURRENT_LIST_DIR}/dataplane_swap.c
   ${CMAKE_CURRENT_LIST_DIR}/dataplane_thread.c
   ${CMAKE_CURRENT_LIST_DIR}/rpc.c
   ${CMAKE_CURRENT_LIST_DIR}/sdnotify.c)

@@ -81,6 +81,8 @@ struct tier {
 	size_t n_free_ext, cap_free_ext;
 	struct ext_map used;
 	struct tier_usage u;
+	unsigned inject_n[3];	/* by enum tier_op: see tier_inject_error */
+	int inject_err[3];
 };
 
 static uint64_t round_up(uint64_t x, uint64_t a)
@@ -625,6 +627,10 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 	}
 	if (r->op == TIER_OP_WRITE)
 		write_crc(r);
+	if (status == 0 && t->inject_n[r->op]) {
+		t->inject_n[r->op]--;
+		status = t->inject_err[r->op];
+	}
 	struct tier_result out = {
 		.cookie = r->cookie, .file_off = r->file_off, .buf = r->buf, .len = r->len,
 		.op = r->op, .status = status, .crc = r->crc, .crc_expected = r->crc_expected,
@@ -765,6 +771,14 @@ int tier_read_sync(struct tier *t, void *buf, uint64_t file_off, uint32_t len, u
 	if (ret < 0)
 		return ret;
 	return run_sync(t, &s);
+}
+
+void tier_inject_error(struct tier *t, enum tier_op op, unsigned n, int err)
+{
+	assert(op == TIER_OP_WRITE || op == TIER_OP_READ);
+	assert(err < 0);
+	t->inject_n[op] = n;
+	t->inject_err[op] = err;
 }
 
 int tier_eventfd(const struct tier *t)

@@ -122,6 +122,11 @@ int tier_write_sync(struct tier *t, const void *buf, uint64_t file_off, uint32_t
 		    uint32_t *crc);
 int tier_read_sync(struct tier *t, void *buf, uint64_t file_off, uint32_t len, uint32_t crc);
 
+/* Fault injection for tests of the callers' error paths: the next n requests of op that would
+ * succeed complete with err instead (the transfer itself did happen: a failed write may have
+ * changed the file). The daemon never calls it. */
+void tier_inject_error(struct tier *t, enum tier_op op, unsigned n, int err);
+
 void tier_usage(const struct tier *t, struct tier_usage *u);
 int tier_fd(const struct tier *t);
 

@@ -13,55 +13,6 @@
 
 #define PAGES 8
 
-/* Allocate, fill, commit pages [first, first + n) of both layers, 32 pages per ring op. */
-static int write_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32_t first, uint32_t n)
-{
-	uint8_t *base = kvs_pool_base(k);
-	for (uint32_t p0 = first; p0 < first + n; p0 += 32) {
-		uint32_t m = first + n - p0 < 32 ? first + n - p0 : 32;
-		for (uint32_t l = 0; l < h_geo.n_layers; l++) {
-			uint64_t off[32];
-			int ret = kvs_alloc(k, seq, l, p0, m, off);
-			if (ret)
-				return ret;
-			for (uint32_t p = 0; p < m; p++)
-				h_fill(base + off[p], H_BLOCK, tag, l, p0 + p);
-			ret = kvs_commit(k, seq, (uint64_t)(p0 + m) * h_geo.page_size, off, m);
-			if (ret)
-				return ret;
-		}
-	}
-	return 0;
-}
-
-/* RECALL pages [first, first + n) of every layer, compare, release. Returns 0, a ring error,
- * or -EILSEQ on a byte mismatch. */
-static int read_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32_t first, uint32_t n)
-{
-	uint8_t *base = kvs_pool_base(k);
-	for (uint32_t l = 0; l < h_geo.n_layers; l++) {
-		for (uint32_t p0 = first; p0 < first + n; p0 += 32) {
-			uint32_t m = first + n - p0 < 32 ? first + n - p0 : 32;
-			uint32_t pages[32];
-			uint64_t masks[32], off[32], leases[32];
-			for (uint32_t i = 0; i < m; i++) {
-				pages[i] = p0 + i;
-				masks[i] = 3;
-			}
-			int ret = kvs_recall(k, seq, l, pages, masks, m, off, leases);
-			if (ret)
-				return ret;
-			for (uint32_t i = 0; i < m; i++)
-				if (!h_check(base + off[i], H_BLOCK, tag, l, p0 + i))
-					return -EILSEQ;
-			ret = kvs_release(k, leases, m);
-			if (ret)
-				return ret;
-		}
-	}
-	return 0;
-}
-
 static int child_roundtrip(const struct harness *h, int i)
 {
 	char name[32];
@@ -71,7 +22,7 @@ static int child_roundtrip(const struct harness *h, int i)
 	if (!k)
 		return 10;
 	int rc = 0;
-	if (write_pages(k, seq, (uint64_t)i, 0, PAGES)) {
+	if (h_write_pages(k, seq, (uint64_t)i, 0, PAGES)) {
 		rc = 11;
 		goto out;
 	}
@@ -91,7 +42,7 @@ static int child_roundtrip(const struct harness *h, int i)
 	kvs_reply_free(r);
 	if (rc)
 		goto out;
-	int ret = read_pages(k, seq, (uint64_t)i, 0, PAGES);
+	int ret = h_read_pages(k, seq, (uint64_t)i, 0, PAGES);
 	if (ret)
 		rc = ret == -EILSEQ ? 15 : 16;
 out:
@@ -142,12 +93,12 @@ static void test_pool_full_demotes(void **state)
 	struct kvs *k = h_worker(&h, "big", &seq);
 	assert_non_null(k);
 	for (uint32_t p = 0; p < 600; p += 40) {
-		int ret = write_pages(k, seq, 77, p, 40);
+		int ret = h_write_pages(k, seq, 77, p, 40);
 		if (ret)
 			fprintf(stderr, "write %u: %s\n", p, kvs_error(k));
 		assert_int_equal(ret, 0);
 	}
-	assert_int_equal(read_pages(k, seq, 77, 0, 600), 0);
+	assert_int_equal(h_read_pages(k, seq, 77, 0, 600), 0);
 	Freekv__Reply *r;
 	assert_int_equal(kvs_stats(k, &r), 0);
 	assert_true(r->stats->demoted_blocks > 0);
@@ -167,13 +118,13 @@ static void test_pool_and_nvme_full(void **state)
 	struct kvs *k = h_worker(&h, "keep", &a);
 	assert_non_null(k);
 	/* 200 blocks of "keep" first, then fill with "filler" until ENOSPC. */
-	assert_int_equal(write_pages(k, a, 5, 0, 100), 0);
+	assert_int_equal(h_write_pages(k, a, 5, 0, 100), 0);
 	assert_int_equal(kvs_open_sequence(k, "filler", h_fp, sizeof h_fp, &h_geo, NULL, 0, true, &b), 0);
 	assert_int_equal(kvs_attach(k, b, NULL), 0);
 	int ret = 0;
 	uint32_t p = 0;
 	for (; p < 4096 && !ret; p += 16)
-		ret = write_pages(k, b, 6, p, 16);
+		ret = h_write_pages(k, b, 6, p, 16);
 	assert_int_equal(ret, -ENOSPC);
 	assert_non_null(strstr(kvs_error(k), "No space"));
 	assert_true(200 + 2 * p > 512 + 32); /* more than DRAM alone holds: demotion ran */
@@ -182,7 +133,7 @@ static void test_pool_and_nvme_full(void **state)
 	if (ret)
 		fprintf(stderr, "close: %s\n", kvs_error(k));
 	assert_int_equal(ret, 0);
-	assert_int_equal(read_pages(k, a, 5, 0, 100), 0);
+	assert_int_equal(h_read_pages(k, a, 5, 0, 100), 0);
 	kvs_close(k);
 	harness_stop(&h);
 }
@@ -195,7 +146,7 @@ static void test_nvme_corruption_detected(void **state)
 	harness_start(&h, NULL);
 	struct kvs *k = h_worker(&h, "crc", &seq);
 	assert_non_null(k);
-	assert_int_equal(write_pages(k, seq, 9, 0, 4), 0);
+	assert_int_equal(h_write_pages(k, seq, 9, 0, 4), 0);
 	Freekv__Reply *r;
 	assert_int_equal(kvs_demote(k, seq, NULL, &r), 0);
 	kvs_reply_free(r);
@@ -242,11 +193,11 @@ static void test_watermarks_detached_first(void **state)
 	harness_start(&h, extra);
 	struct kvs *k = h_worker(&h, "cold", &a);
 	assert_non_null(k);
-	assert_int_equal(write_pages(k, a, 1, 0, 150), 0); /* 300 blocks */
+	assert_int_equal(h_write_pages(k, a, 1, 0, 150), 0); /* 300 blocks */
 	assert_int_equal(kvs_detach(k, a), 0);
 	assert_int_equal(kvs_open_sequence(k, "hot", h_fp, sizeof h_fp, &h_geo, NULL, 0, true, &b), 0);
 	assert_int_equal(kvs_attach(k, b, NULL), 0);
-	assert_int_equal(write_pages(k, b, 2, 0, 200), 0); /* 400 more: 700 > 60 % of 1024 */
+	assert_int_equal(h_write_pages(k, b, 2, 0, 200), 0); /* 400 more: 700 > 60 % of 1024 */
 	Freekv__Reply *ra = h_settled(k, "cold"), *rb = h_settled(k, "hot"), *st;
 	assert_non_null(ra);
 	assert_non_null(rb);
@@ -260,7 +211,7 @@ static void test_watermarks_detached_first(void **state)
 	kvs_reply_free(ra);
 	kvs_reply_free(rb);
 	kvs_reply_free(st);
-	assert_int_equal(read_pages(k, b, 2, 0, 200), 0);
+	assert_int_equal(h_read_pages(k, b, 2, 0, 200), 0);
 	kvs_close(k);
 	harness_stop(&h);
 }
@@ -275,7 +226,7 @@ static void test_demote_more_than_queue(void **state)
 	harness_start(&h, extra);
 	struct kvs *k = h_worker(&h, "long", &seq);
 	assert_non_null(k);
-	assert_int_equal(write_pages(k, seq, 3, 0, 100), 0);
+	assert_int_equal(h_write_pages(k, seq, 3, 0, 100), 0);
 	Freekv__Reply *r;
 	assert_int_equal(kvs_demote(k, seq, NULL, &r), 0);
 	assert_true(r->evicted->blocks > 0);
@@ -290,7 +241,7 @@ static void test_demote_more_than_queue(void **state)
 		assert_true(h_now_ms() - t0 < 10000);
 		h_sleep_ms(5);
 	}
-	assert_int_equal(read_pages(k, seq, 3, 0, 100), 0);
+	assert_int_equal(h_read_pages(k, seq, 3, 0, 100), 0);
 	kvs_close(k);
 	harness_stop(&h);
 }

@@ -216,6 +216,57 @@ static inline struct kvs *h_worker(const struct harness *h, const char *name, ui
 	return k;
 }
 
+/* Allocate, fill, commit pages [first, first + n) of both layers, 32 pages per ring op. */
+static inline int h_write_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32_t first,
+				uint32_t n)
+{
+	uint8_t *base = kvs_pool_base(k);
+	for (uint32_t p0 = first; p0 < first + n; p0 += 32) {
+		uint32_t m = first + n - p0 < 32 ? first + n - p0 : 32;
+		for (uint32_t l = 0; l < h_geo.n_layers; l++) {
+			uint64_t off[32];
+			int ret = kvs_alloc(k, seq, l, p0, m, off);
+			if (ret)
+				return ret;
+			for (uint32_t p = 0; p < m; p++)
+				h_fill(base + off[p], H_BLOCK, tag, l, p0 + p);
+			ret = kvs_commit(k, seq, (uint64_t)(p0 + m) * h_geo.page_size, off, m);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+/* RECALL pages [first, first + n) of every layer, compare, release. Returns 0, a ring error,
+ * or -EILSEQ on a byte mismatch. */
+static inline int h_read_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32_t first,
+			       uint32_t n)
+{
+	uint8_t *base = kvs_pool_base(k);
+	for (uint32_t l = 0; l < h_geo.n_layers; l++) {
+		for (uint32_t p0 = first; p0 < first + n; p0 += 32) {
+			uint32_t m = first + n - p0 < 32 ? first + n - p0 : 32;
+			uint32_t pages[32];
+			uint64_t masks[32], off[32], leases[32];
+			for (uint32_t i = 0; i < m; i++) {
+				pages[i] = p0 + i;
+				masks[i] = 3;
+			}
+			int ret = kvs_recall(k, seq, l, pages, masks, m, off, leases);
+			if (ret)
+				return ret;
+			for (uint32_t i = 0; i < m; i++)
+				if (!h_check(base + off[i], H_BLOCK, tag, l, p0 + i))
+					return -EILSEQ;
+			ret = kvs_release(k, leases, m);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
 /* Wait until ShowSequence(name) has no I/O in flight; returns the reply (caller frees). */
 static inline Freekv__Reply *h_settled(struct kvs *k, const char *name)
 {

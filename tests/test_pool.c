@@ -267,6 +267,83 @@ static void test_demote_promote_states(void **state)
 	pool_destroy(p);
 }
 
+/* Swap: the NVMe block takes the victim's slot, the victim the NVMe block's extent; undone,
+ * both are back as they were; usage counters stay exact throughout. */
+static void test_swap_states(void **state)
+{
+	(void)state;
+	struct pool *p = make_pool(test_name("swap"), 4 * MIB);
+	unsigned cls, cls2;
+	uint32_t a, v, other, small;
+	assert_int_equal(pool_class(p, 256 * 1024, &cls2), 0);
+	assert_int_equal(pool_block_alloc(p, cls2, &small), 0);	/* its slab takes one unit */
+	assert_int_equal(pool_class(p, 512 * 1024, &cls), 0);
+	assert_int_equal(pool_block_alloc(p, cls, &a), 0);
+	assert_int_equal(pool_block_alloc(p, cls, &v), 0);
+	assert_int_equal(pool_block_demote_begin(p, a, 3 * MIB), 0);
+	assert_int_equal(pool_block_demote_end(p, a, true, 0x1111), 0);
+	while (pool_block_alloc(p, cls, &other) == 0)
+		;
+	assert_int_equal(pool_block_promote_begin(p, a), -ENOSPC);	/* DRAM full */
+	struct pool_usage u0, u;
+	pool_usage(p, &u0);
+
+	assert_int_equal(pool_block_swap_begin(p, v, a), -EINVAL);	/* roles reversed */
+	assert_int_equal(pool_block_swap_begin(p, a, a), -EINVAL);
+	assert_int_equal(pool_block_lease(p, v), 0);
+	assert_int_equal(pool_block_swap_begin(p, a, v), -EBUSY);	/* leased: never a victim */
+	assert_int_equal(pool_block_unlease(p, v), 0);
+
+	struct pool_block *da = pool_block_get(p, a), *dv = pool_block_get(p, v);
+	uint64_t slot = dv->dram_off;
+	/* Undo after begin: both as they were. */
+	assert_int_equal(pool_block_swap_begin(p, a, v), 0);
+	assert_int_equal(da->tier, POOL_TIER_PROMOTING);
+	assert_int_equal(da->dram_off, POOL_NO_OFFSET);
+	assert_int_equal(dv->tier, POOL_TIER_DEMOTING);
+	assert_int_equal(dv->nvme_off, 3 * MIB);
+	assert_int_equal(pool_block_free(p, a), -EBUSY);
+	assert_int_equal(pool_block_free(p, v), -EBUSY);
+	pool_usage(p, &u);
+	assert_int_equal(u.blocks_inflight, 2);
+	assert_int_equal(u.dram_used_bytes, u0.dram_used_bytes);
+	assert_int_equal(pool_block_demote_end(p, v, false, 0), 0);
+	assert_int_equal(pool_block_promote_end(p, a, false), 0);
+	assert_int_equal(da->tier, POOL_TIER_NVME);
+	assert_int_equal(da->nvme_off, 3 * MIB);
+	assert_int_equal(da->crc, 0x1111);
+	assert_int_equal(dv->tier, POOL_TIER_DRAM);
+	assert_int_equal(dv->dram_off, slot);
+	assert_int_equal(dv->nvme_off, POOL_NO_OFFSET);
+	pool_usage(p, &u);
+	assert_memory_equal(&u, &u0, sizeof u);
+
+	/* Commit: a owns the slot (offset lookups follow), v the extent with its crc. */
+	assert_int_equal(pool_block_swap_commit(p, a, v, 0x2222), -EINVAL);	/* not begun */
+	assert_int_equal(pool_block_swap_begin(p, a, v), 0);
+	assert_int_equal(pool_block_swap_commit(p, a, v, 0x2222), 0);
+	assert_int_equal(da->tier, POOL_TIER_DRAM);
+	assert_int_equal(da->dram_off, slot);
+	assert_int_equal(da->nvme_off, POOL_NO_OFFSET);
+	assert_int_equal(dv->tier, POOL_TIER_NVME);
+	assert_int_equal(dv->dram_off, POOL_NO_OFFSET);
+	assert_int_equal(dv->nvme_off, 3 * MIB);
+	assert_int_equal(dv->crc, 0x2222);
+	assert_true(dv->has_crc);
+	uint32_t got;
+	assert_int_equal(pool_block_at(p, slot, &got), 0);
+	assert_int_equal(got, a);
+	pool_usage(p, &u);
+	assert_int_equal(u.blocks_dram, u0.blocks_dram);
+	assert_int_equal(u.blocks_nvme, u0.blocks_nvme);
+	assert_int_equal(u.blocks_inflight, 0);
+	assert_int_equal(u.dram_used_bytes, u0.dram_used_bytes);
+
+	/* Different classes never swap. */
+	assert_int_equal(pool_block_swap_begin(p, v, small), -EINVAL);
+	pool_destroy(p);
+}
+
 struct rank_ctx {
 	uint64_t detached_below; /* seq ids below this are "detached" */
 };
@@ -415,6 +492,7 @@ int main(void)
 		cmocka_unit_test(test_mapper_shares_bytes),
 		cmocka_unit_test(test_blocks_and_offsets),
 		cmocka_unit_test(test_demote_promote_states),
+		cmocka_unit_test(test_swap_states),
 		cmocka_unit_test(test_victims_match_reference),
 		cmocka_unit_test(test_mlock_failure_message),
 	};

@@ -11,8 +11,11 @@
 #include <zmq.h>
 
 #include "proto/kvstore.pb-c.h"
+#include "dataplane_priv.h"
+#include "pool.h"
 #include "ring.h"
 #include "rpc.h"
+#include "tier.h"
 
 struct env {
 	struct cfg cfg;
@@ -30,8 +33,10 @@ static uint64_t clock_ms(void)
 	return fake_ms;
 }
 
-/* An env whose data plane has an NVMe tier (a file in the env's directory) when tier is set. */
-static int env_setup(void **state, bool tier)
+/* An env whose data plane has an NVMe tier (a file in the env's directory) when tier is set,
+ * of the given sizes. */
+static int env_setup_sized(void **state, bool tier, const char *dram, const char *nvme,
+			   const char *max_tokens)
 {
 	struct env *e = calloc(1, sizeof *e);
 	char err[512], v[CFG_STR_MAX];
@@ -42,12 +47,12 @@ static int env_setup(void **state, bool tier)
 	assert_int_equal(cfg_set(&e->cfg, "endpoint", v, false, err, sizeof err), 0);
 	snprintf(v, sizeof v, "/fkv-rpc-%d", (int)getpid());
 	assert_int_equal(cfg_set(&e->cfg, "shm_name", v, false, err, sizeof err), 0);
-	assert_int_equal(cfg_set(&e->cfg, "dram_bytes", "8M", false, err, sizeof err), 0);
+	assert_int_equal(cfg_set(&e->cfg, "dram_bytes", dram, false, err, sizeof err), 0);
 	assert_int_equal(cfg_set(&e->cfg, "lock_memory", "false", false, err, sizeof err), 0);
 	snprintf(v, sizeof v, "%s/tier.bin", e->dir);
 	assert_int_equal(cfg_set(&e->cfg, "nvme_path", tier ? v : "", false, err, sizeof err), 0);
-	assert_int_equal(cfg_set(&e->cfg, "nvme_bytes", "8M", false, err, sizeof err), 0);
-	assert_int_equal(cfg_set(&e->cfg, "max_tokens", "100", false, err, sizeof err), 0);
+	assert_int_equal(cfg_set(&e->cfg, "nvme_bytes", nvme, false, err, sizeof err), 0);
+	assert_int_equal(cfg_set(&e->cfg, "max_tokens", max_tokens, false, err, sizeof err), 0);
 	assert_int_equal(cfg_set(&e->cfg, "max_request_bytes", "4K", false, err, sizeof err), 0);
 	assert_int_equal(seq_table_init(&e->seqs, 16), 0);
 	assert_int_equal(wk_init(&e->workers, 4), 0);
@@ -60,6 +65,17 @@ static int env_setup(void **state, bool tier)
 	assert_int_equal(rpc_init(&e->s, e->zctx, &ctx, err, sizeof err), 0);
 	*state = e;
 	return 0;
+}
+
+static int env_setup(void **state, bool tier)
+{
+	return env_setup_sized(state, tier, "8M", "8M", "100");
+}
+
+/* 256 DRAM blocks, 4 NVMe blocks, room for 300 pages per layer: both tiers fill quickly. */
+static int setup_tiny_tiers(void **state)
+{
+	return env_setup_sized(state, true, "2M", "32K", "4800");
 }
 
 static int setup(void **state)
@@ -88,12 +104,14 @@ static int teardown(void **state)
 	return 0;
 }
 
-/* Process raw bytes from identity `who`; returns the decoded reply (caller frees). */
-static Freekv__Reply *raw(struct env *e, const char *who, const void *data, size_t len)
+/* Process raw bytes from identity `who` sent by `peer` (NULL: in-process); returns the decoded
+ * reply (caller frees). */
+static Freekv__Reply *raw_peer(struct env *e, const char *who, const struct rpc_peer *peer,
+			       const void *data, size_t len)
 {
 	uint8_t *out;
 	size_t n;
-	assert_int_equal(rpc_process(&e->s, who, strlen(who), data, len, &out, &n), 0);
+	assert_int_equal(rpc_process(&e->s, who, strlen(who), peer, data, len, &out, &n), 0);
 	Freekv__Reply *r = freekv__reply__unpack(NULL, n, out);
 	free(out);
 	assert_non_null(r);
@@ -102,7 +120,13 @@ static Freekv__Reply *raw(struct env *e, const char *who, const void *data, size
 	return r;
 }
 
-static Freekv__Reply *call(struct env *e, const char *who, Freekv__Request *q)
+static Freekv__Reply *raw(struct env *e, const char *who, const void *data, size_t len)
+{
+	return raw_peer(e, who, NULL, data, len);
+}
+
+static Freekv__Reply *call_peer(struct env *e, const char *who, const struct rpc_peer *peer,
+				Freekv__Request *q)
 {
 	uint8_t buf[8192];
 	if (!q->version)
@@ -110,7 +134,12 @@ static Freekv__Reply *call(struct env *e, const char *who, Freekv__Request *q)
 	size_t n = freekv__request__get_packed_size(q);
 	assert_true(n <= sizeof buf);
 	freekv__request__pack(q, buf);
-	return raw(e, who, buf, n);
+	return raw_peer(e, who, peer, buf, n);
+}
+
+static Freekv__Reply *call(struct env *e, const char *who, Freekv__Request *q)
+{
+	return call_peer(e, who, NULL, q);
 }
 
 static int status_of(Freekv__Reply *r)
@@ -232,6 +261,67 @@ static void test_sequences_and_validation(void **state)
 	assert_int_equal(r->evicted->sequences, 1);
 	freekv__reply__free_unpacked(r, NULL);
 	assert_null(seq_find(&e->seqs, id));
+}
+
+/* libzmq's ipc Peer-Address ("host:uid:gid:pid") and what is not one. */
+static void test_peer_parse(void **state)
+{
+	(void)state;
+	struct rpc_peer p = { 0 };
+	assert_int_equal(rpc_peer_parse("localhost:1000:27:4242", &p), 0);
+	assert_true(p.has_cred);
+	assert_int_equal(p.uid, 1000);
+	assert_int_equal(p.gid, 27);
+	assert_int_equal(p.pid, 4242);
+	assert_int_equal(rpc_peer_parse(":0:0:1", &p), 0);
+	assert_int_equal(p.pid, 1);
+	static const char *const bad[] = {
+		"127.0.0.1", "::1", "localhost", "localhost:1:2", "0:0:1", "h:1:2:x", "h:1:2:",
+		"h:1::3", "h:1:2:99999999999", "h:1:2:4294967296", "",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct rpc_peer q = { 0 };
+		assert_int_equal(rpc_peer_parse(bad[i], &q), -EINVAL);
+		assert_false(q.has_cred);
+	}
+	assert_int_equal(rpc_peer_parse(NULL, &p), -EINVAL);
+}
+
+/* A Hello's pid is checked against the connection's credentials over ipc; refused Hellos
+ * register nothing; tcp-like peers (no credentials) are accepted unverified. */
+static void test_hello_peer_pid(void **state)
+{
+	struct env *e = *state;
+	Freekv__Request q = FREEKV__REQUEST__INIT;
+	Freekv__Hello h = FREEKV__HELLO__INIT;
+	h.role = FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER;
+	h.pid = (uint32_t)getppid();	/* a live process that is not the sender */
+	q.body_case = FREEKV__REQUEST__BODY_HELLO;
+	q.hello = &h;
+	struct rpc_peer me = { .ipc = true, .has_cred = true, .pid = (uint32_t)getpid() };
+	Freekv__Reply *r = call_peer(e, "liar", &me, &q);
+	assert_int_equal(r->status, -EPERM);
+	char want[64];
+	snprintf(want, sizeof want, "claims pid %u", (unsigned)getppid());
+	assert_non_null(strstr(r->error, want));
+	snprintf(want, sizeof want, "belongs to pid %u", (unsigned)getpid());
+	assert_non_null(strstr(r->error, want));
+	freekv__reply__free_unpacked(r, NULL);
+	assert_int_equal(e->workers.n, 0);
+	assert_int_equal(e->s.hello_refused, 1);
+
+	struct rpc_peer nocred = { .ipc = true };
+	h.pid = (uint32_t)getpid();
+	assert_int_equal(status_of(call_peer(e, "anon", &nocred, &q)), -EPERM);
+	assert_int_equal(e->workers.n, 0);
+
+	assert_int_equal(status_of(call_peer(e, "liar", &me, &q)), 0);	/* the same connection, truthful */
+	assert_int_equal(e->workers.n, 1);
+	struct rpc_peer tcp = { .ipc = false };
+	h.pid = (uint32_t)getppid();
+	assert_int_equal(status_of(call_peer(e, "remote", &tcp, &q)), 0);
+	assert_int_equal(e->workers.n, 2);
+	assert_int_equal(e->s.hello_refused, 2);
 }
 
 static void test_worker_identity(void **state)
@@ -526,6 +616,156 @@ static void test_recall_pending_release_guessed(void **state)
 		skip();
 }
 
+/* ---------------------------------------------------------------- swaps: failure paths */
+
+#define SW_PAGES 260u	/* layer-0 pages of setup_tiny_tiers: 256 fill DRAM, 4 the tier */
+#define SW_BLOCK 8192u
+
+static uint8_t sw_byte(uint32_t page, size_t i)
+{
+	return (uint8_t)(page * 131u + i * 7u + (i >> 9));
+}
+
+static bool sw_page_ok(const uint8_t *p, uint32_t page)
+{
+	for (size_t i = 0; i < SW_BLOCK; i++)
+		if (p[i] != sw_byte(page, i))
+			return false;
+	return true;
+}
+
+static struct pool_block *sw_block(struct env *e, struct wenv *w, uint32_t page)
+{
+	uint32_t id = seq_block(seq_find(&e->seqs, w->seq), 0, page);
+	return id == SEQ_NO_BLOCK ? NULL : pool_block_get(e->dp->pool, id);
+}
+
+/* Pages [0, SW_PAGES) of layer 0 written and committed, one ring op each, so that the last
+ * ALLOCs need exactly the room demotion can make. Ends with DRAM and the tier full. */
+static void sw_fill(struct env *e, struct wenv *w)
+{
+	uint8_t *base = pool_base(e->dp->pool);
+	for (uint32_t p = 0; p < SW_PAGES; p++) {
+		struct ring_entry x;
+		uint64_t off;
+		if (p < 2) {	/* allocated and committed by worker_up */
+			off = sw_block(e, w, p)->dram_off;
+		} else {
+			entry(&x, RING_OP_ALLOC, w->seq, 1);
+			x.first_page = p;
+			if (!submit(e, w, &x))
+				next_completion(e, w, &x);
+			assert_int_equal(x.status, 0);
+			off = x.payload[0];
+		}
+		for (size_t i = 0; i < SW_BLOCK; i++)
+			base[off + i] = sw_byte(p, i);
+		entry(&x, RING_OP_COMMIT, w->seq, 1);
+		x.committed_tokens = (uint64_t)(p + 1) * 16;
+		x.n_payload = 1;
+		x.payload[0] = off;
+		if (!submit(e, w, &x))
+			next_completion(e, w, &x);
+		assert_int_equal(x.status, 0);
+	}
+	dp_drain(e->dp, 2000);
+	struct dp_stats st;
+	dp_stats(e->dp, &st);
+	assert_int_equal(st.blocks_dram, 256);
+	assert_int_equal(st.blocks_nvme, 4);
+	assert_int_equal(st.nvme_used_bytes, st.nvme_bytes);
+}
+
+/* RECALL one page; 0 when it came back with the right bytes (lease released), -EILSEQ when
+ * the bytes differ, else the completion's error. */
+static int sw_recall(struct env *e, struct wenv *w, uint32_t page)
+{
+	struct ring_entry x;
+	recall_entry(&x, w->seq, page, 1);
+	if (!submit(e, w, &x))
+		next_completion(e, w, &x);
+	if (x.status)
+		return x.status;
+	bool ok = sw_page_ok((uint8_t *)pool_base(e->dp->pool) + x.payload[0], page);
+	assert_int_equal(release(e, w, &x.payload[1], 1), 0);
+	return ok ? 0 : -EILSEQ;
+}
+
+static uint32_t sw_nvme_page(struct env *e, struct wenv *w)
+{
+	for (uint32_t p = 0; p < SW_PAGES; p++)
+		if (sw_block(e, w, p)->tier == POOL_TIER_NVME)
+			return p;
+	fail_msg("no NVMe-resident page");
+	return 0;
+}
+
+/* Every page back with its own bytes, through swaps; nothing lost. */
+static void sw_all_intact(struct env *e, struct wenv *w)
+{
+	for (uint32_t p = 0; p < SW_PAGES; p++)
+		assert_int_equal(sw_recall(e, w, p), 0);
+	struct dp_stats st;
+	dp_stats(e->dp, &st);
+	assert_int_equal(st.blocks_dram, 256);
+	assert_int_equal(st.blocks_nvme, 4);
+	assert_int_equal(st.blocks_inflight, 0);
+}
+
+/* With DRAM and the tier full, a promotion swaps; an injected read error, write error, and write
+ * error followed by a failed write-back each fail that RECALL with the error, and leave both
+ * pages where they were with their bytes (the page on NVMe once written back). */
+static void test_swap_failures_keep_pages(void **state)
+{
+	struct env *e = *state;
+	struct wenv w;
+	struct dp_stats st;
+	worker_up(e, &w);
+	sw_fill(e, &w);
+
+	uint32_t p = sw_nvme_page(e, &w);
+	uint64_t p_off = sw_block(e, &w, p)->nvme_off;
+	tier_inject_error(e->dp->tier, TIER_OP_READ, 1, -EIO);
+	assert_int_equal(sw_recall(e, &w, p), -EIO);
+	assert_int_equal(sw_block(e, &w, p)->tier, POOL_TIER_NVME);
+	dp_stats(e->dp, &st);
+	assert_int_equal(st.swaps, 0);
+	assert_int_equal(st.swap_failures, 1);
+
+	/* The write failed after the transfer: the extent holds the victim's bytes until the page is
+	 * written back from the bounce buffer. */
+	tier_inject_error(e->dp->tier, TIER_OP_WRITE, 1, -EIO);
+	assert_int_equal(sw_recall(e, &w, p), -EIO);
+	dp_drain(e->dp, 2000);
+	assert_int_equal(sw_block(e, &w, p)->tier, POOL_TIER_NVME);
+	assert_int_equal(sw_block(e, &w, p)->nvme_off, p_off);
+	dp_stats(e->dp, &st);
+	assert_int_equal(st.swap_failures, 2);
+	assert_int_equal(st.blocks_dram, 256);
+	assert_int_equal(sw_recall(e, &w, p), 0);	/* now it swaps */
+	dp_stats(e->dp, &st);
+	assert_int_equal(st.swaps, 1);
+
+	/* The write-back fails once too: meanwhile a RECALL of the page fails at once (EIO); the
+	 * retry, DP_SWAP_RETRY_US later, puts it back. */
+	uint32_t q = sw_nvme_page(e, &w);
+	tier_inject_error(e->dp->tier, TIER_OP_WRITE, 2, -EIO);
+	assert_int_equal(sw_recall(e, &w, q), -EIO);
+	assert_int_equal(sw_recall(e, &w, q), -EIO);
+	for (int i = 0; i < 400 && sw_block(e, &w, q)->tier != POOL_TIER_NVME; i++) {
+		struct timespec ts = { 0, 5000000 };
+		nanosleep(&ts, NULL);
+		dp_run(e->dp);
+		dp_drain(e->dp, 10);
+	}
+	assert_int_equal(sw_block(e, &w, q)->tier, POOL_TIER_NVME);
+	dp_stats(e->dp, &st);
+	assert_int_equal(st.swap_failures, 3);
+	assert_int_equal(st.crc_errors, 0);
+	sw_all_intact(e, &w);
+	ring_close(w.r);
+}
+
 /* A worker that corrupts its ring's indices gets its ring ignored, and the daemon says so once,
  * not on every pass of the data plane (which runs whenever any other worker submits). */
 static void test_corrupt_ring_logged_once(void **state)
@@ -662,11 +902,14 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_codec_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sequences_and_validation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_worker_identity, setup, teardown),
+		cmocka_unit_test(test_peer_parse),
+		cmocka_unit_test_setup_teardown(test_hello_peer_pid, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_counters_and_config, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_recall_pending_across_detach, setup_tier, teardown),
 		cmocka_unit_test_setup_teardown(test_recall_pending_release_guessed, setup_tier, teardown),
 		cmocka_unit_test_setup_teardown(test_corrupt_ring_logged_once, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pending_bounded, setup_tier, teardown),
+		cmocka_unit_test_setup_teardown(test_swap_failures_keep_pages, setup_tiny_tiers, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
