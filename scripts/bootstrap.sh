@@ -8,7 +8,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
-  liburing-dev libcmocka-dev libopenblas-dev libpcre2-dev libjson-c-dev libssl-dev
+  liburing-dev libcmocka-dev libopenblas-dev libpcre2-dev libjson-c-dev libssl-dev libutf8proc-dev
   fio
 )
 

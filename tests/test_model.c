@@ -7,10 +7,13 @@
 #include "test_util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <sys/stat.h>
 
 #include <json-c/json.h>
 
+#include "backend.h"
+#include "engine.h"
 #include "gguf.h"
 #include "hf_config.h"
 #include "model.h"
@@ -548,12 +551,19 @@ struct gw_tensor {
 	const struct fkv_tensor *t;
 };
 
-/* Writes m as a GGUF of architecture arch; output: 0 none, 1 a copy of the embedding, 2 a copy
- * with one byte changed. */
-static void write_gguf_from(const struct fkv_model *m, const char *arch, int output, const char *path)
+/* Writes m as a GGUF of architecture arch; output: 0 none, 1 m's output head (for a tied model
+ * a copy of the embedding), 2 that with one byte changed. With permute, the q/k rows of each head are reordered from the
+ * Hugging Face halves layout to interleaved pairs, as llama.cpp's converter does for "llama";
+ * rope_freqs (may be NULL) is written as the f32 tensor rope_freqs.weight. */
+static void write_gguf_ex(const struct fkv_model *m, const char *arch, int output, bool permute,
+			  const struct fkv_tensor *rope_freqs, const char *path)
 {
-	struct gw_tensor ts[3 + 12 * 4];
+	struct gw_tensor ts[4 + 12 * 4];
 	int n = 0;
+	if (rope_freqs) {
+		snprintf(ts[n].name, sizeof ts[n].name, "rope_freqs.weight");
+		ts[n++].t = rope_freqs;
+	}
 	static const char *const ln[] = { "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
 					  "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
 					  "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight" };
@@ -563,7 +573,7 @@ static void write_gguf_from(const struct fkv_model *m, const char *arch, int out
 	ts[n++].t = &m->out_norm;
 	if (output) {
 		snprintf(ts[n].name, sizeof ts[n].name, "output.weight");
-		ts[n++].t = &m->tok_embd;
+		ts[n++].t = &m->output;
 	}
 	assert_true(m->cfg.n_layers <= 4);
 	for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -630,6 +640,15 @@ static void write_gguf_from(const struct fkv_model *m, const char *arch, int out
 		memcpy(copy, ts[i].t->data, b);
 		if (output == 2 && !strcmp(ts[i].name, "output.weight"))
 			copy[b - 1] ^= 1;
+		if (permute && (strstr(ts[i].name, "attn_q.") || strstr(ts[i].name, "attn_k."))) {
+			/* GGUF row 2i + j of a head is HF row j*d/2 + i */
+			int d = m->cfg.head_dim;
+			size_t row = b / (size_t)ts[i].t->shape[0];
+			for (int64_t r = 0; r < ts[i].t->shape[0]; r++) {
+				int64_t h = r / d, k = r % d, src = h * d + (k % 2) * (d / 2) + k / 2;
+				memcpy(copy + (size_t)r * row, (const uint8_t *)ts[i].t->data + (size_t)src * row, row);
+			}
+		}
 		fwrite(copy, 1, b, f);
 		free(copy);
 		while (ftell(f) % 32)
@@ -637,6 +656,11 @@ static void write_gguf_from(const struct fkv_model *m, const char *arch, int out
 	}
 	assert_int_equal(ferror(f), 0);
 	fclose(f);
+}
+
+static void write_gguf_from(const struct fkv_model *m, const char *arch, int output, const char *path)
+{
+	write_gguf_ex(m, arch, output, false, NULL, path);
 }
 
 static void test_gguf_qwen2(void **state)
@@ -700,6 +724,243 @@ static void test_gguf_qwen2(void **state)
 	rm_tmpdir();
 }
 
+/* ---- llama3 rope scaling from a GGUF's rope_freqs.weight ---- */
+
+/* The divisors llama.cpp's converter writes for llama3 scaling, computed as it does (f32 base
+ * frequencies, double arithmetic): written from its description, sharing nothing with model.c. */
+static void llama3_divisors(float theta, int d, double factor, double low, double high, double orig,
+			    float *out)
+{
+	for (int i = 0; i < d / 2; i++) {
+		float freq = 1.0f / powf(theta, (float)(2 * i) / (float)d);
+		double wl = 2 * M_PI / freq;
+		if (wl < orig / high) {
+			out[i] = 1;
+		} else if (wl > orig / low) {
+			out[i] = (float)factor;
+		} else {
+			double sm = (orig / wl - low) / (high - low);
+			out[i] = (float)(1 / ((1 - sm) / factor + sm));
+		}
+	}
+}
+
+/* config.json of the tiny model in tmpdir with the given llama3 rope scaling. */
+static void set_rope_scaling(double factor, double low, double high, int orig)
+{
+	char path[256], js[256];
+	snprintf(path, sizeof path, "%s/config.json", tmpdir);
+	struct json_object *root = json_object_from_file(path);
+	assert_non_null(root);
+	snprintf(js, sizeof js,
+		 "{\"rope_type\":\"llama3\",\"factor\":%.17g,\"low_freq_factor\":%.17g,"
+		 "\"high_freq_factor\":%.17g,\"original_max_position_embeddings\":%d}",
+		 factor, low, high, orig);
+	json_object_object_add(root, "rope_scaling", json_tokener_parse(js));
+	assert_int_equal(json_object_to_file(path, root), 0);
+	json_object_put(root);
+}
+
+/* Logits of every position of ids under m (CPU backend, full KV): (n, vocab), malloc'ed. */
+static float *all_logits(const struct fkv_model *m, const int32_t *ids, int n)
+{
+	struct backend *be;
+	struct engine *e;
+	char err[256];
+	int s;
+	assert_int_equal(backend_cpu_new(&be, 1), 0);
+	struct engine_opts o = { .ubatch = 64 };
+	if (engine_new(&e, m, be, &o, err, sizeof err))
+		fail_msg("engine_new: %s", err);
+	float *lg = malloc((size_t)n * (size_t)m->cfg.vocab_size * sizeof *lg);
+	assert_non_null(lg);
+	assert_int_equal(engine_seq_new(e, &s, err, sizeof err), 0);
+	if (engine_prefill(e, s, ids, n, lg, true, err, sizeof err))
+		fail_msg("engine_prefill: %s", err);
+	engine_free(e);
+	backend_free(be);
+	return lg;
+}
+
+/* max |a - b| / max |b| */
+static double rel_diff(const float *a, const float *b, size_t n)
+{
+	double d = 0, mb = 0;
+	for (size_t i = 0; i < n; i++) {
+		d = fmax(d, fabs((double)a[i] - b[i]));
+		mb = fmax(mb, fabs((double)b[i]));
+	}
+	return d / mb;
+}
+
+static void expect_gguf_error(const struct fkv_model *h, const struct fkv_tensor *rf, const char *path,
+			      const char *needle, const char *needle2)
+{
+	struct fkv_model g;
+	char err[512] = "";
+	write_gguf_ex(h, "llama", 0, true, rf, path);
+	int ret = model_load(path, &g, err, sizeof err);
+	if (ret != -EINVAL || !strstr(err, needle) || (needle2 && !strstr(err, needle2)))
+		fail_msg("want -EINVAL with '%s'/'%s', got %d: %s", needle, needle2 ? needle2 : "", ret, err);
+}
+
+/* The tiny model (d 16, theta 1e4: pair wavelengths 6.3, 20, 63, 199, 628, 1987, 6283, 19869)
+ * with llama3 scaling whose band holds two or three pairs (parameters fitted, and recovered
+ * exactly), one pair, none, and every pair scaled; a GGUF written with that scaling's rope_freqs and
+ * interleaved q/k must give the HF folder's logits, and without rope_freqs it must not. Divisors
+ * no llama3 parameters produce, a wrong shape and values below 1 are refused naming the entry. */
+static void test_gguf_rope_freqs(void **state)
+{
+	(void)state;
+	static const struct {
+		double factor, low, high;
+		int orig;
+		bool exact; /* the band pins the parameters: they come back as written */
+	} cases[] = {
+		{ 8, 1, 4, 2048, true },
+		{ 8, 1, 16, 2048, true },
+		{ 8, 1, 2, 1000, false },
+		{ 4, 1, 1.25, 300, false },
+		{ 2, 1, 4, 4, false },
+	};
+	make_tmpdir();
+	char err[512], path[128];
+	assert_int_equal(synth_write("tiny", 0, FKV_F32, tmpdir, 5, 0, err, sizeof err), 0);
+	snprintf(path, sizeof path, "%s/x.gguf", tmpdir);
+	enum { N = 200 };
+	int32_t ids[N];
+	uint64_t seed = 42;
+	float rf[8];
+	struct fkv_tensor rft = { .data = rf, .dtype = FKV_F32, .n_dims = 1, .shape = { 8, 1 } };
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		set_rope_scaling(cases[c].factor, cases[c].low, cases[c].high, cases[c].orig);
+		struct fkv_model h, g;
+		load_ok(tmpdir, &h);
+		assert_int_equal(h.cfg.head_dim, 16);
+		assert_true(h.cfg.rope_scaling_factor == (float)cases[c].factor);
+		for (int i = 0; i < N; i++)
+			ids[i] = (int32_t)(test_rand(&seed) % (uint64_t)h.cfg.vocab_size);
+		float *ref = all_logits(&h, ids, N);
+		size_t nl = (size_t)N * (size_t)h.cfg.vocab_size;
+
+		llama3_divisors(h.cfg.rope_theta, 16, cases[c].factor, cases[c].low, cases[c].high,
+				cases[c].orig, rf);
+		write_gguf_ex(&h, "llama", 1, true, &rft, path);
+		load_ok(path, &g);
+		assert_int_equal(g.cfg.rope_style, FKV_ROPE_INTERLEAVED);
+		assert_true(g.cfg.rope_scaling_factor == (float)cases[c].factor);
+		if (cases[c].exact) {
+			assert_true(g.cfg.rope_low_freq_factor == (float)cases[c].low);
+			assert_true(g.cfg.rope_high_freq_factor == (float)cases[c].high);
+			assert_int_equal(g.cfg.rope_original_ctx, cases[c].orig);
+		}
+		float *lg = all_logits(&g, ids, N);
+		double d = rel_diff(lg, ref, nl);
+		print_message("rope_freqs case %zu: GGUF vs HF logits rel diff %.3g\n", c, d);
+		assert_true(d < 1e-5);
+		model_free(&g);
+		free(lg);
+
+		write_gguf_ex(&h, "llama", 1, true, NULL, path); /* scaling dropped: logits must differ */
+		load_ok(path, &g);
+		assert_true(g.cfg.rope_scaling_factor == 0);
+		lg = all_logits(&g, ids, N);
+		d = rel_diff(lg, ref, nl);
+		print_message("rope_freqs case %zu: without rope_freqs rel diff %.3g\n", c, d);
+		assert_true(d > 1e-4); /* 10x the tolerance above */
+		model_free(&g);
+		free(lg);
+		free(ref);
+		model_free(&h);
+	}
+	struct fkv_model h;
+	load_ok(tmpdir, &h);
+	/* all ones: no scaling */
+	for (int i = 0; i < 8; i++)
+		rf[i] = 1;
+	struct fkv_model g;
+	write_gguf_ex(&h, "llama", 0, true, &rft, path);
+	load_ok(path, &g);
+	assert_true(g.cfg.rope_scaling_factor == 0);
+	model_free(&g);
+	/* the middle of three divisors inside the band off by 1%: no llama3 parameters give it */
+	llama3_divisors(h.cfg.rope_theta, 16, 8, 1, 16, 2048, rf);
+	assert_true(rf[2] == 1 && rf[3] > 1 && rf[5] < 8 && rf[6] == 8);
+	rf[4] *= 1.01f;
+	expect_gguf_error(&h, &rft, path, "'rope_freqs.weight' is not llama3 rope scaling", "entry ");
+	/* not rising from 1 to factor */
+	llama3_divisors(h.cfg.rope_theta, 16, 8, 1, 4, 2048, rf);
+	rf[1] = 8;
+	expect_gguf_error(&h, &rft, path, "'rope_freqs.weight' is not llama3 rope scaling", NULL);
+	rf[1] = 1;
+	rf[7] = 1;
+	expect_gguf_error(&h, &rft, path, "'rope_freqs.weight' is not llama3 rope scaling", "entry 4 is");
+	rf[7] = 0.5f;
+	expect_gguf_error(&h, &rft, path, "'rope_freqs.weight' entry 7 is 0.5", NULL);
+	rf[7] = NAN;
+	expect_gguf_error(&h, &rft, path, "'rope_freqs.weight' entry 7 is nan", NULL);
+	/* random divisors: from random llama3 parameters (must load), or random rising runs (may be
+	 * refused); whatever loads reproduces the file's divisors under the converter's formula */
+	uint64_t rs = 7;
+	int loaded = 0, refused = 0;
+	for (int it = 0; it < 150; it++) {
+		double factor = 1.5 + 30 * (test_randf(&rs) + 1) / 2;
+		if (it % 2 == 0) {
+			double low = 0.5 + (test_randf(&rs) + 1), high = low * (1.2 + 4 * (test_randf(&rs) + 1));
+			int orig = 4 + (int)(test_rand(&rs) % 30000);
+			llama3_divisors(h.cfg.rope_theta, 16, factor, low, high, orig, rf);
+		} else {
+			int a = (int)(test_rand(&rs) % 9), b = a + (int)(test_rand(&rs) % (uint64_t)(9 - a));
+			for (int i = 0; i < 8; i++)
+				rf[i] = i < a ? 1.0f : i >= b ? (float)factor : (float)(1 + (factor - 1) * (test_randf(&rs) + 1) / 2);
+			for (int i = a; i + 1 < b; i++) /* sort the band ascending */
+				for (int j = i + 1; j < b; j++)
+					if (rf[j] < rf[i]) {
+						float t = rf[i];
+						rf[i] = rf[j];
+						rf[j] = t;
+					}
+		}
+		write_gguf_ex(&h, "llama", 0, true, &rft, path);
+		int ret = model_load(path, &g, err, sizeof err);
+		if (ret) {
+			assert_int_equal(ret, -EINVAL);
+			assert_non_null(strstr(err, "rope_freqs.weight"));
+			assert_true(it % 2 == 1);
+			refused++;
+			continue;
+		}
+		float back[8];
+		const struct fkv_model_config *gc = &g.cfg;
+		if (gc->rope_scaling_factor > 0)
+			llama3_divisors(gc->rope_theta, 16, gc->rope_scaling_factor, gc->rope_low_freq_factor,
+					gc->rope_high_freq_factor, gc->rope_original_ctx, back);
+		for (int i = 0; i < 8; i++) {
+			double want = gc->rope_scaling_factor > 0 ? back[i] : 1.0;
+			if (fabs(rf[i] - want) > 1.2e-4 * want)
+				fail_msg("iteration %d: pair %d file %g, loaded parameters give %g", it, i, (double)rf[i], want);
+		}
+		model_free(&g);
+		loaded++;
+	}
+	print_message("random rope_freqs: %d loaded, %d refused\n", loaded, refused);
+	assert_true(loaded >= 75 && refused > 0);
+	/* head_dim values instead of head_dim / 2 */
+	float wide[16];
+	for (int i = 0; i < 16; i++)
+		wide[i] = 1;
+	struct fkv_tensor wt = { .data = wide, .dtype = FKV_F32, .n_dims = 1, .shape = { 16, 1 } };
+	expect_gguf_error(&h, &wt, path, "'rope_freqs.weight'", "expected (8)");
+	model_free(&h);
+	char p[256];
+	const char *names[] = { "tokenizer.json", "tokenizer_config.json" };
+	for (size_t i = 0; i < 2; i++) {
+		snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
+		unlink(p);
+	}
+	rm_tmpdir();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -709,6 +970,7 @@ int main(void)
 		cmocka_unit_test(test_load_errors),
 		cmocka_unit_test(test_load_fuzz),
 		cmocka_unit_test(test_gguf_qwen2),
+		cmocka_unit_test(test_gguf_rope_freqs),
 	};
 	return cmocka_run_group_tests(tests, setup, NULL);
 }

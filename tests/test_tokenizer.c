@@ -784,6 +784,81 @@ static void test_bytelevel_post_processor_without_template(void **state)
 	rm_tmpdir(dir);
 }
 
+/* Qwen2's tokenizer.json normalises to NFC: decomposed and composed spellings of the same text
+ * must give the same ids (and without the normalizer they must not); specials are still
+ * matched on the raw text; invalid UTF-8 is -EILSEQ under NFC (tolerated without it). The
+ * composed forms below are written out from the Unicode tables, not computed. */
+static void test_bytelevel_nfc(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *raw, *nfc;
+	} pairs[] = {
+		{ "caf" "e\xcc\x81", "caf\xc3\xa9" },			/* e + U+0301 -> U+00E9 */
+		{ "\xe2\x84\xab ngstr", "\xc3\x85 ngstr" },		/* U+212B ANGSTROM SIGN -> U+00C5 */
+		{ "e\xcc\xa3\xcc\x82 e\xcc\x82\xcc\xa3", "\xe1\xbb\x87 \xe1\xbb\x87" }, /* both orders -> U+1EC7 */
+		{ "<|user|>A\xcc\x8a the", "<|user|>\xc3\x85 the" },	/* A + U+030A -> U+00C5 */
+		{ "\xe1\x84\x80\xe1\x85\xa1", "\xea\xb0\x80" },		/* Hangul jamo -> U+AC00 */
+	};
+	static const char *const normalizers[] = {
+		"{\"type\":\"NFC\"}",
+		"{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"}]}",
+	};
+	char *dir = make_tmpdir(), path[512], err[512] = "";
+	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+	bl_write_json(dir, false);
+	struct fkv_tokenizer *plain = NULL;
+	assert_int_equal(tokenizer_load_json(path, &plain, err, sizeof err), 0);
+	json_object *root = json_object_from_file(path);
+	assert_non_null(root);
+	for (size_t k = 0; k < sizeof normalizers / sizeof normalizers[0]; k++) {
+		json_object_object_add(root, "normalizer", json_tokener_parse(normalizers[k]));
+		assert_int_equal(json_object_to_file_ext(path, root, JSON_C_TO_STRING_PLAIN), 0);
+		struct fkv_tokenizer *t = NULL;
+		int rc = tokenizer_load_json(path, &t, err, sizeof err);
+		if (rc)
+			fail_msg("%s: %s", normalizers[k], err);
+		for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+			int *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+			int na = tokenizer_encode(t, pairs[i].raw, false, &a);
+			int nb = tokenizer_encode(t, pairs[i].nfc, false, &b);
+			int nc = tokenizer_encode(plain, pairs[i].raw, false, &c);
+			int nd = tokenizer_encode(plain, pairs[i].nfc, false, &d);
+			assert_true(na > 0 && nc > 0);
+			assert_int_equal(na, nb);
+			assert_memory_equal(a, b, (size_t)na * sizeof *a);
+			assert_int_equal(nb, nd); /* composed text is left as it is */
+			assert_memory_equal(b, d, (size_t)nb * sizeof *b);
+			assert_true(nc != na || memcmp(c, a, (size_t)na * sizeof *a));
+			if (!strncmp(pairs[i].raw, "<|user|>", 8))
+				assert_int_equal(a[0], 264);
+			char *text = NULL;
+			assert_true(tokenizer_decode(t, a, na, &text) >= 0);
+			assert_string_equal(text, pairs[i].nfc);
+			free(text);
+			free(a);
+			free(b);
+			free(c);
+			free(d);
+		}
+		static const char *const invalid[] = { "caf\xff", "e\xcc", "\xc0\xaf", "ok \xed\xa0\x80" };
+		for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
+			int *ids = (int *)1;
+			assert_int_equal(tokenizer_encode(t, invalid[i], false, &ids), -EILSEQ);
+			assert_null(ids);
+			int n = tokenizer_encode(plain, invalid[i], false, &ids);
+			assert_true(n > 0);
+			free(ids);
+		}
+		int *ids = NULL; /* invalid bytes after a special: the special is no excuse */
+		assert_int_equal(tokenizer_encode(t, "<|user|>\x80", true, &ids), -EILSEQ);
+		tokenizer_free(t);
+	}
+	json_object_put(root);
+	tokenizer_free(plain);
+	rm_tmpdir(dir);
+}
+
 /* ---- malformed input ---- */
 
 static void expect_json_error(const char *dir, const char *text, int want, const char *needle)
@@ -983,6 +1058,7 @@ int main(void)
 		cmocka_unit_test(test_stories_from_model),
 		cmocka_unit_test(test_bytelevel_json_and_gguf),
 		cmocka_unit_test(test_bytelevel_post_processor_without_template),
+		cmocka_unit_test(test_bytelevel_nfc),
 		cmocka_unit_test(test_json_malformed),
 		cmocka_unit_test(test_gguf_malformed),
 		cmocka_unit_test(test_gguf_score_order),

@@ -3,12 +3,15 @@
  * Both formats go through one declarative table of tensors (our slot, GGUF name, HF name,
  * expected shape in config terms); a format-specific lookup turns a name into a raw view
  * (dtype, row-major dims, bytes). Every tensor of the file must be claimed by the table (old HF
- * rotary_emb.inv_freq buffers excepted), so a file with weights we would silently ignore is
- * refused rather than run wrong. */
+ * rotary_emb.inv_freq buffers excepted, and GGUF rope_freqs.weight, which becomes the config's
+ * llama3 rope scaling), so a file with weights we would silently ignore is refused rather than
+ * run wrong. */
 #include "model.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,10 +268,6 @@ static int check_claimed(const struct fkv_model *m, const struct model_priv *p, 
 		size_t len = strlen(name), sfx = strlen("rotary_emb.inv_freq");
 		if (!m->is_gguf && len >= sfx && !strcmp(name + len - sfx, "rotary_emb.inv_freq"))
 			continue;
-		if (!strcmp(name, "rope_freqs.weight"))
-			return errmsg(err, errlen, -EPROTO,
-				    "model: GGUF tensor 'rope_freqs.weight' (precomputed llama3 rope scaling) is not "
-				    "supported; load the Hugging Face folder instead");
 		return errmsg(err, errlen, -EINVAL, "model: unexpected tensor '%s' (not part of a %s model%s)", name,
 			    m->cfg.arch, m->cfg.qkv_bias ? "" : " without q/k/v biases");
 	}
@@ -362,6 +361,201 @@ static int gguf_config(struct gguf_ctx *g, struct fkv_model_config *c, char *err
 	}
 	c->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0;
 	return model_config_validate(c, err, errlen);
+}
+
+/* ---- GGUF rope_freqs.weight: llama3 rope scaling stored as per-pair divisors ----
+ *
+ * llama.cpp's converter writes the rope scaling of Llama 3.1+ not as metadata but as a tensor of
+ * head_dim/2 divisors of the rotary frequencies f_i = theta^(-2i/d) (the backends' formula in
+ * divisor form): 1 where the wavelength 2pi/f_i is below original_ctx/high_freq_factor, factor
+ * above original_ctx/low_freq_factor, and 1/((1-s)/factor + s) between, with
+ * s = (original_ctx/wavelength - low) / (high - low). The divisors pin factor and the two band
+ * edges only (scaling original_ctx, low and high together changes nothing), so the parameters
+ * are derived in x = 1/wavelength, where s = (x - x_lo)/(x_hi - x_lo) is a line: fitted through
+ * the first and last pair inside the band, or with the edges put midway between the pairs that
+ * bound them when the band holds fewer than two; original_ctx is the integer nearest 1/x_lo.
+ * The result is kept only when the formula reproduces every divisor; a tensor it cannot
+ * reproduce (not llama3 scaling, or corrupt) is refused naming the first entry that disagrees. */
+
+#define RF_CLASS_TOL 1e-4 /* a divisor this close (relative) to 1 or factor is at a band edge */
+#define RF_MATCH_TOL 1e-4 /* derived parameters must reproduce every divisor this closely */
+#define RF_EXACT_TOL 2e-6 /* rounded parameters are preferred when they reproduce this closely */
+
+struct rope_l3 {
+	double factor, low, high;
+	int orig;
+};
+
+static double rf_x(const struct fkv_model_config *c, int i)
+{
+	return pow((double)c->rope_theta, -2.0 * i / c->head_dim) / (2.0 * M_PI);
+}
+
+/* Divisor of pair i with the parameters as the config will hold them (floats). */
+static double rf_divisor(const struct fkv_model_config *c, const struct rope_l3 *p, int i)
+{
+	float factor = (float)p->factor, low = (float)p->low, high = (float)p->high;
+	double wavelen = 1.0 / rf_x(c, i);
+	if (wavelen < p->orig / (double)high)
+		return 1.0;
+	if (wavelen > p->orig / (double)low)
+		return factor;
+	double s = (p->orig / wavelen - low) / ((double)high - low);
+	return 1.0 / ((1.0 - s) / factor + s);
+}
+
+/* Largest relative error over the pairs, and the first pair beyond tol (-1 when none). */
+static double rf_check(const struct fkv_model_config *c, const struct rope_l3 *p, const float *r,
+		       int n, double tol, int *bad)
+{
+	double worst = 0;
+	*bad = -1;
+	for (int i = 0; i < n; i++) {
+		double d = rf_divisor(c, p, i), e = fabs(r[i] - d) / d;
+		if (!(e <= tol) && *bad < 0)
+			*bad = i;
+		if (!(e <= worst))
+			worst = e;
+	}
+	return worst;
+}
+
+static bool rf_near(double v, double to)
+{
+	return fabs(v - to) <= RF_CLASS_TOL * to;
+}
+
+/* Band edges x_lo < x_hi in 1/wavelength from the divisors r[0..n), factor = r[n-1] > 1. */
+static int rf_edges(const struct fkv_model_config *c, const float *r, int n, double *x_lo,
+		    double *x_hi)
+{
+	double factor = r[n - 1];
+	int a = 0, b = n;
+	while (a < n && rf_near(r[a], 1.0))
+		a++;
+	while (b > a && rf_near(r[b - 1], factor))
+		b--;
+#define RF_S(i) ((1.0 / r[i] - 1.0 / factor) / (1.0 - 1.0 / factor))
+	if (b - a >= 2) {
+		double xa = rf_x(c, a), xb = rf_x(c, b - 1), sa = RF_S(a), sb = RF_S(b - 1);
+		double k = (sa - sb) / (xa - xb);
+		if (!(k > 0))
+			return -EINVAL;
+		*x_lo = xb - sb / k;
+		*x_hi = *x_lo + 1.0 / k;
+	} else if (b - a == 1) {
+		double xa = rf_x(c, a), s = RF_S(a);
+		double up = a > 0 ? rf_x(c, a - 1) : 2.0 * xa, dn = b < n ? rf_x(c, b) : 0.0;
+		if (!(s > 0 && s < 1))
+			return -EINVAL;
+		*x_hi = (xa + up) / 2;
+		*x_lo = (xa - s * *x_hi) / (1.0 - s);
+		if (*x_lo < dn) {
+			*x_lo = (dn + xa) / 2;
+			*x_hi = *x_lo + (xa - *x_lo) / s;
+		}
+	} else if (a == 0) { /* every pair scaled: the band lies above the highest frequency */
+		*x_lo = 2.0 * rf_x(c, 0);
+		*x_hi = 4.0 * rf_x(c, 0);
+	} else {
+		double xa = rf_x(c, a), gap = rf_x(c, a - 1) - xa;
+		*x_lo = xa + gap / 3;
+		*x_hi = xa + 2 * gap / 3;
+	}
+#undef RF_S
+	return isfinite(*x_lo) && isfinite(*x_hi) && *x_lo > 0 && *x_hi > *x_lo ? 0 : -EINVAL;
+}
+
+/* Derives llama3 parameters reproducing the divisors; factor 0 when every divisor is 1. */
+static int rf_derive(const struct fkv_model_config *c, const float *r, int n, struct rope_l3 *out,
+		     char *err, size_t errlen)
+{
+	static const char T[] = "rope_freqs.weight";
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < n; i++) {
+		if (!isfinite(r[i]) || r[i] < 1.0 - RF_CLASS_TOL)
+			return errmsg(err, errlen, -EINVAL,
+				    "model: tensor '%s' entry %d is %g; rope frequency divisors are finite and >= 1",
+				    T, i, (double)r[i]);
+	}
+	if (rf_near(r[n - 1], 1.0)) {
+		for (int i = 0; i < n; i++) {
+			if (!rf_near(r[i], 1.0))
+				return errmsg(err, errlen, -EINVAL,
+					    "model: tensor '%s' is not llama3 rope scaling: entry %d is %g but the "
+					    "last is 1", T, i, (double)r[i]);
+		}
+		return 0;
+	}
+	double x_lo, x_hi;
+	if (rf_edges(c, r, n, &x_lo, &x_hi) || 1.0 / x_lo > INT_MAX / 2)
+		return errmsg(err, errlen, -EINVAL,
+			    "model: tensor '%s' is not llama3 rope scaling (divisors do not rise from 1 to factor %g "
+			    "across one band)", T, (double)r[n - 1]);
+	struct rope_l3 raw = { r[n - 1], 0, 0, (int)llround(1.0 / x_lo) };
+	if (raw.orig < 1)
+		raw.orig = 1;
+	raw.low = raw.orig * x_lo;
+	raw.high = raw.orig * x_hi;
+	/* Llama 3.1's own parameters (8, 1, 4, 8192) come back to within float rounding: prefer
+	 * the rounded values when they reproduce the divisors as well */
+	struct rope_l3 nice = { round(raw.factor * 1e3) / 1e3, round(raw.low * 1e3) / 1e3,
+				round(raw.high * 1e3) / 1e3, raw.orig };
+	int bad;
+	if (nice.low > 0 && nice.high > nice.low && rf_check(c, &nice, r, n, RF_EXACT_TOL, &bad) <= RF_EXACT_TOL) {
+		*out = nice;
+		return 0;
+	}
+	*out = raw;
+	if (rf_check(c, out, r, n, RF_MATCH_TOL, &bad) <= RF_MATCH_TOL)
+		return 0;
+	double want = rf_divisor(c, out, bad);
+	return errmsg(err, errlen, -EINVAL,
+		    "model: tensor '%s' is not llama3 rope scaling: entry %d is %g, the closest llama3 parameters "
+		    "(factor %g, low_freq_factor %g, high_freq_factor %g, original context %d) give %g",
+		    T, bad, (double)r[bad], out->factor, out->low, out->high, out->orig, want);
+}
+
+/* A GGUF's rope_freqs.weight (optional) -> the config's llama3 scaling, the tensor claimed. */
+static int bind_rope_freqs(struct fkv_model *m, struct model_priv *p, char *err, size_t errlen)
+{
+	int64_t ti = gguf_find_tensor(p->gguf, "rope_freqs.weight");
+	if (ti < 0)
+		return 0;
+	const struct gguf_tensor_info *t = gguf_tensor(p->gguf, ti);
+	struct fkv_model_config *c = &m->cfg;
+	int n = c->head_dim / 2;
+	if (t->n_dims != 1 || t->ne[0] != n) {
+		int64_t dims[GGUF_MAX_DIMS];
+		char b[96];
+		for (int d = 0; d < t->n_dims; d++)
+			dims[d] = t->ne[t->n_dims - 1 - d];
+		fmt_shape(b, sizeof b, dims, t->n_dims);
+		return errmsg(err, errlen, -EINVAL, "model: tensor 'rope_freqs.weight' has shape %s, expected (%d) "
+			    "(head_dim / 2)", b, n);
+	}
+	size_t es = dtype_size(t->dtype);
+	float *r = malloc((size_t)n * sizeof *r);
+	void *raw = malloc((size_t)n * es);
+	int ret = -ENOMEM;
+	if (r && raw) {
+		memcpy(raw, t->data, (size_t)n * es); /* the file's alignment may not suit floats */
+		dtype_to_f32(r, raw, t->dtype, (size_t)n);
+		struct rope_l3 l3;
+		ret = rf_derive(c, r, n, &l3, err, errlen);
+		if (!ret) {
+			c->rope_scaling_factor = (float)l3.factor;
+			c->rope_low_freq_factor = (float)l3.low;
+			c->rope_high_freq_factor = (float)l3.high;
+			c->rope_original_ctx = l3.orig;
+			p->claimed[ti] = 1;
+		}
+	} else {
+		errmsg(err, errlen, ret, "model: out of memory");
+	}
+	free(raw);
+	free(r);
+	return ret;
 }
 
 static int fp_update_u32(EVP_MD_CTX *h, uint32_t v)
@@ -470,6 +664,8 @@ static int load(const char *path, struct fkv_model *m, struct model_priv *p, cha
 	m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
 	if (!p->claimed || !m->layers)
 		return errmsg(err, errlen, -ENOMEM, "model: out of memory");
+	if (p->gguf && (ret = bind_rope_freqs(m, p, err, errlen)))
+		return ret;
 	if ((ret = bind_all(m, p, err, errlen)) || (ret = check_claimed(m, p, err, errlen)))
 		return ret;
 	resolve_output(m);

@@ -20,6 +20,12 @@
  * (output.data == tok_embd.data, cfg.tied_embeddings) when the file has none, when its bytes
  * equal the embedding's (GGUF converters may write it twice), or when config.json says so.
  * cfg.ctx_len is what the file says (stories260K's GGUF says 2048 though it was trained at 512).
+ * A GGUF's llama3 rope scaling comes as the tensor rope_freqs.weight (per-pair frequency
+ * divisors, no metadata keys): the loader derives the four rope_* scaling fields from it and
+ * refuses a tensor they do not reproduce to 1e-4. The divisors fix only factor and the band
+ * edges original_ctx/low and original_ctx/high, so the fields may differ from the Hugging Face
+ * config's by a common scale of (original_ctx, low, high) — the same rotation either way; for
+ * Llama 3.1's values they come back exactly.
  * For a Hugging Face model path is the folder, where tokenizer.json lies. */
 #ifndef FREEKV_MODEL_H
 #define FREEKV_MODEL_H

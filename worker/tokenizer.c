@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "tokenizer_impl.h"
 
 /* ---- growable buffers ---- */
@@ -659,6 +661,22 @@ static int encode_regex(const struct fkv_tokenizer *t, const char *s, size_t n, 
 	return rc;
 }
 
+/* Replaces b's text by its NFC form. -EILSEQ when it is not valid UTF-8 (utf8proc refuses it:
+ * composition is only defined on code points), -ENOMEM. */
+static int nfc(struct strbuf *b)
+{
+	if (b->n == 0)
+		return 0;
+	utf8proc_uint8_t *out = NULL;
+	utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)b->s, (utf8proc_ssize_t)b->n, &out,
+					  UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+	if (n < 0)
+		return n == UTF8PROC_ERROR_NOMEM ? -ENOMEM : n == UTF8PROC_ERROR_OVERFLOW ? -E2BIG : -EILSEQ;
+	free(b->s); /* out is malloc'ed and NUL-terminated: the buffer is taken over as is */
+	*b = (struct strbuf){ .s = (char *)out, .n = (size_t)n, .cap = (size_t)n + 1 };
+	return 0;
+}
+
 /* Applies the normalizer steps to one segment. */
 static int normalize(const struct fkv_tokenizer *t, const char *s, size_t n, bool at_start,
 		     struct strbuf *b)
@@ -667,7 +685,9 @@ static int normalize(const struct fkv_tokenizer *t, const char *s, size_t n, boo
 	for (int k = 0; k < t->n_norm && rc == 0; k++) {
 		const struct tok_norm *st = &t->norm[k];
 		size_t wl = strlen(st->with), pl = strlen(st->pat);
-		if (st->prepend) {
+		if (st->nfc) {
+			rc = nfc(b);
+		} else if (st->prepend) {
 			if (b->n == 0 || (st->first_only && !at_start) ||
 			    (st->unless_starts && b->n >= wl && !memcmp(b->s, st->with, wl)))
 				continue;

@@ -14,10 +14,11 @@
  * and a binary heap of candidate pairs: O(n log n) in the input length.
  *
  * Limits (clear errors at load time, never silent): normalizers Prepend / Replace (string
- * patterns) / Sequence / NFC; pre-tokenizers Split (Isolated) / ByteLevel / Metaspace /
- * Sequence; decoders Replace / ByteFallback / Fuse / Strip / ByteLevel / Metaspace / Sequence.
- * An NFC normalizer is accepted but not applied: input is assumed to be NFC already. Added
- * tokens are matched on the raw text (their lstrip/rstrip/normalized flags are not applied).
+ * patterns) / Sequence / NFC (Unicode canonical composition, with utf8proc, as Qwen2 ships it);
+ * pre-tokenizers Split (Isolated) / ByteLevel / Metaspace / Sequence; decoders Replace /
+ * ByteFallback / Fuse / Strip / ByteLevel / Metaspace / Sequence. Added tokens are matched on
+ * the raw text (their lstrip/rstrip/normalized flags are not applied). GGUF vocabularies carry
+ * no normalizer: NFC is not applied to them.
  *
  * Ownership: tokenizer_load*() allocate a struct fkv_tokenizer that owns copies of everything it
  * needs (the model, GGUF context or JSON can be freed afterwards); tokenizer_free() releases it.
@@ -46,11 +47,12 @@ int tokenizer_load_json(const char *path, struct fkv_tokenizer **out, char *err,
 /* Safe on NULL. */
 void tokenizer_free(struct fkv_tokenizer *t);
 
-/* UTF-8 text (invalid UTF-8 is tolerated: such bytes are single symbols) -> ids. *ids is
- * malloc'ed (caller frees; non-NULL even for a count of 0). BOS is prepended when add_bos is
- * true and the model's tokenizer adds one (tokenizer_adds_bos()). Returns the count, or
- * -ENOMEM, -EINVAL (NULL text), -E2BIG (over 1 GiB), -EILSEQ (a symbol with no token and no
- * byte/unk fallback). */
+/* UTF-8 text -> ids. Invalid UTF-8 is tolerated (such bytes are single symbols) unless the
+ * tokenizer normalises to NFC, which is defined on code points only: then it is -EILSEQ.
+ * *ids is malloc'ed (caller frees; non-NULL even for a count of 0). BOS is prepended when
+ * add_bos is true and the model's tokenizer adds one (tokenizer_adds_bos()). Returns the count,
+ * or -ENOMEM, -EINVAL (NULL text), -E2BIG (over 1 GiB), -EILSEQ (invalid UTF-8 under NFC, or a
+ * symbol with no token and no byte/unk fallback). */
 int tokenizer_encode(const struct fkv_tokenizer *t, const char *text, bool add_bos, int **ids);
 /* ids -> NUL-terminated text (caller frees). Byte-fallback tokens become raw bytes (joined into
  * UTF-8; invalid sequences are passed through as bytes), "▁" -> ' ' with the first leading space

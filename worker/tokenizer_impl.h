@@ -37,10 +37,12 @@ enum tok_merge {
 #define TOK_MAX_NORM 8
 #define TOK_MAX_PAT 16
 
-/* One normalizer step on a text segment: PREPEND `with` (non-empty segments only; with
- * first_only only to the segment at the start of the text; with unless_starts not when the
- * segment already starts with `with`) or REPLACE every `pat` by `with`. */
+/* One normalizer step on a text segment: NFC (Unicode canonical composition, utf8proc), or
+ * PREPEND `with` (non-empty segments only; with first_only only to the segment at the start of
+ * the text; with unless_starts not when the segment already starts with `with`), or REPLACE
+ * every `pat` by `with`. */
 struct tok_norm {
+	bool nfc;
 	bool prepend;
 	bool first_only;
 	bool unless_starts;

@@ -311,8 +311,12 @@ static int copy_pat(char *dst, const char *src, char *err, size_t errlen)
 static int on_normalizer(struct fkv_tokenizer *t, json_object *c, const char *type, char *err,
 			 size_t errlen)
 {
-	if (!strcmp(type, "NFC"))
-		return 0; /* input is assumed NFC already (see tokenizer.h) */
+	if (!strcmp(type, "NFC")) {
+		int rc = add_norm(t, false, "", "", err, errlen);
+		if (rc == 0)
+			t->norm[t->n_norm - 1].nfc = true;
+		return rc;
+	}
 	if (!strcmp(type, "Prepend")) {
 		const char *p = jstr(c, "prepend");
 		return p ? add_norm(t, true, "", p, err, errlen) : -ENOTSUP;
