@@ -1,8 +1,8 @@
 /* Tests for worker/backend_cpu.c: every op of the CPU backend against naive float64 loops in
  * this file, on random inputs, for every weight / KV dtype, covering each internal path
  * (sgemv, direct dot loop and its eight-lane conversion, converted tiles; dense, strided and
- * paged attention spans, prefill units of several sizes), and results equal bit for bit across
- * thread counts. */
+ * paged attention spans, per-head slot lists, prefill units of several sizes), and results equal
+ * bit for bit across thread counts. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -485,6 +485,150 @@ static void test_attn_decode_heads(void **state)
 	}
 }
 
+/* Naive float64 decode attention of query heads q (H, d) over the slot list of attn_decode_slots:
+ * the rows of each KV head gathered page by page from slots (n_slots, 2, p, KV, d). */
+static void ref_slots(double *ref, const float *q, const float *slots, const int32_t *list,
+		      int max_pages, int64_t n_tok, int p, int H, int KV, int d, double scale)
+{
+	const int pages = (int)((n_tok + p - 1) / p);
+	const size_t row = (size_t)KV * d, slot = 2 * (size_t)p * row;
+	double *k = malloc((size_t)n_tok * d * sizeof *k), *v = malloc((size_t)n_tok * d * sizeof *v);
+	assert_true(k && v);
+	for (int kvh = 0; kvh < KV; kvh++) {
+		int64_t t = 0;
+		for (int i = 0; i < pages; i++) {
+			const float *sl = slots + (size_t)list[kvh * max_pages + i] * slot;
+			for (int r = 0; r < p && t < n_tok; r++, t++)
+				for (int j = 0; j < d; j++) {
+					k[t * d + j] = sl[r * row + (size_t)kvh * d + j];
+					v[t * d + j] = sl[((size_t)p + r) * row + (size_t)kvh * d + j];
+				}
+		}
+		assert_int_equal(t, n_tok);
+		for (int h = kvh * (H / KV); h < (kvh + 1) * (H / KV); h++)
+			ref_attn(ref + (size_t)h * d, q + (size_t)h * d, k, v, n_tok, d, d, scale);
+	}
+	free(k);
+	free(v);
+}
+
+/* attn_decode_slots: per-head slot lists (slots repeated across heads and within one, ring
+ * order) against the float64 reference, and bit for bit against attn_decode_heads over the
+ * same rows as spans and against itself on one thread; then every refusal, with out untouched. */
+static void test_attn_decode_slots(void **state)
+{
+	(void)state;
+	static const struct {
+		int KV, G, p, d, max_pages, n_slots;
+	} cfg[] = {
+		{ 1, 1, 4, 8, 3, 3 },	  { 2, 4, 8, 16, 6, 9 },   { 4, 2, 5, 12, 7, 12 },
+		{ 3, 3, 1, 8, 9, 4 },	  { 4, 4, 32, 64, 10, 16 }, /* threaded: 16 * 300 * 64 */
+	};
+	for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+		const int KV = cfg[c].KV, H = KV * cfg[c].G, p = cfg[c].p, d = cfg[c].d;
+		const int MP = cfg[c].max_pages, NS = cfg[c].n_slots;
+		const int64_t cap = (int64_t)MP * p;
+		const int64_t toks[] = { 1, p, cap - p + 1, cap, cap > 3 ? cap - 3 : 1,
+					 cap > 300 ? 300 : cap / 2 + 1 };
+		struct backend_attn a = { H, KV, d, FKV_F32, 1.0f / sqrtf((float)d), 0 };
+		float *slots = randv((int64_t)NS * 2 * p * KV * d, 1.0f);
+		float *q = randv(H * d, 2.0f);
+		int32_t *list = malloc((size_t)KV * MP * sizeof *list);
+		struct backend_kv_span *spans = malloc((size_t)KV * MP * sizeof *spans);
+		float *out = malloc((size_t)H * d * sizeof *out), *o2 = malloc((size_t)H * d * 4);
+		double *ref = malloc((size_t)H * d * sizeof *ref);
+		assert_true(list && spans && out && o2 && ref);
+		for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+			const int64_t n_tok = toks[ti];
+			const int pages = (int)((n_tok + p - 1) / p);
+			/* Head 0 a ring rotated by a random offset, the others random slots. */
+			const int rot = (int)(test_rand(&seed) % NS);
+			for (int h = 0; h < KV; h++)
+				for (int i = 0; i < MP; i++)
+					list[h * MP + i] = h == 0 ? (rot + i) % NS
+								  : (int32_t)(test_rand(&seed) % NS);
+			ref_slots(ref, q, slots, list, MP, n_tok, p, H, KV, d, a.scale);
+			assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, slots, NS, list,
+								    MP, n_tok, p, &a), 0);
+			double e = nerr(out, ref, H * d);
+			if (e > 1e-5)
+				fail_msg("attn_decode_slots cfg %zu n_tok %lld: error %g", c,
+					 (long long)n_tok, e);
+			int first[KV + 1];
+			const size_t row = (size_t)KV * d;
+			for (int h = 0; h < KV; h++) {
+				first[h] = h * pages;
+				for (int i = 0; i < pages; i++) {
+					const float *sl = slots + (size_t)list[h * MP + i] * 2 * p * row;
+					spans[h * pages + i] = (struct backend_kv_span){
+						sl, sl + (size_t)p * row,
+						i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+						(int64_t)row,
+					};
+				}
+			}
+			first[KV] = KV * pages;
+			assert_int_equal(be->ops->attn_decode_heads(be->ctx, o2, q, spans, first, &a),
+					 0);
+			assert_memory_equal(out, o2, (size_t)H * d * sizeof *out);
+			assert_int_equal(be->ops->set_threads(be->ctx, 1), 0);
+			assert_int_equal(be->ops->attn_decode_slots(be->ctx, o2, q, slots, NS, list,
+								    MP, n_tok, p, &a), 0);
+			assert_int_equal(be->ops->set_threads(be->ctx, 2), 0);
+			assert_memory_equal(out, o2, (size_t)H * d * sizeof *out);
+		}
+		/* Refusals: nothing written. */
+		for (int i = 0; i < H * d; i++)
+			out[i] = o2[i] = -7.0f;
+		const int64_t n_tok = cap - 1 > 0 ? cap - 1 : 1;
+		const int last = (int)((n_tok + p - 1) / p) - 1;
+		struct backend_attn bad = a;
+#define REFUSE(ATTN, SLOTS, NSL, LIST, MPG, NT, P)                                              \
+	assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, SLOTS, NSL, LIST, MPG, NT, P, \
+						    ATTN), -EINVAL)
+		REFUSE(&a, slots, NS, list, MP, cap + 1, p);
+		REFUSE(&a, slots, NS, list, MP, 0, p);
+		REFUSE(&a, slots, NS, list, MP, -1, p);
+		REFUSE(&a, slots, NS, list, MP, n_tok, 0);
+		REFUSE(&a, slots, NS, list, 0, n_tok, p);
+		REFUSE(&a, slots, 0, list, MP, n_tok, p);
+		REFUSE(&a, slots, NS, NULL, MP, n_tok, p);
+		REFUSE(&a, NULL, NS, list, MP, n_tok, p);
+		const int32_t saved = list[(KV - 1) * MP + last];
+		list[(KV - 1) * MP + last] = NS; /* the last head's last page */
+		REFUSE(&a, slots, NS, list, MP, n_tok, p);
+		list[(KV - 1) * MP + last] = -1;
+		REFUSE(&a, slots, NS, list, MP, n_tok, p);
+		list[(KV - 1) * MP + last] = saved;
+		for (size_t t = 1; t < 3; t++) {
+			bad.kv_dtype = dtypes[t];
+			REFUSE(&bad, slots, NS, list, MP, n_tok, p);
+		}
+		bad = a;
+		bad.n_heads = H + 1;
+		if (KV > 1)
+			REFUSE(&bad, slots, NS, list, MP, n_tok, p);
+		bad = a;
+		bad.head_dim = 0;
+		REFUSE(&bad, slots, NS, list, MP, n_tok, p);
+		bad = a;
+		bad.n_kv_heads = 0;
+		REFUSE(&bad, slots, NS, list, MP, n_tok, p);
+#undef REFUSE
+		assert_memory_equal(out, o2, (size_t)H * d * sizeof *out);
+		/* And the op still works after them. */
+		assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, slots, NS, list, MP,
+							    n_tok, p, &a), 0);
+		free(slots);
+		free(q);
+		free(list);
+		free(spans);
+		free(out);
+		free(o2);
+		free(ref);
+	}
+}
+
 /* Prefill of n_q queries after n_ctx - n_q cached tokens against the float64 reference. */
 static void check_prefill(enum fkv_dtype t, int H, int KV, int d, int64_t n_ctx, int64_t n_q,
 			  int64_t W)
@@ -647,6 +791,7 @@ int main(void)
 		cmocka_unit_test(test_attn_prefill),
 		cmocka_unit_test(test_attn_decode),
 		cmocka_unit_test(test_attn_decode_heads),
+		cmocka_unit_test(test_attn_decode_slots),
 		cmocka_unit_test(test_attn_prefill_units),
 		cmocka_unit_test(test_attn_decode_paged),
 		cmocka_unit_test(test_threads_bitwise),

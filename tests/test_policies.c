@@ -7,7 +7,9 @@
  *   - correction rates order as tau says: 0 at tau 0, all heads above 1, between at 0.9;
  *   - a sequence resumed from its host copy continues token for token as an uninterrupted run
  *     (and with the same logits, except freekv, whose first step after a resume selects with
- *     the current query because the previous query is not kept). */
+ *     the current query because the previous query is not kept);
+ *   - decode attention goes through the backend's attn_decode_slots when it has the op, with
+ *     exactly the results of attn_decode_heads. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -522,6 +524,14 @@ static int dm_attn_decode_heads(void *c, float *o, const float *q,
 	return ret;
 }
 
+static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+				int n_slots, const int32_t *list, int max_pages, int64_t n_tok, int p,
+				const struct backend_attn *a)
+{
+	return real_ops->attn_decode_slots(c, dv(o), dv(q), dv(slots), n_slots, list, max_pages,
+					   n_tok, p, a);
+}
+
 static int dm_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
 			   int p, int n_kv, int d, enum fkv_dtype dt)
 {
@@ -558,6 +568,7 @@ static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 	ops->attn_prefill = dm_attn_prefill;
 	ops->attn_decode = dm_attn_decode;
 	ops->attn_decode_heads = dm_attn_decode_heads;
+	ops->attn_decode_slots = real_ops->attn_decode_slots ? dm_attn_decode_slots : NULL;
 	ops->recall_units = dm_recall_units;
 	return (struct backend){ .ops = ops, .ctx = cpu->ctx };
 }
@@ -589,6 +600,122 @@ static void test_device_memory_backend(void **state)
 		free(r.logits);
 		free(ref.logits);
 	}
+}
+
+/* ---- which decode op the paged policies call ----
+ * The CPU backend with its two per-head decode ops counted (test code around the real ops). */
+static const struct backend_ops *cnt_real;
+static int64_t cnt_slots, cnt_heads;
+
+static int cnt_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
+				 int p, const struct backend_attn *a)
+{
+	cnt_slots++;
+	return cnt_real->attn_decode_slots(c, o, q, slots, n_slots, list, max_pages, n_tok, p, a);
+}
+
+static int cnt_attn_decode_heads(void *c, float *o, const float *q,
+				 const struct backend_kv_span *s, const int *first,
+				 const struct backend_attn *a)
+{
+	cnt_heads++;
+	return cnt_real->attn_decode_heads(c, o, q, s, first, a);
+}
+
+/* Every decode step of every paged policy at every retrieval layer goes through
+ * attn_decode_slots when the backend has it (before the budget is exceeded, compressed, with
+ * the window ring wrapping, keeping recent pages for streaming, and after a resume from the
+ * host copy), with the debug invariants checking the slot lists the op reads; a backend without
+ * the op runs attn_decode_heads instead, with the same tokens and logits bit for bit. */
+static void test_decode_goes_through_slots(void **state)
+{
+	(void)state;
+	NEED_MODEL();
+	static const char *const pols[] = { "streaming", "quest", "freekv" };
+	const struct kv_policy_opts geoms[] = { kvo(8, 64, 8, 16, 1, 0.9f, true),
+						kvo(4, 48, 4, 12, 0, 0.9f, true) };
+	enum { STEPS = 120 };
+	struct backend *cpu = be;
+	cnt_real = cpu->ops;
+	assert_non_null(cnt_real->attn_decode_slots);
+	struct backend_ops with = *cpu->ops, without;
+	with.name = "counted";
+	with.attn_decode_slots = cnt_attn_decode_slots;
+	with.attn_decode_heads = cnt_attn_decode_heads;
+	without = with;
+	without.attn_decode_slots = NULL;
+	struct backend bw = { .ops = &with, .ctx = cpu->ctx };
+	struct backend bo = { .ops = &without, .ctx = cpu->ctx };
+	for (size_t gi = 0; gi < 2; gi++)
+		for (size_t i = 0; i < 3; i++) {
+			const int64_t calls =
+				(int64_t)STEPS * (model.cfg.n_layers - geoms[gi].full_layers);
+			struct run rs, rh;
+			cnt_slots = cnt_heads = 0;
+			be = &bw;
+			gen(pols[i], geoms[gi], STEPS, true, &rs);
+			be = cpu;
+			assert_int_equal(cnt_slots, calls);
+			assert_int_equal(cnt_heads, 0);
+			assert_true(rs.st.sum.steps > 0); /* the budget was exceeded */
+			cnt_slots = cnt_heads = 0;
+			be = &bo;
+			gen(pols[i], geoms[gi], STEPS, true, &rh);
+			be = cpu;
+			assert_int_equal(cnt_slots, 0);
+			assert_int_equal(cnt_heads, calls);
+			char what[64];
+			snprintf(what, sizeof what, "%s geometry %zu: slots vs heads", pols[i], gi);
+			expect_same(&rs, &rh, what);
+			free(rs.logits);
+			free(rh.logits);
+		}
+	/* Resumed sequences: their pages placed from the host copy (two identical copies, one
+	 * resumed on each backend), then decoded. */
+	const struct kv_policy_opts kv = geoms[0];
+	float lg[2][VOCAB];
+	for (int pass = 0; pass < 2; pass++) {
+		char name[64], err[256];
+		snprintf(name, sizeof name, "tp-slots-resume-%d", pass);
+		struct engine *e = new_engine("quest", kv);
+		struct hostkv_seq *hs = open_host(e, name);
+		int seq;
+		int32_t toks[PROMPT + 81];
+		prompt_ids(toks);
+		assert_int_equal(engine_seq_open(e, hs, &seq, err, sizeof err), 0);
+		assert_int_equal(engine_prefill(e, seq, toks, PROMPT, lg[pass], false, err,
+						sizeof err), 0);
+		for (int t = 0; t <= 80; t++) {
+			toks[PROMPT + t] = argmax(lg[pass]);
+			if (t < 80)
+				assert_int_equal(engine_decode(e, 1, &seq, &toks[PROMPT + t], lg[pass],
+							       err, sizeof err), 0);
+		}
+		assert_int_equal(engine_seq_keep(e, seq, &toks[PROMPT + 80], 1, err, sizeof err),
+				 0);
+		engine_seq_free(e, seq);
+		engine_free(e);
+		be = pass ? &bo : &bw;
+		e = new_engine("quest", kv);
+		cnt_slots = cnt_heads = 0;
+		if (engine_seq_open(e, hs, &seq, err, sizeof err))
+			fail_msg("resume: %s", err);
+		int32_t next = toks[PROMPT + 80];
+		for (int t = 0; t < 10; t++) {
+			assert_int_equal(engine_decode(e, 1, &seq, &next, lg[pass], err, sizeof err),
+					 0);
+			next = argmax(lg[pass]);
+		}
+		be = cpu;
+		engine_seq_free(e, seq);
+		engine_free(e);
+		hostkv_seq_close(hs, true);
+		const int64_t calls = 10 * (model.cfg.n_layers - kv.full_layers);
+		assert_int_equal(pass ? cnt_heads : cnt_slots, calls);
+		assert_int_equal(pass ? cnt_slots : cnt_heads, 0);
+	}
+	assert_memory_equal(lg[0], lg[1], sizeof lg[0]);
 }
 
 /* A model with more layers than the recall stream's job ring had entries (64): with tau 0 every
@@ -734,6 +861,7 @@ int main(void)
 		cmocka_unit_test(test_chunked_prefill_is_dense),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_device_memory_backend),
+		cmocka_unit_test(test_decode_goes_through_slots),
 		cmocka_unit_test(test_many_layers_in_flight),
 		cmocka_unit_test(test_invariants_catch_divergence),
 	};

@@ -122,14 +122,28 @@ struct backend_ops {
 				 const struct backend_kv_span *spans, const int *first,
 				 const struct backend_attn *a);
 
+	/* (optional) Decode attention of one token over whole pages of a slot buffer, the device
+	 * layout of the paged policies (DESIGN §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
+	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads the
+	 * slots list[h * max_pages + i] for i < ceil(n_tok / p), in that order — every page full
+	 * (p tokens) but the last, which holds the remaining n_tok - (pages - 1) * p tokens — and
+	 * every query head of its group reads the same pages. list (n_kv, max_pages) is host
+	 * memory, each entry in [0, n_slots). Equals attn_decode_heads over the same rows (on CUDA
+	 * the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d); a->kv_dtype must be
+	 * FKV_F32. -EINVAL for a bad geometry or slot index. */
+	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const float *slots,
+				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
+				 int p, const struct backend_attn *a);
+
 	/* (optional) The device half of a recall (DESIGN §3, §5): n recall units in host memory,
 	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a
 	 * head of a block), each scattered into head heads[i] of the NHD f32 slot slots[i]
 	 * (2, p, n_kv, d), a backend address. May be called from one thread besides the one
 	 * queueing the other ops (the recall thread); the units are consumed before it returns,
 	 * so the caller may reuse them at once. The scatter is ordered after every op queued
-	 * before the call and before every op queued after it returns (on CUDA: the same stream;
-	 * on the CPU: done on return). No two units may name the same (slot, head). */
+	 * before the call and before every op queued after it returns (on CUDA: by events between
+	 * the recall streams and the compute stream; on the CPU: done on return). No two units
+	 * may name the same (slot, head). */
 	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
 			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt);
 
@@ -163,8 +177,9 @@ struct backend {
 int backend_cpu_new(struct backend **out, int threads);
 
 /* The CUDA backend on device `device` (worker/backend_cuda.c): every op a kernel of kernels/ or
- * a cuBLAS GEMM on one stream. -ENODEV when the device does not exist or the build has no CUDA
- * support; -ENOMEM, -EIO when CUDA setup fails (printed to stderr). */
+ * a cuBLAS GEMM on a compute stream; recall on streams of its own, ordered by events. -ENODEV
+ * when the device does not exist or the build has no CUDA support; -ENOMEM, -EIO when CUDA
+ * setup fails (printed to stderr). */
 int backend_cuda_new(struct backend **out, int device);
 
 /* CUDA devices usable by backend_cuda_new (0 without CUDA support or a driver). */

@@ -6,7 +6,9 @@
  * converts blocks of weight rows to f32 tiles and hands each to sgemm. Attention works in
  * units of query rows that share a KV head (a GQA group, or several queries' groups in
  * prefill): each K/V row is converted once per unit. Scratch for tiles and scores lives in one
- * growing buffer owned by the context. Results do not depend on the thread count. */
+ * growing buffer owned by the context, and attn_decode_slots keeps its span tables in the
+ * context too (grown on demand, so a decode step allocates nothing once warm). Results do not
+ * depend on the thread count. */
 #include "backend.h"
 #include "layout.h"
 
@@ -54,6 +56,11 @@
 struct cpu_ctx {
 	float *scratch; /* tiles and attention scores */
 	size_t scratch_len;
+	/* attn_decode_slots: the slot list as spans (n_kv, pages) and one source per KV head */
+	struct backend_kv_span *slot_spans;
+	size_t slot_spans_len;
+	struct attn_src *slot_src;
+	int slot_src_len;
 };
 
 static float *scratch_get(struct cpu_ctx *c, size_t n)
@@ -189,6 +196,8 @@ static void cpu_free(void *ctx)
 {
 	struct cpu_ctx *c = ctx;
 	free(c->scratch);
+	free(c->slot_spans);
+	free(c->slot_src);
 	free(c);
 }
 
@@ -726,6 +735,68 @@ static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
 	return ret;
 }
 
+/* Grows the span tables of attn_decode_slots to n_spans spans and n_kv sources. */
+static int slot_tables(struct cpu_ctx *c, size_t n_spans, int n_kv)
+{
+	if (n_spans > c->slot_spans_len) {
+		struct backend_kv_span *p = realloc(c->slot_spans, n_spans * sizeof *p);
+		if (!p)
+			return -ENOMEM;
+		c->slot_spans = p;
+		c->slot_spans_len = n_spans;
+	}
+	if (n_kv > c->slot_src_len) {
+		struct attn_src *p = realloc(c->slot_src, (size_t)n_kv * sizeof *p);
+		if (!p)
+			return -ENOMEM;
+		c->slot_src = p;
+		c->slot_src_len = n_kv;
+	}
+	return 0;
+}
+
+/* The slot list becomes one span per page (the slot's K rows, then its V rows, rows n_kv * d
+ * apart) and one source per KV head, exactly the spans and sources attn_decode_heads would get
+ * for the same rows: the same attn_run, so the same bits. */
+static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
+				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
+				 int p, const struct backend_attn *a)
+{
+	struct cpu_ctx *c = ctx;
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	if (a->kv_dtype != FKV_F32 || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
+	    p <= 0 || n_tok <= 0 || n_tok > (int64_t)max_pages * p)
+		return -EINVAL;
+	const int KV = a->n_kv_heads;
+	const int pages = (int)((n_tok + p - 1) / p);
+	for (int h = 0; h < KV; h++)
+		for (int i = 0; i < pages; i++) {
+			const int32_t sl = list[(size_t)h * max_pages + i];
+			if (sl < 0 || sl >= n_slots)
+				return -EINVAL;
+		}
+	if ((ret = slot_tables(c, (size_t)KV * pages, KV)))
+		return ret;
+	const int64_t row = (int64_t)KV * a->head_dim;
+	const size_t slot_floats = (size_t)(2 * p) * (size_t)row;
+	for (int h = 0; h < KV; h++) {
+		struct backend_kv_span *sp = c->slot_spans + (size_t)h * pages;
+		const int32_t *lh = list + (size_t)h * max_pages;
+		for (int i = 0; i < pages; i++) {
+			const float *sl = slots + (size_t)lh[i] * slot_floats;
+			sp[i] = (struct backend_kv_span){
+				.k = sl, .v = sl + (size_t)p * row,
+				.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+				.row_stride = row,
+			};
+		}
+		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok };
+	}
+	return attn_run(c, out, q, 1, c->slot_src, 0, false, a);
+}
+
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {
 	return cpu_copy(ctx, dst, src, bytes);
@@ -787,6 +858,7 @@ static const struct backend_ops cpu_ops = {
 	.attn_prefill = cpu_attn_prefill,
 	.attn_decode = cpu_attn_decode,
 	.attn_decode_heads = cpu_attn_decode_heads,
+	.attn_decode_slots = cpu_attn_decode_slots,
 	.recall_units = cpu_recall_units,
 	.sync = NULL,
 	.set_threads = cpu_set_threads,

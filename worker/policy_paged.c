@@ -73,6 +73,7 @@ void paged_destroy(void *st)
 	free(s->spans);
 	free(s->span_page);
 	free(s->first);
+	free(s->slot_list);
 	free(s->chk);
 	free(s->hslot);
 	free(s);
@@ -186,10 +187,12 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->spans = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->spans);
 	s->span_page = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->span_page);
 	s->first = calloc((size_t)s->g.n_kv + 1, sizeof *s->first);
+	s->slot_list = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->slot_list);
 	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
 	s->hslot = malloc(s->slot_floats * sizeof *s->hslot);
-	ret = s->L && s->hq && s->spans && s->span_page && s->first && s->chk && s->hslot ? 0
-											  : -ENOMEM;
+	bool ok = s->L && s->hq && s->spans && s->span_page && s->first && s->slot_list &&
+		  s->chk && s->hslot;
+	ret = ok ? 0 : -ENOMEM;
 	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
 		ret = layer_init(s, &s->L[l], l);
 	if (!ret && s->full_layers) {
@@ -446,7 +449,9 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 }
 
 /* Spans of every head: sink, then the attended candidates (all of them while the sequence fits
- * the budget), then the window — ascending positions, as `full` reads them. */
+ * the budget), then the window — ascending positions, as `full` reads them — and the slot of
+ * each in slot_list. At most n_slots pages per head: len <= B before compression, sink + k +
+ * window pages after. */
 static int build_spans(struct paged *s, struct paged_layer *L, const struct select_layout *lay,
 		       int len)
 {
@@ -471,6 +476,7 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 				return -EIO;
 			}
 			const float *sl = paged_slot(s, L, slot);
+			s->slot_list[(size_t)h * s->n_slots + (ns - s->first[h])] = slot;
 			s->span_page[ns] = j;
 			s->spans[ns++] = (struct backend_kv_span){
 				.k = sl, .v = sl + (size_t)P * H * s->g.d,
@@ -490,8 +496,32 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 	return 0;
 }
 
-/* Debug: group-consistent, budget-sized selection of candidates, and every attended slot slice
- * equal to its page in the host copy. */
+/* Whether the spans fit attn_decode_slots: every head the same number of pages holding the same
+ * number of tokens (*n_tok), every page full but each head's last. build_spans meets this in
+ * every phase (the partial tail page is the last page and never a candidate; each head attends
+ * the sink, lay->k distinct candidates and the window); a false here means a strategy broke
+ * the selection, and the step falls back to attn_decode_heads over the spans as they are. */
+static bool spans_fit_slots(const struct paged *s, int64_t *n_tok)
+{
+	const int H = s->g.n_kv, pages = s->first[1] - s->first[0];
+	int64_t tok = -1;
+	for (int h = 0; h < H; h++) {
+		int64_t t = 0;
+		if (s->first[h + 1] - s->first[h] != pages || pages <= 0)
+			return false;
+		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++) {
+			if (sp + 1 < s->first[h + 1] && s->spans[sp].n != s->g.p)
+				return false;
+			t += s->spans[sp].n;
+		}
+		if (tok >= 0 && t != tok)
+			return false;
+		tok = t;
+	}
+	*n_tok = tok;
+	return true;
+}
+
 /* Debug: every full page's min/max summary equals one recomputed from the host copy. */
 static int check_summaries(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
 {
@@ -550,8 +580,12 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
+/* Debug: the selection is lay->k distinct candidates per head (the top-k DESIGN §5 defines, for
+ * the strategies that select), every page the step attends equals its page in the host copy
+ * — read where the attention op will read it: slot_list with the op's row counts when
+ * use_slots (n_tok tokens per head), else the spans — and the summaries are current. */
 static int check_invariants(struct paged *s, struct paged_layer *L,
-			    const struct select_layout *lay, int len)
+			    const struct select_layout *lay, int len, bool use_slots, int64_t n_tok)
 {
 	const int H = s->g.n_kv;
 	if (lay->compressed) {
@@ -572,6 +606,20 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 		if (ret)
 			return ret;
 	}
+	/* Every head attends all of the sequence but the unselected candidates. */
+	const int64_t want = len - (int64_t)(lay->compressed ? lay->cand_end - lay->cand_begin -
+								lay->k : 0) * s->g.p;
+	for (int h = 0; h < H; h++) {
+		int64_t keys = 0;
+		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++)
+			keys += s->spans[sp].n;
+		if (keys != want || (use_slots && n_tok != want)) {
+			fprintf(stderr, "policy %s: layer %d head %d attends %lld keys, not %lld\n",
+				s->strat->name, L->layer, h, (long long)(use_slots ? n_tok : keys),
+				(long long)want);
+			return -EIO;
+		}
+	}
 	if (!s->p.host)
 		return 0;
 	struct backend *be = s->p.be;
@@ -580,16 +628,22 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 	char *mine = (char *)s->chk, *host = mine + ub, err[256];
 	for (int h = 0; h < H; h++)
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++) {
+			const int i = sp - s->first[h];
 			int page = s->span_page[sp];
+			const void *at = use_slots ? paged_slot(s, L, s->slot_list[(size_t)h *
+										      s->n_slots + i])
+						   : s->spans[sp].k;
 			void *block;
 			int ret = hostkv_block(s->p.host, L->layer, page, &block, err, sizeof err)
-				?: be->ops->download(be->ctx, s->hslot, s->spans[sp].k,
+				?: be->ops->download(be->ctx, s->hslot, at,
 						     s->slot_floats * sizeof(float));
 			if (ret)
 				return ret;
 			layout_gather_unit(g, mine, h, s->hslot);
 			memcpy(host, (char *)block + (size_t)h * ub, ub);
-			int n = (int)s->spans[sp].n;
+			int n = !use_slots ? (int)s->spans[sp].n
+			      : sp + 1 < s->first[h + 1] ? s->g.p
+							 : (int)(n_tok - (int64_t)i * s->g.p);
 			size_t rb = (size_t)g->d * dtype_size(g->dtype);
 			if (memcmp(mine, host, n * rb) ||
 			    memcmp(mine + (size_t)g->p * rb, host + (size_t)g->p * rb, n * rb)) {
@@ -635,14 +689,20 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		L->st.pages_selected += (int64_t)lay.k * s->g.n_kv;
 	}
 	ret = build_spans(s, L, &lay, len);
+	int64_t n_tok = 0;
+	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s, &n_tok);
 	if (!ret && s->p.opts.debug_invariants)
-		ret = check_invariants(s, L, &lay, len);
+		ret = check_invariants(s, L, &lay, len, use_slots, n_tok);
 	if (ret)
 		return ret;
 	struct backend_attn a = s->p.attn;
 	a.kv_dtype = FKV_F32;
 	int64_t t0 = paged_now_ns();
-	ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
+	if (use_slots)
+		ret = be->ops->attn_decode_slots(be->ctx, out, q, L->slots, s->n_slots,
+						 s->slot_list, s->n_slots, n_tok, s->g.p, &a);
+	else
+		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
 	L->st.ns_attend += paged_now_ns() - t0;
 	if (!ret && lay.compressed && s->strat->after_attend)
 		ret = s->strat->after_attend(s, L, s->hq, &lay);

@@ -17,7 +17,11 @@
  * every backend, whatever the KV dtype: the host copy keeps the dtype, the slots hold its values
  * exactly) touched only through backend ops — upload (appended rows), copy (pages leaving the
  * window, dense prefill), download (page summaries, debug checks), recall_units (recall) and
- * attn_decode_heads — so the same code runs on the CPU and the CUDA backend.
+ * decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
+ * each KV head's pages to attn_decode_slots as a slot list (sink, selected, window pages in
+ * ascending page order, the partial tail last) when the backend has that op; attn_decode_heads
+ * over the same pages as spans is the fallback (a backend without the op, or a page list that
+ * breaks the op's contract, which the paged layout never produces).
  * Everything here is owned by the paged state (paged_create / destroy); strategies borrow it. */
 #ifndef FREEKV_POLICY_PAGED_H
 #define FREEKV_POLICY_PAGED_H
@@ -94,6 +98,7 @@ struct paged {
 	struct backend_kv_span *spans; /* (n_kv * n_slots) */
 	int *span_page;		/* (n_kv * n_slots): the page each span holds */
 	int *first;		/* (n_kv + 1) */
+	int32_t *slot_list;	/* (n_kv, n_slots): head h's i-th span is slot_list[h][i] */
 	float *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) f32 */
 	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
