@@ -12,6 +12,10 @@ if(FREEKV_HAVE_CUDA)
   # The CUDA backend's ops table against the CPU backend, and the engine end to end on both.
   freekv_add_test(test_backend_cuda SOURCES gpu/test_backend_cuda.c
     LIBS freekv_runtime CUDA::cudart LABELS gpu)
+  # attn_decode_slots (split-K over slot lists) and recall_units on the recall streams (ordering
+  # with compute, pageable and page-locked units, a second thread) vs the CPU backend.
+  freekv_add_test(test_backend_cuda_slots SOURCES gpu/test_backend_cuda_slots.c
+    LIBS freekv_runtime CUDA::cudart LABELS gpu)
   # streaming / quest / freekv on the CUDA backend (paged slots, recall_units) vs the CPU.
   freekv_add_test(test_policies_cuda SOURCES gpu/test_policies_cuda.c
     LIBS freekv_runtime CUDA::cudart LABELS gpu)

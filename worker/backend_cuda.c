@@ -1,20 +1,44 @@
 /* backend_cuda — the backend ops table on one CUDA device: every op is a kernel of kernels/ (or a
  * cuBLAS GEMM) queued on the backend's compute stream, so ops run in order without host waits;
- * only download() and sync() wait, and only for that stream.
+ * only download(), sync() and an upload from page-locked memory wait.
  *
  * Buffers are device allocations (cudaMalloc), tracked so that backend_free() releases whatever
  * the caller left. Weights are copied to the device in their file dtype. Linear layers go
- * through gemm_xwt (cublasGemmEx, f32 accumulation) with a workspace grown on demand. Decode
- * attention over span lists (the `full` policy's dense caches) stages the span descriptors in a
- * small ring of pinned buffers, each reused only after the event of its last copy, so a decode
- * step never waits on the device. host_register page-locks host memory (the kvstored pool
- * mapping) in chunks for DMA. recall_units (the device half of a policy's recall, called from
- * a recall thread) copies the units into a device staging buffer and scatters them into the
- * slots with the recall_scatter kernel, both on the compute stream: the stream orders the
- * scatter after the attention that still reads a slot and before the next one that needs it,
- * with no host wait (a mutex guards the staging buffer between recall threads of several
- * sequences). Without FREEKV_HAVE_CUDA only the constructor is built, and it
- * reports that no device is available. */
+ * through gemm_xwt (cublasGemmEx, f32 accumulation) with a workspace grown on demand; the
+ * workspaces of the compute stream (GEMM, split-K decode attention) are replaced in stream
+ * order (cudaFreeAsync/cudaMallocAsync where the device has memory pools, else after the
+ * compute stream drained), never by waiting for the device. Decode attention over span lists
+ * (the `full` policy's dense caches) and over slot lists (attn_decode_slots, the paged
+ * policies: kernels/decode_attention, split-K flash decoding with per-head slot indirection)
+ * stages its small host tables in a ring of pinned buffers, each reused only after the event
+ * of its last copy, so a decode step never waits on the device. host_register page-locks host
+ * memory (the kvstored pool mapping) in chunks for DMA.
+ *
+ * Streams and events (DESIGN §5 step 6). recall_units (the device half of a policy's recall,
+ * called from a recall thread while the engine thread queues compute ops) runs on two streams
+ * of its own with two staging sets (double buffering), each set a pinned host buffer and its
+ * device twin: [units][(slot, head) table]. A call takes the next set and
+ *   1. copies the units into its pinned buffer when they are pageable (a host memcpy, so the
+ *      units are consumed on return without any wait), or leaves page-locked units (the
+ *      registered pool) to be read by the DMA directly;
+ *   2. on the copy stream: waits (device side) for the event "scattered" of the set's previous
+ *      use, since the scatter then still read the device staging, and copies units and table
+ *      host to device; records "copied";
+ *   3. records "entry" on the compute stream; the recall stream waits for "entry" and "copied",
+ *      scatters the units into the slots (recall_scatter), records "scattered"; the compute
+ *      stream waits for "scattered". So the scatter runs after every op queued before the
+ *      call, ops queued after it see the recalled slots, and the copy itself overlaps compute;
+ *   4. for page-locked units only, waits on the host for "copied" (the promise that the
+ *      caller may reuse the units on return).
+ * A set's pinned buffer is rewritten only after its previous "copied" fired; staging growth
+ * frees a set only after its previous "scattered" fired (the last event that read it), never
+ * after a device-wide wait. recall_mu serialises recall calls (their staging state); CUDA
+ * stream and event calls are thread-safe, so the engine thread queues ops meanwhile. sync()
+ * and backend_free() drain every stream; download() waits for the compute stream, which has
+ * already waited for every recall queued before it.
+ *
+ * Without FREEKV_HAVE_CUDA only the constructor is built, and it reports that no device is
+ * available. */
 #include "backend.h"
 
 #include <errno.h>
@@ -32,6 +56,7 @@
 #include "add.cuh"
 #include "convert.cuh"
 #include "cuda_check.h"
+#include "decode_attention.cuh"
 #include "embedding.cuh"
 #include "gather_rows.cuh"
 #include "gemm.cuh"
@@ -43,17 +68,34 @@
 #include "softmax.cuh"
 #include "span_attention.cuh"
 
-/* Span-descriptor staging buffers in flight at once (decode attention calls between reuses). */
-#define CUDA_SPAN_RING 8
+/* Pinned staging buffers of the compute stream in flight at once (attention calls between
+ * reuses of one). */
+#define CUDA_STAGE_RING 8
 /* Bytes page-locked per cudaHostRegister call. */
 #define CUDA_REGISTER_CHUNK ((size_t)1 << 30)
+/* Recall staging sets (double buffering) and the alignment of the table after the units. */
+#define CUDA_RECALL_SETS 2
+#define CUDA_RECALL_ALIGN ((size_t)256)
 
-/* One staging slot for the descriptors of a span attention call. */
-struct span_slot {
-	struct span_desc *host;	/* pinned: descs, then the first[] table after them */
+/* One staging slot for the small host tables of an attention call (span descriptors, slot
+ * lists): the host copy is rewritten once `done` fired; the device copy is only read by ops
+ * queued on the compute stream before the next copy into it, so stream order protects it. */
+struct stage_slot {
+	void *host;		/* pinned, cap bytes */
 	void *dev;		/* device copy of the same bytes */
-	size_t cap;		/* bytes of each */
-	cudaEvent_t done;	/* recorded after the copy; the slot is free once it fired */
+	size_t cap;
+	cudaEvent_t done;	/* recorded after the copy; the host copy is free once it fired */
+	int used;
+};
+
+/* One recall staging set: [units (n, 2, p, d) in their dtype][(n, 2) int32 (slot, head)],
+ * the units part aligned to CUDA_RECALL_ALIGN. */
+struct recall_set {
+	char *host;		/* pinned, cap bytes; the units part unused for page-locked units */
+	char *dev;		/* device twin, cap bytes */
+	size_t cap;
+	cudaEvent_t copied;	/* copy stream: after the H2D copies into dev */
+	cudaEvent_t scattered;	/* recall stream: after the scatter that read dev */
 	int used;
 };
 
@@ -65,23 +107,26 @@ struct host_reg {
 
 struct cuda_ctx {
 	int device;
-	cudaStream_t stream;
+	bool pools;		/* stream-ordered allocation (cudaMallocAsync) available */
+	cudaStream_t stream;	/* compute: every op of the table */
+	cudaStream_t rc_copy;	/* recall: H2D copies of units into the staging */
+	cudaStream_t rc_stream;	/* recall: scatter of the staged units into the slots */
 	cublasHandle_t blas;
 	void *gemm_ws;
 	size_t gemm_ws_bytes;
+	void *dec_ws;		/* split-K partials of attn_decode_slots */
+	size_t dec_ws_bytes;
 	void **bufs;		/* live buf_alloc/weight_load allocations */
 	size_t n_bufs, cap_bufs;
-	struct span_slot ring[CUDA_SPAN_RING];
+	struct stage_slot ring[CUDA_STAGE_RING];
 	int ring_next;
 	struct host_reg *regs;
 	size_t n_regs;
-	/* Recall staging, guarded by recall_mu: units (HND, any dtype) and (slot, head) pairs. */
+	/* Recall state, guarded by recall_mu. */
 	pthread_mutex_t recall_mu;
-	void *rc_units;		/* device, rc_units_cap bytes */
-	size_t rc_units_cap;
-	int32_t *rc_dst;	/* device, (rc_dst_cap, 2) */
-	int32_t *rc_dst_host;	/* pageable, (rc_dst_cap, 2) */
-	int rc_dst_cap;
+	struct recall_set rc[CUDA_RECALL_SETS];
+	int rc_next;
+	cudaEvent_t rc_entry;	/* compute stream: where a recall call began */
 };
 
 static int track_add(struct cuda_ctx *c, void *p)
@@ -133,31 +178,90 @@ static void unregister_all(struct cuda_ctx *c)
 	c->n_regs = 0;
 }
 
+/* Grows a workspace of the compute stream to at least bytes. Ops queued before may still read
+ * the old one, so it is freed in stream order, or after the compute stream drained where the
+ * device has no memory pools. */
+static int ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
+{
+	if (bytes <= *cap)
+		return 0;
+	if (c->pools) {
+		if (*ws)
+			CUDA_CHECK(cudaFreeAsync(*ws, c->stream));
+		*ws = NULL;
+		*cap = 0;
+		CUDA_CHECK(cudaMallocAsync(ws, bytes, c->stream));
+	} else {
+		CUDA_CHECK(cudaStreamSynchronize(c->stream));
+		cudaFree(*ws);
+		*ws = NULL;
+		*cap = 0;
+		CUDA_CHECK(cudaMalloc(ws, bytes));
+	}
+	*cap = bytes;
+	return 0;
+}
+
+/* With every stream drained. */
+static void ws_release(struct cuda_ctx *c, void **ws, size_t *cap)
+{
+	if (*ws && c->pools && cudaFreeAsync(*ws, c->stream) == cudaSuccess)
+		cudaStreamSynchronize(c->stream);
+	else if (*ws)
+		cudaFree(*ws);
+	*ws = NULL;
+	*cap = 0;
+}
+
+static void event_destroy(cudaEvent_t e)
+{
+	if (e)
+		cudaEventDestroy(e);
+}
+
+/* Waits for every stream the backend owns: compute first (it may wait on recall events), then
+ * the recall streams (work queued there after the compute stream's last wait). */
+static int drain(struct cuda_ctx *c)
+{
+	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy };
+	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+		if (all[i])
+			CUDA_CHECK(cudaStreamSynchronize(all[i]));
+	return 0;
+}
+
 static void cuda_free(void *ctx)
 {
 	struct cuda_ctx *c = ctx;
 	cudaSetDevice(c->device);
-	if (c->stream)
-		cudaStreamSynchronize(c->stream);
+	(void)drain(c);
+	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
+	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
 		cudaFree(c->bufs[i]);
 	free(c->bufs);
-	cudaFree(c->gemm_ws);
-	for (int i = 0; i < CUDA_SPAN_RING; i++) {
+	for (int i = 0; i < CUDA_STAGE_RING; i++) {
+		size_t cap = c->ring[i].cap;
 		cudaFreeHost(c->ring[i].host);
-		cudaFree(c->ring[i].dev);
-		if (c->ring[i].done)
-			cudaEventDestroy(c->ring[i].done);
+		ws_release(c, &c->ring[i].dev, &cap);
+		event_destroy(c->ring[i].done);
 	}
+	for (int i = 0; i < CUDA_RECALL_SETS; i++) {
+		cudaFreeHost(c->rc[i].host);
+		cudaFree(c->rc[i].dev);
+		event_destroy(c->rc[i].copied);
+		event_destroy(c->rc[i].scattered);
+	}
+	event_destroy(c->rc_entry);
 	unregister_all(c);
-	cudaFree(c->rc_units);
-	cudaFree(c->rc_dst);
-	free(c->rc_dst_host);
 	pthread_mutex_destroy(&c->recall_mu);
 	if (c->blas)
 		cublasDestroy(c->blas);
-	if (c->stream)
-		cudaStreamDestroy(c->stream);
+	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy };
+	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+		if (all[i])
+			cudaStreamDestroy(all[i]);
+	(void)cudaGetLastError();
 	free(c);
 }
 
@@ -254,15 +358,10 @@ static void cuda_weight_release(void *ctx, struct backend_mat *w)
 static int cuda_matmul(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	struct cuda_ctx *c = ctx;
-	size_t ws = gemm_workspace_bytes(w->dtype, n, w->cols);
-	if (ws > c->gemm_ws_bytes) {
-		/* cudaFree waits for the device, so queued GEMMs are done with the old one. */
-		cudaFree(c->gemm_ws);
-		c->gemm_ws = NULL;
-		c->gemm_ws_bytes = 0;
-		CUDA_CHECK(cudaMalloc(&c->gemm_ws, ws));
-		c->gemm_ws_bytes = ws;
-	}
+	int ret = ws_reserve(c, &c->gemm_ws, &c->gemm_ws_bytes,
+			     gemm_workspace_bytes(w->dtype, n, w->cols));
+	if (ret)
+		return ret;
 	return gemm_xwt(c->blas, y, x, w->data, w->dtype, n, w->rows, w->cols, c->gemm_ws,
 			c->gemm_ws_bytes, c->stream);
 }
@@ -359,40 +458,59 @@ static int cuda_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q,
 	return 0;
 }
 
-/* Stages n_spans descriptors and the first[] table (n_kv + 1) in the next ring slot and queues
- * their copy to the device; *dspans / *dfirst are the device addresses. */
-static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, int n_spans,
-		       const int *first, int n_kv, const struct span_desc **dspans,
-		       const int32_t **dfirst)
+/* Takes the next ring slot, with room for bytes; the caller fills its host copy, then
+ * stage_push() queues the copy to the device. */
+static int stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 {
-	struct span_slot *s = &c->ring[c->ring_next];
-	c->ring_next = (c->ring_next + 1) % CUDA_SPAN_RING;
-	size_t span_bytes = (size_t)n_spans * sizeof(struct span_desc);
-	size_t bytes = span_bytes + (size_t)(n_kv + 1) * sizeof(int32_t);
+	struct stage_slot *s = &c->ring[c->ring_next];
+	c->ring_next = (c->ring_next + 1) % CUDA_STAGE_RING;
 	if (!s->done)
 		CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
 	if (s->used)
 		CUDA_CHECK(cudaEventSynchronize(s->done));
 	if (bytes > s->cap) {
-		size_t cap = bytes < 4096 ? 4096 : 2 * bytes;
-		cudaFreeHost(s->host);
-		cudaFree(s->dev);
+		size_t cap = bytes < 4096 ? 4096 : 2 * bytes, dcap = s->cap;
+		cudaFreeHost(s->host); /* its last copy has run */
 		s->host = NULL;
-		s->dev = NULL;
 		s->cap = 0;
-		CUDA_CHECK(cudaMallocHost((void **)&s->host, cap));
-		CUDA_CHECK(cudaMalloc(&s->dev, cap));
+		int ret = ws_reserve(c, &s->dev, &dcap, cap);
+		if (ret)
+			return ret;
+		CUDA_CHECK(cudaMallocHost(&s->host, cap));
 		s->cap = cap;
 	}
+	*out = s;
+	return 0;
+}
+
+static int stage_push(struct cuda_ctx *c, struct stage_slot *s, size_t bytes)
+{
+	CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, c->stream));
+	s->used = 1;
+	CUDA_CHECK(cudaEventRecord(s->done, c->stream));
+	return 0;
+}
+
+/* Stages n_spans descriptors and the first[] table (n_kv + 1) and queues their copy to the
+ * device; *dspans / *dfirst are the device addresses. */
+static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, int n_spans,
+		       const int *first, int n_kv, const struct span_desc **dspans,
+		       const int32_t **dfirst)
+{
+	size_t span_bytes = (size_t)n_spans * sizeof(struct span_desc);
+	size_t bytes = span_bytes + (size_t)(n_kv + 1) * sizeof(int32_t);
+	struct stage_slot *s;
+	int ret = stage_take(c, bytes, &s);
+	if (ret)
+		return ret;
+	struct span_desc *hs = s->host;
 	for (int i = 0; i < n_spans; i++)
-		s->host[i] = (struct span_desc){ spans[i].k, spans[i].v, spans[i].n,
-						 spans[i].row_stride };
+		hs[i] = (struct span_desc){ spans[i].k, spans[i].v, spans[i].n, spans[i].row_stride };
 	int32_t *hf = (int32_t *)((char *)s->host + span_bytes);
 	for (int i = 0; i <= n_kv; i++)
 		hf[i] = first ? first[i] : (i ? n_spans : 0);
-	CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, c->stream));
-	CUDA_CHECK(cudaEventRecord(s->done, c->stream));
-	s->used = 1;
+	if ((ret = stage_push(c, s, bytes)))
+		return ret;
 	*dspans = s->dev;
 	*dfirst = (const int32_t *)((char *)s->dev + span_bytes);
 	return 0;
@@ -441,43 +559,109 @@ static int cuda_attn_decode_heads(void *ctx, float *out, const float *q,
 	return attn_spans(ctx, out, q, spans, first[a->n_kv_heads], first, a);
 }
 
-/* Grows the recall staging to n units of ub bytes. Growth frees buffers a queued scatter may
- * still read, so it waits for the stream first (only while the staging grows). */
-static int recall_reserve(struct cuda_ctx *c, int n, size_t ub)
+/* The arguments of attn_decode_slots, checked on the host before anything is queued: the
+ * geometry (what the kernel takes, in int) and every slot index a KV head reads. */
+static int check_slots(const float *slots, int n_slots, const int32_t *list, int max_pages,
+		       int64_t n_tok, int p, const struct backend_attn *a)
 {
-	if ((size_t)n * ub <= c->rc_units_cap && n <= c->rc_dst_cap)
-		return 0;
-	CUDA_CHECK(cudaStreamSynchronize(c->stream));
-	int cap = n < 64 ? 64 : n;
-	cudaFree(c->rc_units);
-	cudaFree(c->rc_dst);
-	free(c->rc_dst_host);
-	c->rc_units = NULL;
-	c->rc_dst = NULL;
-	c->rc_units_cap = 0;
-	c->rc_dst_cap = 0;
-	c->rc_dst_host = malloc((size_t)cap * 2 * sizeof *c->rc_dst_host);
-	if (!c->rc_dst_host)
-		return -ENOMEM;
-	CUDA_CHECK(cudaMalloc(&c->rc_units, (size_t)cap * ub));
-	CUDA_CHECK(cudaMalloc((void **)&c->rc_dst, (size_t)cap * 2 * sizeof *c->rc_dst));
-	c->rc_units_cap = (size_t)cap * ub;
-	c->rc_dst_cap = cap;
+	const int n_kv = a->n_kv_heads;
+	if (!slots || !list || a->n_heads <= 0 || n_kv <= 0 || n_kv > 65535 ||
+	    a->n_heads % n_kv || a->head_dim <= 0 || a->window < 0 || a->kv_dtype != FKV_F32 ||
+	    n_slots <= 0 || max_pages <= 0 || p <= 0 || n_tok <= 0 ||
+	    n_tok > (int64_t)max_pages * p || (int64_t)max_pages * p > INT32_MAX ||
+	    (int64_t)n_kv * max_pages > INT32_MAX - 1)
+		return -EINVAL;
+	const int pages = (int)((n_tok + p - 1) / p);
+	for (int h = 0; h < n_kv; h++)
+		for (int i = 0; i < pages; i++) {
+			int32_t sl = list[(size_t)h * max_pages + i];
+			if (sl < 0 || sl >= n_slots)
+				return -EINVAL;
+		}
 	return 0;
 }
 
-/* With recall_mu held. Slot indices count from the lowest slot address when every slot lies a
- * whole number of slots from it (one layer's slot buffer: one launch); otherwise each unit is
- * its own launch with its slot as the base. */
+/* Batch 1 of kernels/decode_attention: the list and n_tok go through the staging ring (one copy),
+ * the split-K partials into dec_ws, sized for max_pages so that it settles after the first
+ * steps of a run. */
+static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
+				  int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
+				  int p, const struct backend_attn *a)
+{
+	struct cuda_ctx *c = ctx;
+	int ret = check_slots(slots, n_slots, list, max_pages, n_tok, p, a);
+	if (ret)
+		return ret;
+	const int n_kv = a->n_kv_heads;
+	const size_t n_list = (size_t)n_kv * max_pages;
+	ret = ws_reserve(c, &c->dec_ws, &c->dec_ws_bytes,
+			 decode_attention_workspace_bytes(1, a->n_heads, n_kv, a->head_dim,
+							  max_pages));
+	if (ret)
+		return ret;
+	struct stage_slot *s;
+	const size_t bytes = (n_list + 1) * sizeof(int32_t);
+	if ((ret = stage_take(c, bytes, &s)))
+		return ret;
+	int32_t *hl = s->host;
+	memcpy(hl, list, n_list * sizeof *hl);
+	hl[n_list] = (int32_t)n_tok;
+	if ((ret = stage_push(c, s, bytes)))
+		return ret;
+	const int32_t *dl = s->dev;
+	CUDA_CHECK(decode_attention(out, q, slots, FKV_F32, dl, dl + n_list, 1, a->n_heads, n_kv,
+				    a->head_dim, p, max_pages, a->scale, c->dec_ws,
+				    c->dec_ws_bytes, c->stream));
+	return 0;
+}
+
+/* Takes the next recall set with room for bytes. Its pinned buffer is free once its previous
+ * copy ran; growth also frees the device twin, last read by the previous scatter. */
+static int recall_take(struct cuda_ctx *c, size_t bytes, struct recall_set **out)
+{
+	struct recall_set *s = &c->rc[c->rc_next];
+	c->rc_next = (c->rc_next + 1) % CUDA_RECALL_SETS;
+	if (s->used)
+		CUDA_CHECK(cudaEventSynchronize(s->copied));
+	if (bytes > s->cap) {
+		if (s->used)
+			CUDA_CHECK(cudaEventSynchronize(s->scattered));
+		size_t cap = bytes < ((size_t)1 << 20) ? (size_t)1 << 20 : bytes + bytes / 2;
+		cudaFreeHost(s->host);
+		cudaFree(s->dev);
+		s->host = NULL;
+		s->dev = NULL;
+		s->cap = 0;
+		s->used = 0;
+		CUDA_CHECK(cudaMallocHost((void **)&s->host, cap));
+		CUDA_CHECK(cudaMalloc((void **)&s->dev, cap));
+		s->cap = cap;
+	}
+	*out = s;
+	return 0;
+}
+
+/* With recall_mu held; the steps of the header comment. Slot indices count from the lowest slot
+ * address when every slot lies a whole number of slots from it (one layer's slot buffer: one
+ * launch); otherwise each unit is its own launch with its slot as the base. */
 static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
 			 const void *units, int n, int p, int n_kv, int d, enum fkv_dtype dt)
 {
 	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
 	const size_t sb = (size_t)2 * p * n_kv * d * sizeof(float);
+	const size_t ubytes = (size_t)n * ub;
+	const size_t toff = (ubytes + CUDA_RECALL_ALIGN - 1) / CUDA_RECALL_ALIGN * CUDA_RECALL_ALIGN;
+	const size_t tbytes = (size_t)n * 2 * sizeof(int32_t);
 	CUDA_CHECK(cudaSetDevice(c->device));
-	int ret = recall_reserve(c, n, ub);
+	struct cudaPointerAttributes at;
+	const bool locked = cudaPointerGetAttributes(&at, units) == cudaSuccess &&
+			    at.type == cudaMemoryTypeHost;
+	(void)cudaGetLastError();
+	struct recall_set *s;
+	int ret = recall_take(c, toff + tbytes, &s);
 	if (ret)
 		return ret;
+
 	char *base = slots[0];
 	for (int i = 1; i < n; i++)
 		if ((char *)slots[i] < base)
@@ -487,30 +671,44 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 		size_t off = (size_t)((char *)slots[i] - base);
 		one = off % sb == 0 && off / sb <= INT32_MAX;
 	}
+	int32_t *tab = (int32_t *)(s->host + toff);
 	for (int i = 0; i < n; i++) {
-		c->rc_dst_host[2 * i] = one ? (int32_t)((size_t)((char *)slots[i] - base) / sb) : 0;
-		c->rc_dst_host[2 * i + 1] = heads[i];
+		tab[2 * i] = one ? (int32_t)((size_t)((char *)slots[i] - base) / sb) : 0;
+		tab[2 * i + 1] = heads[i];
 	}
-	struct cudaPointerAttributes at;
-	bool locked = cudaPointerGetAttributes(&at, units) == cudaSuccess &&
-		      at.type == cudaMemoryTypeHost;
-	(void)cudaGetLastError();
-	CUDA_CHECK(cudaMemcpyAsync(c->rc_units, units, (size_t)n * ub, cudaMemcpyHostToDevice,
-				   c->stream));
-	CUDA_CHECK(cudaMemcpyAsync(c->rc_dst, c->rc_dst_host, (size_t)n * 2 * sizeof(int32_t),
-				   cudaMemcpyHostToDevice, c->stream));
+	if (!locked)
+		memcpy(s->host, units, ubytes);
+
+	if (s->used)
+		CUDA_CHECK(cudaStreamWaitEvent(c->rc_copy, s->scattered, 0));
+	s->used = 1;
+	if (locked) {
+		CUDA_CHECK(cudaMemcpyAsync(s->dev, units, ubytes, cudaMemcpyHostToDevice,
+					   c->rc_copy));
+		CUDA_CHECK(cudaMemcpyAsync(s->dev + toff, tab, tbytes, cudaMemcpyHostToDevice,
+					   c->rc_copy));
+	} else {
+		CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, toff + tbytes, cudaMemcpyHostToDevice,
+					   c->rc_copy));
+	}
+	CUDA_CHECK(cudaEventRecord(s->copied, c->rc_copy));
+
+	CUDA_CHECK(cudaEventRecord(c->rc_entry, c->stream));
+	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, c->rc_entry, 0));
+	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, s->copied, 0));
+	const int32_t *dtab = (const int32_t *)(s->dev + toff);
 	if (one) {
-		CUDA_CHECK(recall_scatter(base, FKV_F32, c->rc_units, dt, c->rc_dst, n, n_kv, p, d,
-					  c->stream));
+		CUDA_CHECK(recall_scatter(base, FKV_F32, s->dev, dt, dtab, n, n_kv, p, d,
+					  c->rc_stream));
 	} else {
 		for (int i = 0; i < n; i++)
-			CUDA_CHECK(recall_scatter(slots[i], FKV_F32, (char *)c->rc_units + i * ub, dt,
-						  c->rc_dst + 2 * i, 1, n_kv, p, d, c->stream));
+			CUDA_CHECK(recall_scatter(slots[i], FKV_F32, s->dev + i * ub, dt,
+						  dtab + 2 * i, 1, n_kv, p, d, c->rc_stream));
 	}
-	/* Page-locked units are read by a DMA that runs later: keep the promise that the caller
-	 * may reuse them on return. */
+	CUDA_CHECK(cudaEventRecord(s->scattered, c->rc_stream));
+	CUDA_CHECK(cudaStreamWaitEvent(c->stream, s->scattered, 0));
 	if (locked)
-		CUDA_CHECK(cudaStreamSynchronize(c->stream));
+		CUDA_CHECK(cudaEventSynchronize(s->copied));
 	return 0;
 }
 
@@ -518,8 +716,12 @@ static int cuda_recall_units(void *ctx, void *const *slots, const int *heads, co
 			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
 {
 	struct cuda_ctx *c = ctx;
-	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0)
+	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
+	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16))
 		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i])
+			return -EINVAL;
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&c->recall_mu);
@@ -530,9 +732,7 @@ static int cuda_recall_units(void *ctx, void *const *slots, const int *heads, co
 
 static int cuda_sync(void *ctx)
 {
-	struct cuda_ctx *c = ctx;
-	CUDA_CHECK(cudaStreamSynchronize(c->stream));
-	return 0;
+	return drain(ctx);
 }
 
 static int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen)
@@ -602,6 +802,7 @@ static const struct backend_ops cuda_ops = {
 	.attn_prefill = cuda_attn_prefill,
 	.attn_decode = cuda_attn_decode,
 	.attn_decode_heads = cuda_attn_decode_heads,
+	.attn_decode_slots = cuda_attn_decode_slots,
 	.recall_units = cuda_recall_units,
 	.sync = cuda_sync,
 	.host_register = cuda_host_register,
@@ -618,11 +819,21 @@ int backend_cuda_devices(void)
 	return n;
 }
 
-/* Creates the stream and cuBLAS handle; the caller frees c on failure. */
+/* Creates the streams, events and cuBLAS handle; the caller frees c on failure. */
 static int cuda_init(struct cuda_ctx *c)
 {
 	CUDA_CHECK(cudaSetDevice(c->device));
+	int pools = 0;
+	CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, c->device));
+	c->pools = pools != 0;
 	CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+	CUDA_CHECK(cudaStreamCreateWithFlags(&c->rc_copy, cudaStreamNonBlocking));
+	CUDA_CHECK(cudaStreamCreateWithFlags(&c->rc_stream, cudaStreamNonBlocking));
+	CUDA_CHECK(cudaEventCreateWithFlags(&c->rc_entry, cudaEventDisableTiming));
+	for (int i = 0; i < CUDA_RECALL_SETS; i++) {
+		CUDA_CHECK(cudaEventCreateWithFlags(&c->rc[i].copied, cudaEventDisableTiming));
+		CUDA_CHECK(cudaEventCreateWithFlags(&c->rc[i].scattered, cudaEventDisableTiming));
+	}
 	CUBLAS_CHECK(cublasCreate(&c->blas));
 	CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
 	return 0;

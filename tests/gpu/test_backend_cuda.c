@@ -10,52 +10,13 @@
 #include <string.h>
 
 #include "backend.h"
+#include "gpu_backend_test.h"
 #include "engine.h"
 #include "model.h"
 #include "sampler.h"
 #include "synth.h"
 
-static struct backend *cpu, *gpu;
 static uint64_t rng = 0xc0dab1e5;
-
-/* ---- helpers: the same host data on both backends ---- */
-
-static void *put(struct backend *be, const void *host, size_t bytes)
-{
-	void *p = be->ops->buf_alloc(be->ctx, bytes);
-	assert_non_null(p);
-	assert_int_equal(be->ops->upload(be->ctx, p, host, bytes), 0);
-	return p;
-}
-
-/* A backend buffer of bytes filled with 0xff (NaN for every float type). */
-static void *poisoned(struct backend *be, size_t bytes)
-{
-	void *h = malloc(bytes);
-	assert_non_null(h);
-	memset(h, 0xff, bytes);
-	void *p = put(be, h, bytes);
-	free(h);
-	return p;
-}
-
-static void get(struct backend *be, void *host, const void *buf, size_t bytes)
-{
-	assert_int_equal(be->ops->download(be->ctx, host, buf, bytes), 0);
-}
-
-static void drop(struct backend *be, void *buf)
-{
-	be->ops->buf_free(be->ctx, buf);
-}
-
-static float *rand_f32(size_t n, float scale)
-{
-	float *x = malloc(n * sizeof *x);
-	assert_non_null(x);
-	gpu_test_fill(x, n, scale, &rng);
-	return x;
-}
 
 /* A weight tensor (rows, cols) in dtype dt with random values; data is malloc'd. */
 static struct fkv_tensor rand_tensor(int64_t rows, int64_t cols, enum fkv_dtype dt, float scale)
@@ -536,22 +497,6 @@ static void test_backend_open(void **state)
 	assert_int_equal(backend_open("auto", 1, &be, err, sizeof err), 0);
 	assert_string_equal(be->ops->name, "cuda");
 	backend_free(be);
-}
-
-static int setup(void **state)
-{
-	(void)state;
-	if (backend_cpu_new(&cpu, 2))
-		return -1;
-	return backend_cuda_new(&gpu, 0);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	backend_free(cpu);
-	backend_free(gpu);
-	return 0;
 }
 
 int main(void)

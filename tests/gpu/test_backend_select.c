@@ -58,8 +58,8 @@ static void test_open(void **state)
 static void test_kvworker_flag(void **state)
 {
 	(void)state;
-	char bin[2048], cmd[16384], out[8192];
-	snprintf(bin, sizeof bin, "%s/worker/kvworker", FREEKV_BUILD_DIR);
+	char cmd[16384], out[8192];
+	const char *bin = test_build_path("worker/kvworker");
 	const char *model = test_model_path("stories260K/stories260K.gguf");
 	if (access(bin, X_OK) || !model) {
 		fprintf(stderr, "skip: kvworker or stories260K missing\n");

@@ -1,0 +1,561 @@
+/* test_backend_cuda_slots — the CUDA backend's paged-policy ops against the CPU backend, the
+ * reference (worker/backend_cuda.c): attn_decode_slots (split-K flash decoding over per-head
+ * slot lists) equals the CPU's attn_decode_heads over the same pages, for a partial and a full
+ * last page, G = 1 and G > 1, unsplit and split launches and list entries past the last page
+ * that must not be read; its bad arguments are refused before anything is queued. recall_units
+ * runs on the backend's own recall streams: compute ops queued before a recall and after it
+ * see it in order (slots and attention equal the CPU's, bit for bit where no summation order
+ * differs), from pageable and from page-locked units overwritten right after each call
+ * returns, into one slot buffer or two, through staging growth, and from a second thread while
+ * the first queues compute ops on other slots. Outputs start poisoned (NaN). Skips (77)
+ * without a CUDA device. */
+#include "gpu_test.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "backend.h"
+#include "gpu_backend_test.h"
+
+static uint64_t rng = 0x5107d1ce;
+
+#define ATTN_BOUND 2e-5
+
+/* A slot buffer's geometry. */
+struct sgeom {
+	int n_kv, p, d;
+};
+
+static size_t slot_elems(const struct sgeom *g)
+{
+	return (size_t)2 * g->p * g->n_kv * g->d;
+}
+
+/* Reference: attn_decode_heads on be over the pages that list names, the span of page i of
+ * KV head h being the rows of slot list[h * max_pages + i]. */
+static void ref_heads(struct backend *be, float *dout, const float *dq, const float *dslots,
+		      const int32_t *list, int max_pages, int64_t n_tok,
+		      const struct sgeom *g, const struct backend_attn *a)
+{
+	const int pages = (int)((n_tok + g->p - 1) / g->p);
+	struct backend_kv_span *spans = calloc((size_t)g->n_kv * pages, sizeof *spans);
+	int *first = calloc((size_t)g->n_kv + 1, sizeof *first);
+	assert_non_null(spans);
+	assert_non_null(first);
+	const size_t half = (size_t)g->p * g->n_kv * g->d;
+	for (int h = 0; h < g->n_kv; h++) {
+		first[h] = h * pages;
+		for (int i = 0; i < pages; i++) {
+			const float *k = dslots + (size_t)list[h * max_pages + i] * slot_elems(g);
+			int64_t n = i < pages - 1 ? g->p : n_tok - (int64_t)(pages - 1) * g->p;
+			spans[h * pages + i] = (struct backend_kv_span){ k, k + half, n,
+									 (int64_t)g->n_kv * g->d };
+		}
+	}
+	first[g->n_kv] = g->n_kv * pages;
+	assert_int_equal(be->ops->attn_decode_heads(be->ctx, dout, dq, spans, first, a), 0);
+	free(spans);
+	free(first);
+}
+
+/* (n_kv, max_pages) lists: each head a different random order of distinct slots, entries past
+ * the last page valid too (they must not be read, so they must not matter). */
+static int32_t *rand_list(int n_kv, int max_pages, int n_slots)
+{
+	int32_t *list = malloc((size_t)n_kv * max_pages * sizeof *list);
+	int32_t *perm = malloc((size_t)n_slots * sizeof *perm);
+	assert_non_null(list);
+	assert_non_null(perm);
+	for (int h = 0; h < n_kv; h++) {
+		for (int i = 0; i < n_slots; i++)
+			perm[i] = i;
+		for (int i = n_slots - 1; i > 0; i--) {
+			int j = (int)(test_rand(&rng) % (uint64_t)(i + 1));
+			int32_t t = perm[i];
+			perm[i] = perm[j];
+			perm[j] = t;
+		}
+		for (int i = 0; i < max_pages; i++)
+			list[h * max_pages + i] = perm[i % n_slots];
+	}
+	free(perm);
+	return list;
+}
+
+static void test_attn_decode_slots(void **state)
+{
+	(void)state;
+	/* kernel splits = min(ceil(256 / n_kv), ceil(max_pages / 2)): 1, 2, 32, 8, 4. */
+	const struct { int H, KV, d, p, n_slots, max_pages; int64_t n_tok; } cases[] = {
+		{ 4, 4, 64, 16, 8, 1, 9 },	    /* G = 1, one partial page, unsplit */
+		{ 8, 2, 128, 32, 40, 3, 70 },	    /* G = 4, split in 2, partial last page */
+		{ 32, 8, 128, 32, 96, 64, 2040 },   /* llama-3.1-8b heads, budget 2048 */
+		{ 8, 1, 32, 8, 20, 16, 30 },	    /* G = 8, 4 of 16 pages used */
+		{ 6, 3, 80, 5, 12, 7, 35 },	    /* odd sizes, last page full */
+	};
+	for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+		const int H = cases[ci].H, KV = cases[ci].KV, d = cases[ci].d;
+		const int n_slots = cases[ci].n_slots, max_pages = cases[ci].max_pages;
+		const int64_t n_tok = cases[ci].n_tok;
+		const struct sgeom g = { KV, cases[ci].p, d };
+		const struct backend_attn a = { H, KV, d, FKV_F32, 1.0f / sqrtf((float)d), 0 };
+		const size_t ns = (size_t)n_slots * slot_elems(&g), nq = (size_t)H * d;
+		float *slots = rand_f32(ns, 2.0f), *q = rand_f32(nq, 1.0f);
+		int32_t *list = rand_list(KV, max_pages, n_slots);
+		float *ref = malloc(nq * 4), *got = malloc(nq * 4), *cpu_own = malloc(nq * 4);
+
+		float *cs = put(cpu, slots, ns * 4), *cq = put(cpu, q, nq * 4);
+		float *co = poisoned(cpu, nq * 4);
+		ref_heads(cpu, co, cq, cs, list, max_pages, n_tok, &g, &a);
+		get(cpu, ref, co, nq * 4);
+		/* The CPU backend's own attn_decode_slots, where it has one, agrees too. */
+		if (cpu->ops->attn_decode_slots) {
+			float *co2 = poisoned(cpu, nq * 4);
+			assert_int_equal(cpu->ops->attn_decode_slots(cpu->ctx, co2, cq, cs, n_slots,
+								     list, max_pages, n_tok,
+								     g.p, &a), 0);
+			get(cpu, cpu_own, co2, nq * 4);
+			GPU_TEST_CHECK_ERR(gpu_test_err(cpu_own, ref, nq), ATTN_BOUND,
+					   "cpu attn_decode_slots");
+			drop(cpu, co2);
+		}
+
+		float *gs = put(gpu, slots, ns * 4), *gq = put(gpu, q, nq * 4);
+		/* Twice, the list changed in place between the calls: the first call's list was
+		 * staged, so the second reads its own. */
+		for (int rep = 0; rep < 2; rep++) {
+			float *go = poisoned(gpu, nq * 4);
+			assert_int_equal(gpu->ops->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots,
+								     list, max_pages, n_tok, g.p,
+								     &a), 0);
+			if (rep == 0) {
+				int32_t *other = rand_list(KV, max_pages, n_slots);
+				memcpy(list, other, (size_t)KV * max_pages * sizeof *list);
+				free(other);
+				get(gpu, got, go, nq * 4);
+				char what[96];
+				snprintf(what, sizeof what, "attn_decode_slots case %zu", ci);
+				GPU_TEST_CHECK_ERR(gpu_test_err(got, ref, nq), ATTN_BOUND, what);
+				/* The new list's reference, for the second call. */
+				ref_heads(cpu, co, cq, cs, list, max_pages, n_tok, &g, &a);
+				get(cpu, ref, co, nq * 4);
+			} else {
+				/* Also the GPU's span path over the same pages. */
+				float *gh = poisoned(gpu, nq * 4);
+				ref_heads(gpu, gh, gq, gs, list, max_pages, n_tok, &g, &a);
+				float *heads = malloc(nq * 4);
+				get(gpu, heads, gh, nq * 4);
+				get(gpu, got, go, nq * 4);
+				char what[96];
+				snprintf(what, sizeof what, "attn_decode_slots case %zu (list 2)", ci);
+				GPU_TEST_CHECK_ERR(gpu_test_err(got, ref, nq), ATTN_BOUND, what);
+				GPU_TEST_CHECK_ERR(gpu_test_err(heads, ref, nq), ATTN_BOUND,
+						   "cuda attn_decode_heads over slots");
+				free(heads);
+				drop(gpu, gh);
+			}
+			drop(gpu, go);
+		}
+		drop(cpu, cs);
+		drop(cpu, cq);
+		drop(cpu, co);
+		drop(gpu, gs);
+		drop(gpu, gq);
+		free(slots);
+		free(q);
+		free(list);
+		free(ref);
+		free(got);
+		free(cpu_own);
+	}
+}
+
+/* Bad arguments: -EINVAL, and the output stays untouched (nothing was queued). */
+static void test_attn_decode_slots_rejects(void **state)
+{
+	(void)state;
+	const int H = 8, KV = 2, d = 64, p = 16, n_slots = 6, max_pages = 4;
+	const struct sgeom g = { KV, p, d };
+	const size_t ns = (size_t)n_slots * slot_elems(&g), nq = (size_t)H * d;
+	float *slots = rand_f32(ns, 1.0f), *q = rand_f32(nq, 1.0f);
+	float *gs = put(gpu, slots, ns * 4), *gq = put(gpu, q, nq * 4);
+	float *go = poisoned(gpu, nq * 4);
+	int32_t list[2 * 4] = { 0, 1, 2, 3, 5, 4, 3, 2 };
+	const struct backend_attn ok = { H, KV, d, FKV_F32, 0.125f, 0 };
+	const int64_t n_tok = 50; /* 4 pages, the last with 2 tokens */
+	struct backend_attn a;
+	const struct backend_ops *o = gpu->ops;
+	/* The valid call succeeds; the rest are variations of it. */
+	float *gv = poisoned(gpu, nq * 4);
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, gv, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &ok), 0);
+	drop(gpu, gv);
+
+	list[6] = n_slots; /* head 1, page 2: out of range */
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &ok), -EINVAL);
+	list[6] = -1;
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &ok), -EINVAL);
+	list[6] = 3;
+	list[3] = 99; /* head 0, last page */
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &ok), -EINVAL);
+	list[3] = 3;
+	const int64_t bad_tok[] = { 0, -5, (int64_t)max_pages * p + 1 };
+	for (size_t i = 0; i < sizeof bad_tok / sizeof *bad_tok; i++)
+		assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list,
+						      max_pages, bad_tok[i], p, &ok), -EINVAL);
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, 0, &ok), -EINVAL);
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, 0, n_tok, p,
+					      &ok), -EINVAL);
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, 0, list, max_pages, n_tok, p,
+					      &ok), -EINVAL);
+	a = ok;
+	a.kv_dtype = FKV_BF16;
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &a), -EINVAL);
+	a = ok;
+	a.n_heads = 7;
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &a), -EINVAL);
+	a = ok;
+	a.head_dim = 0;
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &a), -EINVAL);
+	a = ok;
+	a.n_kv_heads = 0;
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &a), -EINVAL);
+	assert_int_equal(o->sync(gpu->ctx), 0);
+	uint8_t *back = malloc(nq * 4);
+	get(gpu, back, go, nq * 4);
+	for (size_t i = 0; i < nq * 4; i++)
+		assert_int_equal(back[i], 0xff);
+	free(back);
+	drop(gpu, gs);
+	drop(gpu, gq);
+	drop(gpu, go);
+	free(slots);
+	free(q);
+}
+
+/* ---- recall_units ordering ---- */
+
+/* A host buffer of bytes for recall units: malloc'd (pageable) or page-locked through the
+ * backend's host_register when locked (then unlocked by units_free). */
+static void *units_alloc(struct backend *be, size_t bytes, bool locked)
+{
+	void *p = NULL;
+	assert_int_equal(posix_memalign(&p, 4096, bytes), 0);
+	if (locked) {
+		char err[256];
+		if (be->ops->host_register(be->ctx, p, bytes, err, sizeof err))
+			fail_msg("host_register: %s", err);
+	}
+	return p;
+}
+
+static void units_free(struct backend *be, void *p, bool locked)
+{
+	if (locked)
+		assert_int_equal(be->ops->host_unregister(be->ctx, p), 0);
+	free(p);
+}
+
+/* n random distinct (slot, head) pairs of n_slots slots. */
+static void rand_pairs(int *slot, int *head, int n, int n_slots, int n_kv)
+{
+	int total = n_slots * n_kv;
+	int *perm = malloc((size_t)total * sizeof *perm);
+	assert_non_null(perm);
+	for (int i = 0; i < total; i++)
+		perm[i] = i;
+	for (int i = 0; i < n; i++) {
+		int j = i + (int)(test_rand(&rng) % (uint64_t)(total - i));
+		int t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+		slot[i] = perm[i] / n_kv;
+		head[i] = perm[i] % n_kv;
+	}
+	free(perm);
+}
+
+#define ROUNDS 3
+#define ADDS_BEFORE 200 /* compute ops queued before each recall: the scatter must wait */
+
+/* On be: two slot buffers A and B start from the same data; each round queues ADDS_BEFORE adds
+ * of x to A and B, recalls n units (round 2: some into B, so the slots do not share one base),
+ * overwrites the units with NaN on return, adds y to A. Then attention over A's pages. A and
+ * B and the attention output go to the host. */
+static void recall_run(struct backend *be, enum fkv_dtype dt, bool locked, int n,
+		       const struct sgeom *g, int n_slots, const float *init, const float *x,
+		       const float *y, void *const *units_in, int (*pairs)[2][64], float *out_a,
+		       float *out_b, float *out_attn)
+{
+	const size_t ns = (size_t)n_slots * slot_elems(g);
+	const size_t ub = (size_t)2 * g->p * g->d * dtype_size(dt);
+	/* B 16 bytes into its allocation: its slots lie no whole number of slots from A's, so
+	 * round 2's recall cannot use one base for all of its units. */
+	float *A = put(be, init, ns * 4), *Bbuf = be->ops->buf_alloc(be->ctx, ns * 4 + 16);
+	assert_non_null(Bbuf);
+	float *B = Bbuf + 4;
+	assert_int_equal(be->ops->upload(be->ctx, B, init, ns * 4), 0);
+	float *X = put(be, x, ns * 4), *Y = put(be, y, ns * 4);
+	void *units = units_alloc(be, (size_t)n * ub, locked);
+	void **slots = malloc((size_t)n * sizeof *slots);
+	assert_non_null(slots);
+	for (int r = 0; r < ROUNDS; r++) {
+		for (int i = 0; i < ADDS_BEFORE; i++) {
+			assert_int_equal(be->ops->add(be->ctx, A, X, (int64_t)ns), 0);
+			assert_int_equal(be->ops->add(be->ctx, B, X, (int64_t)ns), 0);
+		}
+		for (int i = 0; i < n; i++) {
+			float *base = r == 2 && i % 3 == 0 ? B : A;
+			slots[i] = base + (size_t)pairs[r][0][i] * slot_elems(g);
+		}
+		memcpy(units, units_in[r], (size_t)n * ub);
+		assert_int_equal(be->ops->recall_units(be->ctx, slots, pairs[r][1], units, n, g->p,
+						       g->n_kv, g->d, dt), 0);
+		memset(units, 0xff, (size_t)n * ub); /* consumed on return: must not land */
+		assert_int_equal(be->ops->add(be->ctx, A, Y, (int64_t)ns), 0);
+	}
+	/* A later op reads the recalled slots: attention of every KV head over all slots. */
+	const int H = 2 * g->n_kv;
+	const struct backend_attn a = { H, g->n_kv, g->d, FKV_F32, 1.0f / sqrtf((float)g->d), 0 };
+	uint64_t keep = rng; /* both backends draw the same q */
+	float *q = rand_f32((size_t)H * g->d, 1.0f);
+	int32_t *list = malloc((size_t)g->n_kv * n_slots * sizeof *list);
+	assert_non_null(list);
+	for (int h = 0; h < g->n_kv; h++)
+		for (int i = 0; i < n_slots; i++)
+			list[h * n_slots + i] = (i + h) % n_slots;
+	float *dq = put(be, q, (size_t)H * g->d * 4), *dy = poisoned(be, (size_t)H * g->d * 4);
+	ref_heads(be, dy, dq, A, list, n_slots, (int64_t)n_slots * g->p - 3, g, &a);
+	get(be, out_attn, dy, (size_t)H * g->d * 4);
+	get(be, out_a, A, ns * 4);
+	get(be, out_b, B, ns * 4);
+	rng = keep;
+	free(q);
+	free(list);
+	free(slots);
+	units_free(be, units, locked);
+	drop(be, dq);
+	drop(be, dy);
+	drop(be, A);
+	drop(be, Bbuf);
+	drop(be, X);
+	drop(be, Y);
+}
+
+/* Every compute op before a recall is done before its scatter, and every op after sees it:
+ * A, B and the attention equal the CPU backend's; pageable and page-locked units, each unit
+ * dtype. */
+static void test_recall_ordering(void **state)
+{
+	(void)state;
+	const struct sgeom g = { 4, 16, 64 };
+	const int n_slots = 8, n = 12;
+	const size_t ns = (size_t)n_slots * slot_elems(&g);
+	static int pairs[ROUNDS][2][64];
+	for (int di = 0; di < GPU_TEST_N_DTYPES; di++)
+		for (int locked = 0; locked < 2; locked++) {
+			enum fkv_dtype dt = gpu_test_dtypes[di];
+			const size_t nu = (size_t)n * 2 * g.p * g.d;
+			float *init = rand_f32(ns, 1.0f), *x = rand_f32(ns, 0.01f);
+			float *y = rand_f32(ns, 0.5f);
+			void *units[ROUNDS];
+			for (int r = 0; r < ROUNDS; r++) {
+				float *f = rand_f32(nu, 3.0f);
+				units[r] = gpu_test_to_dtype(f, dt, nu);
+				free(f);
+				rand_pairs(pairs[r][0], pairs[r][1], n, n_slots, g.n_kv);
+			}
+			float *a[2], *b[2], *at[2];
+			struct backend *bes[2] = { cpu, gpu };
+			for (int k = 0; k < 2; k++) {
+				a[k] = malloc(ns * 4);
+				b[k] = malloc(ns * 4);
+				at[k] = malloc((size_t)2 * g.n_kv * g.d * 4);
+				/* the CPU backend has no host_register: its recall is a memcpy */
+				recall_run(bes[k], dt, locked && k == 1, n, &g, n_slots, init, x, y,
+					   units, pairs, a[k], b[k], at[k]);
+			}
+			char what[96];
+			snprintf(what, sizeof what, "recall %s %s: slots A", dtype_name(dt),
+				 locked ? "page-locked" : "pageable");
+			GPU_TEST_CHECK_ERR(gpu_test_err(a[1], a[0], ns), 0.0, what);
+			snprintf(what, sizeof what, "recall %s %s: slots B", dtype_name(dt),
+				 locked ? "page-locked" : "pageable");
+			GPU_TEST_CHECK_ERR(gpu_test_err(b[1], b[0], ns), 0.0, what);
+			snprintf(what, sizeof what, "recall %s %s: attention after", dtype_name(dt),
+				 locked ? "page-locked" : "pageable");
+			GPU_TEST_CHECK_ERR(gpu_test_err(at[1], at[0], (size_t)2 * g.n_kv * g.d),
+					   ATTN_BOUND, what);
+			for (int k = 0; k < 2; k++) {
+				free(a[k]);
+				free(b[k]);
+				free(at[k]);
+			}
+			for (int r = 0; r < ROUNDS; r++)
+				free(units[r]);
+			free(init);
+			free(x);
+			free(y);
+		}
+}
+
+/* More units than the staging holds (growth while earlier recalls may be queued), then few
+ * again: slots equal the CPU's. */
+static void test_recall_growth(void **state)
+{
+	(void)state;
+	const struct sgeom g = { 4, 32, 128 };
+	const int n_slots = 64;
+	const int counts[] = { 5, 250, 3, 256 };
+	const size_t ns = (size_t)n_slots * slot_elems(&g), ub = (size_t)2 * g.p * g.d * 2;
+	float *init = rand_f32(ns, 1.0f);
+	float *out[2];
+	struct backend *bes[2] = { cpu, gpu };
+	float *S[2];
+	for (int k = 0; k < 2; k++)
+		S[k] = put(bes[k], init, ns * 4);
+	int *slot = malloc(256 * sizeof *slot), *head = malloc(256 * sizeof *head);
+	void **ptrs = malloc(256 * sizeof *ptrs);
+	for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+		const int n = counts[c];
+		float *f = rand_f32((size_t)n * ub / 2, 2.0f);
+		void *units = gpu_test_to_dtype(f, FKV_F16, (size_t)n * ub / 2);
+		void *copy = malloc((size_t)n * ub);
+		rand_pairs(slot, head, n, n_slots, g.n_kv);
+		for (int k = 0; k < 2; k++) {
+			for (int i = 0; i < n; i++)
+				ptrs[i] = S[k] + (size_t)slot[i] * slot_elems(&g);
+			memcpy(copy, units, (size_t)n * ub);
+			assert_int_equal(bes[k]->ops->recall_units(bes[k]->ctx, ptrs, head, copy, n,
+								   g.p, g.n_kv, g.d, FKV_F16), 0);
+			memset(copy, 0xff, (size_t)n * ub);
+		}
+		free(f);
+		free(units);
+		free(copy);
+	}
+	for (int k = 0; k < 2; k++) {
+		out[k] = malloc(ns * 4);
+		get(bes[k], out[k], S[k], ns * 4);
+		drop(bes[k], S[k]);
+	}
+	GPU_TEST_CHECK_ERR(gpu_test_err(out[1], out[0], ns), 0.0, "recall through growth");
+	free(out[0]);
+	free(out[1]);
+	free(init);
+	free(slot);
+	free(head);
+	free(ptrs);
+}
+
+/* A recall thread recalls into slots [0, half) while this thread queues adds on slots
+ * [half, n_slots) of the same buffer; afterwards the first half holds the last round's units
+ * and the second half init plus the adds, computed on the host. */
+struct recall_thread {
+	float *slots;
+	const struct sgeom *g;
+	int half, rounds;
+	void *const *units; /* (rounds) f32 units, (half * n_kv, 2, p, d) each */
+	int ret;
+};
+
+static void *recall_thread_main(void *arg)
+{
+	struct recall_thread *t = arg;
+	const int n = t->half * t->g->n_kv;
+	const size_t bytes = (size_t)n * 2 * t->g->p * t->g->d * sizeof(float);
+	void **ptrs = malloc((size_t)n * sizeof *ptrs);
+	int *heads = malloc((size_t)n * sizeof *heads);
+	void *buf = malloc(bytes);
+	if (!ptrs || !heads || !buf) {
+		t->ret = -ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		ptrs[i] = t->slots + (size_t)(i / t->g->n_kv) * slot_elems(t->g);
+		heads[i] = i % t->g->n_kv;
+	}
+	for (int r = 0; r < t->rounds && !t->ret; r++) {
+		memcpy(buf, t->units[r], bytes);
+		t->ret = gpu->ops->recall_units(gpu->ctx, ptrs, heads, buf, n, t->g->p, t->g->n_kv,
+						t->g->d, FKV_F32);
+		memset(buf, 0xff, bytes);
+	}
+out:
+	free(ptrs);
+	free(heads);
+	free(buf);
+	return NULL;
+}
+
+static void test_recall_from_thread(void **state)
+{
+	(void)state;
+	const struct sgeom g = { 2, 16, 64 };
+	const int n_slots = 8, half = 4, rounds = 20, adds = 300;
+	const size_t se = slot_elems(&g), ns = (size_t)n_slots * se, hs = (size_t)half * se;
+	float *init = rand_f32(ns, 1.0f), *x = rand_f32(hs, 0.01f);
+	void *units[20];
+	for (int r = 0; r < rounds; r++)
+		units[r] = rand_f32(hs, 2.0f); /* half * n_kv units of (2, p, d): hs floats */
+	float *S = put(gpu, init, ns * 4), *X = put(gpu, x, hs * 4);
+	struct recall_thread t = { S, &g, half, rounds, units, 0 };
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, recall_thread_main, &t), 0);
+	for (int i = 0; i < adds; i++)
+		assert_int_equal(gpu->ops->add(gpu->ctx, S + hs, X, (int64_t)hs), 0);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	assert_int_equal(t.ret, 0);
+	assert_int_equal(gpu->ops->sync(gpu->ctx), 0);
+	float *got = malloc(ns * 4), *want = malloc(ns * 4);
+	get(gpu, got, S, ns * 4);
+	/* First half: the last round's units scattered NHD; second half: init + adds * x. */
+	const float *u = units[rounds - 1];
+	for (int s = 0; s < half; s++)
+		for (int h = 0; h < g.n_kv; h++)
+			for (int kv = 0; kv < 2; kv++)
+				for (int tk = 0; tk < g.p; tk++)
+					for (int c = 0; c < g.d; c++)
+						want[(size_t)s * se +
+						     (((size_t)kv * g.p + tk) * g.n_kv + h) * g.d + c] =
+							u[((((size_t)s * g.n_kv + h) * 2 + kv) * g.p +
+							   tk) * g.d + c];
+	for (size_t i = 0; i < hs; i++) {
+		float v = init[hs + i];
+		for (int k = 0; k < adds; k++)
+			v += x[i];
+		want[hs + i] = v;
+	}
+	GPU_TEST_CHECK_ERR(gpu_test_err(got, want, ns), 0.0, "recall from a second thread");
+	free(got);
+	free(want);
+	for (int r = 0; r < rounds; r++)
+		free(units[r]);
+	free(init);
+	free(x);
+	drop(gpu, S);
+	drop(gpu, X);
+}
+
+int main(void)
+{
+	if (gpu_test_no_device())
+		return TEST_SKIP_EXIT;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_attn_decode_slots),
+		cmocka_unit_test(test_attn_decode_slots_rejects),
+		cmocka_unit_test(test_recall_ordering),
+		cmocka_unit_test(test_recall_growth),
+		cmocka_unit_test(test_recall_from_thread),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
