@@ -1,6 +1,6 @@
 /* Shared helpers for the cmocka tests: includes in the order cmocka needs, a deterministic
- * RNG, the skip convention (exit 77), where the test models live, and reading or writing a
- * whole file. */
+ * RNG, the skip convention (exit 77), where the test models and the build live, and reading or
+ * writing a whole file. */
 #ifndef FREEKV_TEST_UTIL_H
 #define FREEKV_TEST_UTIL_H
 
@@ -45,6 +45,19 @@ static inline const char *test_model_path(const char *rel)
 		fprintf(stderr, "skip: %s not found\n", buf);
 		return NULL;
 	}
+	return buf;
+}
+
+/* Path of a file under the build directory: env FREEKV_BUILD_DIR when set (a build packed and
+ * run elsewhere, bench/gpu/run.sh --pack), else the directory the test was built in. Returns a
+ * static buffer. */
+static inline const char *test_build_path(const char *rel)
+{
+	static char buf[4096];
+	const char *dir = getenv("FREEKV_BUILD_DIR");
+	if (!dir)
+		dir = FREEKV_BUILD_DIR;
+	snprintf(buf, sizeof buf, "%s/%s", dir, rel);
 	return buf;
 }
 
