@@ -20,6 +20,9 @@ static inline int cuda_check_fail(cudaError_t e, const char *stmt, const char *f
 {
 	fprintf(stderr, "%s:%d: %s: %s failed: %s (%s)\n", file, line, func, stmt,
 		cudaGetErrorString(e), cudaGetErrorName(e));
+	/* Clears the runtime's last-error flag, so the next launch's check reports its own
+	 * error, not this one again (a sticky error, after a device fault, stays). */
+	(void)cudaGetLastError();
 	switch (e) {
 	case cudaErrorMemoryAllocation:
 		return -ENOMEM;

@@ -202,8 +202,8 @@ extern "C" cudaError_t decode_attention(float *out, const float *q, const void *
 					size_t workspace_bytes, cudaStream_t stream)
 {
 	if (n_q <= 0 || n_kv <= 0 || n_q % n_kv || d <= 0 || p <= 0 || max_pages <= 0 ||
-	    n_kv > 65535 || batch > 65535)
-		return cudaErrorInvalidValue;
+	    n_kv > 65535 || batch > 65535 || (long long)max_pages * p > INT32_MAX)
+		return cudaErrorInvalidValue; // the kernel clamps n_tok to max_pages * p in int
 	if (batch <= 0)
 		return cudaSuccess;
 	int splits = decode_attention_splits(batch, n_kv, max_pages);

@@ -9,10 +9,11 @@
  * order (cudaFreeAsync/cudaMallocAsync where the device has memory pools, else after the
  * compute stream drained), never by waiting for the device. Decode attention over span lists
  * (the `full` policy's dense caches) and over slot lists (attn_decode_slots, the paged
- * policies: kernels/decode_attention, split-K flash decoding with per-head slot indirection)
- * stages its small host tables in a ring of pinned buffers, each reused only after the event
- * of its last copy, so a decode step never waits on the device. host_register page-locks host
- * memory (the kvstored pool mapping) in chunks for DMA.
+ * policies: kernels/decode_attention, split-K flash decoding with per-head slot indirection;
+ * pages too large for its shared memory go to the span kernel as spans) stages its small host
+ * tables in a ring of pinned buffers, each reused only after the event of its last copy, so a
+ * decode step never waits on the device. host_register page-locks host memory (the kvstored
+ * pool mapping) in chunks for DMA.
  *
  * Streams and events (DESIGN §5 step 6). recall_units (the device half of a policy's recall,
  * called from a recall thread while the engine thread queues compute ops) runs on two streams
@@ -333,11 +334,17 @@ static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct back
 	void *p = dev_alloc(c, bytes);
 	if (!p)
 		return -ENOMEM;
-	cudaError_t e = cudaMemcpy(p, src->data, bytes, cudaMemcpyHostToDevice);
+	/* On the compute stream, not with cudaMemcpy: from pageable memory that returns once src is
+	 * staged, before the DMA lands, and the non-blocking compute stream is not ordered after
+	 * the legacy stream it ran on. The wait keeps src unread after return when it is
+	 * page-locked. */
+	cudaError_t e = cudaMemcpyAsync(p, src->data, bytes, cudaMemcpyHostToDevice, c->stream);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(c->stream);
 	if (e != cudaSuccess) {
 		track_del(c, p);
 		cudaFree(p);
-		return cuda_check_fail(e, "cudaMemcpy(weight)", __func__, __FILE__, __LINE__);
+		return cuda_check_fail(e, "cudaMemcpyAsync(weight)", __func__, __FILE__, __LINE__);
 	}
 	dst->data = p;
 	dst->dtype = src->dtype;
@@ -581,6 +588,40 @@ static int check_slots(const float *slots, int n_slots, const int32_t *list, int
 	return 0;
 }
 
+/* attn_decode_slots as what it equals, attn_decode_heads over the same rows (one span per page,
+ * as the CPU backend builds them): for pages too large for the split-K kernel's shared memory
+ * (p * (2d + 1) floats a block, so p > ~220 at d = 128), which span_attention walks in tiles. */
+static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const float *slots,
+			  const int32_t *list, int max_pages, int64_t n_tok, int p,
+			  const struct backend_attn *a)
+{
+	const int n_kv = a->n_kv_heads, pages = (int)((n_tok + p - 1) / p);
+	const size_t row = (size_t)n_kv * a->head_dim, slot_floats = 2 * (size_t)p * row;
+	struct backend_kv_span *spans = malloc((size_t)n_kv * pages * sizeof *spans);
+	int *first = malloc((size_t)(n_kv + 1) * sizeof *first);
+	int ret = -ENOMEM;
+	if (spans && first) {
+		for (int h = 0; h < n_kv; h++) {
+			first[h] = h * pages;
+			for (int i = 0; i < pages; i++) {
+				const float *k = slots + (size_t)list[(size_t)h * max_pages + i] *
+								 slot_floats;
+				spans[(size_t)h * pages + i] = (struct backend_kv_span){
+					.k = k, .v = k + (size_t)p * row,
+					.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+					.row_stride = (int64_t)row,
+				};
+			}
+		}
+		first[n_kv] = n_kv * pages;
+		/* attn_spans stages the descriptors before it returns */
+		ret = attn_spans(c, out, q, spans, n_kv * pages, first, a);
+	}
+	free(spans);
+	free(first);
+	return ret;
+}
+
 /* Batch 1 of kernels/decode_attention: the list and n_tok go through the staging ring (one copy),
  * the split-K partials into dec_ws, sized for max_pages so that it settles after the first
  * steps of a run. */
@@ -609,9 +650,15 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 	if ((ret = stage_push(c, s, bytes)))
 		return ret;
 	const int32_t *dl = s->dev;
-	CUDA_CHECK(decode_attention(out, q, slots, FKV_F32, dl, dl + n_list, 1, a->n_heads, n_kv,
-				    a->head_dim, p, max_pages, a->scale, c->dec_ws,
-				    c->dec_ws_bytes, c->stream));
+	cudaError_t e = decode_attention(out, q, slots, FKV_F32, dl, dl + n_list, 1, a->n_heads,
+					 n_kv, a->head_dim, p, max_pages, a->scale, c->dec_ws,
+					 c->dec_ws_bytes, c->stream);
+	/* check_slots ruled out every other cause of an invalid value (geometry, workspace), so
+	 * this one is the block's shared memory, checked before anything was launched. */
+	if (e == cudaErrorInvalidValue)
+		return slots_as_spans(c, out, q, slots, list, max_pages, n_tok, p, a);
+	if (e != cudaSuccess)
+		return cuda_check_fail(e, "decode_attention", __func__, __FILE__, __LINE__);
 	return 0;
 }
 
@@ -697,18 +744,20 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, c->rc_entry, 0));
 	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, s->copied, 0));
 	const int32_t *dtab = (const int32_t *)(s->dev + toff);
-	if (one) {
-		CUDA_CHECK(recall_scatter(base, FKV_F32, s->dev, dt, dtab, n, n_kv, p, d,
-					  c->rc_stream));
-	} else {
-		for (int i = 0; i < n; i++)
-			CUDA_CHECK(recall_scatter(slots[i], FKV_F32, s->dev + i * ub, dt,
-						  dtab + 2 * i, 1, n_kv, p, d, c->rc_stream));
-	}
+	cudaError_t se = cudaSuccess;
+	if (one)
+		se = recall_scatter(base, FKV_F32, s->dev, dt, dtab, n, n_kv, p, d, c->rc_stream);
+	for (int i = 0; !one && i < n && se == cudaSuccess; i++)
+		se = recall_scatter(slots[i], FKV_F32, s->dev + i * ub, dt, dtab + 2 * i, 1, n_kv,
+				    p, d, c->rc_stream);
+	/* Recorded and waited for after a failed launch too: the launches before it still read
+	 * the staging (the set's next use waits for them) and write slots (later ops wait). */
 	CUDA_CHECK(cudaEventRecord(s->scattered, c->rc_stream));
 	CUDA_CHECK(cudaStreamWaitEvent(c->stream, s->scattered, 0));
 	if (locked)
 		CUDA_CHECK(cudaEventSynchronize(s->copied));
+	if (se != cudaSuccess)
+		return cuda_check_fail(se, "recall_scatter", __func__, __FILE__, __LINE__);
 	return 0;
 }
 

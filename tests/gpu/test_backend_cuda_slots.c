@@ -1,12 +1,14 @@
 /* test_backend_cuda_slots — the CUDA backend's paged-policy ops against the CPU backend, the
  * reference (worker/backend_cuda.c): attn_decode_slots (split-K flash decoding over per-head
  * slot lists) equals the CPU's attn_decode_heads over the same pages, for a partial and a full
- * last page, G = 1 and G > 1, unsplit and split launches and list entries past the last page
- * that must not be read; its bad arguments are refused before anything is queued. recall_units
- * runs on the backend's own recall streams: compute ops queued before a recall and after it
- * see it in order (slots and attention equal the CPU's, bit for bit where no summation order
- * differs), from pageable and from page-locked units overwritten right after each call
- * returns, into one slot buffer or two, through staging growth, and from a second thread while
+ * last page, G = 1 and G > 1, unsplit and split launches, pages too large for the kernel (the
+ * span fallback) and list entries past the last page that must not be read; its bad arguments
+ * are refused before anything is queued; its staged lists survive the ring's reuse and growth
+ * while the device lags behind. recall_units runs on the backend's own recall streams: compute
+ * ops queued before a recall and after it see it in order (slots and attention equal the
+ * CPU's, bit for bit where no summation order differs), from pageable and from page-locked
+ * units overwritten right after each call returns, into one slot buffer or two, through the
+ * growth of used staging sets while their scatters are queued, and from a second thread while
  * the first queues compute ops on other slots. Outputs start poisoned (NaN). Skips (77)
  * without a CUDA device. */
 #include "gpu_test.h"
@@ -83,16 +85,45 @@ static int32_t *rand_list(int n_kv, int max_pages, int n_slots)
 	return list;
 }
 
+/* Busy work on the compute stream of the GPU backend (adds over a 64 MiB scratch buffer), so
+ * that the device runs well behind the host: what the calls under test queued (a recall's
+ * scatter, which waits for the compute stream; an attention's staged list) is then still
+ * pending when later calls reuse or grow its staging (recall sets, the stage ring, the split-K
+ * workspace), and a missing wait reads or lands the wrong data instead of racing benignly.
+ * Nothing on the CPU backend, whose results it could not change. */
+#define LAG_FLOATS ((size_t)1 << 24)
+#define LAG_ADDS 16
+
+static float *lag_alloc(struct backend *be)
+{
+	if (be != gpu)
+		return NULL;
+	float *z = calloc(LAG_FLOATS, sizeof *z);
+	assert_non_null(z);
+	float *d = put(be, z, LAG_FLOATS * sizeof *z);
+	free(z);
+	return d;
+}
+
+static void lag(struct backend *be, float *z)
+{
+	for (int i = 0; be == gpu && z && i < LAG_ADDS; i++)
+		assert_int_equal(be->ops->add(be->ctx, z, z, (int64_t)LAG_FLOATS), 0);
+}
+
 static void test_attn_decode_slots(void **state)
 {
 	(void)state;
-	/* kernel splits = min(ceil(256 / n_kv), ceil(max_pages / 2)): 1, 2, 32, 8, 4. */
+	/* kernel splits = min(ceil(256 / n_kv), ceil(max_pages / 2)): 1, 2, 32, 8, 4, 32 (27
+	 * launched: 5 pages a chunk), none (a block would need 265 KB of shared memory). */
 	const struct { int H, KV, d, p, n_slots, max_pages; int64_t n_tok; } cases[] = {
 		{ 4, 4, 64, 16, 8, 1, 9 },	    /* G = 1, one partial page, unsplit */
 		{ 8, 2, 128, 32, 40, 3, 70 },	    /* G = 4, split in 2, partial last page */
 		{ 32, 8, 128, 32, 96, 64, 2040 },   /* llama-3.1-8b heads, budget 2048 */
 		{ 8, 1, 32, 8, 20, 16, 30 },	    /* G = 8, 4 of 16 pages used */
 		{ 6, 3, 80, 5, 12, 7, 35 },	    /* odd sizes, last page full */
+		{ 64, 8, 128, 16, 140, 132, 2100 }, /* G = 8, d = 128 (70b heads), uneven chunks */
+		{ 2, 2, 128, 256, 6, 4, 700 },	    /* pages past the kernel's shared memory: spans */
 	};
 	for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
 		const int H = cases[ci].H, KV = cases[ci].KV, d = cases[ci].d;
@@ -229,6 +260,13 @@ static void test_attn_decode_slots_rejects(void **state)
 	a.n_kv_heads = 0;
 	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
 					      n_tok, p, &a), -EINVAL);
+	a = ok;
+	a.n_heads = a.n_kv_heads = 65536; /* past the kernel's grid */
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      n_tok, p, &a), -EINVAL);
+	/* max_pages * p past int32 (the kernel's token count): refused before list is read */
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, 1 << 20, n_tok,
+					      1 << 12, &ok), -EINVAL);
 	assert_int_equal(o->sync(gpu->ctx), 0);
 	uint8_t *back = malloc(nq * 4);
 	get(gpu, back, go, nq * 4);
@@ -238,6 +276,63 @@ static void test_attn_decode_slots_rejects(void **state)
 	drop(gpu, gs);
 	drop(gpu, gq);
 	drop(gpu, go);
+	free(slots);
+	free(q);
+}
+
+/* The staging ring: with the device held back by the lag, more calls than the ring has slots,
+ * each with its own list (scribbled over on return) and output, the later ones with a list
+ * large enough to grow ring slots and the split-K workspace while earlier calls still wait to
+ * read theirs; every output equals the CPU's over its own list. */
+static void test_attn_decode_slots_ring(void **state)
+{
+	(void)state;
+	enum { CALLS = 20, SMALL = 10, LARGE = 600 };
+	const int H = 8, KV = 2, d = 64, n_slots = 24;
+	const int64_t n_tok = 150; /* 10 pages of 16: the rest of a large list is never read */
+	const struct sgeom g = { KV, 16, d };
+	const struct backend_attn a = { H, KV, d, FKV_F32, 1.0f / sqrtf((float)d), 0 };
+	const size_t ns = (size_t)n_slots * slot_elems(&g), nq = (size_t)H * d;
+	float *slots = rand_f32(ns, 2.0f), *q = rand_f32(nq, 1.0f);
+	float *cs = put(cpu, slots, ns * 4), *cq = put(cpu, q, nq * 4), *co = poisoned(cpu, nq * 4);
+	float *gs = put(gpu, slots, ns * 4), *gq = put(gpu, q, nq * 4);
+	float *go[CALLS];
+	int32_t *lists[CALLS];
+	float *Z = lag_alloc(gpu);
+	for (int i = 0; i < CALLS; i++) {
+		const int mp = i < CALLS / 2 ? SMALL : LARGE;
+		lag(gpu, Z);
+		lists[i] = rand_list(KV, mp, n_slots);
+		int32_t *scratch = malloc((size_t)KV * mp * sizeof *scratch);
+		assert_non_null(scratch);
+		memcpy(scratch, lists[i], (size_t)KV * mp * sizeof *scratch);
+		go[i] = poisoned(gpu, nq * 4);
+		assert_int_equal(gpu->ops->attn_decode_slots(gpu->ctx, go[i], gq, gs, n_slots, scratch,
+							     mp, n_tok, g.p, &a), 0);
+		for (int j = 0; j < KV * mp; j++)
+			scratch[j] = n_slots - 1 - scratch[j]; /* valid, other pages: must not be read */
+		free(scratch);
+	}
+	float *ref = malloc(nq * 4), *got = malloc(nq * 4);
+	for (int i = 0; i < CALLS; i++) {
+		const int mp = i < CALLS / 2 ? SMALL : LARGE;
+		ref_heads(cpu, co, cq, cs, lists[i], mp, n_tok, &g, &a);
+		get(cpu, ref, co, nq * 4);
+		get(gpu, got, go[i], nq * 4);
+		char what[96];
+		snprintf(what, sizeof what, "attn_decode_slots ring call %d", i);
+		GPU_TEST_CHECK_ERR(gpu_test_err(got, ref, nq), ATTN_BOUND, what);
+		drop(gpu, go[i]);
+		free(lists[i]);
+	}
+	free(ref);
+	free(got);
+	drop(gpu, Z);
+	drop(cpu, cs);
+	drop(cpu, cq);
+	drop(cpu, co);
+	drop(gpu, gs);
+	drop(gpu, gq);
 	free(slots);
 	free(q);
 }
@@ -308,7 +403,9 @@ static void recall_run(struct backend *be, enum fkv_dtype dt, bool locked, int n
 	void *units = units_alloc(be, (size_t)n * ub, locked);
 	void **slots = malloc((size_t)n * sizeof *slots);
 	assert_non_null(slots);
+	float *Z = lag_alloc(be);
 	for (int r = 0; r < ROUNDS; r++) {
+		lag(be, Z);
 		for (int i = 0; i < ADDS_BEFORE; i++) {
 			assert_int_equal(be->ops->add(be->ctx, A, X, (int64_t)ns), 0);
 			assert_int_equal(be->ops->add(be->ctx, B, X, (int64_t)ns), 0);
@@ -349,6 +446,8 @@ static void recall_run(struct backend *be, enum fkv_dtype dt, bool locked, int n
 	drop(be, Bbuf);
 	drop(be, X);
 	drop(be, Y);
+	if (Z)
+		drop(be, Z);
 }
 
 /* Every compute op before a recall is done before its scatter, and every op after sees it:
@@ -408,14 +507,16 @@ static void test_recall_ordering(void **state)
 		}
 }
 
-/* More units than the staging holds (growth while earlier recalls may be queued), then few
- * again: slots equal the CPU's. */
+/* More units than the staging holds, then few again: slots equal the CPU's. The calls alternate
+ * between the two staging sets, so each set is used, then grown (250, 256 units of 16 KiB
+ * against 1 MiB) while the scatter of its previous use is still queued behind the lag, then
+ * reused at its new size. */
 static void test_recall_growth(void **state)
 {
 	(void)state;
 	const struct sgeom g = { 4, 32, 128 };
 	const int n_slots = 64;
-	const int counts[] = { 5, 250, 3, 256 };
+	const int counts[] = { 5, 3, 250, 256, 4, 7 };
 	const size_t ns = (size_t)n_slots * slot_elems(&g), ub = (size_t)2 * g.p * g.d * 2;
 	float *init = rand_f32(ns, 1.0f);
 	float *out[2];
@@ -425,6 +526,7 @@ static void test_recall_growth(void **state)
 		S[k] = put(bes[k], init, ns * 4);
 	int *slot = malloc(256 * sizeof *slot), *head = malloc(256 * sizeof *head);
 	void **ptrs = malloc(256 * sizeof *ptrs);
+	float *Z = lag_alloc(gpu);
 	for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
 		const int n = counts[c];
 		float *f = rand_f32((size_t)n * ub / 2, 2.0f);
@@ -435,6 +537,7 @@ static void test_recall_growth(void **state)
 			for (int i = 0; i < n; i++)
 				ptrs[i] = S[k] + (size_t)slot[i] * slot_elems(&g);
 			memcpy(copy, units, (size_t)n * ub);
+			lag(bes[k], Z);
 			assert_int_equal(bes[k]->ops->recall_units(bes[k]->ctx, ptrs, head, copy, n,
 								   g.p, g.n_kv, g.d, FKV_F16), 0);
 			memset(copy, 0xff, (size_t)n * ub);
@@ -449,6 +552,7 @@ static void test_recall_growth(void **state)
 		drop(bes[k], S[k]);
 	}
 	GPU_TEST_CHECK_ERR(gpu_test_err(out[1], out[0], ns), 0.0, "recall through growth");
+	drop(gpu, Z);
 	free(out[0]);
 	free(out[1]);
 	free(init);
@@ -553,6 +657,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_attn_decode_slots),
 		cmocka_unit_test(test_attn_decode_slots_rejects),
+		cmocka_unit_test(test_attn_decode_slots_ring),
 		cmocka_unit_test(test_recall_ordering),
 		cmocka_unit_test(test_recall_growth),
 		cmocka_unit_test(test_recall_from_thread),
