@@ -11,3 +11,10 @@ foreach(t resume two_workers)
     add_dependencies(test_${t} kvstored kvworker)
   endif()
 endforeach()
+# One sequence's KV larger than kvstored's DRAM pool: kvworker with --lease-budget against a
+# 2 MiB pool and an NVMe tier (generate with three policies; resume, and no budget: ENOSPC).
+foreach(t lease_budget lease_resume)
+  freekv_add_test(test_${t} SOURCES test_${t}.c LIBS freekv_runtime LABELS integration
+    TIMEOUT 180)
+  add_dependencies(test_${t} kvstored kvworker)
+endforeach()

@@ -3,23 +3,29 @@
  * hostkv_block, committed with token ids, the sequence closed and reopened (from another
  * connection for kvstored), and every byte read back; wrong fingerprints, geometries, id gaps
  * and disagreeing ids are refused; the heartbeat thread keeps an idle worker alive; stats
- * reported with hostkv_report_stats show up in ListWorkers. */
+ * reported with hostkv_report_stats show up in ListWorkers. With a lease budget (kvstored):
+ * the evictable leases stay within the budget after every call, a pinned block and the tail
+ * and uncommitted blocks are never released (a Demote request moves exactly the others to
+ * NVMe), released blocks come back through a pin with their bytes (promoted), two threads
+ * pinning at once agree, and the daemon's lease count equals the worker's. */
 #include "test_kvstored_harness.h"
 
 #include <pthread.h>
 
 #include "hostkv.h"
 
-/* 3 layers, 2 KV heads, page 4, d 8, f16: 256-byte blocks. */
-static const struct kv_geom t_geo = { .n_kv = 2, .p = 4, .d = 8, .dtype = FKV_F16 };
+/* 3 layers, 2 KV heads, page 4, d 8, f16: 256-byte blocks. test_budget uses d 128 (4 KiB
+ * blocks), which the NVMe tier takes (O_DIRECT). */
+static struct kv_geom t_geo = { .n_kv = 2, .p = 4, .d = 8, .dtype = FKV_F16 };
 #define T_LAYERS 3
 #define T_PAGES 21 /* past one allocation-ahead batch */
 static uint8_t t_fp[FKV_FINGERPRINT_BYTES] = { 0x5e, 0x9a, 0x11 };
 
-static struct hostkv *t_open(const char *endpoint)
+static struct hostkv *t_open_budget(const char *endpoint, uint32_t budget)
 {
 	struct hostkv_opts o = { .endpoint = endpoint, .worker_name = "test_hostkv",
-				 .embedded_bytes = 8u << 20, .timeout_ms = 5000 };
+				 .embedded_bytes = 8u << 20, .timeout_ms = 5000,
+				 .lease_budget = budget };
 	struct hostkv *h = NULL;
 	char err[256];
 	int ret = hostkv_open(&o, &h, err, sizeof err);
@@ -28,6 +34,11 @@ static struct hostkv *t_open(const char *endpoint)
 	assert_int_equal(ret, 0);
 	assert_int_equal(hostkv_is_remote(h), endpoint != NULL);
 	return h;
+}
+
+static struct hostkv *t_open(const char *endpoint)
+{
+	return t_open_budget(endpoint, 0);
 }
 
 static struct hostkv_seq *t_seq(struct hostkv *h, const char *name, bool create)
@@ -79,12 +90,14 @@ static void t_check(struct hostkv_seq *s, uint64_t tag, int64_t n)
 	for (int p = 0; p < pages; p++)
 		for (int l = 0; l < T_LAYERS; l++) {
 			const void *b = NULL;
-			assert_int_equal(hostkv_block_ro(s, l, p, &b, err, sizeof err), 0);
+			assert_int_equal(hostkv_block_ro_pin(s, l, p, &b, err, sizeof err), 0);
 			assert_true(h_check(b, bb, tag, (uint32_t)l, (uint32_t)p));
+			assert_int_equal(hostkv_unpin(s, l, p, err, sizeof err), 0);
 		}
 	const void *b;
-	assert_int_equal(hostkv_block_ro(s, 0, pages + 40, &b, err, sizeof err), -ENOENT);
-	assert_int_equal(hostkv_block_ro(s, T_LAYERS, 0, &b, err, sizeof err), -EINVAL);
+	assert_int_equal(hostkv_block_ro_pin(s, 0, pages + 40, &b, err, sizeof err), -ENOENT);
+	assert_int_equal(hostkv_block_ro_pin(s, T_LAYERS, 0, &b, err, sizeof err), -EINVAL);
+	assert_int_equal(hostkv_unpin(s, 0, 0, err, sizeof err), -EINVAL);
 }
 
 /* Refusals that must leave the sequence as it was. */
@@ -129,6 +142,12 @@ static void test_embedded(void **state)
 	assert_int_equal(hostkv_seq_committed(s), 0);
 	t_write(s, 1, 70);
 	t_check(s, 1, 70);
+	/* Lease-all: every allocated block (pages 0..31: allocated ahead) stays leased. */
+	struct hostkv_lease_stats st;
+	hostkv_seq_lease_stats(s, &st);
+	assert_int_equal(st.budget, 0);
+	assert_int_equal(st.held, (uint64_t)T_LAYERS * 32);
+	assert_int_equal(st.releases + st.recalls + st.pinned, 0);
 	t_refusals(h, s, "emb");
 	/* Two sequences never share a block. */
 	struct hostkv_seq *s2 = t_seq(h, "emb2", true);
@@ -236,11 +255,173 @@ static void test_remote(void **state)
 	harness_stop(&hs);
 }
 
+#define T_BUDGET 4
+
+/* Lease counters, checked against the budget. */
+static struct hostkv_lease_stats t_leases(struct hostkv_seq *s)
+{
+	struct hostkv_lease_stats st;
+	hostkv_seq_lease_stats(s, &st);
+	assert_int_equal(st.budget, T_BUDGET);
+	assert_true(st.evictable <= T_BUDGET);
+	return st;
+}
+
+/* Pins (layer, page), checks its bytes, unpins; the budget holds after each call. */
+static void t_pin_check(struct hostkv_seq *s, uint64_t tag, int l, int p)
+{
+	size_t bb = layout_block_bytes(&t_geo);
+	char err[256];
+	const void *b;
+	int ret = hostkv_block_ro_pin(s, l, p, &b, err, sizeof err);
+	if (ret)
+		fprintf(stderr, "pin (%d, %d): %s\n", l, p, err);
+	assert_int_equal(ret, 0);
+	t_leases(s);
+	assert_true(h_check(b, bb, tag, (uint32_t)l, (uint32_t)p));
+	assert_int_equal(hostkv_unpin(s, l, p, err, sizeof err), 0);
+	t_leases(s);
+}
+
+struct t_pinner {
+	struct hostkv_seq *s;
+	int first, n, rounds, bad;
+};
+
+/* Recall-thread stand-in: pins and reads pages [first, first + n) of every layer in turn. */
+static void *t_pinner_main(void *arg)
+{
+	struct t_pinner *t = arg;
+	size_t bb = layout_block_bytes(&t_geo);
+	char err[256];
+	for (int r = 0; r < t->rounds; r++)
+		for (int p = t->first; p < t->first + t->n; p++)
+			for (int l = 0; l < T_LAYERS; l++) {
+				const void *b;
+				if (hostkv_block_ro_pin(t->s, l, p, &b, err, sizeof err)) {
+					t->bad++;
+					continue;
+				}
+				t->bad += !h_check(b, bb, 5, (uint32_t)l, (uint32_t)p);
+				t->bad += hostkv_unpin(t->s, l, p, err, sizeof err) != 0;
+			}
+	return NULL;
+}
+
+static uint64_t t_daemon_leases(struct kvs *ctl, const char *name, uint64_t *nvme)
+{
+	Freekv__Reply *r = h_settled(ctl, name);
+	assert_non_null(r);
+	uint64_t n = r->sequence->leases;
+	*nvme = r->sequence->pages->nvme;
+	kvs_reply_free(r);
+	return n;
+}
+
+static void test_budget(void **state)
+{
+	(void)state;
+	struct harness hs;
+	harness_start(&hs, NULL);
+	struct kvs *ctl;
+	assert_int_equal(kvs_connect(hs.endpoint, 2000, &ctl), 0);
+	const struct kv_geom small = t_geo;
+	t_geo.d = 128;
+	struct hostkv *h = t_open_budget(hs.endpoint, T_BUDGET);
+	struct hostkv_seq *s = t_seq(h, "lb", true);
+	char err[256];
+	size_t bb = layout_block_bytes(&t_geo);
+	/* 70 tokens: pages 0..16 full and committed, 17 the tail (committed, being written),
+	 * 18..20 written, not committed; allocated ahead to 31. */
+	t_write(s, 5, 70);
+	struct hostkv_lease_stats st = t_leases(s);
+	assert_true(st.releases > 0);
+	assert_int_equal(st.pinned, 0);
+	assert_int_equal(st.held, st.evictable + (uint64_t)T_LAYERS * (32 - 17));
+	uint64_t nvme;
+	assert_int_equal(t_daemon_leases(ctl, "lb", &nvme), st.held);
+
+	/* A pinned block survives any amount of traffic past the budget. */
+	const void *a, *a2;
+	assert_int_equal(hostkv_block_ro_pin(s, 1, 2, &a, err, sizeof err), 0);
+	for (int p = 0; p < 17; p++)
+		for (int l = 0; l < T_LAYERS; l++)
+			t_pin_check(s, 5, l, p);
+	st = t_leases(s);
+	assert_int_equal(st.pinned, 1);
+	assert_true(st.recalls > 0);
+	/* Demote everything the daemon may move: exactly the unleased committed blocks go, the
+	 * pinned one, the evictable leases and the tail page stay. */
+	Freekv__Reply *r;
+	assert_int_equal(kvs_demote(ctl, 0, "lb", &r), 0);
+	kvs_reply_free(r);
+	assert_int_equal(t_daemon_leases(ctl, "lb", &nvme), st.held);
+	assert_int_equal(nvme, (uint64_t)T_LAYERS * 18 - st.evictable - 1 - T_LAYERS);
+	assert_true(h_check(a, bb, 5, 1, 2));
+	assert_int_equal(hostkv_block_ro_pin(s, 1, 2, &a2, err, sizeof err), 0); /* nested */
+	assert_ptr_equal(a, a2);
+	assert_int_equal(hostkv_unpin(s, 1, 2, err, sizeof err), 0);
+	assert_int_equal(hostkv_unpin(s, 1, 2, err, sizeof err), 0);
+	assert_int_equal(hostkv_unpin(s, 1, 2, err, sizeof err), -EINVAL);
+	/* Demoted blocks come back through a pin (promoted) with their bytes. */
+	uint64_t recalls = st.recalls;
+	for (int p = 0; p < 17; p++)
+		for (int l = 0; l < T_LAYERS; l++)
+			t_pin_check(s, 5, l, p);
+	st = t_leases(s);
+	assert_true(st.recalls > recalls);
+	assert_int_equal(kvs_stats(ctl, &r), 0);
+	assert_true(r->stats->promoted_blocks > 0);
+	kvs_reply_free(r);
+	/* Writers: the tail and uncommitted pages are leased and intact; a full committed page
+	 * is read through a pin only. */
+	void *w;
+	for (int p = 17; p < T_PAGES; p++)
+		for (int l = 0; l < T_LAYERS; l++) {
+			assert_int_equal(hostkv_block(s, l, p, &w, err, sizeof err), 0);
+			assert_true(h_check(w, bb, 5, (uint32_t)l, (uint32_t)p));
+		}
+	assert_int_equal(hostkv_block(s, 0, 16, &w, err, sizeof err), -EBUSY);
+
+	/* Two threads pinning the same pages at once (the recall thread beside the compute
+	 * thread): every read sees its bytes, and no lease is lost or doubled. */
+	struct t_pinner t[2] = { { s, 0, 12, 6, 0 }, { s, 5, 12, 6, 0 } };
+	pthread_t th[2];
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, t_pinner_main, &t[i]), 0);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_join(th[i], NULL), 0);
+	assert_int_equal(t[0].bad + t[1].bad, 0);
+	st = t_leases(s);
+	assert_int_equal(st.pinned, 0);
+	assert_int_equal(t_daemon_leases(ctl, "lb", &nvme), st.held);
+
+	/* Committing past more pages keeps the budget; a reopened sequence (budget too) reads
+	 * every committed byte back. */
+	int32_t more[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	assert_int_equal(hostkv_commit(s, 78, more, 70, 8, err, sizeof err), 0);
+	st = t_leases(s);
+	assert_int_equal(st.held, st.evictable + (uint64_t)T_LAYERS * (32 - 19));
+	assert_int_equal(hostkv_seq_close(s, false), 0);
+	assert_int_equal(t_daemon_leases(ctl, "lb", &nvme), 0);
+	s = t_seq(h, "lb", false);
+	st = t_leases(s);
+	assert_int_equal(st.held, (uint64_t)T_LAYERS); /* the tail page */
+	for (int p = 0; p < 19; p++)
+		for (int l = 0; l < T_LAYERS; l++)
+			t_pin_check(s, 5, l, p);
+	hostkv_close(h);
+	kvs_close(ctl);
+	harness_stop(&hs);
+	t_geo = small;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_embedded, h_teardown),
 		cmocka_unit_test_teardown(test_remote, h_teardown),
+		cmocka_unit_test_teardown(test_budget, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -163,6 +163,10 @@ void cmd_session_usage(FILE *f)
 		"                       stderr (also reported to kvstored with --store)\n"
 		"      --store ENDPOINT keep the KV in the kvstored at ENDPOINT (default: an\n"
 		"                       embedded in-process store)\n"
+		"      --lease-budget N with --store: lease at most N full, committed blocks of the\n"
+		"                       sequence; the others may go to kvstored's NVMe tier and are\n"
+		"                       recalled when read, so the KV may exceed the DRAM pool\n"
+		"                       (default 0: every block leased, the KV stays in DRAM)\n"
 		"      --seq NAME       the sequence's name in the store (default: generated)\n"
 		"      --keep           keep the sequence in the store when done (detach), so a\n"
 		"                       later `kvworker resume` can continue it; without it the\n"
@@ -213,7 +217,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, c
 }
 
 enum sflag { SF_MODEL, SF_N, SF_THREADS, SF_CTX, SF_CTX2, SF_TEMP, SF_TOPK, SF_TOPP, SF_SEED,
-	     SF_STORE, SF_SEQ, SF_BACKEND };
+	     SF_STORE, SF_SEQ, SF_BACKEND, SF_LEASE };
 
 static const struct {
 	const char *flag, *brief;
@@ -224,6 +228,7 @@ static const struct {
 	[SF_TOPK] = { "--top-k", NULL },      [SF_TOPP] = { "--top-p", NULL },
 	[SF_SEED] = { "--seed", "-s" },	      [SF_STORE] = { "--store", NULL },
 	[SF_SEQ] = { "--seq", NULL },	      [SF_BACKEND] = { "--backend", NULL },
+	[SF_LEASE] = { "--lease-budget", NULL },
 };
 
 static int bad_value(const struct cmd_session_opts *o, const char *flag, const char *val)
@@ -304,6 +309,11 @@ int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i)
 			if (cmd_parse_u64(v, &o->sp.seed))
 				return bad_value(o, "--seed", v);
 			break;
+		case SF_LEASE:
+			if (cmd_parse_long(v, 0, HOSTKV_MAX_BUDGET, &l))
+				return bad_value(o, "--lease-budget", v);
+			o->lease_budget = (uint32_t)l;
+			break;
 		}
 		return 1;
 	}
@@ -354,7 +364,8 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	char wname[64];
 	snprintf(wname, sizeof wname, "kvworker-%d", (int)getpid());
 	struct hostkv_opts ho = { .endpoint = o->endpoint, .worker_name = wname,
-				  .embedded_bytes = embedded_bytes(&s->m, &g, engine_max_ctx(s->e)) };
+				  .embedded_bytes = embedded_bytes(&s->m, &g, engine_max_ctx(s->e)),
+				  .lease_budget = o->lease_budget };
 	if ((ret = hostkv_open(&ho, &s->hk, err, sizeof err))) {
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;
@@ -448,6 +459,12 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("tau", json_object_new_double(k->tau));
 	ADD("store", json_object_new_string(hostkv_is_remote(s->hk) ? "kvstored" : "embedded"));
 	ADD("seq", json_object_new_string(s->seq_name));
+	struct hostkv_lease_stats hl;
+	hostkv_seq_lease_stats(s->hs, &hl);
+	ADD("lease_budget", json_object_new_uint64(hl.budget));
+	ADD("leases_held", json_object_new_uint64(hl.held));
+	ADD("lease_recalls", json_object_new_uint64(hl.recalls));
+	ADD("lease_releases", json_object_new_uint64(hl.releases));
 	ADD("seq_tokens", json_object_new_int64(engine_seq_len(s->e, s->seq)));
 	struct kv_layer_stats sum = { 0 };
 	struct json_object *layers = json_object_new_array();

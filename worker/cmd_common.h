@@ -70,6 +70,7 @@ struct cmd_session_opts {
 	struct sampler_params sp;
 	bool ids, stats, keep;
 	const char *endpoint;	/* --store; NULL: an embedded in-process store */
+	uint32_t lease_budget;	/* --lease-budget; 0: lease-all */
 	const char *seq_name;	/* --seq; NULL: a fresh name */
 	const char *backend;	/* --backend cuda|cpu|auto; NULL: auto */
 	struct policy_opts po;

@@ -33,7 +33,7 @@
 
 struct serve_opts {
 	const char *model, *store, *listen, *config, *name, *backend;
-	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch;
+	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch, lease_budget;
 	bool print_config;
 	struct policy_opts po;
 	char listen_buf[256];
@@ -56,6 +56,9 @@ static void usage(FILE *f)
 		"  to it with `kvworker client`\n"
 		"  -m, --model PATH          .gguf file or Hugging Face folder\n"
 		"      --store ENDPOINT      kvstored endpoint (default %s)\n"
+		"      --lease-budget N      lease at most N full, committed blocks per sequence;\n"
+		"                            the others may go to kvstored's NVMe tier and are\n"
+		"                            recalled when read (default 0: all leased, in DRAM)\n"
 		"      --listen ENDPOINT     ROUTER endpoint: ipc://PATH or tcp on a loopback\n"
 		"                            address (default ipc:///run/freekv/kvworker-GPU.sock)\n"
 		"      --gpu N               CUDA device of the cuda backend (default 0); it also\n"
@@ -83,7 +86,7 @@ static void usage(FILE *f)
 }
 
 enum { F_MODEL, F_STORE, F_LISTEN, F_GPU, F_CONFIG, F_THREADS, F_MAXSEQS, F_CTX, F_UBATCH,
-       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE };
+       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE };
 
 static const struct {
 	const char *flag, *brief;
@@ -102,6 +105,7 @@ static const struct {
 	[F_NAME] = { "--name", NULL, 0, 0 },
 	[F_BACKEND] = { "--backend", NULL, 0, 0 },
 	[F_MAXQUEUE] = { "--max-queue", NULL, 0, 65536 },
+	[F_LEASE] = { "--lease-budget", NULL, 0, HOSTKV_MAX_BUDGET },
 };
 
 /* Consumes argv[*i] (and its value): 1 consumed, 0 not ours, -EINVAL after printing why. */
@@ -157,6 +161,7 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 		case F_CTX: o->ctx = l; break;
 		case F_UBATCH: o->ubatch = l; break;
 		case F_MAXREQ: o->max_request_bytes = l; break;
+		case F_LEASE: o->lease_budget = l; break;
 		}
 		return 1;
 	}
@@ -260,6 +265,8 @@ static void print_config(const struct serve_opts *o)
 		printf("ctx-size = %ld\n", o->ctx);
 	if (o->ubatch)
 		printf("ubatch = %ld\n", o->ubatch);
+	if (o->lease_budget)
+		printf("lease-budget = %ld\n", o->lease_budget);
 	printf("max-seqs = %ld\nmax-queue = %ld\nmax-request-bytes = %ld\npolicy = %s\n",
 	       o->max_seqs, o->max_queue, o->max_request_bytes, o->po.policy);
 	if (o->po.set_page)
@@ -411,7 +418,8 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		snprintf(wname, sizeof wname, "%s", o->name);
 	else
 		snprintf(wname, sizeof wname, "kvworker-serve-%d", (int)getpid());
-	struct hostkv_opts ho = { .endpoint = o->store, .worker_name = wname };
+	struct hostkv_opts ho = { .endpoint = o->store, .worker_name = wname,
+				  .lease_budget = (uint32_t)o->lease_budget };
 	if ((ret = hostkv_open(&ho, &v->hk, err, sizeof err))) {
 		fprintf(stderr, "kvworker serve: kvstored at %s: %s\n", o->store, err);
 		return ret;

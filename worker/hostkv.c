@@ -1,11 +1,18 @@
 /* hostkv — see hostkv.h. The block logic every store shares:
  *
- * - A sequence's block table maps (layer, page) to a pool offset. Blocks are allocated ahead,
- *   HOSTKV_AHEAD pages at a time for every layer in one ring batch, so the per-token path does
- *   no ring traffic while it stays inside allocated pages.
- * - Lease-all (DESIGN §4): every block of an open sequence is leased right after it is
- *   allocated (or, on attach, every block the store already holds), so kvstored never moves it
- *   and a block pointer stays valid until the sequence is closed.
+ * - A sequence's block table maps (layer, page) to a pool offset, the lease that keeps the
+ *   block where it is, an LRU stamp and a pin count. Blocks are allocated ahead, HOSTKV_AHEAD
+ *   pages at a time for every layer in one ring batch, so the per-token path does no ring
+ *   traffic while it stays inside allocated pages. An offset is only used while its block is
+ *   leased: kvstored moves unleased committed blocks (demotion to NVMe, swaps).
+ * - Leases (DESIGN §4). Every block at or past the tail page (page committed / p: written by
+ *   write-through, or allocated ahead) is leased from allocation until it is full and
+ *   committed. Without a budget every other block stays leased too (lease-all: no per-step
+ *   ring traffic except COMMIT). With a budget of B, the leased blocks that are full,
+ *   committed and unpinned ("evictable") are at most B after every call: a pin of a block
+ *   that is not leased RECALLs it (kvstored promotes it from NVMe first when it was demoted),
+ *   and when the evictable count passes B the least recently used are RELEASEd in one batch
+ *   down to B - B/4. A pinned block is never released, so its pointer stays valid until unpin.
  * - hostkv_commit COMMITs the blocks of pages the committed length reached for the first time
  *   (ring), and sends token ids the store does not keep yet (control request). Ids already
  *   kept cost nothing, so a caller may keep a sampled id ahead and commit it again later; a
@@ -13,10 +20,14 @@
  * - A heartbeat thread keeps the worker alive when no control request went out for a while.
  *
  * Locks: h->mu serialises every store op (the kvs handle is single-threaded and the heartbeat
- * thread shares it); s->mu guards the block table, which hostkv_block_ro reads from the recall
- * thread while hostkv_block grows it. */
+ * thread shares it); s->mu guards the block table (offsets, leases, pins, stamps, n_alloc,
+ * full, the counters), which the recall thread's pins change while the compute thread appends
+ * and commits. s->mu is never held across a store op: a RECALL may wait for NVMe, and the
+ * other thread's pins of leased blocks must not wait behind it. Two threads may lease the same
+ * block at once; the second lease is released at once. */
 #include "hostkv.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <json-c/json.h>
@@ -35,7 +46,6 @@
 #define HOSTKV_RECALL_MAX 32u		/* pages per RECALL entry */
 #define HOSTKV_RELEASE_MAX 64u		/* leases per RELEASE entry */
 #define HOSTKV_MAX_PAGES (1u << 24)	/* per layer, as kvstored allows */
-#define HOSTKV_NO_OFF UINT64_MAX
 
 struct hostkv {
 	const struct hostkv_store_ops *ops;
@@ -47,12 +57,21 @@ struct hostkv {
 	pthread_mutex_t mu;	/* store ops, last_call_ms, seqs list */
 	uint64_t last_call_ms;
 	struct hostkv_seq *seqs;
+	uint32_t lease_budget;
 
 	pthread_t hb;		/* heartbeat thread, when the store needs one */
 	bool hb_running, hb_stop;
 	pthread_cond_t hb_cond;
 	uint32_t hb_ms;
 	int hb_err;		/* last heartbeat failure, 0 when fine */
+};
+
+/* One (layer, page) of a sequence. */
+struct hk_block {
+	uint64_t off;	/* pool offset, valid while leased */
+	uint64_t lease;	/* lease id, 0 when not leased */
+	uint64_t used;	/* LRU stamp (s->clock when last pinned or leased) */
+	uint32_t pins;
 };
 
 struct hostkv_seq {
@@ -64,17 +83,20 @@ struct hostkv_seq {
 	struct kv_geom g;
 	size_t block_bytes;
 	uint64_t all_heads;	/* RECALL head mask */
+	uint32_t budget;	/* evictable leases kept; 0: lease-all */
 
-	pthread_mutex_t mu;	/* off, cap, n_alloc */
-	uint64_t *off;		/* (n_layers, cap) pool offsets, HOSTKV_NO_OFF when none */
+	pthread_mutex_t mu;	/* everything down to n_releases */
+	struct hk_block *blk;	/* (n_layers, cap) */
 	uint32_t cap;
 	uint32_t *n_alloc;	/* (n_layers,) pages [0, n) have a block */
-	uint32_t *n_leased;	/* (n_layers,) pages [0, n) are leased */
+	uint32_t full;		/* pages [0, full) are full and committed: committed / p */
+	uint64_t clock;
+	uint64_t n_held;	/* blocks leased */
+	uint64_t n_evictable;	/* leased, unpinned, page < full */
+	uint64_t n_recalls;	/* blocks leased again on demand */
+	uint64_t n_releases;	/* leases released for the budget */
+
 	uint32_t n_commit_pages; /* pages [0, n) of every layer were COMMITted */
-
-	uint64_t *leases;
-	size_t n_leases, cap_leases;
-
 	int64_t committed;	/* ours; the store's lags by a step while lagging is set */
 	bool lagging;
 	int32_t *ids;		/* ids kept by the store, (n_ids,) */
@@ -133,7 +155,13 @@ int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, siz
 	struct hostkv *h = calloc(1, sizeof *h);
 	if (!h)
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	if (o->lease_budget > HOSTKV_MAX_BUDGET) {
+		free(h);
+		return errmsg(err, errlen, -EINVAL, "lease budget %u above the largest, %u blocks",
+			      o->lease_budget, HOSTKV_MAX_BUDGET);
+	}
 	h->remote = o->endpoint && o->endpoint[0];
+	h->lease_budget = o->lease_budget;
 	int ret = h->remote
 		? hostkv_remote_open(o, &h->ops, &h->st, &h->base, &h->bytes, err, errlen)
 		: hostkv_embedded_open(o, &h->ops, &h->st, &h->base, &h->bytes, err, errlen);
@@ -203,11 +231,14 @@ int hostkv_seq_register(struct hostkv_seq *s, struct backend *be, char *err, siz
 
 /* ---------------------------------------------------------------- ring batches */
 
-/* Runs n entries in batches; every completion must carry status 0. */
+/* Runs n entries in batches; every completion must carry status 0. An entry of a batch that
+ * never ran keeps status -ECANCELED. */
 static int run_ring(struct hostkv *h, struct ring_entry *e, size_t n, char *err, size_t errlen)
 {
 	static const char *const op_names[] = { "INVALID", "ALLOC", "COMMIT", "RECALL", "RELEASE" };
 	int ret = 0;
+	for (size_t i = 0; i < n; i++)
+		e[i].status = -ECANCELED;
 	lock_store(h);
 	for (size_t i = 0; i < n && !ret; i += HOSTKV_RING_BATCH) {
 		unsigned m = n - i < HOSTKV_RING_BATCH ? (unsigned)(n - i) : HOSTKV_RING_BATCH;
@@ -224,12 +255,44 @@ static int run_ring(struct hostkv *h, struct ring_entry *e, size_t n, char *err,
 	return ret;
 }
 
+/* RELEASEs leases ids[0..n). */
+static int release_leases(struct hostkv *h, const uint64_t *ids, size_t n, char *err,
+			  size_t errlen)
+{
+	if (!n)
+		return 0;
+	size_t ne = (n + HOSTKV_RELEASE_MAX - 1) / HOSTKV_RELEASE_MAX;
+	struct ring_entry *e = calloc(ne, sizeof *e);
+	if (!e)
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		struct ring_entry *x = &e[i / HOSTKV_RELEASE_MAX];
+		x->op = RING_OP_RELEASE;
+		x->payload[x->n_payload++] = ids[i];
+		x->count = x->n_payload;
+	}
+	int ret = run_ring(h, e, ne, err, errlen);
+	free(e);
+	return ret;
+}
+
 static bool off_ok(const struct hostkv_seq *s, uint64_t off)
 {
 	return off < s->h->bytes && s->h->bytes - off >= s->block_bytes;
 }
 
 /* ---------------------------------------------------------------- block table */
+
+static struct hk_block *blk(struct hostkv_seq *s, int layer, uint32_t page)
+{
+	return &s->blk[(size_t)layer * s->cap + page];
+}
+
+/* Whether the budget counts b (s->mu held): leased, unpinned, full and committed. */
+static bool evictable(const struct hostkv_seq *s, uint32_t page, const struct hk_block *b)
+{
+	return b->lease && !b->pins && page < s->full;
+}
 
 static int grow_table(struct hostkv_seq *s, uint32_t pages)
 {
@@ -238,95 +301,147 @@ static int grow_table(struct hostkv_seq *s, uint32_t pages)
 	uint32_t cap = s->cap ? s->cap : 16;
 	while (cap < pages)
 		cap *= 2;
-	uint64_t *off = malloc((size_t)s->n_layers * cap * sizeof *off);
-	if (!off)
+	struct hk_block *b = calloc((size_t)s->n_layers * cap, sizeof *b);
+	if (!b)
 		return -ENOMEM;
-	for (int l = 0; l < s->n_layers; l++) {
-		for (uint32_t p = 0; p < cap; p++)
-			off[(size_t)l * cap + p] = p < s->cap ? s->off[(size_t)l * s->cap + p]
-							      : HOSTKV_NO_OFF;
-	}
 	pthread_mutex_lock(&s->mu);
-	uint64_t *old = s->off;
-	s->off = off;
+	for (int l = 0; l < s->n_layers; l++)
+		if (s->cap)
+			memcpy(b + (size_t)l * cap, s->blk + (size_t)l * s->cap,
+			       s->cap * sizeof *b);
+	struct hk_block *old = s->blk;
+	s->blk = b;
 	s->cap = cap;
 	pthread_mutex_unlock(&s->mu);
 	free(old);
 	return 0;
 }
 
-static int add_leases(struct hostkv_seq *s, const uint64_t *ids, size_t n)
+/* Leases the allocated blocks of pages [p0, p1) of layers [l0, l1) that hold no lease (RECALL,
+ * all heads) and records their offsets; on_demand counts them as recalls. A block another
+ * thread leased meanwhile keeps that lease, and the second one is released. */
+static int lease_missing(struct hostkv_seq *s, int l0, int l1, uint32_t p0, uint32_t p1,
+			 bool on_demand, char *err, size_t errlen)
 {
-	if (s->n_leases + n > s->cap_leases) {
-		size_t cap = s->cap_leases ? s->cap_leases : 64;
-		while (cap < s->n_leases + n)
-			cap *= 2;
-		uint64_t *v = realloc(s->leases, cap * sizeof *v);
-		if (!v)
-			return -ENOMEM;
-		s->leases = v;
-		s->cap_leases = cap;
-	}
-	memcpy(s->leases + s->n_leases, ids, n * sizeof *ids);
-	s->n_leases += n;
-	return 0;
-}
-
-/* Leases pages [n_leased[l], upto) of every layer (RECALL, all heads) and records their
- * offsets: the blocks the store holds for an attached sequence, and fresh allocations. */
-static int lease_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t errlen)
-{
+	pthread_mutex_lock(&s->mu);
 	size_t n = 0;
-	for (int l = 0; l < s->n_layers; l++)
-		if (s->n_leased[l] < upto)
-			n += (upto - s->n_leased[l] + HOSTKV_RECALL_MAX - 1) / HOSTKV_RECALL_MAX;
-	if (!n)
-		return 0;
-	struct ring_entry *e = calloc(n, sizeof *e);
-	if (!e)
-		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	for (int l = l0; l < l1; l++)
+		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++)
+			n += !blk(s, l, p)->lease;
+	struct ring_entry *e = n ? calloc(n, sizeof *e) : NULL;
+	uint64_t *stray = n ? calloc(n, sizeof *stray) : NULL;
+	if (!e || !stray) {
+		pthread_mutex_unlock(&s->mu);
+		free(e);
+		free(stray);
+		return n ? errmsg(err, errlen, -ENOMEM, "out of memory") : 0;
+	}
+	/* One entry per run of up to HOSTKV_RECALL_MAX pages of one layer. */
 	size_t k = 0;
-	for (int l = 0; l < s->n_layers; l++)
-		for (uint32_t p = s->n_leased[l]; p < upto; p += HOSTKV_RECALL_MAX) {
-			uint32_t c = upto - p < HOSTKV_RECALL_MAX ? upto - p : HOSTKV_RECALL_MAX;
-			e[k] = (struct ring_entry){ .op = RING_OP_RECALL, .seq_id = s->id,
-						    .layer = (uint32_t)l, .first_page = p,
-						    .count = c, .n_payload = 2 * c };
-			for (uint32_t i = 0; i < c; i++) {
-				e[k].payload[2 * i] = p + i;
-				e[k].payload[2 * i + 1] = s->all_heads;
-			}
-			k++;
+	for (int l = l0; l < l1; l++)
+		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++) {
+			if (blk(s, l, p)->lease)
+				continue;
+			struct ring_entry *x = &e[k];
+			if (x->count && (x->count == HOSTKV_RECALL_MAX || x->layer != (uint32_t)l ||
+					 x->first_page + x->count != p))
+				x = &e[++k];
+			if (!x->count)
+				*x = (struct ring_entry){ .op = RING_OP_RECALL, .seq_id = s->id,
+							  .layer = (uint32_t)l, .first_page = p };
+			x->payload[x->n_payload++] = p;
+			x->payload[x->n_payload++] = s->all_heads;
+			x->count++;
 		}
-	int ret = run_ring(s->h, e, n, err, errlen);
+	pthread_mutex_unlock(&s->mu);
+	size_t ne = e[k].count ? k + 1 : k;
+	int ret = run_ring(s->h, e, ne, err, errlen);
 	/* Record what was leased even on a partial failure, so close releases it. */
-	for (size_t i = 0; i < n; i++) {
+	size_t n_stray = 0;
+	pthread_mutex_lock(&s->mu);
+	for (size_t i = 0; i < ne; i++) {
 		if (e[i].status || e[i].n_payload != 2 * e[i].count)
 			continue;
-		uint64_t lids[HOSTKV_RECALL_MAX];
 		for (uint32_t j = 0; j < e[i].count; j++) {
-			lids[j] = e[i].payload[2 * j + 1];
-			if (!off_ok(s, e[i].payload[2 * j]) && !ret)
-				ret = errmsg(err, errlen, -EPROTO, "store gave an offset outside the pool");
+			uint32_t p = e[i].first_page + j;
+			uint64_t off = e[i].payload[2 * j], lid = e[i].payload[2 * j + 1];
+			struct hk_block *b = blk(s, (int)e[i].layer, p);
+			if (!off_ok(s, off)) {
+				if (!ret)
+					ret = errmsg(err, errlen, -EPROTO, "store gave an offset "
+						     "outside the pool");
+				stray[n_stray++] = lid;
+				continue;
+			}
+			if (b->lease) {
+				stray[n_stray++] = lid;
+				continue;
+			}
+			b->off = off;
+			b->lease = lid;
+			b->used = ++s->clock;
+			s->n_held++;
+			s->n_evictable += evictable(s, p, b);
+			s->n_recalls += on_demand;
 		}
-		if (add_leases(s, lids, e[i].count) && !ret)
-			ret = errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
-	if (!ret) {
-		pthread_mutex_lock(&s->mu);
-		for (size_t i = 0; i < n; i++)
-			for (uint32_t j = 0; j < e[i].count; j++)
-				s->off[(size_t)e[i].layer * s->cap + e[i].first_page + j] =
-					e[i].payload[2 * j];
-		for (int l = 0; l < s->n_layers; l++) {
-			if (s->n_leased[l] < upto)
-				s->n_leased[l] = upto;
-			if (s->n_alloc[l] < upto)
-				s->n_alloc[l] = upto;
-		}
-		pthread_mutex_unlock(&s->mu);
-	}
+	pthread_mutex_unlock(&s->mu);
+	char e2[256];
+	int r2 = release_leases(s->h, stray, n_stray, e2, sizeof e2);
+	if (r2 && !ret)
+		ret = errmsg(err, errlen, r2, "%s", e2);
+	free(stray);
 	free(e);
+	return ret;
+}
+
+static int cmp_used(const void *a, const void *b)
+{
+	const uint64_t *x = a, *y = b;
+	return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Over the budget: RELEASEs the least recently used evictable blocks, down to B - B/4. */
+static int enforce_budget(struct hostkv_seq *s, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&s->mu);
+	if (!s->budget || s->n_evictable <= s->budget) {
+		pthread_mutex_unlock(&s->mu);
+		return 0;
+	}
+	size_t want = s->n_evictable - (s->budget - s->budget / 4);
+	/* (used, layer, page) of every evictable block */
+	uint64_t *c = malloc(s->n_evictable * 3 * sizeof *c);
+	if (!c) {
+		pthread_mutex_unlock(&s->mu);
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	}
+	size_t n = 0;
+	for (int l = 0; l < s->n_layers; l++)
+		for (uint32_t p = 0; p < s->full && p < s->n_alloc[l]; p++) {
+			const struct hk_block *b = blk(s, l, p);
+			if (evictable(s, p, b) && n < s->n_evictable) {
+				c[3 * n] = b->used;
+				c[3 * n + 1] = (uint64_t)l;
+				c[3 * n + 2] = p;
+				n++;
+			}
+		}
+	assert(n == s->n_evictable);
+	qsort(c, n, 3 * sizeof *c, cmp_used);
+	if (want > n)
+		want = n;
+	for (size_t i = 0; i < want; i++) {
+		struct hk_block *b = blk(s, (int)c[3 * i + 1], (uint32_t)c[3 * i + 2]);
+		c[i] = b->lease;	/* c[0..i) is past every entry still read */
+		b->lease = 0;
+	}
+	s->n_evictable -= want;
+	s->n_held -= want;
+	s->n_releases += want;
+	pthread_mutex_unlock(&s->mu);
+	int ret = release_leases(s->h, c, want, err, errlen);
+	free(c);
 	return ret;
 }
 
@@ -336,10 +451,14 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 	int ret = grow_table(s, upto);
 	if (ret)
 		return errmsg(err, errlen, ret, "out of memory");
+	uint32_t lo = upto;
 	size_t n = 0;
-	for (int l = 0; l < s->n_layers; l++)
+	for (int l = 0; l < s->n_layers; l++) {
+		if (s->n_alloc[l] < lo)
+			lo = s->n_alloc[l];
 		if (s->n_alloc[l] < upto)
 			n += (upto - s->n_alloc[l] + HOSTKV_ALLOC_MAX - 1) / HOSTKV_ALLOC_MAX;
+	}
 	if (n) {
 		struct ring_entry *e = calloc(n, sizeof *e);
 		if (!e)
@@ -362,7 +481,7 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 			    e[i].first_page != s->n_alloc[l])
 				continue;
 			for (uint32_t j = 0; j < e[i].count; j++)
-				s->off[(size_t)l * s->cap + e[i].first_page + j] = e[i].payload[j];
+				blk(s, (int)l, e[i].first_page + j)->off = e[i].payload[j];
 			s->n_alloc[l] += e[i].count;
 		}
 		pthread_mutex_unlock(&s->mu);
@@ -370,12 +489,7 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 		if (ret)
 			return ret;
 	}
-	/* Lease only what every layer has. */
-	uint32_t have = upto;
-	for (int l = 0; l < s->n_layers; l++)
-		if (s->n_alloc[l] < have)
-			have = s->n_alloc[l];
-	return lease_pages(s, have, err, errlen);
+	return lease_missing(s, 0, s->n_layers, lo, upto, false, err, errlen);
 }
 
 /* ---------------------------------------------------------------- sequences */
@@ -393,10 +507,8 @@ static int geom_dtype(enum fkv_dtype t)
 static void seq_free(struct hostkv_seq *s)
 {
 	pthread_mutex_destroy(&s->mu);
-	free(s->off);
+	free(s->blk);
 	free(s->n_alloc);
-	free(s->n_leased);
-	free(s->leases);
 	free(s->ids);
 	free(s);
 }
@@ -440,9 +552,9 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 	s->g = *g;
 	s->block_bytes = layout_block_bytes(g);
 	s->all_heads = g->n_kv == 64 ? UINT64_MAX : (1ull << g->n_kv) - 1;
+	s->budget = h->lease_budget;
 	s->n_alloc = calloc((size_t)n_layers, sizeof *s->n_alloc);
-	s->n_leased = calloc((size_t)n_layers, sizeof *s->n_leased);
-	if (!s->n_alloc || !s->n_leased) {
+	if (!s->n_alloc) {
 		seq_free(s);
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
@@ -471,13 +583,22 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 			     " committed tokens", name, n_ids, committed);
 	if (!ret)
 		ret = grow_table(s, pages) ? errmsg(err, errlen, -ENOMEM, "out of memory") : 0;
-	if (!ret)
-		ret = lease_pages(s, pages, err, errlen);
+	if (!ret) {
+		/* The store holds every page of the committed length; with a budget only the tail
+		 * page is leased now, the others when they are pinned. */
+		for (int l = 0; l < n_layers; l++)
+			s->n_alloc[l] = pages;
+		s->full = (uint32_t)(committed / (uint64_t)g->p);
+		ret = lease_missing(s, 0, n_layers, s->budget ? s->full : 0, pages, false, err,
+				    errlen);
+	}
 	s->n_commit_pages = pages;
 	lock_store(h);
 	s->next = h->seqs;
 	h->seqs = s;
 	unlock_store(h, false);
+	if (!ret)
+		ret = enforce_budget(s, err, errlen);
 	if (ret) {
 		hostkv_seq_close(s, false);
 		return ret;
@@ -503,38 +624,118 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 	if (layer < 0 || layer >= s->n_layers || page < 0 || (uint32_t)page >= HOSTKV_MAX_PAGES)
 		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d) in a %d-layer "
 			      "sequence", layer, page, s->n_layers);
-	if ((uint32_t)page >= s->n_leased[layer]) {
+	if (s->budget && (uint32_t)page < s->full)
+		return errmsg(err, errlen, -EBUSY, "sequence '%s': page %d is full and committed; "
+			      "with a lease budget it is read through a pin", s->name, page);
+	if ((uint32_t)page >= s->n_alloc[layer]) {
 		uint32_t upto = (uint32_t)page + 1;
-		if (upto < s->n_leased[layer] + HOSTKV_AHEAD)
-			upto = s->n_leased[layer] + HOSTKV_AHEAD;
+		if (upto < s->n_alloc[layer] + HOSTKV_AHEAD)
+			upto = s->n_alloc[layer] + HOSTKV_AHEAD;
 		if (upto > HOSTKV_MAX_PAGES)
 			upto = HOSTKV_MAX_PAGES;
 		int ret = alloc_pages(s, upto, err, errlen);
 		if (ret)
 			return ret;
 	}
-	*block = s->h->base + s->off[(size_t)layer * s->cap + (size_t)page];
+	/* Leased since allocation unless that lease failed: lease it now. */
+	int ret = lease_missing(s, layer, layer + 1, (uint32_t)page, (uint32_t)page + 1, false,
+				err, errlen);
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&s->mu);
+	struct hk_block *b = blk(s, layer, (uint32_t)page);
+	b->used = ++s->clock;
+	*block = s->h->base + b->off;
+	pthread_mutex_unlock(&s->mu);
 	return 0;
 }
 
-int hostkv_block_ro(struct hostkv_seq *s, int layer, int page, const void **block, char *err,
-		    size_t errlen)
+/* Drops one pin of (layer, page) (s->mu held); false when it had none. */
+static bool unpin_locked(struct hostkv_seq *s, int layer, uint32_t page)
+{
+	struct hk_block *b = blk(s, layer, page);
+	if (!b->pins)
+		return false;
+	b->pins--;
+	s->n_evictable += evictable(s, page, b);
+	return true;
+}
+
+int hostkv_block_ro_pin(struct hostkv_seq *s, int layer, int page, const void **block,
+			char *err, size_t errlen)
+{
+	if (layer < 0 || layer >= s->n_layers || page < 0)
+		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d)", layer, page);
+	const uint32_t p = (uint32_t)page;
+	pthread_mutex_lock(&s->mu);
+	if (p >= s->n_alloc[layer]) {
+		pthread_mutex_unlock(&s->mu);
+		return errmsg(err, errlen, -ENOENT, "sequence '%s' has no block (layer %d, page %d)",
+			      s->name, layer, page);
+	}
+	struct hk_block *b = blk(s, layer, p);
+	s->n_evictable -= evictable(s, p, b);
+	b->pins++;
+	b->used = ++s->clock;
+	bool leased = b->lease != 0;
+	if (leased)
+		*block = s->h->base + b->off;
+	pthread_mutex_unlock(&s->mu);
+	if (leased)
+		return 0;
+	/* Pinned and not leased: nothing releases it; lease it (maybe from NVMe), then make room. */
+	int ret = lease_missing(s, layer, layer + 1, p, p + 1, true, err, errlen);
+	pthread_mutex_lock(&s->mu);
+	b = blk(s, layer, p);
+	if (!ret && !b->lease)
+		ret = errmsg(err, errlen, -EIO, "sequence '%s': block (layer %d, page %d) was not "
+			     "leased", s->name, layer, page);
+	if (!ret)
+		*block = s->h->base + b->off;
+	else
+		unpin_locked(s, layer, p);
+	pthread_mutex_unlock(&s->mu);
+	if (!ret && (ret = enforce_budget(s, err, errlen))) {
+		pthread_mutex_lock(&s->mu);
+		unpin_locked(s, layer, p);
+		pthread_mutex_unlock(&s->mu);
+	}
+	return ret;
+}
+
+int hostkv_unpin(struct hostkv_seq *s, int layer, int page, char *err, size_t errlen)
 {
 	if (layer < 0 || layer >= s->n_layers || page < 0)
 		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d)", layer, page);
 	pthread_mutex_lock(&s->mu);
-	uint64_t off = (uint32_t)page < s->n_leased[layer] ? s->off[(size_t)layer * s->cap + page]
-							   : HOSTKV_NO_OFF;
+	bool ok = (uint32_t)page < s->n_alloc[layer] && unpin_locked(s, layer, (uint32_t)page);
 	pthread_mutex_unlock(&s->mu);
-	if (off == HOSTKV_NO_OFF)
-		return errmsg(err, errlen, -ENOENT, "sequence '%s' has no block (layer %d, page %d)",
-			      s->name, layer, page);
-	*block = s->h->base + off;
-	return 0;
+	if (!ok)
+		return errmsg(err, errlen, -EINVAL, "sequence '%s': block (layer %d, page %d) is "
+			      "not pinned", s->name, layer, page);
+	return enforce_budget(s, err, errlen);
+}
+
+void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st)
+{
+	*st = (struct hostkv_lease_stats){ .budget = s->budget };
+	pthread_mutex_lock(&s->mu);
+	for (int l = 0; l < s->n_layers; l++)
+		for (uint32_t p = 0; p < s->n_alloc[l]; p++) {
+			const struct hk_block *b = blk(s, l, p);
+			st->held += b->lease != 0;
+			st->pinned += b->pins != 0;
+			st->evictable += evictable(s, p, b);
+		}
+	st->recalls = s->n_recalls;
+	st->releases = s->n_releases;
+	assert(st->held == s->n_held && st->evictable == s->n_evictable);
+	pthread_mutex_unlock(&s->mu);
 }
 
 /* COMMITs the blocks of pages [n_commit_pages, pages) of every layer, moving the committed
- * length to `committed` with the last entry (the earlier ones carry the old length). */
+ * length to `committed` with the last entry (the earlier ones carry the old length). Those
+ * pages are at or past the tail page, so they are leased. */
 static int commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed, char *err,
 			 size_t errlen)
 {
@@ -548,12 +749,14 @@ static int commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed
 					    .committed_tokens = (uint64_t)(i + 1 == n ? committed
 										       : s->committed) };
 	size_t k = 0;
+	pthread_mutex_lock(&s->mu);
 	for (uint32_t p = s->n_commit_pages; p < pages; p++)
 		for (int l = 0; l < s->n_layers; l++, k++) {
 			struct ring_entry *x = &e[k / RING_PAYLOAD_MAX];
-			x->payload[x->n_payload++] = s->off[(size_t)l * s->cap + p];
+			x->payload[x->n_payload++] = blk(s, l, p)->off;
 			x->count = x->n_payload;
 		}
+	pthread_mutex_unlock(&s->mu);
 	int ret = run_ring(s->h, e, n, err, errlen);
 	free(e);
 	if (!ret)
@@ -576,9 +779,9 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 			      committed_tokens);
 	uint32_t pages = (uint32_t)((committed_tokens + s->g.p - 1) / s->g.p);
 	for (int l = 0; l < s->n_layers; l++)
-		if (s->n_leased[l] < pages)
+		if (s->n_alloc[l] < pages)
 			return errmsg(err, errlen, -EINVAL, "committing %" PRId64 " tokens: layer %d "
-				      "has no block for page %u", committed_tokens, l, s->n_leased[l]);
+				      "has no block for page %u", committed_tokens, l, s->n_alloc[l]);
 	/* Ids the store already keeps are not sent again; they must agree. */
 	int64_t fresh = first + n - (int64_t)s->n_ids;
 	int64_t same = n - (fresh > 0 ? fresh : 0);
@@ -593,7 +796,9 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 	bool sent = false;
 	int ret = 0;
 	if (pages > s->n_commit_pages) {
-		ret = commit_blocks(s, pages, committed_tokens, err, errlen);
+		ret = lease_missing(s, 0, s->n_layers, s->n_commit_pages, pages, false, err,
+				    errlen)
+		   ?: commit_blocks(s, pages, committed_tokens, err, errlen);
 		sent = true;
 	}
 	if (!ret && fresh > 0) {
@@ -619,7 +824,18 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 	else if (committed_tokens != s->committed)
 		s->lagging = true;
 	s->committed = committed_tokens;
-	return 0;
+	/* Pages that became full are the budget's now. */
+	uint32_t full = (uint32_t)(committed_tokens / s->g.p);
+	pthread_mutex_lock(&s->mu);
+	for (uint32_t p = s->full; p < full; p++)
+		for (int l = 0; l < s->n_layers; l++) {
+			const struct hk_block *b = blk(s, l, p);
+			s->n_evictable += b->lease && !b->pins;
+		}
+	if (full > s->full)
+		s->full = full;
+	pthread_mutex_unlock(&s->mu);
+	return enforce_budget(s, err, errlen);
 }
 
 int hostkv_seq_close(struct hostkv_seq *s, bool drop)
@@ -631,21 +847,20 @@ int hostkv_seq_close(struct hostkv_seq *s, bool drop)
 	int ret = 0;
 	if (s->lagging && !drop)
 		ret = commit_blocks(s, s->n_commit_pages, s->committed, err, sizeof err);
-	if (s->n_leases) {
-		size_t n = (s->n_leases + HOSTKV_RELEASE_MAX - 1) / HOSTKV_RELEASE_MAX;
-		struct ring_entry *e = calloc(n, sizeof *e);
-		if (e) {
-			for (size_t i = 0; i < s->n_leases; i++) {
-				struct ring_entry *x = &e[i / HOSTKV_RELEASE_MAX];
-				x->op = RING_OP_RELEASE;
-				x->payload[x->n_payload++] = s->leases[i];
-				x->count = x->n_payload;
-			}
-			int r = run_ring(h, e, n, err, sizeof err);
-			ret = ret ? ret : r;
-			free(e);
-		}
+	size_t n = 0;
+	uint64_t *ids = s->n_held ? malloc(s->n_held * sizeof *ids) : NULL;
+	if (ids) {
+		pthread_mutex_lock(&s->mu);
+		for (int l = 0; l < s->n_layers; l++)
+			for (uint32_t p = 0; p < s->n_alloc[l]; p++)
+				if (blk(s, l, p)->lease && n < s->n_held)
+					ids[n++] = blk(s, l, p)->lease;
+		pthread_mutex_unlock(&s->mu);
 	}
+	/* Without the list (no memory) the store still drops the leases with the sequence. */
+	int r = release_leases(h, ids, n, err, sizeof err);
+	ret = ret ? ret : r;
+	free(ids);
 	lock_store(h);
 	int r2 = h->ops->close_seq(h->st, s->id, drop, err, sizeof err);
 	for (struct hostkv_seq **pp = &h->seqs; *pp; pp = &(*pp)->next)

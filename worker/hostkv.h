@@ -5,12 +5,16 @@
  *
  * Every token's K and V reaches the host copy: policies write a page's tokens into its block as
  * they are appended (the tail page by write-through each step), and the engine commits the
- * sequence's length and token ids after each step. Retrieval policies read committed blocks back
- * for recall. Blocks stay where they are while the sequence is open: the worker holds a lease on
- * every block of the sequences it has open (DESIGN §4, the simplest lease strategy), so a block
- * pointer is valid until hostkv_seq_close(). Blocks are allocated ahead, several pages of every
- * layer per ring batch, so appending stays off the ring until a batch is used up. With
- * kvstored a heartbeat thread keeps the worker alive while it computes.
+ * sequence's length and token ids after each step. Retrieval policies read committed blocks
+ * back for recall. A block's pool offset is only stable while the worker leases it (DESIGN §4).
+ * By default (lease budget 0) the worker leases every block of the sequences it has open, so
+ * kvstored never moves them. With a lease budget of B blocks per sequence, the blocks that are
+ * full, committed and not pinned stay leased only while they are among the B most recently
+ * used; the others are RELEASEd (kvstored may demote them to NVMe) and RECALLed when a reader
+ * pins them again, so one sequence's KV may exceed the DRAM pool. Blocks at or past the tail
+ * page (being written, or allocated ahead) are always leased. Blocks are allocated ahead,
+ * several pages of every layer per ring batch, so appending stays off the ring until a batch
+ * is used up. With kvstored a heartbeat thread keeps the worker alive while it computes.
  *
  * The embedded store is kvstored's own sequence table and data plane (seq.c, dataplane.c: pool,
  * slab classes, ring, leases, the same checks) run in-process, with direct calls instead of
@@ -21,8 +25,8 @@
  * hostkv_close() closes every sequence still open (detaching them) and frees everything.
  * hostkv_seq_open() allocates a sequence handle that hostkv_seq_close() frees. Errors are
  * 0 or -errno with a message in err (the daemon's text when it refused). One thread uses a
- * handle at a time, except hostkv_block_ro(), which the recall thread may call while the
- * compute thread appends to other blocks. */
+ * handle at a time, except hostkv_block_ro_pin() and hostkv_unpin(), which the recall thread
+ * may call while the compute thread appends and commits. */
 #ifndef FREEKV_HOSTKV_H
 #define FREEKV_HOSTKV_H
 
@@ -41,7 +45,12 @@ struct hostkv_opts {
 	const char *worker_name;  /* shown by `kvctl workers` */
 	size_t embedded_bytes;	  /* pool size of the embedded store (0: a default) */
 	int timeout_ms;		  /* control request timeout (0: a default) */
+	/* Leases kept per sequence on full, committed, unpinned blocks (0: every block leased,
+	 * the default; at most HOSTKV_MAX_BUDGET). */
+	uint32_t lease_budget;
 };
+
+#define HOSTKV_MAX_BUDGET (1u << 24)
 
 int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, size_t errlen);
 void hostkv_close(struct hostkv *h);
@@ -67,12 +76,30 @@ int64_t hostkv_seq_committed(const struct hostkv_seq *s);
  * not yet run through the model); *ids is borrowed until the next call on s. */
 int64_t hostkv_seq_tokens(const struct hostkv_seq *s, const int32_t **ids);
 
-/* The HND block of (layer, page) for writing, allocated when it does not exist yet. */
+/* The HND block of (layer, page) for writing, allocated when it does not exist yet. The pointer
+ * stays valid while the page is at or past the tail page (committed / p), which is where every
+ * write goes. Without a lease budget any allocated page may be asked for and stays valid
+ * until close; with one, a full committed page is refused (-EBUSY): read it through a pin. */
 int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *err,
 		 size_t errlen);
-/* A committed block for reading (promoted from NVMe first when it was demoted). */
-int hostkv_block_ro(struct hostkv_seq *s, int layer, int page, const void **block, char *err,
-		    size_t errlen);
+/* Pins an allocated block for reading (-ENOENT when there is none): *block stays valid, and the
+ * block leased, until the matching hostkv_unpin(). A block that is not leased is RECALLed first
+ * (kvstored promotes it from NVMe when it was demoted), then the least recently used evictable
+ * leases past the budget are released. Pins nest (a count per block). */
+int hostkv_block_ro_pin(struct hostkv_seq *s, int layer, int page, const void **block,
+			char *err, size_t errlen);
+/* Drops one pin of (layer, page) (-EINVAL when it holds none); may release leases over the
+ * budget (a RELEASE failure is returned, the pin is dropped either way). */
+int hostkv_unpin(struct hostkv_seq *s, int layer, int page, char *err, size_t errlen);
+
+/* Lease counters of a sequence: held, evictable and pinned are counted from the block table
+ * now; recalls (blocks leased again on demand) and releases (leases dropped for the budget) since
+ * open. With a budget, evictable <= budget after every call. */
+struct hostkv_lease_stats {
+	uint64_t budget, held, evictable, pinned, recalls, releases;
+};
+void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st);
+
 /* Commits: the K/V of positions < committed_tokens are written, and the token ids
  * ids[0..n) at positions first.. are kept with the sequence. Ids already kept must agree and
  * are not sent again. A length that only moves inside pages already committed, with no new

@@ -87,6 +87,7 @@ int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const f
 int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, float *k,
 	       float *v)
 {
+	(void)own;
 	if (!w->host)
 		return -EINVAL;
 	const int p = w->g.p, d = w->g.d, H = w->g.n_kv;
@@ -100,13 +101,7 @@ int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, flo
 		int a = (int)(t % p);
 		int b = t1 - page * p < p ? (int)(t1 - page * p) : p;
 		const void *block;
-		void *wblock;
-		if (own) {
-			ret = hostkv_block(w->host, layer, (int)page, &wblock, err, sizeof err);
-			block = wblock;
-		} else {
-			ret = hostkv_block_ro(w->host, layer, (int)page, &block, err, sizeof err);
-		}
+		ret = hostkv_block_ro_pin(w->host, layer, (int)page, &block, err, sizeof err);
 		for (int h = 0; h < H && !ret; h++) {
 			layout_load_head(&w->g, block, h, a, b, tk, tv);
 			for (int i = 0; i < b - a; i++) {
@@ -115,6 +110,8 @@ int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, flo
 				memcpy(v + dst, tv + (size_t)i * d, (size_t)d * sizeof *v);
 			}
 		}
+		if (!ret)
+			ret = hostkv_unpin(w->host, layer, (int)page, err, sizeof err);
 		t += b - a;
 	}
 	free(tk);

@@ -38,9 +38,10 @@ int kv_wt_fetch(struct kv_wt *w, const float *k, const float *v, int64_t n, cons
  * page blocks. No-op without a host copy. */
 int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const float *v,
 		int64_t n);
-/* Reads positions [t0, t1) of a layer, every head, into rows k, v (t1 - t0, n_kv, d) f32:
- * committed blocks (hostkv_block_ro), or with own the blocks this worker wrote, committed or
- * not (hostkv_block). -EINVAL without a host copy. */
+/* Reads positions [t0, t1) of a layer, every head, into rows k, v (t1 - t0, n_kv, d) f32, each
+ * block pinned while it is read (hostkv_block_ro_pin): committed blocks, or with own the blocks
+ * this worker wrote, committed or not (both are allocated blocks; -ENOENT past them).
+ * -EINVAL without a host copy. */
 int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, float *k,
 	       float *v);
 

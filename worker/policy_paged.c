@@ -533,8 +533,10 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 	char err[256];
 	int ret = 0;
 	for (int j = 0; j < lay->n_full && !ret; j++) {
-		void *block;
-		ret = hostkv_block(s->p.host, L->layer, j, &block, err, sizeof err);
+		const void *block;
+		ret = hostkv_block_ro_pin(s->p.host, L->layer, j, &block, err, sizeof err);
+		if (ret)
+			break;
 		for (int h = 0; h < s->g.n_kv && !ret; h++) {
 			layout_load_head(&s->wt.g, block, h, 0, P, k, v);
 			select_page_summary(P, d, k, (size_t)d, mn, mx);
@@ -546,6 +548,8 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 				ret = -EIO;
 			}
 		}
+		int r2 = hostkv_unpin(s->p.host, L->layer, j, err, sizeof err);
+		ret = ret ? ret : r2;
 	}
 	free(k);
 	return ret;
@@ -633,14 +637,18 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 			const void *at = use_slots ? paged_slot(s, L, s->slot_list[(size_t)h *
 										      s->n_slots + i])
 						   : s->spans[sp].k;
-			void *block;
-			int ret = hostkv_block(s->p.host, L->layer, page, &block, err, sizeof err)
-				?: be->ops->download(be->ctx, s->hslot, at,
-						     s->slot_floats * sizeof(float));
+			const void *block;
+			int ret = hostkv_block_ro_pin(s->p.host, L->layer, page, &block, err,
+						      sizeof err);
+			if (ret)
+				return ret;
+			memcpy(host, (const char *)block + (size_t)h * ub, ub);
+			ret = hostkv_unpin(s->p.host, L->layer, page, err, sizeof err)
+			   ?: be->ops->download(be->ctx, s->hslot, at,
+						s->slot_floats * sizeof(float));
 			if (ret)
 				return ret;
 			layout_gather_unit(g, mine, h, s->hslot);
-			memcpy(host, (char *)block + (size_t)h * ub, ub);
 			int n = !use_slots ? (int)s->spans[sp].n
 			      : sp + 1 < s->first[h + 1] ? s->g.p
 							 : (int)(n_tok - (int64_t)i * s->g.p);

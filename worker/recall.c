@@ -60,13 +60,20 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The block a unit is copied from, pinned (with a host copy) until unit_done. */
 static int unit_src(struct recall *r, const struct recall_unit *u, const void **block)
 {
 	if (r->o.host) {
 		char err[256];
-		return hostkv_block_ro(r->o.host, u->layer, u->page, block, err, sizeof err);
+		return hostkv_block_ro_pin(r->o.host, u->layer, u->page, block, err, sizeof err);
 	}
 	return r->o.src(r->o.src_arg, u->layer, u->page, block);
+}
+
+static int unit_done(struct recall *r, const struct recall_unit *u)
+{
+	char err[256];
+	return r->o.host ? hostkv_unpin(r->o.host, u->layer, u->page, err, sizeof err) : 0;
 }
 
 /* Copy thread: takes jobs in order, runs their prepare step, fills the staging buffers in turn. */
@@ -104,6 +111,7 @@ static void *copy_main(void *arg)
 				memcpy((char *)s->buf + (size_t)m * r->unit_bytes,
 				       (const char *)block + (size_t)u->head * r->unit_bytes,
 				       r->unit_bytes);
+				err = unit_done(r, u);
 				s->dst[m++] = *u;
 				i++;
 			}

@@ -1,0 +1,89 @@
+/* Integration: one sequence's KV larger than kvstored's DRAM pool, with the real binaries. A
+ * kvstored with a 2 MiB pool and an 8 MiB NVMe tier; kvworker generate --lease-budget 64 of
+ * LB_N tokens (2.1 MiB of KV) with the full, quest and freekv policies:
+ * - each run succeeds and its greedy tokens equal an embedded-store run of the same prompt;
+ * - the sequence ends up larger than the pool, partly on NVMe, and the daemon counts
+ *   demotions (and, for the retrieval policies, which read old pages back, promotions), so
+ *   the run cannot have kept everything in DRAM; the worker's --stats counts on-demand
+ *   recalls and releases.
+ * (test_lease_resume.c shows the same run failing without a budget.) */
+#include "test_lease_budget.h"
+
+static const char *g_model;
+
+static void budget_case(const char *policy)
+{
+	static int ref[P_MAX_IDS];
+	char n_str[16];
+	snprintf(n_str, sizeof n_str, "%d", LB_N);
+	int n_ref = lb_reference(g_model, policy, n_str, ref);
+	assert_int_equal(n_ref, LB_N);
+
+	struct harness hs;
+	harness_start(&hs, lb_small_pool);
+	const char *E = hs.endpoint;
+	struct proc p;
+	static char err[1 << 16];
+	const char *run[] = { "generate", "-m", g_model, "-p", LB_PROMPT, "-n", n_str, "-c", LB_CTX,
+			      "--temp", "0", "--ids", "--stats", "--store", E, "--seq", "big",
+			      "--keep", "--lease-budget", LB_LEASES, "--policy", policy, NULL };
+	assert_int_equal(lb_run(&p, run, err, sizeof err), 0);
+	assert_int_equal(p.n_ids, LB_N);
+	assert_memory_equal(p.ids, ref, (size_t)LB_N * sizeof *ref);
+
+	uint64_t pool, demoted, promoted, dram, nvme, bb;
+	lb_tier_stats(E, &pool, &demoted, &promoted);
+	lb_seq_pages(E, "big", &dram, &nvme, &bb);
+	fprintf(stderr, "%s: sequence of %llu blocks (%llu on NVMe) in a pool of %llu; demoted "
+		"%llu, promoted %llu; worker: %lld recalls, %lld releases, %lld leases held\n",
+		policy, (unsigned long long)(dram + nvme), (unsigned long long)nvme,
+		(unsigned long long)(pool / bb), (unsigned long long)demoted,
+		(unsigned long long)promoted, lb_stat(err, "lease_recalls"),
+		lb_stat(err, "lease_releases"), lb_stat(err, "leases_held"));
+	assert_true((dram + nvme) * bb > pool);
+	assert_true(nvme > 0);
+	assert_true(demoted >= nvme);
+	assert_int_equal(lb_stat(err, "lease_budget"), atoi(LB_LEASES));
+	assert_true(lb_stat(err, "lease_releases") > 0);
+	if (strcmp(policy, "full")) {
+		/* Selected pages were read back: on demand, some of them from NVMe. */
+		assert_true(promoted > 0);
+		assert_true(lb_stat(err, "lease_recalls") > 0);
+	}
+	harness_stop(&hs);
+}
+
+static void test_full(void **state)
+{
+	(void)state;
+	budget_case("full");
+}
+
+static void test_quest(void **state)
+{
+	(void)state;
+	if (!p_policy_built("quest"))
+		skip();
+	budget_case("quest");
+}
+
+static void test_freekv(void **state)
+{
+	(void)state;
+	if (!p_policy_built("freekv"))
+		skip();
+	budget_case("freekv");
+}
+
+int main(void)
+{
+	g_model = test_model_path("stories260K/stories260K.gguf");
+	if (!g_model)
+		return TEST_SKIP_EXIT;
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_full, h_teardown),
+		cmocka_unit_test_teardown(test_quest, h_teardown),
+		cmocka_unit_test_teardown(test_freekv, h_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
