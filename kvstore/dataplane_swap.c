@@ -68,13 +68,15 @@ int dp_swap_start(struct dp *dp, uint32_t block)
 		return ret;
 	if (!n)
 		return -ENOSPC;
-	if (sw->bounce_bytes < b->bytes) {
+	/* The tier moves whole TIER_ALIGN units (tier.h): room for the padding too. */
+	const size_t io_bytes = ((size_t)b->bytes + TIER_ALIGN - 1) / TIER_ALIGN * TIER_ALIGN;
+	if (sw->bounce_bytes < io_bytes) {
 		void *buf;
-		if (posix_memalign(&buf, TIER_ALIGN, b->bytes))
+		if (posix_memalign(&buf, TIER_ALIGN, io_bytes))
 			return -ENOMEM;
 		free(sw->bounce);
 		sw->bounce = buf;
-		sw->bounce_bytes = b->bytes;
+		sw->bounce_bytes = io_bytes;
 	}
 	ret = pool_block_swap_begin(dp->pool, block, victim);
 	if (ret)

@@ -40,7 +40,8 @@ struct tier_req {
 	uint64_t cookie;
 	char *buf;
 	uint64_t file_off;
-	uint32_t len;
+	uint32_t len;           /* the data: what the checksum covers */
+	uint32_t io_len;        /* len rounded up to TIER_ALIGN: what O_DIRECT transfers */
 	uint32_t done;          /* bytes transferred so far (short I/O continues from here) */
 	uint32_t crc, crc_expected;
 	uint32_t gen;
@@ -451,8 +452,9 @@ void tier_close(struct tier *t)
 static int queue_req(struct tier *t, uint8_t op, void *buf, uint64_t file_off, uint32_t len,
 		     uint32_t crc, uint64_t cookie)
 {
-	if (!buf || len == 0 || len % TIER_ALIGN || file_off % TIER_ALIGN ||
-	    (uintptr_t)buf % TIER_ALIGN || file_off > t->bytes || len > t->bytes - file_off)
+	uint64_t io_len = round_up(len, TIER_ALIGN);
+	if (!buf || len == 0 || file_off % TIER_ALIGN || (uintptr_t)buf % TIER_ALIGN ||
+	    io_len > UINT32_MAX || file_off > t->bytes || io_len > t->bytes - file_off)
 		return -EINVAL;
 	if (t->free_head == NONE)
 		return -EBUSY;
@@ -462,7 +464,7 @@ static int queue_req(struct tier *t, uint8_t op, void *buf, uint64_t file_off, u
 	uint32_t gen = (r->gen + 1) & 0xffffff;
 	*r = (struct tier_req){
 		.cookie = cookie, .buf = buf, .file_off = file_off, .len = len,
-		.crc_expected = crc, .gen = gen, .next = NONE, .op = op, .state = REQ_QUEUED,
+		.io_len = (uint32_t)io_len, .crc_expected = crc, .gen = gen, .next = NONE, .op = op, .state = REQ_QUEUED,
 	};
 	if (t->q_tail == NONE)
 		t->q_head = i;
@@ -500,7 +502,7 @@ static void prep(struct tier *t, struct io_uring_sqe *sqe, uint32_t i)
 {
 	struct tier_req *r = &t->reqs[i];
 	char *p = r->buf + r->done;
-	uint32_t n = r->len - r->done;
+	uint32_t n = r->io_len - r->done;
 	uint64_t off = r->file_off + r->done;
 	int fd = t->fixed_file ? 0 : t->fd;
 	int c = chunk_of(t, p, n);
@@ -620,7 +622,7 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 		status = -EIO; /* no progress: past the end of the file or device */
 	} else {
 		r->done += (uint32_t)res;
-		if (r->done < r->len) {
+		if (r->done < r->io_len) {
 			requeue_front(t, i);
 			return 0;
 		}

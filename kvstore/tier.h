@@ -15,8 +15,11 @@
  * invokes the callback once per finished request. Synchronous use (tests, tools):
  * tier_write_sync / tier_read_sync, only while nothing else is in flight.
  *
- * Buffers: O_DIRECT needs buf, file offset and length aligned to TIER_ALIGN. The caller keeps a
- * buffer alive and unchanged (writes) / unread (reads) until its request completes.
+ * Buffers: O_DIRECT needs buf and file offset aligned to TIER_ALIGN, and transfers whole
+ * TIER_ALIGN units: a request of len bytes moves len rounded up to TIER_ALIGN (buf must have
+ * that much room; a read overwrites the padding), while the checksum covers len bytes only (a
+ * pool block's stride is already a multiple of TIER_ALIGN). The caller keeps a buffer alive
+ * and unchanged (writes) / unread (reads) until its request completes.
  *
  * Ownership: tier_open allocates struct tier, the ring and the request table; tier_close waits
  * for in-flight I/O, then frees everything and closes the file (the file itself stays). Not

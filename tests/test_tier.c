@@ -289,8 +289,10 @@ static void test_arguments_and_eventfd(void **state)
 	struct tier *t = open_tier(1 * MIB, 8, 4, NULL, 0);
 	assert_int_equal(tier_write(t, buf + 512, 0, BLK, 0), -EINVAL);
 	assert_int_equal(tier_write(t, buf, 100, BLK, 0), -EINVAL);
-	assert_int_equal(tier_write(t, buf, 0, 1000, 0), -EINVAL);
+	assert_int_equal(tier_write(t, buf, 0, 0, 0), -EINVAL);
 	assert_int_equal(tier_write(t, buf, 1 * MIB, BLK, 0), -EINVAL);
+	/* 4097 bytes move as two whole units: past the end of the file. */
+	assert_int_equal(tier_write(t, buf, 1 * MIB - 4096, 4097, 0), -EINVAL);
 	assert_int_equal(tier_read(t, buf, 1 * MIB - 4096, BLK, 0, 0), -EINVAL);
 	for (int i = 0; i < 4; i++)
 		assert_int_equal(tier_write(t, buf + i * BLK, (uint64_t)i * BLK, BLK, i), 0);
@@ -335,6 +337,43 @@ static void test_short_read_continues(void **state)
 	munmap(buf, 4 * BLK);
 }
 
+/* A length that is not a multiple of TIER_ALIGN (a small block): the transfer moves whole units,
+ * the checksum covers the data only, so a flipped byte in the data fails and one in the padding
+ * does not, and a read overwrites the buffer's padding but returns the data intact. */
+static void test_unaligned_length(void **state)
+{
+	(void)state;
+	const uint32_t len = 2048 + 100;
+	char *buf = region(2 * BLK);
+	struct tier *t = open_tier(1 * MIB, 8, 0, NULL, 0);
+	fill(buf, 4096, 7);
+	uint32_t crc;
+	assert_int_equal(tier_write_sync(t, buf, 3 * 4096, len, &crc), 0);
+	assert_int_equal(crc, crc32c(0, buf, len));
+	char *back = buf + BLK;
+	memset(back, 0xaa, 4096);
+	assert_int_equal(tier_read_sync(t, back, 3 * 4096, len, crc), 0);
+	assert_memory_equal(back, buf, len);
+	int fd = open(tier_path(), O_RDWR);
+	unsigned char b;
+	assert_int_equal(pread(fd, &b, 1, 3 * 4096 + len + 10), 1);
+	b ^= 0x01;
+	assert_int_equal(pwrite(fd, &b, 1, 3 * 4096 + len + 10), 1);
+	assert_int_equal(fsync(fd), 0);
+	assert_int_equal(tier_read_sync(t, back, 3 * 4096, len, crc), 0);
+	assert_int_equal(pread(fd, &b, 1, 3 * 4096 + len - 1), 1);
+	b ^= 0x01;
+	assert_int_equal(pwrite(fd, &b, 1, 3 * 4096 + len - 1), 1);
+	assert_int_equal(fsync(fd), 0);
+	close(fd);
+	assert_int_equal(tier_read_sync(t, back, 3 * 4096, len, crc), -EBADMSG);
+	struct tier_usage u;
+	tier_usage(t, &u);
+	assert_int_equal(u.crc_errors, 1);
+	close_tier(t);
+	munmap(buf, 2 * BLK);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -345,6 +384,7 @@ int main(void)
 		cmocka_unit_test(test_crc_mismatch),
 		cmocka_unit_test(test_arguments_and_eventfd),
 		cmocka_unit_test(test_short_read_continues),
+		cmocka_unit_test(test_unaligned_length),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
