@@ -7,7 +7,8 @@
  * the evictable leases stay within the budget after every call, a pinned block and the tail
  * and uncommitted blocks are never released (a Demote request moves exactly the others to
  * NVMe), released blocks come back through a pin with their bytes (promoted), two threads
- * pinning at once agree, and the daemon's lease count equals the worker's. */
+ * pinning at once agree, and the daemon's lease count equals the worker's; hostkv_pin_many
+ * pins a mix of pages with one RECALL entry per 32 released ones, all or nothing. */
 #include "test_kvstored_harness.h"
 
 #include <pthread.h>
@@ -286,25 +287,41 @@ static void t_pin_check(struct hostkv_seq *s, uint64_t tag, int l, int p)
 struct t_pinner {
 	struct hostkv_seq *s;
 	int first, n, rounds, bad;
+	bool many; /* all n pages of a layer with one hostkv_pin_many */
 };
 
-/* Recall-thread stand-in: pins and reads pages [first, first + n) of every layer in turn. */
+/* Recall-thread stand-in: pins and reads pages [first, first + n) (n <= 16) of every layer in
+ * turn, one by one or a layer's at once. */
 static void *t_pinner_main(void *arg)
 {
 	struct t_pinner *t = arg;
 	size_t bb = layout_block_bytes(&t_geo);
 	char err[256];
+	int pages[16];
+	const void *b[16];
+	for (int i = 0; i < t->n; i++)
+		pages[i] = t->first + i;
 	for (int r = 0; r < t->rounds; r++)
-		for (int p = t->first; p < t->first + t->n; p++)
-			for (int l = 0; l < T_LAYERS; l++) {
-				const void *b;
-				if (hostkv_block_ro_pin(t->s, l, p, &b, err, sizeof err)) {
+		for (int l = 0; l < T_LAYERS; l++) {
+			if (t->many) {
+				if (hostkv_pin_many(t->s, l, pages, t->n, b, err, sizeof err)) {
 					t->bad++;
 					continue;
 				}
-				t->bad += !h_check(b, bb, 5, (uint32_t)l, (uint32_t)p);
-				t->bad += hostkv_unpin(t->s, l, p, err, sizeof err) != 0;
+				for (int i = 0; i < t->n; i++)
+					t->bad += !h_check(b[i], bb, 5, (uint32_t)l, (uint32_t)pages[i]);
+				t->bad += hostkv_unpin_many(t->s, l, pages, t->n, err, sizeof err) != 0;
+				continue;
 			}
+			for (int i = 0; i < t->n; i++) {
+				if (hostkv_block_ro_pin(t->s, l, pages[i], &b[0], err, sizeof err)) {
+					t->bad++;
+					continue;
+				}
+				t->bad += !h_check(b[0], bb, 5, (uint32_t)l, (uint32_t)pages[i]);
+				t->bad += hostkv_unpin(t->s, l, pages[i], err, sizeof err) != 0;
+			}
+		}
 	return NULL;
 }
 
@@ -382,8 +399,9 @@ static void test_budget(void **state)
 	assert_int_equal(hostkv_block(s, 0, 16, &w, err, sizeof err), -EBUSY);
 
 	/* Two threads pinning the same pages at once (the recall thread beside the compute
-	 * thread): every read sees its bytes, and no lease is lost or doubled. */
-	struct t_pinner t[2] = { { s, 0, 12, 6, 0 }, { s, 5, 12, 6, 0 } };
+	 * thread; one of them a layer's pages at once): every read sees its bytes, and no lease
+	 * is lost or doubled. */
+	struct t_pinner t[2] = { { s, 0, 12, 6, 0, false }, { s, 5, 12, 6, 0, true } };
 	pthread_t th[2];
 	for (int i = 0; i < 2; i++)
 		assert_int_equal(pthread_create(&th[i], NULL, t_pinner_main, &t[i]), 0);
@@ -413,12 +431,145 @@ static void test_budget(void **state)
 	harness_stop(&hs);
 }
 
+#define PM_PAGES 48 /* full, committed pages of the hostkv_pin_many sequence */
+
+/* Pins pages[0..n) of layer l at once; the bytes of every full page are checked. */
+static void t_pin_many_check(struct hostkv_seq *s, int l, const int *pages, int n,
+			     const void **b)
+{
+	size_t bb = layout_block_bytes(&t_geo);
+	char err[256];
+	int ret = hostkv_pin_many(s, l, pages, n, b, err, sizeof err);
+	if (ret)
+		fprintf(stderr, "pin_many: %s\n", err);
+	assert_int_equal(ret, 0);
+	for (int i = 0; i < n; i++) {
+		assert_non_null(b[i]);
+		if (pages[i] < PM_PAGES)
+			assert_true(h_check(b[i], bb, 9, (uint32_t)l, (uint32_t)pages[i]));
+		for (int j = 0; j < i; j++)
+			assert_true((b[i] == b[j]) == (pages[i] == pages[j]));
+	}
+}
+
+/* hostkv_pin_many / hostkv_unpin_many with a budget (kvstored): a mix of leased, released,
+ * pinned, uncommitted and repeated pages comes back with the right bytes, the released ones in
+ * one RECALL entry per 32 pages, and the budget holds after; an error (a page never allocated,
+ * a page not pinned) leaves no pin changed; without a budget the pins cost no RECALL. */
+static void test_pin_many(void **state)
+{
+	(void)state;
+	struct harness hs;
+	harness_start(&hs, NULL);
+	struct kvs *ctl;
+	assert_int_equal(kvs_connect(hs.endpoint, 2000, &ctl), 0);
+	size_t bb = layout_block_bytes(&t_geo);
+	char err[256];
+	static int32_t ids[PM_PAGES * 4];
+	for (int i = 0; i < PM_PAGES * 4; i++)
+		ids[i] = i % 500;
+	for (int budget = T_BUDGET; budget >= 0; budget -= T_BUDGET) {
+		struct hostkv *h = t_open_budget(budget ? hs.endpoint : NULL, (uint32_t)budget);
+		struct hostkv_seq *s = t_seq(h, "pm", true);
+		void *w;
+		for (int p = 0; p < PM_PAGES; p++)
+			for (int l = 0; l < T_LAYERS; l++) {
+				assert_int_equal(hostkv_block(s, l, p, &w, err, sizeof err), 0);
+				h_fill(w, bb, 9, (uint32_t)l, (uint32_t)p);
+			}
+		assert_int_equal(hostkv_commit(s, PM_PAGES * 4, ids, 0, PM_PAGES * 4, err,
+					       sizeof err), 0);
+		struct hostkv_lease_stats st0, st;
+		hostkv_seq_lease_stats(s, &st0);
+		assert_true(st0.evictable <= (uint64_t)budget || !budget);
+
+		/* Page 3 pinned before; every full page once, 3 and 5 again, 0 twice more, and
+		 * pages 50 and 51 past the tail (leased, allocated ahead by a writer). */
+		void *w50;
+		assert_int_equal(hostkv_block(s, 1, 50, &w50, err, sizeof err), 0);
+		const void *pre;
+		assert_int_equal(hostkv_block_ro_pin(s, 1, 3, &pre, err, sizeof err), 0);
+		int pages[PM_PAGES + 7];
+		const void *b[PM_PAGES + 7];
+		int n = 0;
+		for (int p = PM_PAGES; p--;)
+			pages[n++] = p;
+		pages[n++] = 3;
+		pages[n++] = 5;
+		pages[n++] = 0;
+		pages[n++] = 51;
+		pages[n++] = 0;
+		pages[n++] = 50;
+		hostkv_seq_lease_stats(s, &st0);
+		t_pin_many_check(s, 1, pages, n, b);
+		hostkv_seq_lease_stats(s, &st);
+		assert_ptr_equal(b[PM_PAGES - 1 - 3], pre);
+		assert_ptr_equal(b[n - 1], w50);
+		assert_int_equal(st.pinned, PM_PAGES + 2);
+		uint64_t recalled = st.recalls - st0.recalls;
+		if (budget) {
+			/* All but the pinned page and the few evictable leases came back, in two
+			 * RECALL entries of up to 32 pages. */
+			assert_true(recalled >= PM_PAGES - 1 - (uint64_t)budget);
+			assert_int_equal(st.recall_ops - st0.recall_ops, (recalled + 31) / 32);
+			assert_int_equal(st.recall_ops - st0.recall_ops, 2);
+			assert_true(st.evictable <= (uint64_t)budget);
+			uint64_t nvme;
+			assert_int_equal(t_daemon_leases(ctl, "pm", &nvme), st.held);
+		} else {
+			assert_int_equal(recalled, 0);
+			assert_int_equal(st.recall_ops, 0);
+			/* Lease-all: every full page unpinned is leased. */
+			assert_int_equal(st.evictable, (uint64_t)(T_LAYERS - 1) * PM_PAGES);
+		}
+
+		/* An unpin list with a page holding no pin changes nothing; without it, it drops
+		 * the call's pins (page 3 keeps the first one). */
+		pages[n] = 49;
+		assert_int_equal(hostkv_unpin_many(s, 1, pages, n + 1, err, sizeof err), -EINVAL);
+		hostkv_seq_lease_stats(s, &st);
+		assert_int_equal(st.pinned, PM_PAGES + 2);
+		assert_int_equal(hostkv_unpin_many(s, 1, pages, n, err, sizeof err), 0);
+		hostkv_seq_lease_stats(s, &st);
+		assert_int_equal(st.pinned, 1);
+		assert_true(st.evictable <= (uint64_t)budget || !budget);
+		assert_true(h_check(pre, bb, 9, 1, 3));
+		assert_int_equal(hostkv_unpin_many(s, 1, &pages[PM_PAGES - 1 - 3], 1, err,
+						   sizeof err), 0);
+		assert_int_equal(hostkv_unpin_many(s, 1, &pages[PM_PAGES - 1 - 3], 1, err,
+						   sizeof err), -EINVAL);
+
+		/* A page never allocated (or negative, or a bad layer) in the middle: refused
+		 * before anything is pinned or recalled. */
+		int bad[4] = { 0, 1, 1000, 2 };
+		hostkv_seq_lease_stats(s, &st0);
+		assert_int_equal(hostkv_pin_many(s, 2, bad, 4, b, err, sizeof err), -ENOENT);
+		bad[2] = -1;
+		assert_int_equal(hostkv_pin_many(s, 2, bad, 4, b, err, sizeof err), -EINVAL);
+		assert_int_equal(hostkv_pin_many(s, T_LAYERS, bad, 2, b, err, sizeof err), -EINVAL);
+		assert_int_equal(hostkv_pin_many(s, 2, bad, -1, b, err, sizeof err), -EINVAL);
+		assert_int_equal(hostkv_pin_many(s, 2, bad, 0, b, err, sizeof err), 0);
+		hostkv_seq_lease_stats(s, &st);
+		assert_int_equal(st.pinned, 0);
+		assert_int_equal(st.recalls, st0.recalls);
+		assert_int_equal(st.recall_ops, st0.recall_ops);
+		/* The same pages pinned again read right: nothing was left half done. */
+		t_pin_many_check(s, 2, bad, 2, b);
+		assert_int_equal(hostkv_unpin_many(s, 2, bad, 2, err, sizeof err), 0);
+		assert_int_equal(hostkv_seq_close(s, true), 0);
+		hostkv_close(h);
+	}
+	kvs_close(ctl);
+	harness_stop(&hs);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_embedded, h_teardown),
 		cmocka_unit_test_teardown(test_remote, h_teardown),
 		cmocka_unit_test_teardown(test_budget, h_teardown),
+		cmocka_unit_test_teardown(test_pin_many, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

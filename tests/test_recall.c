@@ -3,7 +3,8 @@
  * a reference layout_scatter_unit of its block, with tiny staging buffers (many hand-overs),
  * poisoned staging (a buffer reused while read would leave NaN bytes in a slot), many jobs in
  * flight, a prepare step on the copy thread, a failing source, and the backend path (the
- * recall_units op the paged policies use, here the CPU backend's, counted and made to fail). */
+ * recall_units op the paged policies use, here the CPU backend's, counted and made to fail), and
+ * a real host copy under a lease budget, pinned a staging buffer's worth at a time. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "hostkv.h"
 #include "recall.h"
 
 enum { LAYERS = 3, PAGES = 40, N_KV = 4, P = 8, D = 16, SLOTS = 12 };
@@ -308,6 +310,78 @@ static void test_backend_recall_units(void **state)
 	backend_free(cpu);
 }
 
+/* Units from a real host copy (hostkv's embedded store with a lease budget of 2 blocks, so most
+ * blocks are released): a staging buffer's units, of several layers and with repeated pages,
+ * are pinned a layer at a time — no more RECALL entries than (buffer, layer) groups, where a
+ * pin per unit would send one per released page — copied right and unpinned; a unit of a page
+ * with no block fails its job and leaves nothing pinned. */
+static void test_host_pins(void **state)
+{
+	(void)state;
+	struct hostkv_opts ho = { .embedded_bytes = 8u << 20, .lease_budget = 2 };
+	struct hostkv *h;
+	struct hostkv_seq *hs;
+	char err[256];
+	uint8_t fp[FKV_FINGERPRINT_BYTES] = { 0x7e };
+	assert_int_equal(hostkv_open(&ho, &h, err, sizeof err), 0);
+	assert_int_equal(hostkv_seq_open(h, "rc", fp, LAYERS, &geom, true, &hs, err, sizeof err),
+			 0);
+	size_t bb = layout_block_bytes(&geom);
+	for (int p = 0; p < PAGES; p++)
+		for (int l = 0; l < LAYERS; l++) {
+			void *w;
+			assert_int_equal(hostkv_block(hs, l, p, &w, err, sizeof err), 0);
+			memcpy(w, blocks[l][p], bb);
+		}
+	static int32_t ids[PAGES * P];
+	assert_int_equal(hostkv_commit(hs, PAGES * P, ids, 0, PAGES * P, err, sizeof err), 0);
+
+	enum { CAP = 7 };
+	struct recall_opts o = { .g = geom, .units_per_buffer = CAP, .host = hs, .poison = true };
+	struct recall *r;
+	assert_int_equal(recall_new(&o, &r), 0);
+	size_t nf = SLOTS * slot_floats();
+	float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
+	struct recall_unit units[SLOTS * N_KV];
+	uint64_t seed = 4242, ticket;
+	int n = random_units(&seed, slots, units, SLOTS * N_KV);
+	for (int i = 3; i < n; i += 3) { /* the page of the unit before, another head or slot */
+		units[i].layer = units[i - 1].layer;
+		units[i].page = units[i - 1].page;
+	}
+	expect_units(ref, slots, units, n);
+	int groups = 0;
+	for (int c = 0; c < n; c += CAP)
+		for (int l = 0; l < LAYERS; l++)
+			for (int i = c; i < c + CAP && i < n; i++)
+				if (units[i].layer == l) {
+					groups++;
+					break;
+				}
+	struct hostkv_lease_stats st0, st;
+	hostkv_seq_lease_stats(hs, &st0);
+	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+	assert_int_equal(recall_wait(r, ticket, NULL), 0);
+	assert_memory_equal(slots, ref, nf * sizeof(float));
+	hostkv_seq_lease_stats(hs, &st);
+	assert_int_equal(st.pinned, 0);
+	assert_true(st.evictable <= 2);
+	assert_true(st.recall_ops - st0.recall_ops <= (uint64_t)groups);
+	assert_true(st.recalls - st0.recalls > (uint64_t)groups);
+
+	units[n / 2].page = PAGES + 100;
+	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+	assert_int_equal(recall_wait(r, ticket, NULL), -ENOENT);
+	hostkv_seq_lease_stats(hs, &st);
+	assert_int_equal(st.pinned, 0);
+	assert_true(st.evictable <= 2);
+	recall_free(r);
+	free(slots);
+	free(ref);
+	assert_int_equal(hostkv_seq_close(hs, true), 0);
+	hostkv_close(h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -316,6 +390,7 @@ int main(void)
 		cmocka_unit_test(test_prepare_and_errors),
 		cmocka_unit_test(test_accounting_excludes_prepare),
 		cmocka_unit_test(test_backend_recall_units),
+		cmocka_unit_test(test_host_pins),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -464,6 +464,7 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("lease_budget", json_object_new_uint64(hl.budget));
 	ADD("leases_held", json_object_new_uint64(hl.held));
 	ADD("lease_recalls", json_object_new_uint64(hl.recalls));
+	ADD("lease_recall_ops", json_object_new_uint64(hl.recall_ops));
 	ADD("lease_releases", json_object_new_uint64(hl.releases));
 	ADD("seq_tokens", json_object_new_int64(engine_seq_len(s->e, s->seq)));
 	struct kv_layer_stats sum = { 0 };

@@ -10,8 +10,10 @@
  *   committed. Without a budget every other block stays leased too (lease-all: no per-step
  *   ring traffic except COMMIT). With a budget of B, the leased blocks that are full,
  *   committed and unpinned ("evictable") are at most B after every call: a pin of a block
- *   that is not leased RECALLs it (kvstored promotes it from NVMe first when it was demoted),
- *   and when the evictable count passes B the least recently used are RELEASEd in one batch
+ *   that is not leased RECALLs it (kvstored promotes it from NVMe first when it was demoted;
+ *   hostkv_pin_many RECALLs all the missing blocks of its pages in one run of the ring, so a
+ *   reader that pins what it is about to read pays one round trip, not one a block), and
+ *   when the evictable count passes B the least recently used are RELEASEd in one batch
  *   down to B - B/4. A pinned block is never released, so its pointer stays valid until unpin.
  * - hostkv_commit COMMITs the blocks of pages the committed length reached for the first time
  *   (ring), and sends token ids the store does not keep yet (control request). Ids already
@@ -94,6 +96,7 @@ struct hostkv_seq {
 	uint64_t n_held;	/* blocks leased */
 	uint64_t n_evictable;	/* leased, unpinned, page < full */
 	uint64_t n_recalls;	/* blocks leased again on demand */
+	uint64_t n_recall_ops;	/* RECALL entries sent for them */
 	uint64_t n_releases;	/* leases released for the budget */
 
 	uint32_t n_commit_pages; /* pages [0, n) of every layer were COMMITted */
@@ -317,55 +320,54 @@ static int grow_table(struct hostkv_seq *s, uint32_t pages)
 	return 0;
 }
 
-/* Leases the allocated blocks of pages [p0, p1) of layers [l0, l1) that hold no lease (RECALL,
- * all heads) and records their offsets; on_demand counts them as recalls. A block another
- * thread leased meanwhile keeps that lease, and the second one is released. */
-static int lease_missing(struct hostkv_seq *s, int l0, int l1, uint32_t p0, uint32_t p1,
-			 bool on_demand, char *err, size_t errlen)
+/* RECALLs (all heads) the blocks lp[0..n) — (layer, page) pairs, each layer's pages adjacent —
+ * in one run of the ring, up to HOSTKV_RECALL_MAX pages of one layer per entry, and records
+ * their offsets and leases; on_demand counts them as recalls. A block another thread leased
+ * meanwhile keeps that lease, and the second one is released. */
+static int recall_blocks(struct hostkv_seq *s, const uint32_t *lp, size_t n, bool on_demand,
+			 char *err, size_t errlen)
 {
-	pthread_mutex_lock(&s->mu);
-	size_t n = 0;
-	for (int l = l0; l < l1; l++)
-		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++)
-			n += !blk(s, l, p)->lease;
-	struct ring_entry *e = n ? calloc(n, sizeof *e) : NULL;
-	uint64_t *stray = n ? calloc(n, sizeof *stray) : NULL;
-	if (!e || !stray) {
-		pthread_mutex_unlock(&s->mu);
+	if (!n)
+		return 0;
+	struct ring_entry *e = calloc(n, sizeof *e);
+	uint64_t *stray = calloc(n, sizeof *stray);
+	uint32_t *cnt = calloc(n, sizeof *cnt); /* pages of each entry, as sent */
+	if (!e || !stray || !cnt) {
 		free(e);
 		free(stray);
-		return n ? errmsg(err, errlen, -ENOMEM, "out of memory") : 0;
+		free(cnt);
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
-	/* One entry per run of up to HOSTKV_RECALL_MAX pages of one layer. */
 	size_t k = 0;
-	for (int l = l0; l < l1; l++)
-		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++) {
-			if (blk(s, l, p)->lease)
-				continue;
-			struct ring_entry *x = &e[k];
-			if (x->count && (x->count == HOSTKV_RECALL_MAX || x->layer != (uint32_t)l ||
-					 x->first_page + x->count != p))
-				x = &e[++k];
-			if (!x->count)
-				*x = (struct ring_entry){ .op = RING_OP_RECALL, .seq_id = s->id,
-							  .layer = (uint32_t)l, .first_page = p };
-			x->payload[x->n_payload++] = p;
-			x->payload[x->n_payload++] = s->all_heads;
-			x->count++;
-		}
-	pthread_mutex_unlock(&s->mu);
-	size_t ne = e[k].count ? k + 1 : k;
+	for (size_t i = 0; i < n; i++) {
+		const uint32_t l = lp[2 * i], p = lp[2 * i + 1];
+		struct ring_entry *x = &e[k];
+		if (x->count && (x->count == HOSTKV_RECALL_MAX || x->layer != l))
+			x = &e[++k];
+		if (!x->count)
+			*x = (struct ring_entry){ .op = RING_OP_RECALL, .seq_id = s->id, .layer = l,
+						  .first_page = p };
+		x->payload[x->n_payload++] = p;
+		x->payload[x->n_payload++] = s->all_heads;
+		cnt[k] = ++x->count;
+	}
+	const size_t ne = k + 1;
+	if (on_demand) {
+		pthread_mutex_lock(&s->mu);
+		s->n_recall_ops += ne;
+		pthread_mutex_unlock(&s->mu);
+	}
 	int ret = run_ring(s->h, e, ne, err, errlen);
 	/* Record what was leased even on a partial failure, so close releases it. */
-	size_t n_stray = 0;
+	size_t n_stray = 0, at = 0;
 	pthread_mutex_lock(&s->mu);
-	for (size_t i = 0; i < ne; i++) {
-		if (e[i].status || e[i].n_payload != 2 * e[i].count)
+	for (size_t i = 0; i < ne; at += cnt[i], i++) {
+		if (e[i].status || e[i].n_payload != 2 * cnt[i])
 			continue;
-		for (uint32_t j = 0; j < e[i].count; j++) {
-			uint32_t p = e[i].first_page + j;
+		for (uint32_t j = 0; j < cnt[i]; j++) {
+			const uint32_t l = lp[2 * (at + j)], p = lp[2 * (at + j) + 1];
 			uint64_t off = e[i].payload[2 * j], lid = e[i].payload[2 * j + 1];
-			struct hk_block *b = blk(s, (int)e[i].layer, p);
+			struct hk_block *b = blk(s, (int)l, p);
 			if (!off_ok(s, off)) {
 				if (!ret)
 					ret = errmsg(err, errlen, -EPROTO, "store gave an offset "
@@ -390,8 +392,36 @@ static int lease_missing(struct hostkv_seq *s, int l0, int l1, uint32_t p0, uint
 	int r2 = release_leases(s->h, stray, n_stray, e2, sizeof e2);
 	if (r2 && !ret)
 		ret = errmsg(err, errlen, r2, "%s", e2);
+	free(cnt);
 	free(stray);
 	free(e);
+	return ret;
+}
+
+/* Leases the allocated blocks of pages [p0, p1) of layers [l0, l1) that hold no lease. */
+static int lease_missing(struct hostkv_seq *s, int l0, int l1, uint32_t p0, uint32_t p1,
+			 char *err, size_t errlen)
+{
+	pthread_mutex_lock(&s->mu);
+	size_t n = 0;
+	for (int l = l0; l < l1; l++)
+		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++)
+			n += !blk(s, l, p)->lease;
+	uint32_t *lp = n ? malloc(2 * n * sizeof *lp) : NULL;
+	if (!lp) {
+		pthread_mutex_unlock(&s->mu);
+		return n ? errmsg(err, errlen, -ENOMEM, "out of memory") : 0;
+	}
+	size_t k = 0;
+	for (int l = l0; l < l1; l++)
+		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++)
+			if (!blk(s, l, p)->lease) {
+				lp[k++] = (uint32_t)l;
+				lp[k++] = p;
+			}
+	pthread_mutex_unlock(&s->mu);
+	int ret = recall_blocks(s, lp, n, false, err, errlen);
+	free(lp);
 	return ret;
 }
 
@@ -489,7 +519,7 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 		if (ret)
 			return ret;
 	}
-	return lease_missing(s, 0, s->n_layers, lo, upto, false, err, errlen);
+	return lease_missing(s, 0, s->n_layers, lo, upto, err, errlen);
 }
 
 /* ---------------------------------------------------------------- sequences */
@@ -589,8 +619,7 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 		for (int l = 0; l < n_layers; l++)
 			s->n_alloc[l] = pages;
 		s->full = (uint32_t)(committed / (uint64_t)g->p);
-		ret = lease_missing(s, 0, n_layers, s->budget ? s->full : 0, pages, false, err,
-				    errlen);
+		ret = lease_missing(s, 0, n_layers, s->budget ? s->full : 0, pages, err, errlen);
 	}
 	s->n_commit_pages = pages;
 	lock_store(h);
@@ -638,8 +667,8 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 			return ret;
 	}
 	/* Leased since allocation unless that lease failed: lease it now. */
-	int ret = lease_missing(s, layer, layer + 1, (uint32_t)page, (uint32_t)page + 1, false,
-				err, errlen);
+	int ret = lease_missing(s, layer, layer + 1, (uint32_t)page, (uint32_t)page + 1, err,
+				errlen);
 	if (ret)
 		return ret;
 	pthread_mutex_lock(&s->mu);
@@ -648,6 +677,14 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 	*block = s->h->base + b->off;
 	pthread_mutex_unlock(&s->mu);
 	return 0;
+}
+
+/* Adds one pin of (layer, page) (s->mu held): the block leaves the budget's count. */
+static void pin_locked(struct hostkv_seq *s, int layer, uint32_t page)
+{
+	struct hk_block *b = blk(s, layer, page);
+	s->n_evictable -= evictable(s, page, b);
+	b->pins++;
 }
 
 /* Drops one pin of (layer, page) (s->mu held); false when it had none. */
@@ -661,59 +698,113 @@ static bool unpin_locked(struct hostkv_seq *s, int layer, uint32_t page)
 	return true;
 }
 
-int hostkv_block_ro_pin(struct hostkv_seq *s, int layer, int page, const void **block,
-			char *err, size_t errlen)
+static int cmp_u32(const void *a, const void *b)
 {
-	if (layer < 0 || layer >= s->n_layers || page < 0)
-		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d)", layer, page);
-	const uint32_t p = (uint32_t)page;
+	const uint32_t *x = a, *y = b;
+	return *x < *y ? -1 : *x > *y;
+}
+
+int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
+		    const void **blocks, char *err, size_t errlen)
+{
+	if (layer < 0 || layer >= s->n_layers || n < 0 || (n && (!pages || !blocks)))
+		return errmsg(err, errlen, -EINVAL, "no blocks (layer %d, %d pages)", layer, n);
 	pthread_mutex_lock(&s->mu);
-	if (p >= s->n_alloc[layer]) {
-		pthread_mutex_unlock(&s->mu);
-		return errmsg(err, errlen, -ENOENT, "sequence '%s' has no block (layer %d, page %d)",
-			      s->name, layer, page);
+	for (int i = 0; i < n; i++)
+		if (pages[i] < 0 || (uint32_t)pages[i] >= s->n_alloc[layer]) {
+			pthread_mutex_unlock(&s->mu);
+			return errmsg(err, errlen, pages[i] < 0 ? -EINVAL : -ENOENT, "sequence '%s' "
+				      "has no block (layer %d, page %d)", s->name, layer, pages[i]);
+		}
+	/* Pinned first: nothing releases them while the missing ones are RECALLed. */
+	size_t n_miss = 0;
+	for (int i = 0; i < n; i++) {
+		pin_locked(s, layer, (uint32_t)pages[i]);
+		struct hk_block *b = blk(s, layer, (uint32_t)pages[i]);
+		b->used = ++s->clock;
+		n_miss += !b->lease;
 	}
-	struct hk_block *b = blk(s, layer, p);
-	s->n_evictable -= evictable(s, p, b);
-	b->pins++;
-	b->used = ++s->clock;
-	bool leased = b->lease != 0;
-	if (leased)
-		*block = s->h->base + b->off;
+	/* (layer, page) of each distinct page missing a lease: the front half sorts the pages. */
+	uint32_t *lp = n_miss ? malloc(2 * n_miss * sizeof *lp) : NULL;
+	int ret = n_miss && !lp ? errmsg(err, errlen, -ENOMEM, "out of memory") : 0;
+	size_t m = 0;
+	if (lp) {
+		for (int i = 0; i < n; i++)
+			if (!blk(s, layer, (uint32_t)pages[i])->lease)
+				lp[m++] = (uint32_t)pages[i];
+		qsort(lp, m, sizeof *lp, cmp_u32);
+		size_t u = 0;
+		for (size_t i = 0; i < m; i++)
+			if (!u || lp[u - 1] != lp[i])
+				lp[u++] = lp[i];
+		for (m = u; u--;) {
+			lp[2 * u + 1] = lp[u];
+			lp[2 * u] = (uint32_t)layer;
+		}
+	}
 	pthread_mutex_unlock(&s->mu);
-	if (leased)
-		return 0;
-	/* Pinned and not leased: nothing releases it; lease it (maybe from NVMe), then make room. */
-	int ret = lease_missing(s, layer, layer + 1, p, p + 1, true, err, errlen);
-	pthread_mutex_lock(&s->mu);
-	b = blk(s, layer, p);
-	if (!ret && !b->lease)
-		ret = errmsg(err, errlen, -EIO, "sequence '%s': block (layer %d, page %d) was not "
-			     "leased", s->name, layer, page);
 	if (!ret)
-		*block = s->h->base + b->off;
-	else
-		unpin_locked(s, layer, p);
+		ret = recall_blocks(s, lp, m, true, err, errlen);
+	free(lp);
+	pthread_mutex_lock(&s->mu);
+	for (int i = 0; i < n && !ret; i++) {
+		const struct hk_block *b = blk(s, layer, (uint32_t)pages[i]);
+		if (b->lease)
+			blocks[i] = s->h->base + b->off;
+		else
+			ret = errmsg(err, errlen, -EIO, "sequence '%s': block (layer %d, page %d) "
+				     "was not leased", s->name, layer, pages[i]);
+	}
+	for (int i = 0; i < n && ret; i++)
+		unpin_locked(s, layer, (uint32_t)pages[i]);
 	pthread_mutex_unlock(&s->mu);
-	if (!ret && (ret = enforce_budget(s, err, errlen))) {
+	if (!m)
+		return ret;
+	/* The recalled blocks (or, after a failure, the unpinned ones) may have pushed others
+	 * past the budget; the first failure is the one reported. */
+	char e2[256];
+	int r2 = enforce_budget(s, e2, sizeof e2);
+	if (r2 && !ret) {
+		ret = errmsg(err, errlen, r2, "%s", e2);
 		pthread_mutex_lock(&s->mu);
-		unpin_locked(s, layer, p);
+		for (int i = 0; i < n; i++)
+			unpin_locked(s, layer, (uint32_t)pages[i]);
 		pthread_mutex_unlock(&s->mu);
 	}
 	return ret;
 }
 
+int hostkv_block_ro_pin(struct hostkv_seq *s, int layer, int page, const void **block,
+			char *err, size_t errlen)
+{
+	return hostkv_pin_many(s, layer, &page, 1, block, err, errlen);
+}
+
+int hostkv_unpin_many(struct hostkv_seq *s, int layer, const int *pages, int n, char *err,
+		      size_t errlen)
+{
+	if (layer < 0 || layer >= s->n_layers || n < 0 || (n && !pages))
+		return errmsg(err, errlen, -EINVAL, "no blocks (layer %d, %d pages)", layer, n);
+	pthread_mutex_lock(&s->mu);
+	int i = 0;
+	while (i < n && pages[i] >= 0 && (uint32_t)pages[i] < s->n_alloc[layer] &&
+	       unpin_locked(s, layer, (uint32_t)pages[i]))
+		i++;
+	if (i < n) {
+		const int bad = pages[i];
+		while (i--)
+			pin_locked(s, layer, (uint32_t)pages[i]);
+		pthread_mutex_unlock(&s->mu);
+		return errmsg(err, errlen, -EINVAL, "sequence '%s': block (layer %d, page %d) is "
+			      "not pinned", s->name, layer, bad);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return enforce_budget(s, err, errlen);
+}
+
 int hostkv_unpin(struct hostkv_seq *s, int layer, int page, char *err, size_t errlen)
 {
-	if (layer < 0 || layer >= s->n_layers || page < 0)
-		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d)", layer, page);
-	pthread_mutex_lock(&s->mu);
-	bool ok = (uint32_t)page < s->n_alloc[layer] && unpin_locked(s, layer, (uint32_t)page);
-	pthread_mutex_unlock(&s->mu);
-	if (!ok)
-		return errmsg(err, errlen, -EINVAL, "sequence '%s': block (layer %d, page %d) is "
-			      "not pinned", s->name, layer, page);
-	return enforce_budget(s, err, errlen);
+	return hostkv_unpin_many(s, layer, &page, 1, err, errlen);
 }
 
 void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st)
@@ -728,6 +819,7 @@ void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st)
 			st->evictable += evictable(s, p, b);
 		}
 	st->recalls = s->n_recalls;
+	st->recall_ops = s->n_recall_ops;
 	st->releases = s->n_releases;
 	assert(st->held == s->n_held && st->evictable == s->n_evictable);
 	pthread_mutex_unlock(&s->mu);
@@ -796,8 +888,7 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 	bool sent = false;
 	int ret = 0;
 	if (pages > s->n_commit_pages) {
-		ret = lease_missing(s, 0, s->n_layers, s->n_commit_pages, pages, false, err,
-				    errlen)
+		ret = lease_missing(s, 0, s->n_layers, s->n_commit_pages, pages, err, errlen)
 		   ?: commit_blocks(s, pages, committed_tokens, err, errlen);
 		sent = true;
 	}

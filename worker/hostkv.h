@@ -25,8 +25,9 @@
  * hostkv_close() closes every sequence still open (detaching them) and frees everything.
  * hostkv_seq_open() allocates a sequence handle that hostkv_seq_close() frees. Errors are
  * 0 or -errno with a message in err (the daemon's text when it refused). One thread uses a
- * handle at a time, except hostkv_block_ro_pin() and hostkv_unpin(), which the recall thread
- * may call while the compute thread appends and commits. */
+ * handle at a time, except the pins and unpins (hostkv_block_ro_pin(), hostkv_pin_many() and
+ * their unpins), which the recall thread may call while the compute thread appends and
+ * commits. */
 #ifndef FREEKV_HOSTKV_H
 #define FREEKV_HOSTKV_H
 
@@ -88,15 +89,27 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
  * leases past the budget are released. Pins nest (a count per block). */
 int hostkv_block_ro_pin(struct hostkv_seq *s, int layer, int page, const void **block,
 			char *err, size_t errlen);
+/* Pins pages[0..n) of one layer as hostkv_block_ro_pin() would, one pin per entry (a page
+ * listed twice is pinned twice), blocks[i] the block of pages[i]; the pages that are not leased
+ * are RECALLed together, up to 32 a ring entry, in one run of the ring, and the budget is
+ * enforced once after. All or nothing: on an error (-ENOENT for a page with no block, before
+ * anything is pinned) no pin of the call is left. pages is borrowed for the call. */
+int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
+		    const void **blocks, char *err, size_t errlen);
 /* Drops one pin of (layer, page) (-EINVAL when it holds none); may release leases over the
  * budget (a RELEASE failure is returned, the pin is dropped either way). */
 int hostkv_unpin(struct hostkv_seq *s, int layer, int page, char *err, size_t errlen);
+/* Drops one pin of each of pages[0..n) of one layer: all of them, or none (-EINVAL when one of
+ * them holds no pin left), then releases leases over the budget once, as hostkv_unpin(). */
+int hostkv_unpin_many(struct hostkv_seq *s, int layer, const int *pages, int n, char *err,
+		      size_t errlen);
 
 /* Lease counters of a sequence: held, evictable and pinned are counted from the block table
- * now; recalls (blocks leased again on demand) and releases (leases dropped for the budget) since
- * open. With a budget, evictable <= budget after every call. */
+ * now; recalls (blocks leased again on demand), recall_ops (the RECALL ring entries that carried
+ * them, up to 32 blocks each) and releases (leases dropped for the budget) since open. With a
+ * budget, evictable <= budget after every call. */
 struct hostkv_lease_stats {
-	uint64_t budget, held, evictable, pinned, recalls, releases;
+	uint64_t budget, held, evictable, pinned, recalls, recall_ops, releases;
 };
 void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st);
 

@@ -1,5 +1,8 @@
 /* recall — see recall.h. One mutex and one condition variable guard the job ring and the two
- * staging buffers; the threads hold the mutex only to hand work over, never while copying. */
+ * staging buffers; the threads hold the mutex only to hand work over, never while copying. The
+ * copy thread pins the blocks of a staging buffer's worth of units together (hostkv_pin_many
+ * per layer: the ones not leased under a lease budget come back in one run of the ring), copies
+ * the units and unpins them. */
 #include "recall.h"
 
 #include <errno.h>
@@ -36,6 +39,15 @@ struct staging {
 	struct recall_job *job;
 };
 
+/* The copy thread's pins of one staging buffer's units, (cap) each. */
+struct recall_pins {
+	const void **src;	/* the block of each unit */
+	int *ord;		/* unit indices grouped by layer */
+	int *pages;		/* their pages, in ord's order */
+	const void **blocks;	/* their pinned blocks, in ord's order */
+	bool *taken;
+};
+
 struct recall {
 	struct recall_opts o;
 	size_t unit_bytes;
@@ -47,6 +59,7 @@ struct recall {
 	uint64_t submitted;	/* last ticket handed out */
 	uint64_t copied;	/* last ticket the copy thread took */
 	struct staging st[2];
+	struct recall_pins pin;
 	bool stop;
 	bool copy_exited; /* the copy thread will fill no more buffers */
 	bool threads_up;
@@ -60,20 +73,69 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The block a unit is copied from, pinned (with a host copy) until unit_done. */
-static int unit_src(struct recall *r, const struct recall_unit *u, const void **block)
+/* Drops the pins pin_units took for the first m entries of pin.ord (units u). */
+static int unpin_units(struct recall *r, const struct recall_unit *u, int m)
 {
-	if (r->o.host) {
-		char err[256];
-		return hostkv_block_ro_pin(r->o.host, u->layer, u->page, block, err, sizeof err);
+	const struct recall_pins *pn = &r->pin;
+	char err[256];
+	int ret = 0;
+	for (int c = 0; r->o.host && c < m;) {
+		const int l = u[pn->ord[c]].layer;
+		int e = c;
+		while (e < m && u[pn->ord[e]].layer == l)
+			e++;
+		int r2 = hostkv_unpin_many(r->o.host, l, pn->pages + c, e - c, err, sizeof err);
+		ret = ret ? ret : r2;
+		c = e;
 	}
-	return r->o.src(r->o.src_arg, u->layer, u->page, block);
+	return ret;
 }
 
-static int unit_done(struct recall *r, const struct recall_unit *u)
+/* The blocks of units u[0..m) of one staging buffer into pin.src: with a host copy, pinned by
+ * one hostkv_pin_many per layer (pin.ord groups the units by layer, in order of first
+ * appearance; pin.pages are their pages in that order), all or none; else *got units from the
+ * source callback, up to the first that fails. */
+static int pin_units(struct recall *r, const struct recall_unit *u, int m, int *got)
 {
+	struct recall_pins *pn = &r->pin;
+	*got = 0;
+	if (!r->o.host) {
+		int ret = 0;
+		while (*got < m && !(ret = r->o.src(r->o.src_arg, u[*got].layer, u[*got].page,
+						    &pn->src[*got])))
+			++*got;
+		return ret;
+	}
+	int c = 0;
+	memset(pn->taken, 0, (size_t)m * sizeof *pn->taken);
+	for (int j = 0; j < m; j++) {
+		if (pn->taken[j])
+			continue;
+		for (int k = j; k < m; k++)
+			if (!pn->taken[k] && u[k].layer == u[j].layer) {
+				pn->taken[k] = true;
+				pn->ord[c] = k;
+				pn->pages[c++] = u[k].page;
+			}
+	}
 	char err[256];
-	return r->o.host ? hostkv_unpin(r->o.host, u->layer, u->page, err, sizeof err) : 0;
+	for (c = 0; c < m;) {
+		const int l = u[pn->ord[c]].layer;
+		int e = c;
+		while (e < m && u[pn->ord[e]].layer == l)
+			e++;
+		int ret = hostkv_pin_many(r->o.host, l, pn->pages + c, e - c, pn->blocks + c, err,
+					  sizeof err);
+		if (ret) {
+			unpin_units(r, u, c);
+			return ret;
+		}
+		for (int k = c; k < e; k++)
+			pn->src[pn->ord[k]] = pn->blocks[k];
+		c = e;
+	}
+	*got = m;
+	return 0;
 }
 
 /* Copy thread: takes jobs in order, runs their prepare step, fills the staging buffers in turn. */
@@ -101,19 +163,21 @@ static void *copy_main(void *arg)
 			while (s->full)
 				pthread_cond_wait(&r->cv, &r->mu);
 			pthread_mutex_unlock(&r->mu);
-			int m = 0;
-			while (!err && m < r->cap && i < job->n) {
-				const struct recall_unit *u = &job->units[i];
-				const void *block;
-				err = unit_src(r, u, &block);
-				if (err)
-					break;
-				memcpy((char *)s->buf + (size_t)m * r->unit_bytes,
-				       (const char *)block + (size_t)u->head * r->unit_bytes,
-				       r->unit_bytes);
-				err = unit_done(r, u);
-				s->dst[m++] = *u;
-				i++;
+			/* The buffer's units: their blocks pinned at once, copied, unpinned. */
+			const struct recall_unit *u = job->units + i;
+			int m = 0, want = job->n - i < r->cap ? job->n - i : r->cap;
+			if (!err && want > 0) {
+				err = pin_units(r, u, want, &m);
+				for (int j = 0; j < m; j++) {
+					memcpy((char *)s->buf + (size_t)j * r->unit_bytes,
+					       (const char *)r->pin.src[j] +
+						       (size_t)u[j].head * r->unit_bytes,
+					       r->unit_bytes);
+					s->dst[j] = u[j];
+				}
+				if (!err)
+					err = unpin_units(r, u, m);
+				i += m;
 			}
 			last = err || i == job->n;
 			int64_t t1 = now_ns();
@@ -217,6 +281,11 @@ void recall_free(struct recall *r)
 		free(r->st[b].slots);
 		free(r->st[b].heads);
 	}
+	free(r->pin.src);
+	free(r->pin.ord);
+	free(r->pin.pages);
+	free(r->pin.blocks);
+	free(r->pin.taken);
 	free(r->jobs);
 	free(r);
 }
@@ -238,7 +307,13 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	r->jobs = calloc((size_t)r->n_jobs, sizeof *r->jobs);
-	if (!r->jobs) {
+	r->pin.src = calloc((size_t)r->cap, sizeof *r->pin.src);
+	r->pin.ord = calloc((size_t)r->cap, sizeof *r->pin.ord);
+	r->pin.pages = calloc((size_t)r->cap, sizeof *r->pin.pages);
+	r->pin.blocks = calloc((size_t)r->cap, sizeof *r->pin.blocks);
+	r->pin.taken = calloc((size_t)r->cap, sizeof *r->pin.taken);
+	if (!r->jobs || !r->pin.src || !r->pin.ord || !r->pin.pages || !r->pin.blocks ||
+	    !r->pin.taken) {
 		recall_free(r);
 		return -ENOMEM;
 	}

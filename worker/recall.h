@@ -39,8 +39,9 @@ struct recall_unit {
  * Returns 0 or -errno (the job then fails with it). */
 typedef int (*recall_prepare_fn)(void *arg, struct recall_unit **units, int *n);
 
-/* Where recall_unit pages come from: hostkv_block_ro_pin() of host (unpinned once the unit is
- * copied), or (tests) a callback. */
+/* Where recall_unit pages come from: host, pinned a staging buffer's worth of units at a time
+ * (hostkv_pin_many, one call per layer; unpinned once they are copied), or (tests) a callback,
+ * per unit. */
 typedef int (*recall_src_fn)(void *arg, int layer, int page, const void **block);
 
 struct recall_opts {
