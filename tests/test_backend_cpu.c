@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <math.h>
 
+#include "layout.h"
 #include "test_backend.h"
 
 static uint64_t seed = 0x5eed;
@@ -779,6 +780,104 @@ static void test_threads_bitwise(void **state)
 	free(q);
 }
 
+/* store_rows: backend rows into host blocks, checked against layout_store_tokens applied token
+ * by token, for every dtype, runs that start mid-page and cross pages; bytes the call must not
+ * touch keep their random contents. */
+static void test_store_rows(void **state)
+{
+	(void)state;
+	const int H = 3, P = 5, D = 7;
+	const int runs[][2] = { { 0, 1 }, { 4, 1 }, { 2, 3 }, { 3, 9 }, { 0, 15 }, { 1, 0 }, { 4, 12 } };
+	const size_t row = (size_t)H * D;
+	for (size_t t = 0; t < 3; t++) {
+		const struct kv_geom g = { .n_kv = H, .p = P, .d = D, .dtype = dtypes[t] };
+		const size_t bb = layout_block_bytes(&g);
+		for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+			const int t0 = runs[r][0], n = runs[r][1], nb = (t0 + n + P - 1) / P;
+			float *k = randv((int64_t)(n ? n : 1) * (int64_t)row, 3.0f);
+			float *v = randv((int64_t)(n ? n : 1) * (int64_t)row, 3.0f);
+			float *bk = be->ops->buf_alloc(be->ctx, (n ? n : 1) * row * sizeof *bk);
+			float *bv = be->ops->buf_alloc(be->ctx, (n ? n : 1) * row * sizeof *bv);
+			assert_true(bk && bv);
+			assert_int_equal(be->ops->upload(be->ctx, bk, k, n * row * sizeof *k), 0);
+			assert_int_equal(be->ops->upload(be->ctx, bv, v, n * row * sizeof *v), 0);
+			uint8_t *got = malloc((size_t)(nb + 1) * bb), *want = malloc((size_t)(nb + 1) * bb);
+			assert_true(got && want);
+			for (size_t i = 0; i < (size_t)(nb + 1) * bb; i++)
+				got[i] = want[i] = (uint8_t)test_rand(&seed);
+			void *blocks[8];
+			for (int b = 0; b < nb; b++)
+				blocks[b] = got + (size_t)b * bb;
+			assert_int_equal(be->ops->store_rows(be->ctx, blocks, t0, bk, bv, n, P, H, D,
+							     dtypes[t]), 0);
+			for (int i = 0; i < n; i++) {
+				int at = t0 + i;
+				layout_store_tokens(&g, want + (size_t)(at / P) * bb, at % P, at % P + 1,
+						    k + (size_t)i * row, v + (size_t)i * row);
+			}
+			assert_memory_equal(got, want, (size_t)(nb + 1) * bb);
+			be->ops->buf_free(be->ctx, bk);
+			be->ops->buf_free(be->ctx, bv);
+			free(got);
+			free(want);
+			free(k);
+			free(v);
+		}
+	}
+	void *none[1] = { NULL };
+	float x = 0;
+	assert_int_equal(be->ops->store_rows(be->ctx, none, P, &x, &x, 1, P, H, D, FKV_F16), -EINVAL);
+	assert_int_equal(be->ops->store_rows(be->ctx, none, -1, &x, &x, 1, P, H, D, FKV_F16), -EINVAL);
+	assert_int_equal(be->ops->store_rows(be->ctx, none, 0, &x, &x, 1, P, H, D, (enum fkv_dtype)7),
+			 -EINVAL);
+}
+
+/* round_to equals a conversion to the dtype and back, bit for bit, on random values of every
+ * magnitude and on the special ones (signed zeros, subnormals, overflow, infinities, NaN). */
+static void test_round_to(void **state)
+{
+	(void)state;
+	const int64_t n = 4096 + 13;
+	const float special[] = { 0.0f, -0.0f, 1e-8f, -3e-41f, 65504.0f, 65520.0f, 1e30f, -1e38f,
+				  INFINITY, -INFINITY, NAN, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f };
+	for (size_t t = 0; t < 3; t++) {
+		float *x = randv(n, 1.0f);
+		for (int64_t i = 0; i < n; i++)
+			x[i] = ldexpf(x[i], (int)(test_rand(&seed) % 80) - 40);
+		memcpy(x, special, sizeof special);
+		float *want = malloc((size_t)n * sizeof *want);
+		uint16_t *tmp = malloc((size_t)n * sizeof *tmp);
+		assert_true(want && tmp);
+		memcpy(want, x, (size_t)n * sizeof *want);
+		float *orig = malloc((size_t)n * sizeof *orig);
+		assert_non_null(orig);
+		memcpy(orig, x, (size_t)n * sizeof *orig);
+		if (dtypes[t] != FKV_F32)
+			for (int64_t i = 0; i < n; i++) {
+				dtype_from_f32(tmp + i, x + i, dtypes[t], 1);
+				dtype_to_f32(want + i, tmp + i, dtypes[t], 1);
+			}
+		float *b = be->ops->buf_alloc(be->ctx, (size_t)n * sizeof *b);
+		assert_non_null(b);
+		assert_int_equal(be->ops->upload(be->ctx, b, x, (size_t)n * sizeof *x), 0);
+		assert_int_equal(be->ops->round_to(be->ctx, b, n, dtypes[t]), 0);
+		assert_int_equal(be->ops->download(be->ctx, x, b, (size_t)n * sizeof *x), 0);
+		assert_memory_equal(x, want, (size_t)n * sizeof *x);
+		/* Not a no-op: most random f32 values are not representable in 16 bits. */
+		int64_t changed = 0;
+		for (int64_t i = 0; i < n; i++)
+			changed += memcmp(&x[i], &orig[i], sizeof *x) != 0;
+		assert_true(dtypes[t] == FKV_F32 ? changed == 0 : changed > n / 2);
+		free(orig);
+		be->ops->buf_free(be->ctx, b);
+		free(x);
+		free(want);
+		free(tmp);
+	}
+	float y = 1;
+	assert_int_equal(be->ops->round_to(be->ctx, &y, 1, (enum fkv_dtype)7), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -795,6 +894,8 @@ int main(void)
 		cmocka_unit_test(test_attn_prefill_units),
 		cmocka_unit_test(test_attn_decode_paged),
 		cmocka_unit_test(test_threads_bitwise),
+		cmocka_unit_test(test_store_rows),
+		cmocka_unit_test(test_round_to),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

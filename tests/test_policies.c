@@ -9,7 +9,10 @@
  *     (and with the same logits, except freekv, whose first step after a resume selects with
  *     the current query because the previous query is not kept);
  *   - decode attention goes through the backend's attn_decode_slots when it has the op, with
- *     exactly the results of attn_decode_heads. */
+ *     exactly the results of attn_decode_heads;
+ *   - the write-through from backend rows (store_rows, landing late as on a device; round_to)
+ *     and its download fallback give exactly the CPU backend's results, and the former
+ *     downloads no K/V rows in decode. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -544,6 +547,92 @@ static int dm_recall_units(void *c, void *const *slots, const int *heads, const 
 	return ret;
 }
 
+static int dm_store_rows(void *c, void *const *blocks, int t0, const float *k, const float *v,
+			 int n, int p, int n_kv, int d, enum fkv_dtype dt)
+{
+	return real_ops->store_rows(c, blocks, t0, dv(k), dv(v), n, p, n_kv, d, dt);
+}
+
+static int dm_round_to(void *c, float *x, int64_t n, enum fkv_dtype dt)
+{
+	return real_ops->round_to(c, dv(x), n, dt);
+}
+
+/* ---- an offload that lands late ----
+ * store_rows as a device runs it: the rows are taken at the call (later ops may overwrite
+ * them), the host blocks written only at the next sync(), poison until then. A path that reads
+ * or COMMITs the host copy without the fence sees the poison. */
+struct dq_store {
+	void *blocks[64];
+	int t0, n, p, n_kv, d;
+	enum fkv_dtype dt;
+	float *k, *v; /* host copies of the rows */
+};
+
+static struct dq_store *dq;
+static int dq_n, dq_cap;
+static int64_t dq_calls, dq_downloads;
+
+static int dq_store_rows(void *c, void *const *blocks, int t0, const float *k, const float *v,
+			 int n, int p, int n_kv, int d, enum fkv_dtype dt)
+{
+	int nb = (t0 + n + p - 1) / p;
+	assert_true(nb <= 64);
+	if (dq_n == dq_cap) {
+		dq_cap = dq_cap ? 2 * dq_cap : 64;
+		dq = realloc(dq, (size_t)dq_cap * sizeof *dq);
+		assert_non_null(dq);
+	}
+	struct dq_store *q = &dq[dq_n++];
+	*q = (struct dq_store){ .t0 = t0, .n = n, .p = p, .n_kv = n_kv, .d = d, .dt = dt };
+	memcpy(q->blocks, blocks, (size_t)nb * sizeof *blocks);
+	size_t bytes = (size_t)n * n_kv * d * sizeof(float);
+	q->k = malloc(bytes ? bytes : 1);
+	q->v = malloc(bytes ? bytes : 1);
+	assert_true(q->k && q->v);
+	memcpy(q->k, dv(k), bytes);
+	memcpy(q->v, dv(v), bytes);
+	/* Until the fence the rows hold anything: poison, so that a read without one cannot
+	 * pass on bytes an earlier sequence of the same tokens left in a reused pool block. */
+	float *poison = malloc(bytes ? bytes : 1);
+	assert_non_null(poison);
+	for (size_t i = 0; i < bytes / sizeof *poison; i++)
+		poison[i] = -1e30f;
+	assert_int_equal(real_ops->store_rows(c, blocks, t0, poison, poison, n, p, n_kv, d, dt), 0);
+	free(poison);
+	dq_calls++;
+	return 0;
+}
+
+static int dq_sync(void *c)
+{
+	for (int i = 0; i < dq_n; i++) {
+		struct dq_store *q = &dq[i];
+		int ret = real_ops->store_rows(c, q->blocks, q->t0, q->k, q->v, q->n, q->p, q->n_kv,
+					       q->d, q->dt);
+		assert_int_equal(ret, 0);
+		free(q->k);
+		free(q->v);
+	}
+	dq_n = 0;
+	return 0;
+}
+
+static int dq_download(void *c, void *d, const void *s, size_t n)
+{
+	dq_downloads++;
+	return dm_download(c, d, s, n);
+}
+
+/* A backend without the offload ops: the paged policies download rows and upload them. */
+static int dl_store_rows(void *c, void *const *blocks, int t0, const float *k, const float *v,
+			 int n, int p, int n_kv, int d, enum fkv_dtype dt)
+{
+	(void)c, (void)blocks, (void)t0, (void)k, (void)v, (void)n, (void)p, (void)n_kv, (void)d,
+		(void)dt;
+	return -EOPNOTSUPP;
+}
+
 /* The devmem view of the CPU backend be (sharing its context); ops is filled here. */
 static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 {
@@ -570,6 +659,8 @@ static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 	ops->attn_decode_heads = dm_attn_decode_heads;
 	ops->attn_decode_slots = real_ops->attn_decode_slots ? dm_attn_decode_slots : NULL;
 	ops->recall_units = dm_recall_units;
+	ops->store_rows = dm_store_rows;
+	ops->round_to = dm_round_to;
 	return (struct backend){ .ops = ops, .ctx = cpu->ctx };
 }
 
@@ -600,6 +691,142 @@ static void test_device_memory_backend(void **state)
 		free(r.logits);
 		free(ref.logits);
 	}
+}
+
+/* On backend bw: a prefill without logits (no sync at its end but the engine's fence before
+ * COMMIT); a fresh engine resumes it and decodes 30 greedy steps, the next token kept; another
+ * resumes that and decodes 10 steps; lg gets the last logits. */
+static struct engine *resume_engine(const char *policy, struct kv_policy_opts kv,
+				    struct hostkv_seq *hs, int *seq)
+{
+	char err[256];
+	struct engine *e = new_engine(policy, kv);
+	if (engine_seq_open(e, hs, seq, err, sizeof err))
+		fail_msg("resume %s: %s", policy, err);
+	return e;
+}
+
+static void resume_on(const char *policy, struct kv_policy_opts kv, struct backend *bw,
+		      const char *name, uint64_t seed, float *lg)
+{
+	struct backend *cpu = be;
+	char err[256];
+	int32_t toks[PROMPT];
+	for (int i = 0; i < PROMPT; i++)
+		toks[i] = 3 + (int32_t)(test_rand(&seed) % (VOCAB - 3));
+	be = bw;
+	struct engine *e = new_engine(policy, kv);
+	struct hostkv_seq *hs = open_host(e, name);
+	int seq;
+	assert_int_equal(engine_seq_open(e, hs, &seq, err, sizeof err), 0);
+	assert_int_equal(engine_prefill(e, seq, toks, PROMPT, NULL, false, err, sizeof err), 0);
+	engine_seq_free(e, seq);
+	engine_free(e);
+	e = resume_engine(policy, kv, hs, &seq);
+	int32_t next = toks[PROMPT - 1]; /* a resume runs the last kept token again */
+	for (int t = 0; t < 30; t++) {
+		if (engine_decode(e, 1, &seq, &next, lg, err, sizeof err))
+			fail_msg("decode %s step %d: %s", policy, t, err);
+		next = argmax(lg);
+	}
+	assert_int_equal(engine_seq_keep(e, seq, &next, 1, err, sizeof err), 0);
+	engine_seq_free(e, seq);
+	engine_free(e);
+	e = resume_engine(policy, kv, hs, &seq);
+	for (int t = 0; t < 10; t++) {
+		assert_int_equal(engine_decode(e, 1, &seq, &next, lg, err, sizeof err), 0);
+		next = argmax(lg);
+	}
+	engine_seq_free(e, seq);
+	engine_free(e);
+	hostkv_seq_close(hs, true);
+	be = cpu;
+}
+
+/* The write-through from backend rows (kv_wt_put: store_rows; round_to on the slot rows) on the
+ * devmem backend, every policy, debug invariants on and off: with the stores deferred to sync()
+ * (as a device's offload stream lands them) and with store_rows refusing every block and no
+ * round_to (the download fallback), tokens and logits equal the CPU backend's bit for bit. With
+ * the debug checks off (no fence but the engine's before COMMIT) the deferred run downloads no
+ * K/V rows in decode (logits, queries, prefill rows and the keys of pages that fill only), the
+ * fallback two more per layer and step. A sequence written through deferred stores, kept and
+ * resumed in a fresh engine continues as on the CPU backend: its host copy was complete at
+ * COMMIT. */
+static void test_offload_paths(void **state)
+{
+	(void)state;
+	NEED_MODEL();
+	static const char *const pols[] = { "full", "streaming", "quest", "freekv" };
+	enum { STEPS = 64 };
+	struct backend_ops dm, deferred, dl;
+	struct backend *cpu = be;
+	(void)devmem_of(cpu, &dm);
+	deferred = dm;
+	deferred.name = "deferred";
+	deferred.store_rows = dq_store_rows;
+	deferred.sync = dq_sync;
+	deferred.download = dq_download;
+	dl = dm;
+	dl.name = "download";
+	dl.store_rows = dl_store_rows;
+	dl.round_to = NULL;
+	dl.download = dq_download;
+	struct backend bq = { .ops = &deferred, .ctx = cpu->ctx };
+	struct backend bd = { .ops = &dl, .ctx = cpu->ctx };
+	const int64_t L = model.cfg.n_layers;
+	for (size_t i = 0; i < 4; i++)
+		for (int dbg = 1; dbg >= 0; dbg--) {
+			struct kv_policy_opts kv = kvo(8, 64, 8, 16, 1, 0.9f, dbg);
+			struct run ref, rq, rd;
+			char what[96];
+			gen(pols[i], kv, STEPS, true, &ref);
+			dq_calls = dq_downloads = 0;
+			be = &bq;
+			gen(pols[i], kv, STEPS, true, &rq);
+			be = cpu;
+			int64_t q_dl = dq_downloads;
+			assert_true(dq_calls >= STEPS * L);
+			assert_int_equal(dq_n, 0);
+			if (i)
+				assert_true(rq.st.sum.steps > 0); /* the budget was exceeded */
+			dq_downloads = 0;
+			be = &bd;
+			gen(pols[i], kv, STEPS, true, &rd);
+			be = cpu;
+			snprintf(what, sizeof what, "%s debug %d: deferred stores", pols[i], dbg);
+			expect_same(&rq, &ref, what);
+			snprintf(what, sizeof what, "%s debug %d: download fallback", pols[i], dbg);
+			expect_same(&rd, &ref, what);
+			if (!dbg) {
+				/* logits; each paged layer's query (host-side selection); prefill
+				 * rows; the keys of pages that fill */
+				int64_t bound = (STEPS + 1) * (1 + L) + 2 * L +
+						((PROMPT + STEPS) / 8 + 1) * L;
+				if (q_dl > bound || dq_downloads - q_dl < 2 * L * STEPS)
+					fail_msg("%s: %lld downloads with store_rows (at most %lld), "
+						 "%lld without", pols[i], (long long)q_dl,
+						 (long long)bound, (long long)dq_downloads);
+			}
+			free(ref.logits);
+			free(rq.logits);
+			free(rd.logits);
+		}
+	static const char *const resumed[] = { "full", "quest" };
+	for (size_t i = 0; i < 2; i++) {
+		struct kv_policy_opts kv = kvo(8, 64, 8, 16, 1, 0.9f, false);
+		float a[VOCAB], b[VOCAB];
+		char name[64];
+		/* Deferred first, on a prompt no earlier sequence had: pool blocks freed by a run of
+		 * the same prompt would hold the very bytes a missing fence leaves unwritten. */
+		snprintf(name, sizeof name, "tp-offload-deferred-%zu", i);
+		resume_on(resumed[i], kv, &bq, name, 777 + i, b);
+		snprintf(name, sizeof name, "tp-offload-cpu-%zu", i);
+		resume_on(resumed[i], kv, cpu, name, 777 + i, a);
+		assert_memory_equal(a, b, sizeof a);
+	}
+	free(dq);
+	dq = NULL;
+	dq_cap = 0;
 }
 
 /* ---- which decode op the paged policies call ----
@@ -861,6 +1088,7 @@ int main(void)
 		cmocka_unit_test(test_chunked_prefill_is_dense),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_device_memory_backend),
+		cmocka_unit_test(test_offload_paths),
 		cmocka_unit_test(test_decode_goes_through_slots),
 		cmocka_unit_test(test_many_layers_in_flight),
 		cmocka_unit_test(test_invariants_catch_divergence),

@@ -147,7 +147,23 @@ struct backend_ops {
 	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
 			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt);
 
-	/* (optional) Waits until every queued op has finished. */
+	/* (optional) The offload half of a write-through (DESIGN §3, §5): backend rows k, v
+	 * (n_tok, n_kv, d) f32 into host page blocks (HND, dt), token i to block (t0 + i) / p,
+	 * row (t0 + i) % p, exactly as layout_store_tokens writes them; blocks (host memory) holds
+	 * one pointer per page touched, (t0 + n_tok + p - 1) / p of them, 0 <= t0 < p. The rows
+	 * are read after every op queued before the call, and ops queued after it may overwrite
+	 * k, v at once (the op owns what it still has to read). The stored bytes are visible on
+	 * the host only after sync(), the fence before anything reads them (a COMMIT, a debug
+	 * check, a host store to the same block). -EOPNOTSUPP when a block is not where the
+	 * backend can write it (on CUDA: outside the ranges of host_register); nothing is
+	 * queued then, and the caller downloads the rows instead. */
+	int (*store_rows)(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
+			  int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
+	/* (optional) Rounds x (n) f32 in place to dtype dt and back (round to nearest even, like
+	 * dtype.c), so a slot holds exactly what a block of dt holds. */
+	int (*round_to)(void *ctx, float *x, int64_t n, enum fkv_dtype dt);
+
+	/* (optional) Waits until every queued op has finished (store_rows included). */
 	int (*sync)(void *ctx);
 	/* (optional) Sets the number of compute threads. */
 	int (*set_threads)(void *ctx, int n);
@@ -155,7 +171,8 @@ struct backend_ops {
 	int (*get_threads)(void *ctx);
 
 	/* (optional) Page-locks the host range [ptr, ptr + bytes) (the worker's mapping of the
-	 * kvstored pool) so that copies between it and backend memory run as DMA. On failure
+	 * kvstored pool) so that copies between it and backend memory run as DMA and store_rows
+	 * may write it from the device. On failure
 	 * nothing stays registered and err says why (the locked-memory limit, LimitMEMLOCK, when
 	 * the system refused). Registrations left at backend_free() are undone. */
 	int (*host_register)(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen);

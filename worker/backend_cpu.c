@@ -835,6 +835,45 @@ static int cpu_recall_units(void *ctx, void *const *slots, const int *heads, con
 	return 0;
 }
 
+static bool kv_dtype_ok(enum fkv_dtype dt)
+{
+	return dt == FKV_F32 || dt == FKV_F16 || dt == FKV_BF16;
+}
+
+/* Backend rows are host memory, so the write-through is layout_store_tokens block by block:
+ * the same bytes as a download followed by a host store. */
+static int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
+			  int n_tok, int p, int n_kv, int d, enum fkv_dtype dt)
+{
+	(void)ctx;
+	if (t0 < 0 || t0 >= p || n_tok < 0 || n_kv <= 0 || d <= 0 || !kv_dtype_ok(dt))
+		return -EINVAL;
+	const struct kv_geom g = { .n_kv = n_kv, .p = p, .d = d, .dtype = dt };
+	const size_t row = (size_t)n_kv * d;
+	for (int i = 0, b = 0; i < n_tok; b++) {
+		int r0 = b ? 0 : t0, r1 = r0 + (n_tok - i) < p ? r0 + (n_tok - i) : p;
+		layout_store_tokens(&g, blocks[b], r0, r1, k + (size_t)i * row, v + (size_t)i * row);
+		i += r1 - r0;
+	}
+	return 0;
+}
+
+static int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
+{
+	(void)ctx;
+	uint16_t tmp[256];
+	if (!kv_dtype_ok(dt) || n < 0)
+		return -EINVAL;
+	if (dt == FKV_F32)
+		return 0;
+	for (int64_t i = 0; i < n; i += 256) {
+		size_t m = n - i < 256 ? (size_t)(n - i) : 256;
+		dtype_from_f32(tmp, x + i, dt, m);
+		dtype_to_f32(x + i, tmp, dt, m);
+	}
+	return 0;
+}
+
 static const struct backend_ops cpu_ops = {
 	.name = "cpu",
 	.free = cpu_free,
@@ -860,6 +899,8 @@ static const struct backend_ops cpu_ops = {
 	.attn_decode_heads = cpu_attn_decode_heads,
 	.attn_decode_slots = cpu_attn_decode_slots,
 	.recall_units = cpu_recall_units,
+	.store_rows = cpu_store_rows,
+	.round_to = cpu_round_to,
 	.sync = NULL,
 	.set_threads = cpu_set_threads,
 	.get_threads = cpu_get_threads,

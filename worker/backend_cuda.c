@@ -38,6 +38,25 @@
  * and backend_free() drain every stream; download() waits for the compute stream, which has
  * already waited for every recall queued before it.
  *
+ * Offload (store_rows, the write-through of appended K/V rows into the pool): the pool mapping
+ * is registered Portable | Mapped, and each chunk's device alias (cudaHostGetDevicePointer) is
+ * kept, so kernels/offload_gather writes the HND blocks straight into host memory. The rows'
+ * buffers belong to the caller and are overwritten by the next layer's projections, so instead
+ * of making the compute stream wait for the offload (which would put the PCIe writes on the
+ * critical path) a call takes the next of CUDA_OFFLOAD_RING offload slots, each a device
+ * buffer [k rows][v rows][block offsets] with a pinned twin of the offsets, and
+ *   1. waits on the host for the slot's previous "done" (CUDA_OFFLOAD_RING calls ago, normally
+ *      long fired), since that kernel read the device buffer and its copy read the pinned one;
+ *   2. on the compute stream copies k, v into the slot (device to device: ordered after the ops
+ *      that produced them, before any later op that overwrites them) and records "copied";
+ *   3. on the offload stream waits for "copied", copies the offsets host to device, runs
+ *      offload_store_rows from the slot into the aliases, records "done".
+ * The compute stream never waits for the offload stream; sync() drains it, and that is the
+ * fence before a COMMIT or any host read of the stored bytes. host_unregister drains first, so
+ * no queued store writes a range being unregistered. A block outside every registration, or
+ * across two chunks (their aliases need not be adjacent), is -EOPNOTSUPP before anything is
+ * queued: the caller downloads instead.
+ *
  * Without FREEKV_HAVE_CUDA only the constructor is built, and it reports that no device is
  * available. */
 #include "backend.h"
@@ -61,6 +80,7 @@
 #include "embedding.cuh"
 #include "gather_rows.cuh"
 #include "gemm.cuh"
+#include "offload_gather.cuh"
 #include "prefill_attention.cuh"
 #include "recall_scatter.cuh"
 #include "rmsnorm.cuh"
@@ -77,6 +97,10 @@
 /* Recall staging sets (double buffering) and the alignment of the table after the units. */
 #define CUDA_RECALL_SETS 2
 #define CUDA_RECALL_ALIGN ((size_t)256)
+/* Offload slots in flight at once (store_rows calls between reuses of one). */
+#define CUDA_OFFLOAD_RING 8
+/* Tokens per offload slot use; longer store_rows calls (a prefill) go in pieces. */
+#define CUDA_OFFLOAD_TOKENS 256
 
 /* One staging slot for the small host tables of an attention call (span descriptors, slot
  * lists): the host copy is rewritten once `done` fired; the device copy is only read by ops
@@ -100,10 +124,24 @@ struct recall_set {
 	int used;
 };
 
-/* A page-locked host range, registered in chunks. */
+/* One offload slot (store_rows): dev is [k rows][v rows][block offsets (int64)], the rows
+ * part aligned to CUDA_RECALL_ALIGN; host the pinned twin of the offsets. Both are rewritten only
+ * after `done` fired: the kernel that read dev and the copy that read host ran before it. */
+struct offload_slot {
+	int64_t *host;		/* pinned, host_cap entries */
+	char *dev;		/* device, dev_cap bytes */
+	size_t host_cap, dev_cap;
+	cudaEvent_t copied;	/* compute stream: after the row copies into dev */
+	cudaEvent_t done;	/* offload stream: after the store kernel */
+	int used;
+};
+
+/* A page-locked host range, registered in chunks, with each chunk's device alias (NULL when
+ * the device cannot map it). */
 struct host_reg {
 	char *ptr;
 	size_t bytes;
+	char **alias;		/* (chunks) */
 };
 
 struct cuda_ctx {
@@ -112,6 +150,7 @@ struct cuda_ctx {
 	cudaStream_t stream;	/* compute: every op of the table */
 	cudaStream_t rc_copy;	/* recall: H2D copies of units into the staging */
 	cudaStream_t rc_stream;	/* recall: scatter of the staged units into the slots */
+	cudaStream_t off_stream; /* offload: store_rows into the registered pool */
 	cublasHandle_t blas;
 	void *gemm_ws;
 	size_t gemm_ws_bytes;
@@ -128,6 +167,8 @@ struct cuda_ctx {
 	struct recall_set rc[CUDA_RECALL_SETS];
 	int rc_next;
 	cudaEvent_t rc_entry;	/* compute stream: where a recall call began */
+	struct offload_slot off[CUDA_OFFLOAD_RING];
+	int off_next;
 };
 
 static int track_add(struct cuda_ctx *c, void *p)
@@ -171,9 +212,11 @@ static void *dev_alloc(struct cuda_ctx *c, size_t bytes)
 
 static void unregister_all(struct cuda_ctx *c)
 {
-	for (size_t i = 0; i < c->n_regs; i++)
+	for (size_t i = 0; i < c->n_regs; i++) {
 		for (size_t off = 0; off < c->regs[i].bytes; off += CUDA_REGISTER_CHUNK)
 			cudaHostUnregister(c->regs[i].ptr + off);
+		free(c->regs[i].alias);
+	}
 	free(c->regs);
 	c->regs = NULL;
 	c->n_regs = 0;
@@ -221,10 +264,11 @@ static void event_destroy(cudaEvent_t e)
 }
 
 /* Waits for every stream the backend owns: compute first (it may wait on recall events), then
- * the recall streams (work queued there after the compute stream's last wait). */
+ * the recall streams (work queued there after the compute stream's last wait) and the offload
+ * stream (which waits on compute events only). */
 static int drain(struct cuda_ctx *c)
 {
-	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy };
+	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy, c->off_stream };
 	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
 		if (all[i])
 			CUDA_CHECK(cudaStreamSynchronize(all[i]));
@@ -254,11 +298,17 @@ static void cuda_free(void *ctx)
 		event_destroy(c->rc[i].scattered);
 	}
 	event_destroy(c->rc_entry);
+	for (int i = 0; i < CUDA_OFFLOAD_RING; i++) {
+		cudaFreeHost(c->off[i].host);
+		cudaFree(c->off[i].dev);
+		event_destroy(c->off[i].copied);
+		event_destroy(c->off[i].done);
+	}
 	unregister_all(c);
 	pthread_mutex_destroy(&c->recall_mu);
 	if (c->blas)
 		cublasDestroy(c->blas);
-	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy };
+	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy, c->off_stream };
 	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
 		if (all[i])
 			cudaStreamDestroy(all[i]);
@@ -779,6 +829,128 @@ static int cuda_recall_units(void *ctx, void *const *slots, const int *heads, co
 	return ret;
 }
 
+static int cuda_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(round_f32(x, dt, n, c->stream));
+	return 0;
+}
+
+/* The device alias of the host range [p, p + bytes), inside one chunk of one registration. */
+static char *alias_of(const struct cuda_ctx *c, const char *p, size_t bytes)
+{
+	for (size_t i = 0; i < c->n_regs; i++) {
+		const struct host_reg *r = &c->regs[i];
+		if (p < r->ptr || p - r->ptr > (ptrdiff_t)r->bytes ||
+		    bytes > r->bytes - (size_t)(p - r->ptr))
+			continue;
+		size_t off = (size_t)(p - r->ptr), ch = off / CUDA_REGISTER_CHUNK;
+		if ((off + bytes - 1) / CUDA_REGISTER_CHUNK != ch || !r->alias[ch])
+			return NULL;
+		return r->alias[ch] + (off - ch * CUDA_REGISTER_CHUNK);
+	}
+	return NULL;
+}
+
+/* Takes the next offload slot with room for dev_bytes on the device and nb offsets; step 1 of
+ * the header comment. Growth frees buffers whose last readers have run (done fired). */
+static int offload_take(struct cuda_ctx *c, size_t dev_bytes, int nb, struct offload_slot **out)
+{
+	struct offload_slot *s = &c->off[c->off_next];
+	c->off_next = (c->off_next + 1) % CUDA_OFFLOAD_RING;
+	if (s->used)
+		CUDA_CHECK(cudaEventSynchronize(s->done));
+	if ((size_t)nb > s->host_cap) {
+		size_t cap = nb < 64 ? 64 : 2 * (size_t)nb;
+		cudaFreeHost(s->host);
+		s->host = NULL;
+		s->host_cap = 0;
+		CUDA_CHECK(cudaMallocHost((void **)&s->host, cap * sizeof *s->host));
+		s->host_cap = cap;
+	}
+	if (dev_bytes > s->dev_cap) {
+		size_t cap = dev_bytes < ((size_t)1 << 16) ? (size_t)1 << 16 : 2 * dev_bytes;
+		cudaFree(s->dev);
+		s->dev = NULL;
+		s->dev_cap = 0;
+		CUDA_CHECK(cudaMalloc((void **)&s->dev, cap));
+		s->dev_cap = cap;
+	}
+	*out = s;
+	return 0;
+}
+
+/* Steps 2 and 3 of the header comment for n_tok <= CUDA_OFFLOAD_TOKENS tokens, the first at row
+ * t0 of blocks[0]; every block has an alias (checked by the caller). Block i is written at
+ * element offset off[i] of the first block's alias. */
+static int store_piece(struct cuda_ctx *c, void *const *blocks, int t0, const float *k,
+		       const float *v, int n_tok, int p, int n_kv, int d, enum fkv_dtype dt)
+{
+	const size_t es = dtype_size(dt);
+	const size_t block_bytes = (size_t)n_kv * 2 * p * d * es;
+	const size_t rows = (size_t)n_tok * n_kv * d * sizeof(float);
+	const size_t toff = (2 * rows + CUDA_RECALL_ALIGN - 1) / CUDA_RECALL_ALIGN *
+			    CUDA_RECALL_ALIGN;
+	const int nb = (t0 + n_tok + p - 1) / p;
+	struct offload_slot *s;
+	int ret = offload_take(c, toff + (size_t)nb * sizeof(int64_t), nb, &s);
+	if (ret)
+		return ret;
+	char *base = alias_of(c, blocks[0], block_bytes);
+	for (int b = 0; b < nb; b++)
+		s->host[b] = (int64_t)((alias_of(c, blocks[b], block_bytes) - base) /
+				       (ptrdiff_t)es);
+	float *dk = (float *)s->dev, *dv = (float *)(s->dev + rows);
+	int64_t *dtab = (int64_t *)(s->dev + toff);
+	CUDA_CHECK(cudaMemcpyAsync(dk, k, rows, cudaMemcpyDeviceToDevice, c->stream));
+	CUDA_CHECK(cudaMemcpyAsync(dv, v, rows, cudaMemcpyDeviceToDevice, c->stream));
+	CUDA_CHECK(cudaEventRecord(s->copied, c->stream));
+	CUDA_CHECK(cudaStreamWaitEvent(c->off_stream, s->copied, 0));
+	s->used = 1;
+	CUDA_CHECK(cudaMemcpyAsync(dtab, s->host, (size_t)nb * sizeof(int64_t),
+				   cudaMemcpyHostToDevice, c->off_stream));
+	cudaError_t le = offload_store_rows(base, dt, dtab, dk, dv, n_tok, t0, n_kv, p, d,
+					    c->off_stream);
+	/* Recorded after a failed launch too: the table copy before it still reads s->host. */
+	CUDA_CHECK(cudaEventRecord(s->done, c->off_stream));
+	if (le != cudaSuccess)
+		return cuda_check_fail(le, "offload_store_rows", __func__, __FILE__, __LINE__);
+	return 0;
+}
+
+/* Every block is checked before anything is queued (-EOPNOTSUPP leaves nothing behind); the
+ * rows then go in pieces of CUDA_OFFLOAD_TOKENS, so a prefill's slots stay small. */
+static int cuda_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
+			   int n_tok, int p, int n_kv, int d, enum fkv_dtype dt)
+{
+	struct cuda_ctx *c = ctx;
+	if (t0 < 0 || t0 >= p || n_tok < 0 || n_kv <= 0 || d <= 0 ||
+	    (dt != FKV_F32 && dt != FKV_F16 && dt != FKV_BF16))
+		return -EINVAL;
+	if (!n_tok)
+		return 0;
+	const ptrdiff_t es = (ptrdiff_t)dtype_size(dt);
+	const size_t block_bytes = (size_t)n_kv * 2 * p * d * (size_t)es;
+	const int nb = (int)(((int64_t)t0 + n_tok + p - 1) / p);
+	const char *a0 = alias_of(c, blocks[0], block_bytes);
+	for (int b = 0; b < nb; b++) {
+		const char *a = alias_of(c, blocks[b], block_bytes);
+		if (!a || !a0 || (a - a0) % es)
+			return -EOPNOTSUPP;
+	}
+	const size_t row = (size_t)n_kv * d;
+	for (int i = 0; i < n_tok;) {
+		int m = n_tok - i < CUDA_OFFLOAD_TOKENS ? n_tok - i : CUDA_OFFLOAD_TOKENS;
+		int64_t at = (int64_t)t0 + i;
+		int ret = store_piece(c, blocks + at / p, (int)(at % p), k + i * row, v + i * row,
+				      m, p, n_kv, d, dt);
+		if (ret)
+			return ret;
+		i += m;
+	}
+	return 0;
+}
+
 static int cuda_sync(void *ctx)
 {
 	return drain(ctx);
@@ -791,12 +963,26 @@ static int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, siz
 	if (!nr)
 		return -ENOMEM;
 	c->regs = nr;
+	char **alias = calloc((bytes + CUDA_REGISTER_CHUNK - 1) / CUDA_REGISTER_CHUNK + 1,
+			      sizeof *alias);
+	if (!alias) {
+		snprintf(err, errlen, "out of memory for the registration of %zu bytes", bytes);
+		return -ENOMEM;
+	}
 	for (size_t off = 0; off < bytes; off += CUDA_REGISTER_CHUNK) {
 		size_t len = bytes - off < CUDA_REGISTER_CHUNK ? bytes - off : CUDA_REGISTER_CHUNK;
-		cudaError_t e = cudaHostRegister((char *)ptr + off, len, cudaHostRegisterPortable);
-		if (e == cudaSuccess)
+		cudaError_t e = cudaHostRegister((char *)ptr + off, len,
+						 cudaHostRegisterPortable | cudaHostRegisterMapped);
+		if (e == cudaSuccess) {
+			/* Without an alias the chunk still serves DMA; store_rows falls back. */
+			void *dp = NULL;
+			if (cudaHostGetDevicePointer(&dp, (char *)ptr + off, 0) == cudaSuccess)
+				alias[off / CUDA_REGISTER_CHUNK] = dp;
+			(void)cudaGetLastError();
 			continue;
+		}
 		(void)cudaGetLastError();
+		free(alias);
 		for (size_t o = 0; o < off; o += CUDA_REGISTER_CHUNK)
 			cudaHostUnregister((char *)ptr + o);
 		if (e == cudaErrorHostMemoryAlreadyRegistered) {
@@ -810,7 +996,7 @@ static int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, siz
 			 bytes, off, cudaGetErrorString(e));
 		return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
 	}
-	c->regs[c->n_regs++] = (struct host_reg){ ptr, bytes };
+	c->regs[c->n_regs++] = (struct host_reg){ ptr, bytes, alias };
 	return 0;
 }
 
@@ -820,8 +1006,12 @@ static int cuda_host_unregister(void *ctx, void *ptr)
 	for (size_t i = 0; i < c->n_regs; i++) {
 		if (c->regs[i].ptr != ptr)
 			continue;
+		int ret = drain(c); /* queued stores may still write the range */
+		if (ret)
+			return ret;
 		for (size_t off = 0; off < c->regs[i].bytes; off += CUDA_REGISTER_CHUNK)
 			cudaHostUnregister(c->regs[i].ptr + off);
+		free(c->regs[i].alias);
 		c->regs[i] = c->regs[--c->n_regs];
 		return 0;
 	}
@@ -853,6 +1043,8 @@ static const struct backend_ops cuda_ops = {
 	.attn_decode_heads = cuda_attn_decode_heads,
 	.attn_decode_slots = cuda_attn_decode_slots,
 	.recall_units = cuda_recall_units,
+	.store_rows = cuda_store_rows,
+	.round_to = cuda_round_to,
 	.sync = cuda_sync,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
@@ -878,7 +1070,12 @@ static int cuda_init(struct cuda_ctx *c)
 	CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
 	CUDA_CHECK(cudaStreamCreateWithFlags(&c->rc_copy, cudaStreamNonBlocking));
 	CUDA_CHECK(cudaStreamCreateWithFlags(&c->rc_stream, cudaStreamNonBlocking));
+	CUDA_CHECK(cudaStreamCreateWithFlags(&c->off_stream, cudaStreamNonBlocking));
 	CUDA_CHECK(cudaEventCreateWithFlags(&c->rc_entry, cudaEventDisableTiming));
+	for (int i = 0; i < CUDA_OFFLOAD_RING; i++) {
+		CUDA_CHECK(cudaEventCreateWithFlags(&c->off[i].copied, cudaEventDisableTiming));
+		CUDA_CHECK(cudaEventCreateWithFlags(&c->off[i].done, cudaEventDisableTiming));
+	}
 	for (int i = 0; i < CUDA_RECALL_SETS; i++) {
 		CUDA_CHECK(cudaEventCreateWithFlags(&c->rc[i].copied, cudaEventDisableTiming));
 		CUDA_CHECK(cudaEventCreateWithFlags(&c->rc[i].scattered, cudaEventDisableTiming));

@@ -548,17 +548,25 @@ static int check_items(struct engine *e, int n_items, const int *seqs,
 	return 0;
 }
 
-/* After a ubatch: each piece's tokens are part of its sequence; tell the host copy. */
+/* After a ubatch: each piece's tokens are part of its sequence; tell the host copy. The KV
+ * policies' write-through may still be in flight on the backend (store_rows lands after a
+ * fence), so one sync precedes the first COMMIT of the ubatch. */
 static int commit_pieces(struct engine *e, const struct piece *pc, int np,
 			 const int32_t *const *ids, char *err, size_t errlen)
 {
+	bool fenced = !e->be->ops->sync;
 	for (int i = 0; i < np; i++) {
 		struct engine_seq *s = &e->seqs[pc[i].seq];
 		if (!s->host)
 			continue;
+		int ret;
+		if (!fenced && (ret = e->be->ops->sync(e->be->ctx)))
+			return errmsg(err, errlen, ret, "backend sync before COMMIT: %s",
+				      strerror(-ret));
+		fenced = true;
 		int64_t len = e->policy->length(s->kv);
 		char why[256];
-		int ret = hostkv_commit(s->host, len, ids[pc[i].item] + pc[i].off, len - pc[i].n,
+		ret = hostkv_commit(s->host, len, ids[pc[i].item] + pc[i].off, len - pc[i].n,
 					pc[i].n, why, sizeof why);
 		if (ret)
 			return errmsg(err, errlen, ret, "sequence %d: commit to the host copy: %s",

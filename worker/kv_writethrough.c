@@ -23,8 +23,21 @@ void kv_wt_free(struct kv_wt *w)
 {
 	free(w->k);
 	free(w->v);
+	free(w->blocks);
 	w->k = w->v = NULL;
+	w->blocks = NULL;
 	w->cap = 0;
+	w->cap_blocks = 0;
+}
+
+int kv_wt_fence(struct kv_wt *w)
+{
+	if (!w->dirty)
+		return 0;
+	int ret = w->be->ops->sync ? w->be->ops->sync(w->be->ctx) : 0;
+	if (!ret)
+		w->dirty = false;
+	return ret;
 }
 
 static int wt_reserve(struct kv_wt *w, int64_t n)
@@ -67,6 +80,9 @@ int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const f
 	const int p = w->g.p;
 	size_t row = (size_t)w->g.n_kv * (size_t)w->g.d;
 	char err[256];
+	int ret = kv_wt_fence(w);
+	if (ret)
+		return ret;
 	for (int64_t t = pos; t < pos + n;) {
 		int64_t page = t / p;
 		int t0 = (int)(t % p);
@@ -74,8 +90,7 @@ int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const f
 		if (page > INT32_MAX)
 			return -EOVERFLOW;
 		void *block;
-		int ret = hostkv_block(w->host, layer, (int)page, &block, err, sizeof err);
-		if (ret)
+		if ((ret = hostkv_block(w->host, layer, (int)page, &block, err, sizeof err)))
 			return ret;
 		size_t off = (size_t)(t - pos) * row;
 		layout_store_tokens(&w->g, block, t0, t1, k + off, v + off);
@@ -84,12 +99,61 @@ int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const f
 	return 0;
 }
 
+/* The blocks of positions [pos, pos + n) into w->blocks; -EOVERFLOW past the op's int. */
+static int put_blocks(struct kv_wt *w, int layer, int64_t pos, int64_t n)
+{
+	const int p = w->g.p;
+	int64_t first = pos / p, last = (pos + n - 1) / p;
+	if (n > INT32_MAX || last > INT32_MAX)
+		return -EOVERFLOW;
+	int count = (int)(last - first + 1);
+	if (count > w->cap_blocks) {
+		void **b = realloc(w->blocks, (size_t)count * sizeof *b);
+		if (!b)
+			return -ENOMEM;
+		w->blocks = b;
+		w->cap_blocks = count;
+	}
+	char err[256];
+	for (int i = 0; i < count; i++) {
+		int ret = hostkv_block(w->host, layer, (int)first + i, &w->blocks[i], err,
+				       sizeof err);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+int kv_wt_put(struct kv_wt *w, int layer, int64_t pos, const float *k, const float *v,
+	      int64_t n)
+{
+	if (!w->host || n <= 0)
+		return 0;
+	const struct backend_ops *o = w->be->ops;
+	int ret;
+	if (o->store_rows) {
+		if ((ret = put_blocks(w, layer, pos, n)))
+			return ret;
+		ret = o->store_rows(w->be->ctx, w->blocks, (int)(pos % w->g.p), k, v, (int)n,
+				    w->g.p, w->g.n_kv, w->g.d, w->g.dtype);
+		if (ret != -EOPNOTSUPP) {
+			w->dirty = true; /* a failed call may have queued part of its work */
+			return ret;
+		}
+	}
+	const float *hk, *hv;
+	return kv_wt_fetch(w, k, v, n, &hk, &hv) ?: kv_wt_store(w, layer, pos, hk, hv, n);
+}
+
 int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, float *k,
 	       float *v)
 {
 	(void)own;
 	if (!w->host)
 		return -EINVAL;
+	int fenced = kv_wt_fence(w);
+	if (fenced)
+		return fenced;
 	const int p = w->g.p, d = w->g.d, H = w->g.n_kv;
 	float *tk = malloc((size_t)2 * p * d * sizeof *tk), *tv = tk + (size_t)p * d;
 	if (!tk)

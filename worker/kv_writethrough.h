@@ -3,9 +3,18 @@
  * produces them, the partial tail page rewritten step by step; and how a policy reads that copy
  * back (resume, recall, the debug checks).
  *
+ * Two ways in. kv_wt_put() hands backend rows to the backend's store_rows op (the offload
+ * stream on CUDA: the device writes the registered pool mapping, no download on the decode
+ * path) and falls back, when the backend has no such op or cannot reach the blocks, to
+ * kv_wt_fetch() + kv_wt_store(): a download into host scratch, converted on the host. Stores
+ * through store_rows land asynchronously; kv_wt_fence() (the backend's sync) makes them
+ * visible, and every host read or write of the copy in this module fences first. A COMMIT
+ * must follow a fence too: the engine syncs the backend once per ubatch before committing.
+ *
  * struct kv_wt is embedded in a policy state: kv_wt_init() borrows the host sequence (NULL: no
- * host copy, every store is a no-op) and allocates host scratch rows that kv_wt_free() frees.
- * Backend buffers are reached only through download, so the module works on any backend. */
+ * host copy, every store is a no-op) and allocates host scratch rows and the block pointer list
+ * that kv_wt_free() frees. Backend buffers are reached only through backend ops, so the module
+ * works on any backend. */
 #ifndef FREEKV_KV_WRITETHROUGH_H
 #define FREEKV_KV_WRITETHROUGH_H
 
@@ -23,6 +32,9 @@ struct kv_wt {
 	struct kv_geom g;	 /* block geometry: n_kv, page, head dim, KV dtype */
 	float *k, *v;		 /* host scratch: (cap, n_kv, d) each */
 	int64_t cap;
+	void **blocks;		 /* store_rows block list: (cap_blocks) host pointers */
+	int cap_blocks;
+	bool dirty;		 /* store_rows queued since the last fence */
 };
 
 /* 0 or -ENOMEM / -EINVAL (page <= 0). */
@@ -35,9 +47,18 @@ void kv_wt_free(struct kv_wt *w);
 int kv_wt_fetch(struct kv_wt *w, const float *k, const float *v, int64_t n, const float **hk,
 		const float **hv);
 /* Writes host rows k, v (n, n_kv, d) f32 of positions [pos, pos + n) of a layer into their
- * page blocks. No-op without a host copy. */
+ * page blocks (after a fence when stores are pending). No-op without a host copy. */
 int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const float *v,
 		int64_t n);
+/* Writes backend rows k, v (n, n_kv, d) f32 of positions [pos, pos + n) of a layer into their
+ * page blocks: through store_rows when the backend has it and reaches the blocks (visible after
+ * kv_wt_fence), else kv_wt_fetch + kv_wt_store. The backend may overwrite k, v with the next
+ * op. No-op without a host copy. */
+int kv_wt_put(struct kv_wt *w, int layer, int64_t pos, const float *k, const float *v,
+	      int64_t n);
+/* Waits until every store queued by kv_wt_put is in the host copy (the backend's sync); a
+ * no-op when none is pending. */
+int kv_wt_fence(struct kv_wt *w);
 /* Reads positions [t0, t1) of a layer, every head, into rows k, v (t1 - t0, n_kv, d) f32, each
  * block pinned while it is read (hostkv_block_ro_pin): committed blocks, or with own the blocks
  * this worker wrote, committed or not (both are allocated blocks; -ENOENT past them).

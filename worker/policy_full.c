@@ -3,8 +3,8 @@
  *
  * Storage per layer: K and V, each (capacity, n_kv, d) in the KV dtype, grown by doubling up to
  * max_tokens (a grow copies the committed rows into fresh buffers). Appended rows are written
- * through to the host copy (kv_writethrough.h), which restore() reads back. Also the policy
- * table. */
+ * through to the host copy from the backend rows (kv_wt_put: the offload op where the backend
+ * has one, no download), which restore() reads back. Also the policy table. */
 #include "kvcache.h"
 
 #include <errno.h>
@@ -144,11 +144,7 @@ static int full_append(void *st, int layer, const float *k, const float *v, int6
 	enum fkv_dtype t = s->p.attn.kv_dtype;
 	int ret = be->ops->convert(be->ctx, (char *)s->k[layer] + off, t, k, n * per_row) ?:
 		  be->ops->convert(be->ctx, (char *)s->v[layer] + off, t, v, n * per_row);
-	if (ret || !s->wt.host)
-		return ret;
-	const float *hk, *hv;
-	return kv_wt_fetch(&s->wt, k, v, n, &hk, &hv) ?:
-	       kv_wt_store(&s->wt, layer, s->len, hk, hv, n);
+	return ret ?: kv_wt_put(&s->wt, layer, s->len, k, v, n);
 }
 
 static int full_attend(void *st, int layer, float *out, const float *q, int64_t n)

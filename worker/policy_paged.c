@@ -264,12 +264,14 @@ static int settle_layer(struct paged *s, struct paged_layer *L)
 	return ret;
 }
 
-/* Places rows k, v (n, n_kv, d) f32 host memory (already rounded) of positions [pos, pos + n)
- * into the slots, one run of rows per page: window ring or sink, moving pages that leave the
- * window (a backend copy), summarising pages that fill (from a download of the page's keys, so
- * the summaries are those of the slot's bytes on every backend). */
+/* Places rows k, v (n, n_kv, d) f32 of positions [pos, pos + n) into the slots, one run of
+ * rows per page: window ring or sink, moving pages that leave the window (a backend copy),
+ * summarising pages that fill (from a download of the page's keys, so the summaries are those
+ * of the slot's bytes on every backend). Host rows (dev false) are already rounded and are
+ * uploaded; backend rows (dev true, the decode path) are copied on the backend and rounded to
+ * the KV dtype there (round_to), the same bits without a round trip through the host. */
 static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, const float *k,
-			const float *v, int64_t n)
+			const float *v, int64_t n, bool dev)
 {
 	struct backend *be = s->p.be;
 	const int P = s->g.p, H = s->g.n_kv, d = s->g.d;
@@ -298,8 +300,16 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 		int slot = page < s->n_sink ? page : win_slot(s, page);
 		float *sl = paged_slot(s, L, slot);
 		size_t bytes = (size_t)m * row * sizeof(float);
-		ret = be->ops->upload(be->ctx, sl + (size_t)off * row, k + i * row, bytes)
-		   ?: be->ops->upload(be->ctx, sl + ((size_t)P + off) * row, v + i * row, bytes);
+		float *dk = sl + (size_t)off * row, *dv = sl + ((size_t)P + off) * row;
+		enum fkv_dtype kt = s->p.attn.kv_dtype;
+		if (dev)
+			ret = be->ops->copy(be->ctx, dk, k + i * row, bytes)
+			   ?: be->ops->copy(be->ctx, dv, v + i * row, bytes)
+			   ?: be->ops->round_to(be->ctx, dk, m * (int64_t)row, kt)
+			   ?: be->ops->round_to(be->ctx, dv, m * (int64_t)row, kt);
+		else
+			ret = be->ops->upload(be->ctx, dk, k + i * row, bytes)
+			   ?: be->ops->upload(be->ctx, dv, v + i * row, bytes);
 		if (ret)
 			return ret;
 		if (off + m == P) {
@@ -435,6 +445,11 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 	int ret = settle_layer(s, L);
 	if (ret)
 		return ret;
+	/* Decode: the rows stay on the backend (offload op, device copy and rounding). Prefill
+	 * needs them on the host anyway for the dense context, so it downloads them once. */
+	if (n == 1 && s->p.be->ops->round_to)
+		return kv_wt_put(&s->wt, layer, s->len, k, v, n)
+		    ?: place_tokens(s, L, s->len, k, v, n, true);
 	const float *hk, *hv;
 	ret = kv_wt_fetch(&s->wt, k, v, n, &hk, &hv)
 	   ?: kv_wt_store(&s->wt, layer, s->len, hk, hv, n);
@@ -445,7 +460,7 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 	round_kv(s->wt.v, cnt, s->p.attn.kv_dtype);
 	if (n > 1 && (ret = build_dense(s, L, hk, hv, n)))
 		return ret;
-	return place_tokens(s, L, s->len, hk, hv, n);
+	return place_tokens(s, L, s->len, hk, hv, n, false);
 }
 
 /* Spans of every head: sink, then the attended candidates (all of them while the sequence fits
@@ -626,6 +641,9 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 	}
 	if (!s->p.host)
 		return 0;
+	int fenced = kv_wt_fence(&s->wt); /* this step's rows may still be on their way */
+	if (fenced)
+		return fenced;
 	struct backend *be = s->p.be;
 	const struct kv_geom *g = &s->wt.g;
 	size_t ub = layout_unit_bytes(g);
@@ -802,7 +820,7 @@ int paged_restore(void *st, int64_t len)
 			int64_t e = t + P < len ? t + P : len;
 			ret = kv_wt_load(&s->wt, l, t, e, false, k, v);
 			if (!ret)
-				ret = place_tokens(s, &s->L[l], t, k, v, e - t);
+				ret = place_tokens(s, &s->L[l], t, k, v, e - t, false);
 		}
 	free(k);
 	free(v);

@@ -15,7 +15,8 @@
  * Dense prefill reads the past from the slots while everything fits, else from the host copy.
  * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (f32 on
  * every backend, whatever the KV dtype: the host copy keeps the dtype, the slots hold its values
- * exactly) touched only through backend ops — upload (appended rows), copy (pages leaving the
+ * exactly) touched only through backend ops — upload (appended prefill rows), copy and
+ * round_to (appended decode rows, where the backend has round_to), copy (pages leaving the
  * window, dense prefill), download (page summaries, debug checks), recall_units (recall) and
  * decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
  * each KV head's pages to attn_decode_slots as a slot list (sink, selected, window pages in

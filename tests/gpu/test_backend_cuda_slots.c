@@ -9,8 +9,11 @@
  * CPU's, bit for bit where no summation order differs), from pageable and from page-locked
  * units overwritten right after each call returns, into one slot buffer or two, through the
  * growth of used staging sets while their scatters are queued, and from a second thread while
- * the first queues compute ops on other slots. Outputs start poisoned (NaN). Skips (77)
- * without a CUDA device. */
+ * the first queues compute ops on other slots. store_rows (the offload stream) writes a
+ * registered host buffer with exactly the CPU backend's bytes, reading rows after the op that
+ * made them and before the op that overwrites them, and refuses blocks it cannot reach
+ * (-EOPNOTSUPP, nothing written); round_to equals the CPU's bit for bit. Outputs start
+ * poisoned (NaN). Skips (77) without a CUDA device. */
 #include "gpu_test.h"
 
 #include <errno.h>
@@ -650,6 +653,152 @@ static void test_recall_from_thread(void **state)
 	drop(gpu, X);
 }
 
+/* ---- store_rows: the offload stream ---- */
+
+/* One store_rows call on be: rows k, v (n, n_kv, d) made by a compute op (an add onto zeros,
+ * after the device was made to lag), stored into nb blocks of blk (host memory, block b at
+ * blk + perm[b] block sizes), then overwritten with NaN by the next compute op; sync() is the
+ * fence. */
+static void store_run(struct backend *be, enum fkv_dtype dt, const struct sgeom *g, int t0,
+		      int n, const float *k, const float *v, char *blk, const int *perm, int nb)
+{
+	const size_t rows = (size_t)(n ? n : 1) * g->n_kv * g->d;
+	const size_t bb = (size_t)g->n_kv * 2 * g->p * g->d * dtype_size(dt);
+	float *z = calloc(rows, sizeof *z);
+	assert_non_null(z);
+	float *dk = put(be, z, rows * 4), *dv = put(be, z, rows * 4);
+	float *xk = put(be, k, rows * 4), *xv = put(be, v, rows * 4);
+	float *nan = poisoned(be, rows * 4), *Z = lag_alloc(be);
+	void *blocks[64];
+	assert_true(nb <= 64);
+	for (int b = 0; b < nb; b++)
+		blocks[b] = blk + (size_t)perm[b] * bb;
+	lag(be, Z);
+	assert_int_equal(be->ops->add(be->ctx, dk, xk, (int64_t)rows), 0);
+	assert_int_equal(be->ops->add(be->ctx, dv, xv, (int64_t)rows), 0);
+	/* rows: (n, n_kv, d) f32 */
+	assert_int_equal(be->ops->store_rows(be->ctx, blocks, t0, dk, dv, n, g->p, g->n_kv, g->d,
+					     dt), 0);
+	assert_int_equal(be->ops->add(be->ctx, dk, nan, (int64_t)rows), 0);
+	assert_int_equal(be->ops->add(be->ctx, dv, nan, (int64_t)rows), 0);
+	assert_int_equal(be->ops->sync ? be->ops->sync(be->ctx) : 0, 0);
+	free(z);
+	drop(be, dk);
+	drop(be, dv);
+	drop(be, xk);
+	drop(be, xv);
+	drop(be, nan);
+	if (Z)
+		drop(be, Z);
+}
+
+/* store_rows into a registered host buffer equals the CPU backend's bytes (layout_store_tokens)
+ * exactly, every dtype: runs starting mid-page, crossing pages, longer than one offload slot
+ * (pieces), blocks in shuffled order (offsets below the first block's); the rows were produced
+ * by the op just before and overwritten by the op just after (neither may leak), and bytes the
+ * call must not touch keep their contents. */
+static void test_store_rows(void **state)
+{
+	(void)state;
+	const struct sgeom g = { 4, 16, 64 };
+	const int runs[][2] = { { 0, 1 }, { 15, 1 }, { 5, 40 }, { 7, 600 }, { 3, 0 } };
+	for (size_t t = 0; t < 3; t++) {
+		const enum fkv_dtype dt = gpu_test_dtypes[t];
+		const size_t bb = (size_t)g.n_kv * 2 * g.p * g.d * dtype_size(dt);
+		for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+			const int t0 = runs[r][0], n = runs[r][1], nb = (t0 + n + g.p - 1) / g.p;
+			const int cap = nb + 2;
+			const size_t rows = (size_t)(n ? n : 1) * g.n_kv * g.d;
+			float *k = rand_f32(rows, 2.0f), *v = rand_f32(rows, 2.0f);
+			char *want = malloc((size_t)cap * bb);
+			char *got = units_alloc(gpu, (size_t)cap * bb, true);
+			assert_non_null(want);
+			for (size_t i = 0; i < (size_t)cap * bb; i++)
+				want[i] = got[i] = (char)test_rand(&rng);
+			int perm[64]; /* reversed, one block in: the others lie below the first */
+			for (int b = 0; b < nb; b++)
+				perm[b] = nb - b;
+			store_run(cpu, dt, &g, t0, n, k, v, want, perm, nb);
+			store_run(gpu, dt, &g, t0, n, k, v, got, perm, nb);
+			if (memcmp(got, want, (size_t)cap * bb))
+				fail_msg("store_rows %s t0 %d n %d: bytes differ from the CPU backend's",
+					 dtype_name(dt), t0, n);
+			units_free(gpu, got, true);
+			free(want);
+			free(k);
+			free(v);
+		}
+	}
+}
+
+/* Blocks store_rows cannot reach: pageable memory, a block running past the end of a
+ * registration, a registration undone. -EOPNOTSUPP, and nothing written. */
+static void test_store_rows_unreachable(void **state)
+{
+	(void)state;
+	const struct sgeom g = { 2, 8, 32 };
+	const size_t bb = (size_t)g.n_kv * 2 * g.p * g.d * sizeof(float), rows = 3 * 2 * 32;
+	float *k = rand_f32(rows, 1.0f);
+	float *dk = put(gpu, k, rows * 4);
+	char *pageable = malloc(2 * bb), *locked = units_alloc(gpu, 2 * bb, true);
+	char *copy = malloc(2 * bb);
+	assert_true(pageable && copy);
+	memset(pageable, 0x5a, 2 * bb);
+	memset(locked, 0x5a, 2 * bb);
+	void *bl[2] = { pageable, pageable + bb };
+	assert_int_equal(gpu->ops->store_rows(gpu->ctx, bl, 6, dk, dk, 3, g.p, g.n_kv, g.d, FKV_F32),
+			 -EOPNOTSUPP);
+	void *mixed[2] = { locked, pageable }; /* the second block is not registered */
+	assert_int_equal(gpu->ops->store_rows(gpu->ctx, mixed, 6, dk, dk, 3, g.p, g.n_kv, g.d,
+					      FKV_F32), -EOPNOTSUPP);
+	void *past[1] = { locked + bb + 64 }; /* runs 64 bytes past the registration */
+	assert_int_equal(gpu->ops->store_rows(gpu->ctx, past, 0, dk, dk, 1, g.p, g.n_kv, g.d,
+					      FKV_F32), -EOPNOTSUPP);
+	assert_int_equal(gpu->ops->store_rows(gpu->ctx, bl, g.p, dk, dk, 1, g.p, g.n_kv, g.d,
+					      FKV_F32), -EINVAL);
+	assert_int_equal(gpu->ops->sync(gpu->ctx), 0);
+	memset(copy, 0x5a, 2 * bb);
+	assert_memory_equal(pageable, copy, 2 * bb);
+	assert_memory_equal(locked, copy, 2 * bb);
+	assert_int_equal(gpu->ops->host_unregister(gpu->ctx, locked), 0);
+	void *gone[1] = { locked };
+	assert_int_equal(gpu->ops->store_rows(gpu->ctx, gone, 0, dk, dk, 1, g.p, g.n_kv, g.d,
+					      FKV_F32), -EOPNOTSUPP);
+	free(locked);
+	free(pageable);
+	free(copy);
+	free(k);
+	drop(gpu, dk);
+}
+
+/* round_to on the device equals the CPU's bit for bit, special values included. */
+static void test_round_to(void **state)
+{
+	(void)state;
+	const size_t n = 100003;
+	const float special[] = { 0.0f, -0.0f, 1e-8f, -3e-41f, 65504.0f, 65520.0f, 1e30f, -1e38f,
+				  INFINITY, -INFINITY, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f };
+	for (size_t t = 0; t < 3; t++) {
+		float *x = rand_f32(n, 1.0f), *a = malloc(n * 4), *b = malloc(n * 4);
+		assert_true(a && b);
+		for (size_t i = 0; i < n; i++)
+			x[i] = ldexpf(x[i], (int)(test_rand(&rng) % 80) - 40);
+		memcpy(x, special, sizeof special);
+		float *dc = put(cpu, x, n * 4), *dg = put(gpu, x, n * 4);
+		assert_int_equal(cpu->ops->round_to(cpu->ctx, dc, (int64_t)n, gpu_test_dtypes[t]), 0);
+		assert_int_equal(gpu->ops->round_to(gpu->ctx, dg, (int64_t)n, gpu_test_dtypes[t]), 0);
+		get(cpu, a, dc, n * 4);
+		get(gpu, b, dg, n * 4);
+		if (memcmp(a, b, n * 4))
+			fail_msg("round_to %s differs from the CPU backend", dtype_name(gpu_test_dtypes[t]));
+		drop(cpu, dc);
+		drop(gpu, dg);
+		free(x);
+		free(a);
+		free(b);
+	}
+}
+
 int main(void)
 {
 	if (gpu_test_no_device())
@@ -661,6 +810,9 @@ int main(void)
 		cmocka_unit_test(test_recall_ordering),
 		cmocka_unit_test(test_recall_growth),
 		cmocka_unit_test(test_recall_from_thread),
+		cmocka_unit_test(test_store_rows),
+		cmocka_unit_test(test_store_rows_unreachable),
+		cmocka_unit_test(test_round_to),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
