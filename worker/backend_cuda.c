@@ -15,47 +15,8 @@
  * decode step never waits on the device. host_register page-locks host memory (the kvstored
  * pool mapping) in chunks for DMA.
  *
- * Streams and events (DESIGN §5 step 6). recall_units (the device half of a policy's recall,
- * called from a recall thread while the engine thread queues compute ops) runs on two streams
- * of its own with two staging sets (double buffering), each set a pinned host buffer and its
- * device twin: [units][(slot, head) table]. A call takes the next set and
- *   1. copies the units into its pinned buffer when they are pageable (a host memcpy, so the
- *      units are consumed on return without any wait), or leaves page-locked units (the
- *      registered pool) to be read by the DMA directly;
- *   2. on the copy stream: waits (device side) for the event "scattered" of the set's previous
- *      use, since the scatter then still read the device staging, and copies units and table
- *      host to device; records "copied";
- *   3. records "entry" on the compute stream; the recall stream waits for "entry" and "copied",
- *      scatters the units into the slots (recall_scatter), records "scattered"; the compute
- *      stream waits for "scattered". So the scatter runs after every op queued before the
- *      call, ops queued after it see the recalled slots, and the copy itself overlaps compute;
- *   4. for page-locked units only, waits on the host for "copied" (the promise that the
- *      caller may reuse the units on return).
- * A set's pinned buffer is rewritten only after its previous "copied" fired; staging growth
- * frees a set only after its previous "scattered" fired (the last event that read it), never
- * after a device-wide wait. recall_mu serialises recall calls (their staging state); CUDA
- * stream and event calls are thread-safe, so the engine thread queues ops meanwhile. sync()
- * and backend_free() drain every stream; download() waits for the compute stream, which has
- * already waited for every recall queued before it.
- *
- * Offload (store_rows, the write-through of appended K/V rows into the pool): the pool mapping
- * is registered Portable | Mapped, and each chunk's device alias (cudaHostGetDevicePointer) is
- * kept, so kernels/offload_gather writes the HND blocks straight into host memory. The rows'
- * buffers belong to the caller and are overwritten by the next layer's projections, so instead
- * of making the compute stream wait for the offload (which would put the PCIe writes on the
- * critical path) a call takes the next of CUDA_OFFLOAD_RING offload slots, each a device
- * buffer [k rows][v rows][block offsets] with a pinned twin of the offsets, and
- *   1. waits on the host for the slot's previous "done" (CUDA_OFFLOAD_RING calls ago, normally
- *      long fired), since that kernel read the device buffer and its copy read the pinned one;
- *   2. on the compute stream copies k, v into the slot (device to device: ordered after the ops
- *      that produced them, before any later op that overwrites them) and records "copied";
- *   3. on the offload stream waits for "copied", copies the offsets host to device, runs
- *      offload_store_rows from the slot into the aliases, records "done".
- * The compute stream never waits for the offload stream; sync() drains it, and that is the
- * fence before a COMMIT or any host read of the stored bytes. host_unregister drains first, so
- * no queued store writes a range being unregistered. A block outside every registration, or
- * across two chunks (their aliases need not be adjacent), is -EOPNOTSUPP before anything is
- * queued: the caller downloads instead.
+ * Recall, offload and the pool registration: backend_cuda_xfer.c. The shared state is in
+ * backend_cuda_priv.h.
  *
  * Without FREEKV_HAVE_CUDA only the constructor is built, and it reports that no device is
  * available. */
@@ -70,9 +31,6 @@
 
 #ifdef FREEKV_HAVE_CUDA
 
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-
 #include "add.cuh"
 #include "convert.cuh"
 #include "cuda_check.h"
@@ -80,96 +38,16 @@
 #include "embedding.cuh"
 #include "gather_rows.cuh"
 #include "gemm.cuh"
-#include "offload_gather.cuh"
 #include "prefill_attention.cuh"
-#include "recall_scatter.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "silu_mul.cuh"
 #include "softmax.cuh"
 #include "span_attention.cuh"
 
-/* Pinned staging buffers of the compute stream in flight at once (attention calls between
- * reuses of one). */
-#define CUDA_STAGE_RING 8
-/* Bytes page-locked per cudaHostRegister call. */
-#define CUDA_REGISTER_CHUNK ((size_t)1 << 30)
-/* Recall staging sets (double buffering) and the alignment of the table after the units. */
-#define CUDA_RECALL_SETS 2
-#define CUDA_RECALL_ALIGN ((size_t)256)
-/* Offload slots in flight at once (store_rows calls between reuses of one). */
-#define CUDA_OFFLOAD_RING 8
-/* Tokens per offload slot use; longer store_rows calls (a prefill) go in pieces. */
-#define CUDA_OFFLOAD_TOKENS 256
+#include "backend_cuda_priv.h"
 
-/* One staging slot for the small host tables of an attention call (span descriptors, slot
- * lists): the host copy is rewritten once `done` fired; the device copy is only read by ops
- * queued on the compute stream before the next copy into it, so stream order protects it. */
-struct stage_slot {
-	void *host;		/* pinned, cap bytes */
-	void *dev;		/* device copy of the same bytes */
-	size_t cap;
-	cudaEvent_t done;	/* recorded after the copy; the host copy is free once it fired */
-	int used;
-};
 
-/* One recall staging set: [units (n, 2, p, d) in their dtype][(n, 2) int32 (slot, head)],
- * the units part aligned to CUDA_RECALL_ALIGN. */
-struct recall_set {
-	char *host;		/* pinned, cap bytes; the units part unused for page-locked units */
-	char *dev;		/* device twin, cap bytes */
-	size_t cap;
-	cudaEvent_t copied;	/* copy stream: after the H2D copies into dev */
-	cudaEvent_t scattered;	/* recall stream: after the scatter that read dev */
-	int used;
-};
-
-/* One offload slot (store_rows): dev is [k rows][v rows][block offsets (int64)], the rows
- * part aligned to CUDA_RECALL_ALIGN; host the pinned twin of the offsets. Both are rewritten only
- * after `done` fired: the kernel that read dev and the copy that read host ran before it. */
-struct offload_slot {
-	int64_t *host;		/* pinned, host_cap entries */
-	char *dev;		/* device, dev_cap bytes */
-	size_t host_cap, dev_cap;
-	cudaEvent_t copied;	/* compute stream: after the row copies into dev */
-	cudaEvent_t done;	/* offload stream: after the store kernel */
-	int used;
-};
-
-/* A page-locked host range, registered in chunks, with each chunk's device alias (NULL when
- * the device cannot map it). */
-struct host_reg {
-	char *ptr;
-	size_t bytes;
-	char **alias;		/* (chunks) */
-};
-
-struct cuda_ctx {
-	int device;
-	bool pools;		/* stream-ordered allocation (cudaMallocAsync) available */
-	cudaStream_t stream;	/* compute: every op of the table */
-	cudaStream_t rc_copy;	/* recall: H2D copies of units into the staging */
-	cudaStream_t rc_stream;	/* recall: scatter of the staged units into the slots */
-	cudaStream_t off_stream; /* offload: store_rows into the registered pool */
-	cublasHandle_t blas;
-	void *gemm_ws;
-	size_t gemm_ws_bytes;
-	void *dec_ws;		/* split-K partials of attn_decode_slots */
-	size_t dec_ws_bytes;
-	void **bufs;		/* live buf_alloc/weight_load allocations */
-	size_t n_bufs, cap_bufs;
-	struct stage_slot ring[CUDA_STAGE_RING];
-	int ring_next;
-	struct host_reg *regs;
-	size_t n_regs;
-	/* Recall state, guarded by recall_mu. */
-	pthread_mutex_t recall_mu;
-	struct recall_set rc[CUDA_RECALL_SETS];
-	int rc_next;
-	cudaEvent_t rc_entry;	/* compute stream: where a recall call began */
-	struct offload_slot off[CUDA_OFFLOAD_RING];
-	int off_next;
-};
 
 static int track_add(struct cuda_ctx *c, void *p)
 {
@@ -210,17 +88,6 @@ static void *dev_alloc(struct cuda_ctx *c, size_t bytes)
 	return p;
 }
 
-static void unregister_all(struct cuda_ctx *c)
-{
-	for (size_t i = 0; i < c->n_regs; i++) {
-		for (size_t off = 0; off < c->regs[i].bytes; off += CUDA_REGISTER_CHUNK)
-			cudaHostUnregister(c->regs[i].ptr + off);
-		free(c->regs[i].alias);
-	}
-	free(c->regs);
-	c->regs = NULL;
-	c->n_regs = 0;
-}
 
 /* Grows a workspace of the compute stream to at least bytes. Ops queued before may still read
  * the old one, so it is freed in stream order, or after the compute stream drained where the
@@ -257,16 +124,11 @@ static void ws_release(struct cuda_ctx *c, void **ws, size_t *cap)
 	*cap = 0;
 }
 
-static void event_destroy(cudaEvent_t e)
-{
-	if (e)
-		cudaEventDestroy(e);
-}
 
 /* Waits for every stream the backend owns: compute first (it may wait on recall events), then
  * the recall streams (work queued there after the compute stream's last wait) and the offload
  * stream (which waits on compute events only). */
-static int drain(struct cuda_ctx *c)
+int cuda_drain(struct cuda_ctx *c)
 {
 	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy, c->off_stream };
 	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
@@ -279,7 +141,7 @@ static void cuda_free(void *ctx)
 {
 	struct cuda_ctx *c = ctx;
 	cudaSetDevice(c->device);
-	(void)drain(c);
+	(void)cuda_drain(c);
 	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
 	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
@@ -289,22 +151,9 @@ static void cuda_free(void *ctx)
 		size_t cap = c->ring[i].cap;
 		cudaFreeHost(c->ring[i].host);
 		ws_release(c, &c->ring[i].dev, &cap);
-		event_destroy(c->ring[i].done);
+		cuda_event_destroy(c->ring[i].done);
 	}
-	for (int i = 0; i < CUDA_RECALL_SETS; i++) {
-		cudaFreeHost(c->rc[i].host);
-		cudaFree(c->rc[i].dev);
-		event_destroy(c->rc[i].copied);
-		event_destroy(c->rc[i].scattered);
-	}
-	event_destroy(c->rc_entry);
-	for (int i = 0; i < CUDA_OFFLOAD_RING; i++) {
-		cudaFreeHost(c->off[i].host);
-		cudaFree(c->off[i].dev);
-		event_destroy(c->off[i].copied);
-		event_destroy(c->off[i].done);
-	}
-	unregister_all(c);
+	cuda_xfer_free(c);
 	pthread_mutex_destroy(&c->recall_mu);
 	if (c->blas)
 		cublasDestroy(c->blas);
@@ -712,122 +561,8 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 	return 0;
 }
 
-/* Takes the next recall set with room for bytes. Its pinned buffer is free once its previous
- * copy ran; growth also frees the device twin, last read by the previous scatter. */
-static int recall_take(struct cuda_ctx *c, size_t bytes, struct recall_set **out)
-{
-	struct recall_set *s = &c->rc[c->rc_next];
-	c->rc_next = (c->rc_next + 1) % CUDA_RECALL_SETS;
-	if (s->used)
-		CUDA_CHECK(cudaEventSynchronize(s->copied));
-	if (bytes > s->cap) {
-		if (s->used)
-			CUDA_CHECK(cudaEventSynchronize(s->scattered));
-		size_t cap = bytes < ((size_t)1 << 20) ? (size_t)1 << 20 : bytes + bytes / 2;
-		cudaFreeHost(s->host);
-		cudaFree(s->dev);
-		s->host = NULL;
-		s->dev = NULL;
-		s->cap = 0;
-		s->used = 0;
-		CUDA_CHECK(cudaMallocHost((void **)&s->host, cap));
-		CUDA_CHECK(cudaMalloc((void **)&s->dev, cap));
-		s->cap = cap;
-	}
-	*out = s;
-	return 0;
-}
 
-/* With recall_mu held; the steps of the header comment. Slot indices count from the lowest slot
- * address when every slot lies a whole number of slots from it (one layer's slot buffer: one
- * launch); otherwise each unit is its own launch with its slot as the base. */
-static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
-			 const void *units, int n, int p, int n_kv, int d, enum fkv_dtype dt)
-{
-	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
-	const size_t sb = (size_t)2 * p * n_kv * d * sizeof(float);
-	const size_t ubytes = (size_t)n * ub;
-	const size_t toff = (ubytes + CUDA_RECALL_ALIGN - 1) / CUDA_RECALL_ALIGN * CUDA_RECALL_ALIGN;
-	const size_t tbytes = (size_t)n * 2 * sizeof(int32_t);
-	CUDA_CHECK(cudaSetDevice(c->device));
-	struct cudaPointerAttributes at;
-	const bool locked = cudaPointerGetAttributes(&at, units) == cudaSuccess &&
-			    at.type == cudaMemoryTypeHost;
-	(void)cudaGetLastError();
-	struct recall_set *s;
-	int ret = recall_take(c, toff + tbytes, &s);
-	if (ret)
-		return ret;
 
-	char *base = slots[0];
-	for (int i = 1; i < n; i++)
-		if ((char *)slots[i] < base)
-			base = slots[i];
-	bool one = true;
-	for (int i = 0; i < n && one; i++) {
-		size_t off = (size_t)((char *)slots[i] - base);
-		one = off % sb == 0 && off / sb <= INT32_MAX;
-	}
-	int32_t *tab = (int32_t *)(s->host + toff);
-	for (int i = 0; i < n; i++) {
-		tab[2 * i] = one ? (int32_t)((size_t)((char *)slots[i] - base) / sb) : 0;
-		tab[2 * i + 1] = heads[i];
-	}
-	if (!locked)
-		memcpy(s->host, units, ubytes);
-
-	if (s->used)
-		CUDA_CHECK(cudaStreamWaitEvent(c->rc_copy, s->scattered, 0));
-	s->used = 1;
-	if (locked) {
-		CUDA_CHECK(cudaMemcpyAsync(s->dev, units, ubytes, cudaMemcpyHostToDevice,
-					   c->rc_copy));
-		CUDA_CHECK(cudaMemcpyAsync(s->dev + toff, tab, tbytes, cudaMemcpyHostToDevice,
-					   c->rc_copy));
-	} else {
-		CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, toff + tbytes, cudaMemcpyHostToDevice,
-					   c->rc_copy));
-	}
-	CUDA_CHECK(cudaEventRecord(s->copied, c->rc_copy));
-
-	CUDA_CHECK(cudaEventRecord(c->rc_entry, c->stream));
-	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, c->rc_entry, 0));
-	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, s->copied, 0));
-	const int32_t *dtab = (const int32_t *)(s->dev + toff);
-	cudaError_t se = cudaSuccess;
-	if (one)
-		se = recall_scatter(base, FKV_F32, s->dev, dt, dtab, n, n_kv, p, d, c->rc_stream);
-	for (int i = 0; !one && i < n && se == cudaSuccess; i++)
-		se = recall_scatter(slots[i], FKV_F32, s->dev + i * ub, dt, dtab + 2 * i, 1, n_kv,
-				    p, d, c->rc_stream);
-	/* Recorded and waited for after a failed launch too: the launches before it still read
-	 * the staging (the set's next use waits for them) and write slots (later ops wait). */
-	CUDA_CHECK(cudaEventRecord(s->scattered, c->rc_stream));
-	CUDA_CHECK(cudaStreamWaitEvent(c->stream, s->scattered, 0));
-	if (locked)
-		CUDA_CHECK(cudaEventSynchronize(s->copied));
-	if (se != cudaSuccess)
-		return cuda_check_fail(se, "recall_scatter", __func__, __FILE__, __LINE__);
-	return 0;
-}
-
-static int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
-			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
-{
-	struct cuda_ctx *c = ctx;
-	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
-	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16))
-		return -EINVAL;
-	for (int i = 0; i < n; i++)
-		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i])
-			return -EINVAL;
-	if (!n)
-		return 0;
-	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, units, n, p, n_kv, d, unit_dt);
-	pthread_mutex_unlock(&c->recall_mu);
-	return ret;
-}
 
 static int cuda_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
 {
@@ -836,187 +571,16 @@ static int cuda_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
 	return 0;
 }
 
-/* The device alias of the host range [p, p + bytes), inside one chunk of one registration. */
-static char *alias_of(const struct cuda_ctx *c, const char *p, size_t bytes)
-{
-	for (size_t i = 0; i < c->n_regs; i++) {
-		const struct host_reg *r = &c->regs[i];
-		if (p < r->ptr || p - r->ptr > (ptrdiff_t)r->bytes ||
-		    bytes > r->bytes - (size_t)(p - r->ptr))
-			continue;
-		size_t off = (size_t)(p - r->ptr), ch = off / CUDA_REGISTER_CHUNK;
-		if ((off + bytes - 1) / CUDA_REGISTER_CHUNK != ch || !r->alias[ch])
-			return NULL;
-		return r->alias[ch] + (off - ch * CUDA_REGISTER_CHUNK);
-	}
-	return NULL;
-}
 
-/* Takes the next offload slot with room for dev_bytes on the device and nb offsets; step 1 of
- * the header comment. Growth frees buffers whose last readers have run (done fired). */
-static int offload_take(struct cuda_ctx *c, size_t dev_bytes, int nb, struct offload_slot **out)
-{
-	struct offload_slot *s = &c->off[c->off_next];
-	c->off_next = (c->off_next + 1) % CUDA_OFFLOAD_RING;
-	if (s->used)
-		CUDA_CHECK(cudaEventSynchronize(s->done));
-	if ((size_t)nb > s->host_cap) {
-		size_t cap = nb < 64 ? 64 : 2 * (size_t)nb;
-		cudaFreeHost(s->host);
-		s->host = NULL;
-		s->host_cap = 0;
-		CUDA_CHECK(cudaMallocHost((void **)&s->host, cap * sizeof *s->host));
-		s->host_cap = cap;
-	}
-	if (dev_bytes > s->dev_cap) {
-		size_t cap = dev_bytes < ((size_t)1 << 16) ? (size_t)1 << 16 : 2 * dev_bytes;
-		cudaFree(s->dev);
-		s->dev = NULL;
-		s->dev_cap = 0;
-		CUDA_CHECK(cudaMalloc((void **)&s->dev, cap));
-		s->dev_cap = cap;
-	}
-	*out = s;
-	return 0;
-}
 
-/* Steps 2 and 3 of the header comment for n_tok <= CUDA_OFFLOAD_TOKENS tokens, the first at row
- * t0 of blocks[0]; every block has an alias (checked by the caller). Block i is written at
- * element offset off[i] of the first block's alias. */
-static int store_piece(struct cuda_ctx *c, void *const *blocks, int t0, const float *k,
-		       const float *v, int n_tok, int p, int n_kv, int d, enum fkv_dtype dt)
-{
-	const size_t es = dtype_size(dt);
-	const size_t block_bytes = (size_t)n_kv * 2 * p * d * es;
-	const size_t rows = (size_t)n_tok * n_kv * d * sizeof(float);
-	const size_t toff = (2 * rows + CUDA_RECALL_ALIGN - 1) / CUDA_RECALL_ALIGN *
-			    CUDA_RECALL_ALIGN;
-	const int nb = (t0 + n_tok + p - 1) / p;
-	struct offload_slot *s;
-	int ret = offload_take(c, toff + (size_t)nb * sizeof(int64_t), nb, &s);
-	if (ret)
-		return ret;
-	char *base = alias_of(c, blocks[0], block_bytes);
-	for (int b = 0; b < nb; b++)
-		s->host[b] = (int64_t)((alias_of(c, blocks[b], block_bytes) - base) /
-				       (ptrdiff_t)es);
-	float *dk = (float *)s->dev, *dv = (float *)(s->dev + rows);
-	int64_t *dtab = (int64_t *)(s->dev + toff);
-	CUDA_CHECK(cudaMemcpyAsync(dk, k, rows, cudaMemcpyDeviceToDevice, c->stream));
-	CUDA_CHECK(cudaMemcpyAsync(dv, v, rows, cudaMemcpyDeviceToDevice, c->stream));
-	CUDA_CHECK(cudaEventRecord(s->copied, c->stream));
-	CUDA_CHECK(cudaStreamWaitEvent(c->off_stream, s->copied, 0));
-	s->used = 1;
-	CUDA_CHECK(cudaMemcpyAsync(dtab, s->host, (size_t)nb * sizeof(int64_t),
-				   cudaMemcpyHostToDevice, c->off_stream));
-	cudaError_t le = offload_store_rows(base, dt, dtab, dk, dv, n_tok, t0, n_kv, p, d,
-					    c->off_stream);
-	/* Recorded after a failed launch too: the table copy before it still reads s->host. */
-	CUDA_CHECK(cudaEventRecord(s->done, c->off_stream));
-	if (le != cudaSuccess)
-		return cuda_check_fail(le, "offload_store_rows", __func__, __FILE__, __LINE__);
-	return 0;
-}
 
-/* Every block is checked before anything is queued (-EOPNOTSUPP leaves nothing behind); the
- * rows then go in pieces of CUDA_OFFLOAD_TOKENS, so a prefill's slots stay small. */
-static int cuda_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
-			   int n_tok, int p, int n_kv, int d, enum fkv_dtype dt)
-{
-	struct cuda_ctx *c = ctx;
-	if (t0 < 0 || t0 >= p || n_tok < 0 || n_kv <= 0 || d <= 0 ||
-	    (dt != FKV_F32 && dt != FKV_F16 && dt != FKV_BF16))
-		return -EINVAL;
-	if (!n_tok)
-		return 0;
-	const ptrdiff_t es = (ptrdiff_t)dtype_size(dt);
-	const size_t block_bytes = (size_t)n_kv * 2 * p * d * (size_t)es;
-	const int nb = (int)(((int64_t)t0 + n_tok + p - 1) / p);
-	const char *a0 = alias_of(c, blocks[0], block_bytes);
-	for (int b = 0; b < nb; b++) {
-		const char *a = alias_of(c, blocks[b], block_bytes);
-		if (!a || !a0 || (a - a0) % es)
-			return -EOPNOTSUPP;
-	}
-	const size_t row = (size_t)n_kv * d;
-	for (int i = 0; i < n_tok;) {
-		int m = n_tok - i < CUDA_OFFLOAD_TOKENS ? n_tok - i : CUDA_OFFLOAD_TOKENS;
-		int64_t at = (int64_t)t0 + i;
-		int ret = store_piece(c, blocks + at / p, (int)(at % p), k + i * row, v + i * row,
-				      m, p, n_kv, d, dt);
-		if (ret)
-			return ret;
-		i += m;
-	}
-	return 0;
-}
 
 static int cuda_sync(void *ctx)
 {
-	return drain(ctx);
+	return cuda_drain(ctx);
 }
 
-static int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen)
-{
-	struct cuda_ctx *c = ctx;
-	struct host_reg *nr = realloc(c->regs, (c->n_regs + 1) * sizeof *nr);
-	if (!nr)
-		return -ENOMEM;
-	c->regs = nr;
-	char **alias = calloc((bytes + CUDA_REGISTER_CHUNK - 1) / CUDA_REGISTER_CHUNK + 1,
-			      sizeof *alias);
-	if (!alias) {
-		snprintf(err, errlen, "out of memory for the registration of %zu bytes", bytes);
-		return -ENOMEM;
-	}
-	for (size_t off = 0; off < bytes; off += CUDA_REGISTER_CHUNK) {
-		size_t len = bytes - off < CUDA_REGISTER_CHUNK ? bytes - off : CUDA_REGISTER_CHUNK;
-		cudaError_t e = cudaHostRegister((char *)ptr + off, len,
-						 cudaHostRegisterPortable | cudaHostRegisterMapped);
-		if (e == cudaSuccess) {
-			/* Without an alias the chunk still serves DMA; store_rows falls back. */
-			void *dp = NULL;
-			if (cudaHostGetDevicePointer(&dp, (char *)ptr + off, 0) == cudaSuccess)
-				alias[off / CUDA_REGISTER_CHUNK] = dp;
-			(void)cudaGetLastError();
-			continue;
-		}
-		(void)cudaGetLastError();
-		free(alias);
-		for (size_t o = 0; o < off; o += CUDA_REGISTER_CHUNK)
-			cudaHostUnregister((char *)ptr + o);
-		if (e == cudaErrorHostMemoryAlreadyRegistered) {
-			snprintf(err, errlen, "host range at offset %zu is already page-locked", off);
-			return -EEXIST;
-		}
-		snprintf(err, errlen,
-			 "cannot page-lock %zu bytes of the KV pool for DMA (cudaHostRegister at "
-			 "offset %zu: %s); raise the locked-memory limit: LimitMEMLOCK=infinity "
-			 "in the unit, or ulimit -l / memlock in limits.conf",
-			 bytes, off, cudaGetErrorString(e));
-		return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
-	}
-	c->regs[c->n_regs++] = (struct host_reg){ ptr, bytes, alias };
-	return 0;
-}
 
-static int cuda_host_unregister(void *ctx, void *ptr)
-{
-	struct cuda_ctx *c = ctx;
-	for (size_t i = 0; i < c->n_regs; i++) {
-		if (c->regs[i].ptr != ptr)
-			continue;
-		int ret = drain(c); /* queued stores may still write the range */
-		if (ret)
-			return ret;
-		for (size_t off = 0; off < c->regs[i].bytes; off += CUDA_REGISTER_CHUNK)
-			cudaHostUnregister(c->regs[i].ptr + off);
-		free(c->regs[i].alias);
-		c->regs[i] = c->regs[--c->n_regs];
-		return 0;
-	}
-	return -ENOENT;
-}
 
 static const struct backend_ops cuda_ops = {
 	.name = "cuda",

@@ -1,7 +1,8 @@
 # worker/engine.cmake — the backend interface with its CPU backend, the KV policy seam (`full`),
 # the engine, sampling, and the kvworker executable. With CUDA, the CUDA backend's ops are the
 # kernels of kernels/ (freekv_kernels) and FREEKV_HAVE_CUDA tells the C code so; without it,
-# backend_cuda.c builds only a constructor that reports no device.
+# backend_cuda.c builds only a constructor that reports no device (backend_cuda_xfer.c, its
+# transfers, is built only with CUDA).
 target_sources(freekv_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/backend_cpu.c
   ${CMAKE_CURRENT_LIST_DIR}/backend_cuda.c
@@ -10,6 +11,7 @@ target_sources(freekv_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/sampler.c)
 target_link_libraries(freekv_runtime PUBLIC PkgConfig::OPENBLAS OpenMP::OpenMP_C)
 if(FREEKV_HAVE_CUDA)
+  target_sources(freekv_runtime PRIVATE ${CMAKE_CURRENT_LIST_DIR}/backend_cuda_xfer.c)
   target_link_libraries(freekv_runtime PUBLIC freekv_kernels)
   target_compile_definitions(freekv_runtime PUBLIC FREEKV_HAVE_CUDA=1)
 endif()

@@ -1,0 +1,119 @@
+/* backend_cuda_priv — the state the CUDA backend's two files share (backend_cuda.c: the ops
+ * table, compute and attention; backend_cuda_xfer.c: recall, offload, pool registration). One
+ * struct cuda_ctx per backend, owned by backend_cuda.c (made by backend_cuda_new, freed by its
+ * free op, which calls cuda_xfer_free for the transfer state). Only built with CUDA. */
+#ifndef FREEKV_BACKEND_CUDA_PRIV_H
+#define FREEKV_BACKEND_CUDA_PRIV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "backend.h"
+
+/* Pinned staging buffers of the compute stream in flight at once (attention calls between
+ * reuses of one). */
+#define CUDA_STAGE_RING 8
+/* Bytes page-locked per cudaHostRegister call. */
+#define CUDA_REGISTER_CHUNK ((size_t)1 << 30)
+/* Recall staging sets (double buffering) and the alignment of the table after the units. */
+#define CUDA_RECALL_SETS 2
+#define CUDA_RECALL_ALIGN ((size_t)256)
+/* Offload slots in flight at once (store_rows calls between reuses of one). */
+#define CUDA_OFFLOAD_RING 8
+/* Tokens per offload slot use; longer store_rows calls (a prefill) go in pieces. */
+#define CUDA_OFFLOAD_TOKENS 256
+
+/* One staging slot for the small host tables of an attention call (span descriptors, slot
+ * lists): the host copy is rewritten once `done` fired; the device copy is only read by ops
+ * queued on the compute stream before the next copy into it, so stream order protects it. */
+struct stage_slot {
+	void *host;		/* pinned, cap bytes */
+	void *dev;		/* device copy of the same bytes */
+	size_t cap;
+	cudaEvent_t done;	/* recorded after the copy; the host copy is free once it fired */
+	int used;
+};
+
+/* One recall staging set: [units (n, 2, p, d) in their dtype][(n, 2) int32 (slot, head)],
+ * the units part aligned to CUDA_RECALL_ALIGN. */
+struct recall_set {
+	char *host;		/* pinned, cap bytes; the units part unused for page-locked units */
+	char *dev;		/* device twin, cap bytes */
+	size_t cap;
+	cudaEvent_t copied;	/* copy stream: after the H2D copies into dev */
+	cudaEvent_t scattered;	/* recall stream: after the scatter that read dev */
+	int used;
+};
+
+/* One offload slot (store_rows): dev is [k rows][v rows][block offsets (int64)], the rows
+ * part aligned to CUDA_RECALL_ALIGN; host the pinned twin of the offsets. Both are rewritten only
+ * after `done` fired: the kernel that read dev and the copy that read host ran before it. */
+struct offload_slot {
+	int64_t *host;		/* pinned, host_cap entries */
+	char *dev;		/* device, dev_cap bytes */
+	size_t host_cap, dev_cap;
+	cudaEvent_t copied;	/* compute stream: after the row copies into dev */
+	cudaEvent_t done;	/* offload stream: after the store kernel */
+	int used;
+};
+
+/* A page-locked host range, registered in chunks, with each chunk's device alias (NULL when
+ * the device cannot map it). */
+struct host_reg {
+	char *ptr;
+	size_t bytes;
+	char **alias;		/* (chunks) */
+};
+
+struct cuda_ctx {
+	int device;
+	bool pools;		/* stream-ordered allocation (cudaMallocAsync) available */
+	cudaStream_t stream;	/* compute: every op of the table */
+	cudaStream_t rc_copy;	/* recall: H2D copies of units into the staging */
+	cudaStream_t rc_stream;	/* recall: scatter of the staged units into the slots */
+	cudaStream_t off_stream; /* offload: store_rows into the registered pool */
+	cublasHandle_t blas;
+	void *gemm_ws;
+	size_t gemm_ws_bytes;
+	void *dec_ws;		/* split-K partials of attn_decode_slots */
+	size_t dec_ws_bytes;
+	void **bufs;		/* live buf_alloc/weight_load allocations */
+	size_t n_bufs, cap_bufs;
+	struct stage_slot ring[CUDA_STAGE_RING];
+	int ring_next;
+	struct host_reg *regs;
+	size_t n_regs;
+	/* Recall state, guarded by recall_mu. */
+	pthread_mutex_t recall_mu;
+	struct recall_set rc[CUDA_RECALL_SETS];
+	int rc_next;
+	cudaEvent_t rc_entry;	/* compute stream: where a recall call began */
+	struct offload_slot off[CUDA_OFFLOAD_RING];
+	int off_next;
+};
+
+static inline void cuda_event_destroy(cudaEvent_t e)
+{
+	if (e)
+		cudaEventDestroy(e);
+}
+
+/* backend_cuda.c: waits for every stream the backend owns. */
+int cuda_drain(struct cuda_ctx *c);
+
+/* backend_cuda_xfer.c: the ops of the table that move data between host and device. */
+int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
+		      int p, int n_kv, int d, enum fkv_dtype unit_dt);
+int cuda_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
+		    int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
+int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen);
+int cuda_host_unregister(void *ctx, void *ptr);
+/* Frees the recall sets, the offload slots and every registration; streams already drained. */
+void cuda_xfer_free(struct cuda_ctx *c);
+
+#endif
