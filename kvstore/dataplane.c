@@ -544,8 +544,9 @@ static bool recall_waits_for(const struct dp_pending *p, uint32_t block)
 	return false;
 }
 
-/* A promotion failed (checksum or I/O): every RECALL waiting for that block fails with it. */
-void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status)
+/* The RECALLs waiting for block, of every worker: with fail, each completes with status (its
+ * leases dropped); else each advances (recall_step) and completes unless it still waits. */
+static void settle_recalls_of(struct dp *dp, uint32_t block, bool fail, int status)
 {
 	for (size_t i = 0; i < dp->max_w; i++) {
 		struct dp_worker *w = &dp->w[i];
@@ -555,16 +556,24 @@ void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status)
 		while (*pp) {
 			struct dp_pending *p = *pp;
 			bool hit = recall_waits_for(p, block);
-			if (!hit) {
+			int ret = !hit ? -EAGAIN : fail ? status : recall_step(dp, w, p);
+			if (!hit || (!fail && ret == -EAGAIN)) {
 				pp = &p->next;
 				continue;
 			}
 			*pp = p->next;
-			unlease_pending(dp, w, p);
-			complete(dp, w, &p->e, status, p->t0_us);
+			if (fail)
+				unlease_pending(dp, w, p);
+			complete(dp, w, &p->e, ret, p->t0_us);
 			free(p);
 		}
 	}
+}
+
+/* A promotion failed (checksum or I/O): every RECALL waiting for that block fails with it. */
+void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status)
+{
+	settle_recalls_of(dp, block, true, status);
 }
 
 /* A block just became DRAM-resident through a swap: advance the RECALLs waiting for it now, so
@@ -572,24 +581,7 @@ void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status)
  * the last unleased DRAM block would otherwise trade it back and forth without end). */
 void dp_retry_recalls_of(struct dp *dp, uint32_t block)
 {
-	for (size_t i = 0; i < dp->max_w; i++) {
-		struct dp_worker *w = &dp->w[i];
-		struct dp_pending **pp = &w->pending;
-		if (!w->ring)
-			continue;
-		while (*pp) {
-			struct dp_pending *p = *pp;
-			bool hit = recall_waits_for(p, block);
-			int ret = hit ? recall_step(dp, w, p) : -EAGAIN;
-			if (ret == -EAGAIN) {
-				pp = &p->next;
-				continue;
-			}
-			*pp = p->next;
-			complete(dp, w, &p->e, ret, p->t0_us);
-			free(p);
-		}
-	}
+	settle_recalls_of(dp, block, false, 0);
 }
 
 static void tier_done(void *ctx, const struct tier_result *r)
