@@ -91,6 +91,8 @@ static void test_no_budget(void **state)
 			      NULL };
 	assert_int_equal(lb_run(&p, run, err, sizeof err), 1);
 	assert_non_null(strstr(err, "No space left on device"));
+	/* ... and says what to do about it. */
+	assert_non_null(strstr(err, "--lease-budget N lets the store move the rest to NVMe"));
 	assert_true(p.n_ids > 0 && p.n_ids < LB_N);
 	harness_stop(&hs);
 }

@@ -249,10 +249,16 @@ static int run_ring(struct hostkv *h, struct ring_entry *e, size_t n, char *err,
 		for (unsigned j = 0; j < m && !ret; j++)
 			if (e[i + j].status)
 				ret = errmsg(err, errlen, e[i + j].status,
-					     "%s %s (layer %u, page %u): %s", h->ops->name,
+					     "%s %s (layer %u, page %u): %s%s", h->ops->name,
 					     op_names[e[i + j].op <= RING_OP_MAX ? e[i + j].op : 0],
 					     e[i + j].layer, e[i + j].first_page,
-					     strerror(-e[i + j].status));
+					     strerror(-e[i + j].status),
+					     e[i + j].status != -ENOSPC ? ""
+					     : h->lease_budget ? " (the lease budget, the pages allocated "
+								 "ahead and a ubatch must fit in the "
+								 "store's DRAM pool: lower --lease-budget)"
+					     : " (every block of an open sequence is leased: "
+					       "--lease-budget N lets the store move the rest to NVMe)");
 	}
 	unlock_store(h, false);
 	return ret;

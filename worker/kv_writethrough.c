@@ -2,6 +2,7 @@
 #include "kv_writethrough.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,15 @@ static int wt_reserve(struct kv_wt *w, int64_t n)
 	return 0;
 }
 
+/* The policy ops return an errno only: the store's message (which block, why, what to do)
+ * goes to stderr here, once per failure, so the worker's log says more than strerror. */
+static int host_err(int ret, const char *err)
+{
+	if (ret)
+		fprintf(stderr, "kvworker: host KV copy: %s\n", err);
+	return ret;
+}
+
 int kv_wt_fetch(struct kv_wt *w, const float *k, const float *v, int64_t n, const float **hk,
 		const float **hv)
 {
@@ -91,7 +101,7 @@ int kv_wt_store(struct kv_wt *w, int layer, int64_t pos, const float *k, const f
 			return -EOVERFLOW;
 		void *block;
 		if ((ret = hostkv_block(w->host, layer, (int)page, &block, err, sizeof err)))
-			return ret;
+			return host_err(ret, err);
 		size_t off = (size_t)(t - pos) * row;
 		layout_store_tokens(&w->g, block, t0, t1, k + off, v + off);
 		t += t1 - t0;
@@ -119,7 +129,7 @@ static int put_blocks(struct kv_wt *w, int layer, int64_t pos, int64_t n)
 		int ret = hostkv_block(w->host, layer, (int)first + i, &w->blocks[i], err,
 				       sizeof err);
 		if (ret)
-			return ret;
+			return host_err(ret, err);
 	}
 	return 0;
 }
@@ -165,7 +175,8 @@ int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, flo
 		int a = (int)(t % p);
 		int b = t1 - page * p < p ? (int)(t1 - page * p) : p;
 		const void *block;
-		ret = hostkv_block_ro_pin(w->host, layer, (int)page, &block, err, sizeof err);
+		ret = host_err(hostkv_block_ro_pin(w->host, layer, (int)page, &block, err,
+						   sizeof err), err);
 		for (int h = 0; h < H && !ret; h++) {
 			layout_load_head(&w->g, block, h, a, b, tk, tv);
 			for (int i = 0; i < b - a; i++) {
@@ -175,7 +186,7 @@ int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, flo
 			}
 		}
 		if (!ret)
-			ret = hostkv_unpin(w->host, layer, (int)page, err, sizeof err);
+			ret = host_err(hostkv_unpin(w->host, layer, (int)page, err, sizeof err), err);
 		t += b - a;
 	}
 	free(tk);
