@@ -158,7 +158,7 @@ static void lease_drop(struct dp *dp, struct dp_worker *w, struct dp_lease *l)
 
 /* ---------------------------------------------------------------- demotion */
 
-static int rank_victim(void *ctx, const struct pool_block *b)
+int dp_rank_victim(void *ctx, const struct pool_block *b)
 {
 	struct dp *dp = ctx;
 	if (!b->committed)
@@ -201,10 +201,15 @@ static void demote_to(struct dp *dp, uint64_t target)
 	uint64_t stride = resident ? u.dram_used_bytes / resident : 0;
 	if (!stride || u.dram_used_bytes <= target + dp->demoting * stride)
 		return;
+	/* A full tier takes no block: skip the pool scan that would find victims for nothing. */
+	struct tier_usage tu;
+	tier_usage(dp->tier, &tu);
+	if (tu.bytes - tu.used_bytes < stride)
+		return;
 	uint64_t want = (u.dram_used_bytes - target - dp->demoting * stride + stride - 1) / stride;
 	while (want) {
 		size_t max = want < 256 ? want : 256;
-		if (pool_victims(dp->pool, rank_victim, dp, ids, max, &n) || !n)
+		if (pool_victims(dp->pool, dp_rank_victim, dp, ids, max, &n) || !n)
 			return;
 		for (size_t i = 0; i < n; i++) {
 			if (demote_block(dp, ids[i]))
@@ -640,7 +645,8 @@ int dp_poll_timeout(const struct dp *dp, int dflt)
 		return 1;
 	for (unsigned i = 0; i < DP_SWAP_MAX; i++)
 		if (dp->swaps[i].phase == DP_SWAP_RESTORE && dp->swaps[i].restore_waiting)
-			return dflt < 100 ? dflt : 100; /* dp_swap_retry's next attempt */
+			return dflt < (int)(DP_SWAP_RETRY_US / 1000) ? dflt
+			     : (int)(DP_SWAP_RETRY_US / 1000); /* dp_swap_retry's next attempt */
 	return dflt;
 }
 

@@ -7,12 +7,13 @@
  * another sequence's block. Leases are recorded per worker (lease id = generation << 32 | slot).
  * A RECALL of NVMe-resident blocks promotes them through the tier and completes later; an ALLOC
  * that finds the pool full waits while demotion makes room and fails with -ENOSPC only when
- * nothing more can be demoted. When a promotion finds DRAM full and the NVMe tier full too, the
- * page swaps places with the coldest unleased committed DRAM block of its class (two tier I/Os
- * through a bounce buffer, dataplane_swap.c); a failed read or write leaves both pages intact
- * where they were and fails the RECALL with that error. At most a ring's worth of ops wait per
- * worker (more get -EBUSY); a RECALL whose sequence is detached while it waits fails with
- * -ENOENT; an ALLOC of a page that would hold tokens at or past max_tokens gets -ERANGE.
+ * nothing more can be demoted. When a promotion finds DRAM full and demotion can make no room
+ * (the NVMe tier is full too), the page swaps places with an unleased committed DRAM block of
+ * its class, chosen as demotion chooses (detached sequences first, then least recently used;
+ * two tier I/Os through a bounce buffer, dataplane_swap.c); a failed read or write leaves both
+ * pages intact where they were and fails the RECALL with that error. At most a ring's worth
+ * of ops wait per worker (more get -EBUSY); a RECALL whose sequence is detached while it waits
+ * fails with -ENOENT; an ALLOC of a page that would hold tokens at or past max_tokens gets -ERANGE.
  * Demotion runs between
  * dram_high_watermark and dram_low_watermark (read live from the config), choosing unleased
  * committed blocks, detached sequences first, then least recently used; its writes carry a

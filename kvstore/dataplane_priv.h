@@ -17,6 +17,7 @@
 #define DP_RECALL_MAX 32u
 #define DP_DEMOTE_QUEUE 64u		/* sequences whose explicit demotion is still going */
 #define DP_SWAP_MAX 8u			/* swaps in flight at once */
+#define DP_SWAP_RETRY_US 100000u	/* between attempts to write a page back after a failed swap */
 
 /* Tier request cookies: kind << 32 | block id (or swap slot for DP_COOKIE_SWAP). */
 enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3 };
@@ -86,6 +87,10 @@ struct dp {
 };
 
 uint64_t dp_now_us(void);
+/* Demotion's ranking of a DRAM block as a victim (pool_victims): -1 never (uncommitted), 0 a
+ * detached or orphaned sequence's, 1 an attached one's; the swap ranks the same way. */
+struct pool_block;
+int dp_rank_victim(void *ctx, const struct pool_block *b);
 /* Every RECALL waiting for block fails with status (dataplane.c). */
 void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status);
 /* block is DRAM-resident now: the RECALLs waiting for it take their leases at once. */

@@ -20,8 +20,13 @@
 
 #include "pool.h"
 #include "seq.h"
+#include "slab.h"
+#include "tier.h"
 
-#define DP_SWAP_RETRY_US 100000u	/* between attempts to write a page back after a failed swap */
+/* Pool blocks are read and written by the tier in place: their stride must hold whole O_DIRECT
+ * units (tier.h). */
+_Static_assert(SLAB_ALIGN % TIER_ALIGN == 0, "slab stride must hold whole tier units");
+
 
 struct swap_rank {
 	struct dp *dp;
@@ -32,10 +37,7 @@ struct swap_rank {
 static int rank_swap_victim(void *ctx, const struct pool_block *b)
 {
 	const struct swap_rank *r = ctx;
-	if (!b->committed || b->cls != r->cls)
-		return -1;
-	struct seq *s = seq_find(r->dp->seqs, b->seq_id);
-	return s && s->state == SEQ_ATTACHED ? 1 : 0;
+	return b->cls != r->cls ? -1 : dp_rank_victim(r->dp, b);
 }
 
 static uint64_t swap_cookie(const struct dp *dp, const struct dp_swap *sw)

@@ -82,8 +82,8 @@ struct tier {
 	size_t n_free_ext, cap_free_ext;
 	struct ext_map used;
 	struct tier_usage u;
-	unsigned inject_n[3];	/* by enum tier_op: see tier_inject_error */
-	int inject_err[3];
+	unsigned inject_n[TIER_OP_READ + 1];	/* by enum tier_op: see tier_inject_error */
+	int inject_err[TIER_OP_READ + 1];
 };
 
 static uint64_t round_up(uint64_t x, uint64_t a)
@@ -464,7 +464,8 @@ static int queue_req(struct tier *t, uint8_t op, void *buf, uint64_t file_off, u
 	uint32_t gen = (r->gen + 1) & 0xffffff;
 	*r = (struct tier_req){
 		.cookie = cookie, .buf = buf, .file_off = file_off, .len = len,
-		.io_len = (uint32_t)io_len, .crc_expected = crc, .gen = gen, .next = NONE, .op = op, .state = REQ_QUEUED,
+		.io_len = (uint32_t)io_len, .crc_expected = crc, .gen = gen, .next = NONE, .op = op,
+		.state = REQ_QUEUED,
 	};
 	if (t->q_tail == NONE)
 		t->q_head = i;

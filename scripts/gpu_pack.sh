@@ -83,7 +83,7 @@ done
 # The libraries: a walk over DT_NEEDED from the executables, each name resolved where ldd
 # resolves it for them, stopping at the libraries that stay behind (so what only they need,
 # such as cuBLAS's own dependencies, is not packed).
-declare -A where=() packed=()
+declare -A where=() packed=() behind=()
 for b in "${BINS[@]}"; do
   if ldd "$BUILD/$b" | grep -q 'not found'; then
     ldd "$BUILD/$b" | grep 'not found' >&2
@@ -98,7 +98,10 @@ while [ ${#queue[@]} -gt 0 ]; do
   f=${queue[0]}
   queue=("${queue[@]:1}")
   for name in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
-    left_behind "$name" && continue
+    if left_behind "$name"; then
+      behind[$name]=1
+      continue
+    fi
     [ -n "${packed[$name]:-}" ] && continue
     path=${where[$name]:-}
     [ -n "$path" ] || die "$name (needed by $f) is not resolved by ldd"
@@ -131,7 +134,7 @@ glibc=$({
   echo "built on: $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release | tr -d '"'), $(ldd --version | head -n1)"
   echo "glibc needed: >= ${glibc#GLIBC_}"
   echo "cmake: -DFREEKV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo"
-  echo "left behind: glibc, libcuda/libnvidia-*, libcudart.so.13, libcublas.so.13, libcublasLt.so.13"
+  echo "left behind (the device's own): $(printf '%s\n' "${!behind[@]}" | sort | tr '\n' ' ')"
   for b in "${BINS[@]}"; do echo "bin: $b $(stat -c %s "$tmp/bin/$b")"; done
   for name in $(printf '%s\n' "${!packed[@]}" | sort); do
     echo "lib: $name ${packed[$name]}"

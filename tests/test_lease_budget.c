@@ -7,7 +7,7 @@
  *   the run cannot have kept everything in DRAM; the worker's --stats counts on-demand
  *   recalls and releases, and (retrieval policies) fewer than half as many RECALL ring entries
  *   as blocks recalled, since the recall thread pins a job's pages together;
- * - a prompt whose KV alone is larger than the pool (the shipped corpus: 2,468 tokens, 3 MiB
+ * - a prompt whose KV alone is larger than the pool (the shipped corpus: 2,466 tokens, 3 MiB
  *   of KV) prefills and decodes with freekv at --lease-budget 16 (the engine commits each
  *   ubatch, so the budget releases the prompt's pages as it goes), equal to the embedded run.
  * (test_lease_resume.c shows the same run failing without a budget.) */
@@ -86,7 +86,7 @@ static void test_freekv(void **state)
 	budget_case("freekv");
 }
 
-/* The shipped corpus (5.3 KB), cut at its last space: 2,468 stories260K tokens. */
+/* The shipped corpus (5.3 KB), cut at its last space: 2,466 stories260K tokens. */
 static void long_prompt(char *text, size_t cap)
 {
 	char path[4096];

@@ -9,6 +9,7 @@
 #include "test_kvworker_proc.h"
 
 #include <fcntl.h>
+#include <time.h>
 
 #define LB_PROMPT "Once upon a time"
 #define LB_N 1700
@@ -65,17 +66,28 @@ static inline void lb_tier_stats(const char *endpoint, uint64_t *dram_bytes, uin
 }
 
 /* Blocks a detached sequence holds in each tier, and its block size. */
+/* Where a sequence's blocks are, once the daemon's demotion has settled: demotion runs beside
+ * the worker (and after it detaches), so this polls until some blocks are on NVMe and two reads
+ * 50 ms apart agree, for at most 10 s; the caller asserts what it expects. */
 static inline void lb_seq_pages(const char *endpoint, const char *name, uint64_t *dram,
 				uint64_t *nvme, uint64_t *block_bytes)
 {
 	struct kvs *k;
-	Freekv__Reply *r;
 	assert_int_equal(kvs_connect(endpoint, 5000, &k), 0);
-	assert_int_equal(kvs_show_sequence(k, 0, name, false, &r), 0);
-	*dram = r->sequence->pages->dram;
-	*nvme = r->sequence->pages->nvme;
-	*block_bytes = r->sequence->block_bytes;
-	kvs_reply_free(r);
+	uint64_t last_dram = UINT64_MAX, last_nvme = UINT64_MAX;
+	for (int i = 0; i < 200; i++) {
+		Freekv__Reply *r;
+		assert_int_equal(kvs_show_sequence(k, 0, name, false, &r), 0);
+		*dram = r->sequence->pages->dram;
+		*nvme = r->sequence->pages->nvme;
+		*block_bytes = r->sequence->block_bytes;
+		kvs_reply_free(r);
+		if (*nvme > 0 && *dram == last_dram && *nvme == last_nvme)
+			break;
+		last_dram = *dram;
+		last_nvme = *nvme;
+		nanosleep(&(struct timespec){ .tv_nsec = 50 * 1000 * 1000 }, NULL);
+	}
 	kvs_close(k);
 }
 

@@ -945,6 +945,24 @@ static void test_decode_goes_through_slots(void **state)
 	assert_memory_equal(lg[0], lg[1], sizeof lg[0]);
 }
 
+/* One decode token at layer l from fresh random rows in [-1, 1): kv (n_kv * d) K and V values,
+ * qn (n_q * d) query values, uploaded into k, v, q; returns what attend returned. */
+static int random_layer(const struct kv_policy_ops *P, void *st, int l, float *k, float *v,
+			float *q, float *out, int kv, int qn, uint64_t *rs)
+{
+	const struct backend_ops *o = be->ops;
+	float *h = malloc((size_t)(2 * kv + qn) * sizeof *h);
+	assert_non_null(h);
+	for (int i = 0; i < 2 * kv + qn; i++)
+		h[i] = test_randf(rs) * 2.0f - 1.0f;
+	assert_int_equal(o->upload(be->ctx, k, h, (size_t)kv * sizeof *h), 0);
+	assert_int_equal(o->upload(be->ctx, v, h + kv, (size_t)kv * sizeof *h), 0);
+	assert_int_equal(o->upload(be->ctx, q, h + 2 * kv, (size_t)qn * sizeof *h), 0);
+	free(h);
+	assert_int_equal(P->append(st, l, k, v, 1), 0);
+	return P->attend(st, l, out, q, 1);
+}
+
 /* A model with more layers than the recall stream's job ring had entries (64): with tau 0 every
  * retrieval layer leaves a speculative recall in flight until the next step, so the ring must
  * hold one per layer or submitting the 65th blocks forever (a watchdog alarm fails the test
@@ -973,24 +991,12 @@ static void test_many_layers_in_flight(void **state)
 	float *q = o->buf_alloc(be->ctx, NQ * D * sizeof *q);
 	float *out = o->buf_alloc(be->ctx, NQ * D * sizeof *out);
 	assert_true(k && v && q && out);
-	float hk[NKV * D], hv[NKV * D], hq[NQ * D];
 	uint64_t rs = 99;
 	alarm(60);
 	for (int t = 0; t < STEPS; t++) {
 		assert_int_equal(P->step_begin(st, 1), 0);
-		for (int l = 0; l < NL; l++) {
-			for (int i = 0; i < NKV * D; i++) {
-				hk[i] = test_randf(&rs) * 2.0f - 1.0f;
-				hv[i] = test_randf(&rs) * 2.0f - 1.0f;
-			}
-			for (int i = 0; i < NQ * D; i++)
-				hq[i] = test_randf(&rs) * 2.0f - 1.0f;
-			assert_int_equal(o->upload(be->ctx, k, hk, sizeof hk), 0);
-			assert_int_equal(o->upload(be->ctx, v, hv, sizeof hv), 0);
-			assert_int_equal(o->upload(be->ctx, q, hq, sizeof hq), 0);
-			assert_int_equal(P->append(st, l, k, v, 1), 0);
-			assert_int_equal(P->attend(st, l, out, q, 1), 0);
-		}
+		for (int l = 0; l < NL; l++)
+			assert_int_equal(random_layer(P, st, l, k, v, q, out, NKV * D, NQ * D, &rs), 0);
 		P->step_end(st);
 	}
 	alarm(0);
@@ -1022,7 +1028,6 @@ static void test_invariants_catch_divergence(void **state)
 	float *q = o->buf_alloc(be->ctx, NQ * D * sizeof *q);
 	float *out = o->buf_alloc(be->ctx, NQ * D * sizeof *out);
 	assert_true(k && v && q && out);
-	float hk[NKV * D], hv[NKV * D], hq[NQ * D];
 	for (int pi = 0; pi < 3; pi++)
 		for (int steps = 6; steps <= 30; steps += 24) {
 			char name[64], err[256];
@@ -1047,19 +1052,8 @@ static void test_invariants_catch_divergence(void **state)
 					((float *)block)[1] += 1.0f; /* head 0, K row 0 of sink page 0 */
 				}
 				assert_int_equal(P->step_begin(st, 1), 0);
-				for (int l = 0; l < NL && !ret; l++) {
-					for (int i = 0; i < NKV * D; i++) {
-						hk[i] = test_randf(&rs) * 2.0f - 1.0f;
-						hv[i] = test_randf(&rs) * 2.0f - 1.0f;
-					}
-					for (int i = 0; i < NQ * D; i++)
-						hq[i] = test_randf(&rs) * 2.0f - 1.0f;
-					assert_int_equal(o->upload(be->ctx, k, hk, sizeof hk), 0);
-					assert_int_equal(o->upload(be->ctx, v, hv, sizeof hv), 0);
-					assert_int_equal(o->upload(be->ctx, q, hq, sizeof hq), 0);
-					assert_int_equal(P->append(st, l, k, v, 1), 0);
-					ret = P->attend(st, l, out, q, 1);
-				}
+				for (int l = 0; l < NL && !ret; l++)
+					ret = random_layer(P, st, l, k, v, q, out, NKV * D, NQ * D, &rs);
 				if (!ret)
 					P->step_end(st);
 				else if (t < steps)

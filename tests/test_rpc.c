@@ -149,6 +149,18 @@ static int status_of(Freekv__Reply *r)
 	return s;
 }
 
+/* A worker Hello from this process, sent by peer who. */
+static Freekv__Reply *hello_worker(struct env *e, const char *who)
+{
+	Freekv__Request q = FREEKV__REQUEST__INIT;
+	Freekv__Hello h = FREEKV__HELLO__INIT;
+	h.role = FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER;
+	h.pid = (uint32_t)getpid();
+	q.body_case = FREEKV__REQUEST__BODY_HELLO;
+	q.hello = &h;
+	return call(e, who, &q);
+}
+
 static Freekv__Reply *open_seq(struct env *e, const char *name, uint32_t layers, uint8_t fp0, size_t n_tok)
 {
 	static uint32_t toks[1000];
@@ -485,13 +497,7 @@ static void worker_up(struct env *e, struct wenv *w)
 {
 	char err[256];
 	memset(w, 0, sizeof *w);
-	Freekv__Request q = FREEKV__REQUEST__INIT;
-	Freekv__Hello h = FREEKV__HELLO__INIT;
-	h.role = FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER;
-	h.pid = (uint32_t)getpid();
-	q.body_case = FREEKV__REQUEST__BODY_HELLO;
-	q.hello = &h;
-	Freekv__Reply *r = call(e, "w1", &q);
+	Freekv__Reply *r = hello_worker(e, "w1");
 	assert_int_equal(r->status, 0);
 	w->wid = r->welcome->worker_id;
 	assert_int_equal(ring_open(r->welcome->ring_name, &w->r, err, sizeof err), 0);
@@ -782,13 +788,7 @@ static void test_corrupt_ring_logged_once(void **state)
 	*(volatile uint32_t *)(hdr + RING_OFF_SQ_TAIL) += 1u << 31;	/* far past the daemon's head */
 	munmap(hdr, RING_OFF_SLOTS);
 
-	Freekv__Request q = FREEKV__REQUEST__INIT;
-	Freekv__Hello h = FREEKV__HELLO__INIT;
-	h.role = FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER;
-	h.pid = (uint32_t)getpid();
-	q.body_case = FREEKV__REQUEST__BODY_HELLO;
-	q.hello = &h;
-	Freekv__Reply *r = call(e, "w2", &q);
+	Freekv__Reply *r = hello_worker(e, "w2");
 	assert_int_equal(r->status, 0);
 	struct wenv w2 = { .wid = r->welcome->worker_id };
 	assert_int_equal(ring_open(r->welcome->ring_name, &w2.r, err, sizeof err), 0);

@@ -861,16 +861,9 @@ static int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k
 static int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
 {
 	(void)ctx;
-	uint16_t tmp[256];
 	if (!kv_dtype_ok(dt) || n < 0)
 		return -EINVAL;
-	if (dt == FKV_F32)
-		return 0;
-	for (int64_t i = 0; i < n; i += 256) {
-		size_t m = n - i < 256 ? (size_t)(n - i) : 256;
-		dtype_from_f32(tmp, x + i, dt, m);
-		dtype_to_f32(x + i, tmp, dt, m);
-	}
+	dtype_round(x, dt, (size_t)n);
 	return 0;
 }
 

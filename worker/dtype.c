@@ -139,3 +139,15 @@ void dtype_from_f32(void *dst, const float *src, enum fkv_dtype t, size_t n)
 		break;
 	}
 }
+
+void dtype_round(float *x, enum fkv_dtype t, size_t n)
+{
+	uint16_t tmp[256];
+	if (t == FKV_F32)
+		return;
+	for (size_t i = 0; i < n; i += 256) {
+		size_t m = n - i < 256 ? n - i : 256;
+		dtype_from_f32(tmp, x + i, t, m);
+		dtype_to_f32(x + i, tmp, t, m);
+	}
+}

@@ -29,5 +29,7 @@ uint16_t f32_to_bf16(float f);
 void dtype_to_f32(float *dst, const void *src, enum fkv_dtype t, size_t n);
 /* Converts n f32 elements of src to type t in dst. */
 void dtype_from_f32(void *dst, const float *src, enum fkv_dtype t, size_t n);
+/* Rounds n f32 values in place to the nearest values type t holds (a round trip through t). */
+void dtype_round(float *x, enum fkv_dtype t, size_t n);
 
 #endif

@@ -368,6 +368,9 @@ static int recall_blocks(struct hostkv_seq *s, const uint32_t *lp, size_t n, boo
 	size_t n_stray = 0, at = 0;
 	pthread_mutex_lock(&s->mu);
 	for (size_t i = 0; i < ne; at += cnt[i], i++) {
+		if (!e[i].status && e[i].n_payload != 2 * cnt[i] && !ret)
+			ret = errmsg(err, errlen, -EPROTO, "store answered a RECALL of %u pages with "
+				     "%u values", cnt[i], e[i].n_payload);
 		if (e[i].status || e[i].n_payload != 2 * cnt[i])
 			continue;
 		for (uint32_t j = 0; j < cnt[i]; j++) {
@@ -476,6 +479,8 @@ static int enforce_budget(struct hostkv_seq *s, char *err, size_t errlen)
 	s->n_held -= want;
 	s->n_releases += want;
 	pthread_mutex_unlock(&s->mu);
+	/* Forgotten here before the RELEASE runs: if it fails part way, the store still holds
+	 * the rest until the sequence is closed (close and Goodbye drop a worker's leases). */
 	int ret = release_leases(s->h, c, want, err, errlen);
 	free(c);
 	return ret;
@@ -679,9 +684,15 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 		return ret;
 	pthread_mutex_lock(&s->mu);
 	struct hk_block *b = blk(s, layer, (uint32_t)page);
-	b->used = ++s->clock;
-	*block = s->h->base + b->off;
+	const bool leased = b->lease != 0;
+	if (leased) {
+		b->used = ++s->clock;
+		*block = s->h->base + b->off;
+	}
 	pthread_mutex_unlock(&s->mu);
+	if (!leased)
+		return errmsg(err, errlen, -EIO, "sequence '%s': block (layer %d, page %d) is not "
+			      "leased", s->name, layer, page);
 	return 0;
 }
 

@@ -155,10 +155,11 @@ int kv_wt_put(struct kv_wt *w, int layer, int64_t pos, const float *k, const flo
 	return kv_wt_fetch(w, k, v, n, &hk, &hv) ?: kv_wt_store(w, layer, pos, hk, hv, n);
 }
 
-int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, float *k,
-	       float *v)
+/* Pages pinned at once by kv_wt_load: one ring batch of RECALLs for those not leased. */
+#define KV_WT_PIN_BATCH 32
+
+int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, float *k, float *v)
 {
-	(void)own;
 	if (!w->host)
 		return -EINVAL;
 	int fenced = kv_wt_fence(w);
@@ -171,23 +172,28 @@ int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, flo
 	char err[256];
 	int ret = 0;
 	for (int64_t t = t0; t < t1 && !ret;) {
-		int64_t page = t / p;
-		int a = (int)(t % p);
-		int b = t1 - page * p < p ? (int)(t1 - page * p) : p;
-		const void *block;
-		ret = host_err(hostkv_block_ro_pin(w->host, layer, (int)page, &block, err,
-						   sizeof err), err);
-		for (int h = 0; h < H && !ret; h++) {
-			layout_load_head(&w->g, block, h, a, b, tk, tv);
-			for (int i = 0; i < b - a; i++) {
-				size_t dst = ((size_t)(t - t0 + i) * H + h) * d;
-				memcpy(k + dst, tk + (size_t)i * d, (size_t)d * sizeof *k);
-				memcpy(v + dst, tv + (size_t)i * d, (size_t)d * sizeof *v);
+		int pages[KV_WT_PIN_BATCH], n = 0;
+		const void *blocks[KV_WT_PIN_BATCH];
+		for (int64_t pg = t / p; n < KV_WT_PIN_BATCH && pg * p < t1; pg++)
+			pages[n++] = (int)pg;
+		ret = host_err(hostkv_pin_many(w->host, layer, pages, n, blocks, err, sizeof err),
+			       err);
+		for (int j = 0; j < n && !ret; j++) {
+			int a = (int)(t % p);
+			int b = t1 - (int64_t)pages[j] * p < p ? (int)(t1 - (int64_t)pages[j] * p) : p;
+			for (int h = 0; h < H; h++) {
+				layout_load_head(&w->g, blocks[j], h, a, b, tk, tv);
+				for (int i = 0; i < b - a; i++) {
+					size_t dst = ((size_t)(t - t0 + i) * H + h) * d;
+					memcpy(k + dst, tk + (size_t)i * d, (size_t)d * sizeof *k);
+					memcpy(v + dst, tv + (size_t)i * d, (size_t)d * sizeof *v);
+				}
 			}
+			t += b - a;
 		}
 		if (!ret)
-			ret = host_err(hostkv_unpin(w->host, layer, (int)page, err, sizeof err), err);
-		t += b - a;
+			ret = host_err(hostkv_unpin_many(w->host, layer, pages, n, err, sizeof err),
+				       err);
 	}
 	free(tk);
 	return ret;

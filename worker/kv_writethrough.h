@@ -59,11 +59,10 @@ int kv_wt_put(struct kv_wt *w, int layer, int64_t pos, const float *k, const flo
 /* Waits until every store queued by kv_wt_put is in the host copy (the backend's sync); a
  * no-op when none is pending. */
 int kv_wt_fence(struct kv_wt *w);
-/* Reads positions [t0, t1) of a layer, every head, into rows k, v (t1 - t0, n_kv, d) f32, each
- * block pinned while it is read (hostkv_block_ro_pin): committed blocks, or with own the blocks
- * this worker wrote, committed or not (both are allocated blocks; -ENOENT past them).
- * -EINVAL without a host copy. */
-int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, bool own, float *k,
-	       float *v);
+/* Reads positions [t0, t1) of a layer, every head, into rows k, v (t1 - t0, n_kv, d) f32: any
+ * allocated block, committed or not (-ENOENT past them), pinned up to 32 pages at a time while
+ * it is read (hostkv_pin_many: the pages not leased come back in one ring batch). -EINVAL
+ * without a host copy. */
+int kv_wt_load(struct kv_wt *w, int layer, int64_t t0, int64_t t1, float *k, float *v);
 
 #endif

@@ -210,7 +210,7 @@ static int full_restore(void *st, int64_t len)
 		ret = -ENOMEM;
 	enum fkv_dtype t = s->p.attn.kv_dtype;
 	for (int l = 0; l < s->p.n_layers && !ret; l++) {
-		ret = kv_wt_load(&s->wt, l, 0, len, false, k, v);
+		ret = kv_wt_load(&s->wt, l, 0, len, k, v);
 		if (ret)
 			break;
 		dtype_from_f32(kt, k, t, n);

@@ -231,20 +231,6 @@ int paged_step_begin(void *st, int64_t n)
 	return 0;
 }
 
-/* Rounds f32 values to the KV dtype and back, so the slots hold exactly what the host copy and
- * the `full` policy hold. */
-static void round_kv(float *x, size_t n, enum fkv_dtype t)
-{
-	uint16_t tmp[64];
-	if (t == FKV_F32)
-		return;
-	for (size_t i = 0; i < n; i += 64) {
-		size_t m = n - i < 64 ? n - i : 64;
-		dtype_from_f32(tmp, x + i, t, m);
-		dtype_to_f32(x + i, tmp, t, m);
-	}
-}
-
 /* Waits for the layer's speculative recall and folds its accounting into the counters. */
 static int settle_layer(struct paged *s, struct paged_layer *L)
 {
@@ -392,7 +378,7 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 			return -EOPNOTSUPP;
 		size_t bytes = (size_t)s->len * row * sizeof(float);
 		float *hk = malloc(bytes), *hv = malloc(bytes);
-		ret = hk && hv ? kv_wt_load(&s->wt, L->layer, 0, s->len, true, hk, hv) : -ENOMEM;
+		ret = hk && hv ? kv_wt_load(&s->wt, L->layer, 0, s->len, hk, hv) : -ENOMEM;
 		if (!ret)
 			ret = be->ops->upload(be->ctx, s->dense_k, hk, bytes)
 			   ?: be->ops->upload(be->ctx, s->dense_v, hv, bytes);
@@ -456,8 +442,9 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 	if (ret)
 		return ret;
 	size_t cnt = (size_t)n * s->g.n_kv * s->g.d;
-	round_kv(s->wt.k, cnt, s->p.attn.kv_dtype);
-	round_kv(s->wt.v, cnt, s->p.attn.kv_dtype);
+	/* Rounded to the KV dtype, so the slots hold exactly what the host copy and `full` hold. */
+	dtype_round(s->wt.k, s->p.attn.kv_dtype, cnt);
+	dtype_round(s->wt.v, s->p.attn.kv_dtype, cnt);
 	if (n > 1 && (ret = build_dense(s, L, hk, hv, n)))
 		return ret;
 	return place_tokens(s, L, s->len, hk, hv, n, false);
@@ -818,7 +805,7 @@ int paged_restore(void *st, int64_t len)
 	for (int l = s->full_layers; l < s->p.n_layers && !ret; l++)
 		for (int64_t t = 0; t < len && !ret; t += P) {
 			int64_t e = t + P < len ? t + P : len;
-			ret = kv_wt_load(&s->wt, l, t, e, false, k, v);
+			ret = kv_wt_load(&s->wt, l, t, e, k, v);
 			if (!ret)
 				ret = place_tokens(s, &s->L[l], t, k, v, e - t, false);
 		}

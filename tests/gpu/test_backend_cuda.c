@@ -15,6 +15,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "synth.h"
+#include "gpu_model_test.h"
 
 static uint64_t rng = 0xc0dab1e5;
 
@@ -457,14 +458,9 @@ static void test_stories_greedy(void **state)
 static void test_llama8b_geometry(void **state)
 {
 	(void)state;
-	char dir[] = "/tmp/freekv-test-cuda-XXXXXX", err[512];
-	assert_non_null(mkdtemp(dir));
-	int vocab = synth_min_vocab() > 512 ? synth_min_vocab() : 512;
-	if (synth_write("llama-3.1-8b", 1, FKV_BF16, dir, 11, vocab, err, sizeof err))
-		fail_msg("synth_write: %s", err);
+	char dir[] = "/tmp/freekv-test-cuda-XXXXXX";
 	struct fkv_model m;
-	if (model_load(dir, &m, err, sizeof err))
-		fail_msg("model_load: %s", err);
+	gpu_test_synth_8b(dir, 1, 11, &m);
 	int32_t prompt[12];
 	for (int i = 0; i < 12; i++)
 		prompt[i] = (int32_t)(test_rand(&rng) % (uint64_t)m.cfg.vocab_size);
@@ -481,9 +477,7 @@ static void test_llama8b_geometry(void **state)
 	model_free(&m);
 	free(lc);
 	free(lgpu);
-	char cmd[256];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-	assert_int_equal(system(cmd), 0);
+	gpu_test_rm_dir(dir);
 }
 
 /* backend_open: unknown names are refused with a message. */

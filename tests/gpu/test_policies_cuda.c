@@ -17,6 +17,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "synth.h"
+#include "gpu_model_test.h"
 
 static struct backend *cpu, *gpu;
 static struct hostkv *store;
@@ -127,14 +128,9 @@ static void test_stories_policies(void **state)
 static void test_llama8b_policies(void **state)
 {
 	(void)state;
-	char dir[] = "/tmp/freekv-test-polcuda-XXXXXX", err[512];
-	assert_non_null(mkdtemp(dir));
-	int vocab = synth_min_vocab() > 512 ? synth_min_vocab() : 512;
-	if (synth_write("llama-3.1-8b", 2, FKV_BF16, dir, 13, vocab, err, sizeof err))
-		fail_msg("synth_write: %s", err);
+	char dir[] = "/tmp/freekv-test-polcuda-XXXXXX";
 	struct fkv_model m;
-	if (model_load(dir, &m, err, sizeof err))
-		fail_msg("model_load: %s", err);
+	gpu_test_synth_8b(dir, 2, 13, &m);
 	enum { PROMPT = 24, STEPS = 40 };
 	int32_t prompt[PROMPT], forced[STEPS];
 	uint64_t s = 77;
@@ -165,9 +161,7 @@ static void test_llama8b_policies(void **state)
 		run_free(&rg);
 	}
 	model_free(&m);
-	char cmd[256];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-	assert_int_equal(system(cmd), 0);
+	gpu_test_rm_dir(dir);
 }
 
 static int setup(void **state)
