@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "backend.h"
 #include "engine.h"
 #include "model.h"
@@ -46,13 +47,6 @@ static double loadavg(void)
 	return l;
 }
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* Prefill n_prompt random tokens, then n_gen greedy decode steps. */
 static int run_once(struct engine *e, int n_prompt, int n_gen, struct measure *out)
 {
@@ -71,15 +65,15 @@ static int run_once(struct engine *e, int n_prompt, int n_gen, struct measure *o
 		ids[i] = (int32_t)((s >> 33) % (uint64_t)V);
 	}
 	int ret = engine_seq_new(e, &seq, err, sizeof err);
-	double t0 = now_ms(), t1 = t0, t2 = t0;
+	double t0 = clock_ms_f(), t1 = t0, t2 = t0;
 	if (!ret)
 		ret = engine_prefill(e, seq, ids, n_prompt, lg, false, err, sizeof err);
-	t1 = now_ms();
+	t1 = clock_ms_f();
 	for (int i = 0; i < n_gen && !ret; i++) {
 		int32_t t = sampler_argmax(lg, V);
 		ret = engine_decode(e, 1, &seq, &t, lg, err, sizeof err);
 	}
-	t2 = now_ms();
+	t2 = clock_ms_f();
 	if (ret)
 		fprintf(stderr, "bench: %s\n", err);
 	engine_seq_free(e, seq);

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "backend.h"
 #include "dtype.h"
 #include "engine.h"
@@ -69,13 +70,6 @@ struct result {
 	bool has_corr;
 	bool counted; /* the policy keeps retrieval counters */
 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static double loadavg(void)
 {
@@ -344,16 +338,16 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	for (int i = 0; i < a->warmup + a->steps && !ret; i++) {
 		if (i == a->warmup) {
 			stats_sum(e, seq, L, &s0);
-			t0 = now_ms();
+			t0 = clock_ms_f();
 		}
-		double ts = now_ms();
+		double ts = clock_ms_f();
 		ret = engine_decode(e, 1, &seq, &tok, lg, err, sizeof err);
 		tok = sampler_argmax(lg, V);
 		if (i >= a->warmup)
-			each[i - a->warmup] = now_ms() - ts;
+			each[i - a->warmup] = clock_ms_f() - ts;
 	}
 	if (!ret) {
-		double n = a->steps, ms = (now_ms() - t0) / n;
+		double n = a->steps, ms = (clock_ms_f() - t0) / n;
 		stats_sum(e, seq, L, &s1);
 		qsort(each, (size_t)a->steps, sizeof *each, cmp_double);
 		*res = (struct result){

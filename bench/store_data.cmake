@@ -4,8 +4,8 @@
 add_executable(bench_tier ${CMAKE_CURRENT_SOURCE_DIR}/bench_tier.c)
 freekv_target(bench_tier)
 target_compile_definitions(bench_tier PRIVATE FREEKV_BUILD_DIR="${PROJECT_BINARY_DIR}")
-target_link_libraries(bench_tier PRIVATE freekv_store_common PkgConfig::JSONC)
+target_link_libraries(bench_tier PRIVATE freekv_store_service PkgConfig::JSONC)
 
 add_executable(bench_pool ${CMAKE_CURRENT_SOURCE_DIR}/bench_pool.c)
 freekv_target(bench_pool)
-target_link_libraries(bench_pool PRIVATE freekv_store_common)
+target_link_libraries(bench_pool PRIVATE freekv_store_service)

@@ -5,6 +5,7 @@
 #ifndef FREEKV_TEST_KVSTORED_HARNESS_H
 #define FREEKV_TEST_KVSTORED_HARNESS_H
 
+#include "clock.h"
 #include "test_util.h"
 
 #include <errno.h>
@@ -37,13 +38,6 @@ static bool h_active;
 static const struct kvs_geometry h_geo = { 2, 2, 64, 16, 2 };
 static const uint8_t h_fp[32] = { 0xf1, 0xee, 0x4b, 0x01 };
 #define H_BLOCK 8192u
-
-static inline uint64_t h_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static inline void h_sleep_ms(int ms)
 {
@@ -101,7 +95,7 @@ static inline void harness_start_env(struct harness *h, const char *const *extra
 	h_cur = *h;
 	h_active = true;
 	/* Ready when it answers Stats. */
-	uint64_t t0 = h_now_ms();
+	uint64_t t0 = clock_ms();
 	for (;;) {
 		struct kvs *k;
 		assert_int_equal(kvs_connect(h->endpoint, 200, &k), 0);
@@ -114,7 +108,7 @@ static inline void harness_start_env(struct harness *h, const char *const *extra
 			fprintf(stderr, "kvstored exited during start (status %d)\n", st);
 			fail();
 		}
-		if (h_now_ms() - t0 > 15000) {
+		if (clock_ms() - t0 > 15000) {
 			fprintf(stderr, "kvstored did not answer within 15 s\n");
 			fail();
 		}
@@ -146,9 +140,9 @@ static inline void harness_stop(struct harness *h)
 	int st = 0;
 	h_active = false;
 	assert_int_equal(kill(h->pid, SIGTERM), 0);
-	uint64_t t0 = h_now_ms();
+	uint64_t t0 = clock_ms();
 	while (waitpid(h->pid, &st, WNOHANG) == 0) {
-		if (h_now_ms() - t0 > 10000) {
+		if (clock_ms() - t0 > 10000) {
 			kill(h->pid, SIGKILL);
 			waitpid(h->pid, &st, 0);
 			fprintf(stderr, "kvstored did not stop within 10 s\n");
@@ -270,12 +264,12 @@ static inline int h_read_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32
 /* Wait until ShowSequence(name) has no I/O in flight; returns the reply (caller frees). */
 static inline Freekv__Reply *h_settled(struct kvs *k, const char *name)
 {
-	uint64_t t0 = h_now_ms();
+	uint64_t t0 = clock_ms();
 	for (;;) {
 		Freekv__Reply *r;
 		if (kvs_show_sequence(k, 0, name, false, &r))
 			return NULL;
-		if (r->sequence->pages->in_flight == 0 || h_now_ms() - t0 > 10000)
+		if (r->sequence->pages->in_flight == 0 || clock_ms() - t0 > 10000)
 			return r;
 		kvs_reply_free(r);
 		h_sleep_ms(5);

@@ -4,6 +4,7 @@
  * what resume printed) equal an uninterrupted greedy run's token for token. Run with the `full`
  * policy and, when it is built, `freekv`. Also the refusals: resuming an unknown or attached
  * sequence, generating into a sequence that already holds tokens. */
+#include "clock.h"
 #include "test_kvworker_proc.h"
 
 #include "kvcache.h"
@@ -48,8 +49,8 @@ static void resume_case(const char *policy)
 
 	/* Orphaned within a second or so (pidfd). */
 	int st = 0, n_before = 0;
-	uint64_t committed = 0, t0 = h_now_ms();
-	while (h_now_ms() - t0 < 3000) {
+	uint64_t committed = 0, t0 = clock_ms();
+	while (clock_ms() - t0 < 3000) {
 		n_before = p_seq_ids(E, "victim", ids, P_MAX_IDS, &st, &committed);
 		if (st == FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_ORPHANED)
 			break;

@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "pool.h"
+#include "pool_map.h"
 #include "ring.h"
 
 static char name_buf[64];

@@ -12,6 +12,7 @@
  *     (`kvctl ls`), `kvworker resume` continues it exactly, and so does a Resume request to a
  *     new serving worker; a Cancel ends a running request and keeps its sequence; READY=1 and
  *     STOPPING=1 reach NOTIFY_SOCKET. */
+#include "clock.h"
 #include "test_kvworker_proc.h"
 
 #include <math.h>
@@ -109,9 +110,9 @@ static void server_start(struct server *sv, const struct harness *h, const char 
 	Freekv__Worker__Request rq;
 	Freekv__Worker__Status st;
 	status_req(&rq, &st, 1);
-	uint64_t t0 = h_now_ms();
+	uint64_t t0 = clock_ms();
 	Freekv__Worker__Reply *r = NULL;
-	while (!r && h_now_ms() - t0 < 20000) {
+	while (!r && clock_ms() - t0 < 20000) {
 		int stw;
 		assert_int_equal(waitpid(sv->p.pid, &stw, WNOHANG), 0); /* still running */
 		w_send(s, &rq);
@@ -129,10 +130,10 @@ static void server_start(struct server *sv, const struct harness *h, const char 
 static void server_stop(struct server *sv)
 {
 	assert_int_equal(kill(sv->p.pid, SIGTERM), 0);
-	uint64_t t0 = h_now_ms();
+	uint64_t t0 = clock_ms();
 	int st;
 	pid_t r;
-	while ((r = waitpid(sv->p.pid, &st, WNOHANG)) == 0 && h_now_ms() - t0 < 10000)
+	while ((r = waitpid(sv->p.pid, &st, WNOHANG)) == 0 && clock_ms() - t0 < 10000)
 		h_sleep_ms(10);
 	if (r == 0) {
 		kill(sv->p.pid, SIGKILL);

@@ -29,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include "clock.h"
 #include "backend.h"
 #include "dtype.h"
 #include "engine.h"
@@ -52,13 +53,6 @@ struct args {
 	struct shape shapes[2];
 	int n_shapes;
 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static uint64_t rng = 0x8b8b8b8bULL;
 
@@ -226,9 +220,9 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 	for (int s = 0; s < sh->gen && !ret; s++) {
 		for (int b = 0; b < batch; b++)
 			tok[b] = sampler_argmax(lg + (size_t)b * V, V);
-		double t0 = now_ms();
+		double t0 = clock_ms_f();
 		ret = engine_decode(e, batch, seqs, tok, lg, err, errlen);
-		t[s] = now_ms() - t0;
+		t[s] = clock_ms_f() - t0;
 	}
 	if (!ret) {
 		double sum = 0;

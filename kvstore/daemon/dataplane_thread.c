@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "dataplane.h"
 #include "dataplane_priv.h"
 #include "errmsg.h"
@@ -100,7 +101,7 @@ static void *thread_main(void *arg)
 			idle_since = 0;
 			continue;
 		}
-		uint64_t t = ring_now_ns();
+		uint64_t t = clock_ns();
 		if (!idle_since)
 			idle_since = t;
 		if (t - idle_since < DP_SPIN_NS) {

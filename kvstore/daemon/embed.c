@@ -1,13 +1,6 @@
-/* hostkv_embedded — the hostkv store ops without a daemon: kvstored's own sequence table
- * (seq.c) and data plane (dataplane.c: pool, slab classes, per-worker ring, leases, checks) run
- * inside the worker, and this file plays the part of the daemon's control plane (rpc.c) with
- * direct calls. Same code, no IPC: block ops still go through a ring, served by dp_run() right
- * after they are pushed. There is no NVMe tier, so every op completes in that one pass.
- *
- * The pool and ring segments get private names (pid and a counter) and are unlinked as soon as
- * they are mapped: nothing is left in /dev/shm however the process ends. See hostkv_impl.h. */
+/* embed — an in-process kvstored for one-off runs. See embed.h. */
+#include "embed.h"
 #include "errmsg.h"
-#include "hostkv_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -28,7 +21,7 @@
 #define EMB_MIN_BYTES (4ull << 20)
 #define EMB_UNIT (2ull << 20)
 
-struct embedded {
+struct kvs_embed {
 	struct cfg cfg;
 	struct seq_table seqs;
 	bool seqs_init;
@@ -39,7 +32,7 @@ struct embedded {
 	int fd;
 };
 
-static struct seq *attached(struct embedded *m, uint64_t id, char *err, size_t errlen)
+static struct seq *attached(struct kvs_embed *m, uint64_t id, char *err, size_t errlen)
 {
 	struct seq *s = seq_find(&m->seqs, id);
 	if (!s) {
@@ -53,11 +46,10 @@ static struct seq *attached(struct embedded *m, uint64_t id, char *err, size_t e
 	return s;
 }
 
-static int e_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
+int kvs_embed_open_seq(struct kvs_embed *m, const char *name, const uint8_t *fp, size_t fp_len,
 		      const struct kvs_geometry *g, bool create, uint64_t *id, char *err,
 		      size_t errlen)
 {
-	struct embedded *m = st;
 	struct seq_geometry sg = { g->n_layers, g->n_kv_heads, g->head_dim, g->page_size,
 				   g->dtype };
 	struct seq *s;
@@ -70,10 +62,9 @@ static int e_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_l
 	return 0;
 }
 
-static int e_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, size_t *n_ids,
+int kvs_embed_attach(struct kvs_embed *m, uint64_t id, uint64_t *committed, uint32_t **ids, size_t *n_ids,
 		    char *err, size_t errlen)
 {
-	struct embedded *m = st;
 	struct seq *s = seq_find(&m->seqs, id);
 	if (!s)
 		return errmsg(err, errlen, -ENOENT, "no sequence %" PRIu64, id);
@@ -93,10 +84,9 @@ static int e_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, 
 }
 
 /* The checks of kvstored's CommitTokens handler. */
-static int e_commit_tokens(void *st, uint64_t id, uint64_t committed, uint64_t first,
+int kvs_embed_commit_tokens(struct kvs_embed *m, uint64_t id, uint64_t committed, uint64_t first,
 			   const uint32_t *ids, size_t n, char *err, size_t errlen)
 {
-	struct embedded *m = st;
 	struct seq *s = attached(m, id, err, errlen);
 	if (!s)
 		return -EPERM;
@@ -109,9 +99,8 @@ static int e_commit_tokens(void *st, uint64_t id, uint64_t committed, uint64_t f
 
 /* The CloseSequence handler: detach (the data plane drops our leases and frees blocks never
  * committed), then drop the blocks and the sequence when asked. */
-static int e_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errlen)
+int kvs_embed_close_seq(struct kvs_embed *m, uint64_t id, bool drop, char *err, size_t errlen)
 {
-	struct embedded *m = st;
 	struct seq *s = seq_find(&m->seqs, id);
 	uint64_t blocks;
 	if (!s)
@@ -129,9 +118,11 @@ static int e_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errle
 	return 0;
 }
 
-static int e_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t errlen)
+int kvs_embed_ring(struct kvs_embed *m, struct ring_entry *e, unsigned n, char *err, size_t errlen)
 {
-	struct embedded *m = st;
+	if (n > KVS_EMBED_RING_MAX)
+		return errmsg(err, errlen, -EINVAL, "embedded ring: %u entries in one call (at most %u)",
+			      n, KVS_EMBED_RING_MAX);
 	for (unsigned i = 0; i < n; i++)
 		e[i].user_data = i;
 	int ret = ring_push(m->ring, e, n);
@@ -139,7 +130,7 @@ static int e_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t 
 		return errmsg(err, errlen, ret < 0 ? ret : -EAGAIN,
 			      "embedded ring: pushed %d of %u entries", ret, n);
 	dp_run(m->dp);
-	struct ring_entry c[HOSTKV_RING_BATCH];
+	struct ring_entry c[KVS_EMBED_RING_MAX];
 	ret = ring_pop(m->ring, c, n);
 	if (ret < 0 || (unsigned)ret != n)
 		return errmsg(err, errlen, ret < 0 ? ret : -EPROTO,
@@ -153,9 +144,8 @@ static int e_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t 
 	return 0;
 }
 
-static void e_close(void *st)
+void kvs_embed_close(struct kvs_embed *m)
 {
-	struct embedded *m = st;
 	if (!m)
 		return;
 	if (m->base)
@@ -167,25 +157,16 @@ static void e_close(void *st)
 	free(m);
 }
 
-static const struct hostkv_store_ops embedded_ops = {
-	.name = "embedded",
-	.open_seq = e_open_seq,
-	.attach = e_attach,
-	.commit_tokens = e_commit_tokens,
-	.close_seq = e_close_seq,
-	.ring = e_ring,
-	.close = e_close,
-};
-
-int hostkv_embedded_open(const struct hostkv_opts *o, const struct hostkv_store_ops **ops,
-			 void **st, uint8_t **base, uint64_t *bytes, char *err, size_t errlen)
+int kvs_embed_open(uint64_t pool_bytes, struct kvs_embed **out, uint8_t **base, uint64_t *bytes,
+		   char *err, size_t errlen)
 {
 	static atomic_uint counter;
-	struct embedded *m = calloc(1, sizeof *m);
+	*out = NULL;
+	struct kvs_embed *m = calloc(1, sizeof *m);
 	if (!m)
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	m->fd = -1;
-	uint64_t want = o->embedded_bytes ? o->embedded_bytes : EMB_DEFAULT_BYTES;
+	uint64_t want = pool_bytes ? pool_bytes : EMB_DEFAULT_BYTES;
 	if (want < EMB_MIN_BYTES)
 		want = EMB_MIN_BYTES;
 	cfg_defaults(&m->cfg);
@@ -221,12 +202,11 @@ int hostkv_embedded_open(const struct hostkv_opts *o, const struct hostkv_store_
 	/* Both sides are mapped: the names are no longer needed. */
 	pool_segment_unlink(dp_pool_name(m->dp), NULL);
 	pool_segment_unlink(ring_name, NULL);
-	*ops = &embedded_ops;
-	*st = m;
+	*out = m;
 	*base = m->base;
 	*bytes = m->bytes;
 	return 0;
 fail:
-	e_close(m);
+	kvs_embed_close(m);
 	return ret;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "clock.h"
 #include "config.h"
 #include "dataplane.h"
 #include "freekv_store.h"
@@ -25,13 +26,6 @@
 #define MAX_POLL 1100
 #define STATUS_EVERY_MS 1000
 #define LOOP_TICK_MS 100
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static void usage(FILE *f)
 {
@@ -98,7 +92,7 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 static void reap_workers(struct daemon_state *d)
 {
 	uint32_t ids[64];
-	size_t n = wk_reap(&d->workers, now_ms(), d->cfg.heartbeat_timeout_ms, ids, 64);
+	size_t n = wk_reap(&d->workers, clock_ms(), d->cfg.heartbeat_timeout_ms, ids, 64);
 	for (size_t i = 0; i < n; i++) {
 		struct wk_worker *w = wk_find(&d->workers, ids[i]);
 		dp_worker_gone(d->dp, ids[i]);
@@ -153,7 +147,7 @@ static void event_loop(struct daemon_state *d)
 	zmq_pollitem_t items[MAX_POLL];
 	int fds[8];
 	uint32_t ids[1024];
-	uint64_t wd_ms = sdn_watchdog_ms(&d->sdn), last_wd = now_ms(), last_status = 0;
+	uint64_t wd_ms = sdn_watchdog_ms(&d->sdn), last_wd = clock_ms(), last_status = 0;
 	dp_lock(d->dp);
 	for (;;) {
 		size_t n = 0;
@@ -169,7 +163,7 @@ static void event_loop(struct daemon_state *d)
 
 		int timeout = dp_poll_timeout(d->dp, LOOP_TICK_MS);
 		if (wd_ms) {
-			uint64_t since = now_ms() - last_wd;
+			uint64_t since = clock_ms() - last_wd;
 			int left = since >= wd_ms ? 0 : (int)(wd_ms - since);
 			timeout = left < timeout ? left : timeout;
 		}
@@ -197,7 +191,7 @@ static void event_loop(struct daemon_state *d)
 		dp_run(d->dp);
 		reap_workers(d);
 
-		uint64_t t = now_ms();
+		uint64_t t = clock_ms();
 		if (wd_ms && t - last_wd >= wd_ms) {
 			sdn_send(&d->sdn, "WATCHDOG=1");
 			last_wd = t;
@@ -268,7 +262,7 @@ int main(int argc, char **argv)
 	}
 	struct rpc_ctx rctx = {
 		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp,
-		.start_ms = now_ms(), .now_ms = now_ms,
+		.start_ms = clock_ms(), .now_ms = clock_ms,
 	};
 	if ((ret = rpc_init(&d.rpc, d.zctx, &rctx, err, sizeof err))) {
 		fprintf(stderr, "kvstored: %s\n", err);

@@ -10,11 +10,8 @@
  * copy of its block: when the block is demoted to the NVMe tier the DRAM slot is released and the
  * descriptor records the NVMe extent instead. pool_destroy unmaps and unlinks the segment.
  *
- * Mapper side (kvstore client, kvworker): pool_map opens an existing segment by name read-write,
- * checks its size, maps it; pool_unmap unmaps (never unlinks).
- *
- * The segment helpers (pool_segment_*) are shared with ring.c, which makes its per-worker ring
- * segments the same way.
+ * The segment itself is made with pool_map.h's helpers, which the client library shares
+ * (ring segments, and the mapper side that workers use).
  *
  * Ownership: pool_create allocates struct pool and everything behind it; pool_destroy frees it.
  * Pointers returned by pool_block_get stay valid until that block is freed (descriptors live in
@@ -29,35 +26,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define POOL_ERR_LEN 256u
+#include "pool_map.h"
+
 #define POOL_NO_BLOCK UINT32_MAX
 #define POOL_NO_OFFSET UINT64_MAX
-
-/* ---------------------------------------------------------------- shared-memory segments */
-
-struct pool_segment_config {
-	const char *name;          /* "/freekv-pool" style: one leading '/', no other '/' */
-	const char *hugetlbfs_dir; /* NULL or "": POSIX shm; else a file <dir>/<name> */
-	uint64_t bytes;
-	mode_t mode;               /* 0 means 0660 */
-	const char *group;         /* NULL or "": keep the creator's group */
-	bool unlink_existing;      /* replace a stale segment of that name instead of -EEXIST */
-};
-
-/* Creates, sizes (fallocate), chmods/chowns and maps a segment read-write. On success *base and
- * *fd are the mapping and an open descriptor (caller closes/unmaps via pool_segment_unmap).
- * -EEXIST when the name exists and !unlink_existing; -ENOSPC when the backing file system
- * cannot hold bytes; -EINVAL for a bad name. On failure nothing is left behind. */
-int pool_segment_create(const struct pool_segment_config *cfg, void **base, int *fd, char *err,
-			size_t err_len);
-
-/* Opens an existing segment read-write and maps it. expected_bytes 0 accepts any size (the size
- * is returned in *bytes); otherwise a different size is -EMSGSIZE. -ENOENT when absent. */
-int pool_segment_map(const char *name, const char *hugetlbfs_dir, uint64_t expected_bytes,
-		     void **base, uint64_t *bytes, int *fd, char *err, size_t err_len);
-void pool_segment_unmap(void *base, uint64_t bytes, int fd);
-/* Removes the name (shm_unlink, or unlink in the hugetlbfs dir). 0 or -errno. */
-int pool_segment_unlink(const char *name, const char *hugetlbfs_dir);
 
 /* ---------------------------------------------------------------- the pool (creator side) */
 
@@ -199,19 +171,5 @@ typedef int (*pool_each_fn)(void *ctx, uint32_t id, struct pool_block *b);
 int pool_each(struct pool *p, pool_each_fn fn, void *ctx);
 
 void pool_usage(const struct pool *p, struct pool_usage *u);
-
-/* ---------------------------------------------------------------- mapper side */
-
-struct pool_map {
-	void *base;
-	uint64_t bytes;
-	int fd;
-};
-
-/* Maps an existing pool read-write (expected_bytes 0: any size). -ENOENT no such pool,
- * -EMSGSIZE size mismatch, -EACCES not in the pool's group. */
-int pool_map(const char *shm_name, const char *hugetlbfs_dir, uint64_t expected_bytes,
-	     struct pool_map *m, char *err, size_t err_len);
-void pool_unmap(struct pool_map *m);
 
 #endif

@@ -1,4 +1,5 @@
 /* client — libfreekv_store: the ZeroMQ request path, pool and ring mapping. See freekv_store.h. */
+#include "clock.h"
 #include "freekv_store.h"
 
 #include <errno.h>
@@ -11,7 +12,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "pool.h"
+#include "pool_map.h"
 
 #define KVS_ERR_MAX 512
 #define KVS_RING_SLICE_MS 50
@@ -37,13 +38,6 @@ static int seterr(struct kvs *k, int ret, const char *fmt, ...)
 	vsnprintf(k->err, sizeof k->err, fmt, ap);
 	va_end(ap);
 	return ret;
-}
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out)
@@ -187,9 +181,9 @@ int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 			return seterr(k, -EHOSTUNREACH, "kvstored is not reachable (nothing accepted the connection)");
 		return seterr(k, -errno, "send: %s", zmq_strerror(errno));
 	}
-	uint64_t deadline = now_ms() + (uint64_t)k->timeout_ms;
+	uint64_t deadline = clock_ms() + (uint64_t)k->timeout_ms;
 	for (;;) {
-		uint64_t t = now_ms();
+		uint64_t t = clock_ms();
 		if (t >= deadline)
 			return seterr(k, -ETIMEDOUT, "no reply from kvstored within %d ms", k->timeout_ms);
 		zmq_pollitem_t it = { .socket = k->sock, .events = ZMQ_POLLIN };
@@ -479,7 +473,7 @@ int kvs_ring_complete(struct kvs *k, struct ring_entry *out, unsigned max, int t
 {
 	if (!k->ring)
 		return seterr(k, -ENOTCONN, "no ring: say Hello as a worker first");
-	uint64_t deadline = now_ms() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms);
+	uint64_t deadline = clock_ms() + (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms);
 	/* The control socket is checked for a shutdown notice only when the ring stayed empty for
 	 * a whole wait slice: the fast path is the ring alone. */
 	bool check = false;
@@ -492,7 +486,7 @@ int kvs_ring_complete(struct kvs *k, struct ring_entry *out, unsigned max, int t
 			if (k->shutdown)
 				return seterr(k, -ESHUTDOWN, "%s", k->notice);
 		}
-		uint64_t t = now_ms();
+		uint64_t t = clock_ms();
 		if (t >= deadline)
 			return 0;
 		int slice = deadline - t < KVS_RING_SLICE_MS ? (int)(deadline - t) : KVS_RING_SLICE_MS;
@@ -512,10 +506,10 @@ static int ring_sync(struct kvs *k, struct ring_entry *e)
 		return ret;
 	if (ret == 0)
 		return seterr(k, -EAGAIN, "submission ring full");
-	uint64_t deadline = now_ms() + KVS_RING_TIMEOUT_MS;
+	uint64_t deadline = clock_ms() + KVS_RING_TIMEOUT_MS;
 	for (;;) {
 		struct ring_entry c;
-		uint64_t t = now_ms();
+		uint64_t t = clock_ms();
 		if (t >= deadline)
 			return seterr(k, -ETIMEDOUT, "no ring completion within %d ms", KVS_RING_TIMEOUT_MS);
 		int n = kvs_ring_complete(k, &c, 1, (int)(deadline - t));

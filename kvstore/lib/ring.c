@@ -1,5 +1,6 @@
 /* ring — per-worker shared-memory submission/completion rings with futex doorbells.
  * See ring.h. */
+#include "clock.h"
 #include "ring.h"
 
 #include <errno.h>
@@ -16,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "pool.h"
+#include "pool_map.h"
 #include "errmsg.h"
 
 #define RING_HDR_BYTES 4096u
@@ -334,13 +335,6 @@ static int64_t ms_left(const struct timespec *deadline)
 	       (deadline->tv_nsec - now.tv_nsec) / 1000000;
 }
 
-uint64_t ring_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* One FUTEX_WAIT on a doorbell the caller announced it sleeps on (ms < 0: no timeout); clears
  * the announcement. 0 means "re-check the ring" (woken, bell moved, or timed out); -EINTR. */
 static int doorbell_sleep(struct ring_idx *idx, uint32_t seen, int64_t ms)
@@ -366,12 +360,12 @@ int ring_wait(struct ring *r, int timeout_ms)
 			deadline.tv_nsec -= 1000000000;
 		}
 	}
-	uint64_t spin_end = ring_now_ns() + RING_SPIN_NS;
+	uint64_t spin_end = clock_ns() + RING_SPIN_NS;
 	for (unsigned i = 0;; i++) {
 		int64_t n = ready_of(r);
 		if (n != 0)
 			return n < 0 ? (int)n : 0;
-		if ((i & 31) == 31 && ring_now_ns() >= spin_end)
+		if ((i & 31) == 31 && clock_ns() >= spin_end)
 			break;
 		/* After a short busy spin, yield: the peer may be runnable on this very CPU. */
 		if (i < RING_BUSY_SPINS)

@@ -181,9 +181,8 @@ struct ring_stats {
 };
 void ring_stats(const struct ring *r, struct ring_stats *s);
 
-/* Helpers for the bounded spins on both sides of a ring (worker completion waits and the
- * daemon's data-plane thread): a monotonic clock in ns and a spin-loop hint. */
-uint64_t ring_now_ns(void);
+/* A spin-loop hint for the bounded spins on both sides of a ring (worker completion waits and
+ * the daemon's data-plane thread); their clock is common/clock.h. */
 static inline void ring_cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)

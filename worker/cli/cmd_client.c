@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "clock.h"
 #include "cmd_common.h"
 #include "proto/worker.pb-c.h"
 
@@ -205,7 +206,7 @@ static int send_request(void *sock, const Freekv__Worker__Request *rq)
 /* The next reply, or NULL after the timeout (or an interruption by SIGINT: *interrupted). */
 static Freekv__Worker__Reply *recv_reply(void *sock, long timeout_ms, bool *interrupted)
 {
-	double deadline = cmd_now_ms() + (double)timeout_ms;
+	double deadline = clock_ms_f() + (double)timeout_ms;
 	for (;;) {
 		zmq_pollitem_t it = { .socket = sock, .events = ZMQ_POLLIN };
 		int n = zmq_poll(&it, 1, 100);
@@ -229,7 +230,7 @@ static Freekv__Worker__Reply *recv_reply(void *sock, long timeout_ms, bool *inte
 				return r;
 			fprintf(stderr, "kvworker client: a malformed reply ignored\n");
 		}
-		if (cmd_now_ms() > deadline)
+		if (clock_ms_f() > deadline)
 			return NULL;
 	}
 }

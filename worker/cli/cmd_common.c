@@ -1,4 +1,5 @@
 /* cmd_common — see cmd_common.h. */
+#include "clock.h"
 #include "cmd_common.h"
 
 #include <errno.h>
@@ -118,13 +119,6 @@ long cmd_window(int32_t *win, const int32_t *toks, long n, long start, long per,
 	for (long i = 0; i < take; i++)
 		win[len++] = toks[start + i];
 	return len;
-}
-
-double cmd_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 /* ---------------------------------------------------------------- decoding sessions */
@@ -547,13 +541,13 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 	g_stop = 0;
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
-	struct run_times t = { .n_first = n_first, .t0 = cmd_now_ms() };
+	struct run_times t = { .n_first = n_first, .t0 = clock_ms_f() };
 	ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
 	if (ret) {
 		fprintf(stderr, "%s: prefill: %s\n", o->prog, err);
 		goto restore;
 	}
-	t.t1 = t.t2 = cmd_now_ms();
+	t.t1 = t.t2 = clock_ms_f();
 	double last_report = t.t1;
 	bool hit_limit = false;
 	while (t.generated < o->n && !g_stop) {
@@ -577,13 +571,13 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 			goto restore;
 		}
 		t.steps++;
-		t.t2 = cmd_now_ms();
+		t.t2 = clock_ms_f();
 		if (hostkv_is_remote(s->hk) && t.t2 - last_report > 500) {
 			report(s, &t, false);
 			last_report = t.t2;
 		}
 	}
-	t.t2 = cmd_now_ms();
+	t.t2 = clock_ms_f();
 	if (o->ids || t.generated)
 		printf("\n");
 	fflush(stdout);

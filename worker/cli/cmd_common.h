@@ -59,9 +59,6 @@ double cmd_nll(const float *logits, int V, int target);
  * BOS first when bos >= 0, then up to per text tokens. Writes win; returns its length. */
 long cmd_window(int32_t *win, const int32_t *toks, long n, long start, long per, int bos);
 
-/* Milliseconds on the monotonic clock. */
-double cmd_now_ms(void);
-
 /* Flags generate and resume share besides the policy flags: parsed by cmd_session_flag. */
 struct cmd_session_opts {
 	const char *prog;	/* "kvworker generate", for messages */

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "backend.h"
 #include "cmd_common.h"
 #include "engine.h"
@@ -282,7 +283,7 @@ static int eval_policy(const struct fkv_model *m, struct backend *be, struct hos
 	if (ret)
 		fprintf(stderr, "kvworker eval: out of memory for a %ld-token window\n", a->ctx);
 	long per = bos >= 0 ? a->ctx - 1 : a->ctx;
-	double t0 = cmd_now_ms();
+	double t0 = clock_ms_f();
 	for (long start = 0; start < n && !ret; start += per) {
 		long len = cmd_window(win, toks, n, start, per, bos);
 		if (len < 2)
@@ -290,7 +291,7 @@ static int eval_policy(const struct fkv_model *m, struct backend *be, struct hos
 		ret = eval_window(e, h, m, r, win, len, np, logits);
 		r->windows++;
 	}
-	r->ms = cmd_now_ms() - t0;
+	r->ms = clock_ms_f() - t0;
 	free(win);
 	free(logits);
 	engine_free(e);

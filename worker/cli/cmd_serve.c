@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "clock.h"
 #include "backend.h"
 #include "cmd_common.h"
 #include "sdnotify.h"
@@ -495,7 +496,7 @@ static int loop(struct service *v)
 {
 	struct serve *s = &v->srv;
 	uint64_t wd_ms = sdn_watchdog_ms(&v->sdn);
-	double last_report = cmd_now_ms(), last_wd = last_report;
+	double last_report = clock_ms_f(), last_wd = last_report;
 	int last_active = -1;
 	while (!g_stop) {
 		/* Block only while idle; with work, take what arrived and step. */
@@ -522,7 +523,7 @@ static int loop(struct service *v)
 		if (g_stop)
 			break;
 		serve_step(s);
-		double now = cmd_now_ms();
+		double now = clock_ms_f();
 		if (s->n_active != last_active) {
 			sdn_send(&v->sdn, "STATUS=serving: %d active sequences, %llu requests done",
 				 s->n_active, (unsigned long long)s->requests_served);

@@ -27,6 +27,7 @@
  * and commits. s->mu is never held across a store op: a RECALL may wait for NVMe, and the
  * other thread's pins of leased blocks must not wait behind it. Two threads may lease the same
  * block at once; the second lease is released at once. */
+#include "clock.h"
 #include "hostkv.h"
 
 #include <assert.h>
@@ -106,13 +107,6 @@ struct hostkv_seq {
 	size_t n_ids, cap_ids;
 };
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* Store ops are called with h->mu held; each marks the time for the heartbeat thread. */
 static void lock_store(struct hostkv *h)
 {
@@ -122,7 +116,7 @@ static void lock_store(struct hostkv *h)
 static void unlock_store(struct hostkv *h, bool control)
 {
 	if (control)
-		h->last_call_ms = now_ms();
+		h->last_call_ms = clock_ms();
 	pthread_mutex_unlock(&h->mu);
 }
 
@@ -142,10 +136,10 @@ static void *hb_main(void *arg)
 		pthread_cond_timedwait(&h->hb_cond, &h->mu, &ts);
 		if (h->hb_stop)
 			break;
-		if (now_ms() - h->last_call_ms < h->hb_ms / 3)
+		if (clock_ms() - h->last_call_ms < h->hb_ms / 3)
 			continue;
 		h->hb_err = h->ops->heartbeat(h->st, NULL, err, sizeof err);
-		h->last_call_ms = now_ms();
+		h->last_call_ms = clock_ms();
 	}
 	pthread_mutex_unlock(&h->mu);
 	return NULL;
@@ -174,7 +168,7 @@ int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, siz
 	}
 	pthread_mutex_init(&h->mu, NULL);
 	pthread_cond_init(&h->hb_cond, NULL);
-	h->last_call_ms = now_ms();
+	h->last_call_ms = clock_ms();
 	h->hb_ms = h->ops->heartbeat_ms ? h->ops->heartbeat_ms(h->st) : 0;
 	if (h->hb_ms && h->ops->heartbeat) {
 		ret = pthread_create(&h->hb, NULL, hb_main, h);

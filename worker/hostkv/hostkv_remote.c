@@ -1,6 +1,7 @@
 /* hostkv_remote — the hostkv store ops over a running kvstored: control requests through the
  * client library (freekv_store.h), block ops through the worker's shared-memory ring, blocks in
  * the mapped pool. See hostkv_impl.h. */
+#include "clock.h"
 #include "errmsg.h"
 #include "hostkv_impl.h"
 
@@ -76,13 +77,6 @@ static int r_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errle
 	return ret ? kerr(r, ret, err, errlen, "kvstored refused to close the sequence") : 0;
 }
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* Pushes the batch (all of it fits: HOSTKV_RING_BATCH is below the smallest ring) and collects
  * one completion per entry, matched by user_data. */
 static int r_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t errlen)
@@ -93,20 +87,20 @@ static int r_ring(void *st, struct ring_entry *e, unsigned n, char *err, size_t 
 	for (unsigned i = 0; i < n; i++)
 		e[i].user_data = base + i;
 	unsigned pushed = 0;
-	uint64_t deadline = now_ms() + RING_WAIT_MS;
+	uint64_t deadline = clock_ms() + RING_WAIT_MS;
 	while (pushed < n) {
 		int ret = kvs_ring_submit(r->k, e + pushed, n - pushed);
 		if (ret < 0)
 			return kerr(r, ret, err, errlen, "ring submit");
 		pushed += (unsigned)ret;
-		if (pushed < n && now_ms() > deadline)
+		if (pushed < n && clock_ms() > deadline)
 			return errmsg(err, errlen, -ETIMEDOUT,
 				      "ring: submission ring stayed full for %d ms", RING_WAIT_MS);
 	}
 	struct ring_entry c[HOSTKV_RING_BATCH];
 	unsigned got = 0;
 	while (got < n) {
-		uint64_t t = now_ms();
+		uint64_t t = clock_ms();
 		if (t >= deadline)
 			return errmsg(err, errlen, -ETIMEDOUT,
 				      "ring: %u of %u completions within %d ms", got, n,

@@ -1,4 +1,5 @@
 /* serve_batch — see serve_batch.h. */
+#include "clock.h"
 #include "serve_batch.h"
 
 #include <errno.h>
@@ -11,7 +12,6 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "cmd_common.h"
 #include "proto/worker.pb-c.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -65,7 +65,7 @@ int serve_init(struct serve *s)
 		return -ENOMEM;
 	}
 	s->n_active = s->n_wait = s->wait_head = 0;
-	s->t_start = cmd_now_ms();
+	s->t_start = clock_ms_f();
 	return 0;
 }
 
@@ -136,7 +136,7 @@ static void req_end(struct serve *s, struct serve_req *q, const char *reason)
 			strerror(-ret));
 		keep = true; /* whatever the store holds, it was not dropped by us */
 	}
-	double now = cmd_now_ms(), dec = q->started ? now - q->t1 : 0.0;
+	double now = clock_ms_f(), dec = q->started ? now - q->t1 : 0.0;
 	Freekv__Worker__Done d = FREEKV__WORKER__DONE__INIT;
 	d.seq = q->name;
 	d.reason = (char *)reason;
@@ -386,7 +386,7 @@ static int admit(struct serve *s, const struct peer *p, uint64_t id,
 	q->n = n;
 	q->keep = resume ? rs->keep : g->keep;
 	q->prompt_tokens = (uint32_t)q->n_pending;
-	q->t0 = cmd_now_ms();
+	q->t0 = clock_ms_f();
 	s->n_active++;
 	fprintf(stderr, "kvworker serve: request %llu: %s sequence '%s', %d tokens to run, n %u\n",
 		(unsigned long long)id, resume ? "resume" : "generate", q->name, q->n_pending, n);
@@ -443,7 +443,7 @@ static void reply_status(struct serve *s, const struct peer *p, uint64_t id)
 	st.tokens_generated = s->tokens_generated;
 	st.requests_served = s->requests_served;
 	st.steps = s->steps;
-	st.uptime_s = (cmd_now_ms() - s->t_start) / 1e3;
+	st.uptime_s = (clock_ms_f() - s->t_start) / 1e3;
 	Freekv__Worker__Reply r = FREEKV__WORKER__REPLY__INIT;
 	r.id = id;
 	r.body_case = FREEKV__WORKER__REPLY__BODY_STATUS_REPLY;
@@ -659,7 +659,7 @@ static void after_step(struct serve *s, struct serve_req *q, const float *logits
 	char err[512];
 	if (!q->started) {
 		q->started = true;
-		q->t1 = cmd_now_ms();
+		q->t1 = clock_ms_f();
 	}
 	q->n_pending = 0;
 	if (q->generated >= q->n)
@@ -723,9 +723,9 @@ void serve_step(struct serve *s)
 	if (!k)
 		return;
 	char err[512];
-	double t0 = cmd_now_ms();
+	double t0 = clock_ms_f();
 	int ret = engine_forward(s->e, k, seqs, ids, ns, s->logits, false, err, sizeof err);
-	s->ms_in_steps += cmd_now_ms() - t0;
+	s->ms_in_steps += clock_ms_f() - t0;
 	s->steps++;
 	if (ret) {
 		/* The engine validated the batch as a whole: end each request alone so that one
@@ -747,7 +747,7 @@ void serve_step(struct serve *s)
 char *serve_stats_json(const struct serve *s)
 {
 	struct json_object *o = json_object_new_object();
-	double up = cmd_now_ms() - s->t_start;
+	double up = clock_ms_f() - s->t_start;
 	json_object_object_add(o, "tokens_decoded", json_object_new_uint64(s->tokens_generated));
 	json_object_object_add(o, "decode_tok_s",
 			       json_object_new_double(s->ms_in_steps > 0
