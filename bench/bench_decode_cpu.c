@@ -27,7 +27,7 @@
 #include "synth.h"
 
 #ifndef FREEKV_MODELS_DIR
-#define FREEKV_MODELS_DIR "../shared/models"
+#define FREEKV_MODELS_DIR "tests/data/models"
 #endif
 
 struct measure {

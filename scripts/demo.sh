@@ -9,7 +9,7 @@ set -euo pipefail
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$ROOT/$BUILD
-MODELS=${FREEKV_MODELS_DIR:-$ROOT/../shared/models}
+MODELS=${FREEKV_MODELS_DIR:-$ROOT/tests/data/models}
 MODEL=$MODELS/stories260K/stories260K.gguf
 KVWORKER=$BIN/worker/kvworker
 KVCTL=$BIN/ctl/kvctl

@@ -28,7 +28,7 @@ BUILD=$SRC/build-gpu
 PACK=$SRC/.gpupack
 JOBS=$(nproc)
 MAX_MIB=${MAX_MIB:-60}
-MODELS=${FREEKV_MODELS_DIR:-$SRC/../shared/models}
+MODELS=${FREEKV_MODELS_DIR:-$SRC/tests/data/models}
 MODEL_FILES=(stories260K/stories260K.gguf)
 
 die() {

@@ -13,13 +13,13 @@
 #
 # usage: scripts/make_corpus.sh [KVWORKER] [MODEL] [OUT]
 #   KVWORKER  the kvworker binary (default: build/worker/kvworker)
-#   MODEL     stories260K (default: ../shared/models/stories260K/stories260K.gguf)
+#   MODEL     stories260K (default: tests/data/models/stories260K/stories260K.gguf)
 #   OUT       output file (default: tests/data/stories_corpus.txt)
 set -eu
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 kvworker=${1:-$here/build/worker/kvworker}
-model=${2:-$here/../shared/models/stories260K/stories260K.gguf}
+model=${2:-$here/tests/data/models/stories260K/stories260K.gguf}
 out=${3:-$here/tests/data/stories_corpus.txt}
 
 # seed|prompt — six different openings, one fixed seed each.

@@ -246,7 +246,7 @@ setup_pack() {
 setup_build() {
   BUILD=$(mkdir -p "$dir" && cd "$dir" && pwd) || exit 2
   BIN=$BUILD
-  MODELS=${FREEKV_MODELS_DIR:-$SRC/../shared/models}
+  MODELS=${FREEKV_MODELS_DIR:-$SRC/tests/data/models}
   if want build; then
     if ! "$SRC/scripts/bootstrap.sh"; then
       echo "run.sh: the Debian build dependencies are missing and could not be installed" >&2
