@@ -1,5 +1,5 @@
 // convert — f32 values to a stored dtype (f32, f16, bf16; round to nearest even, like
-// worker/dtype.c): the KV append of the `full` policy; and f32 values rounded to a stored dtype
+// common/dtype.c): the KV append of the `full` policy; and f32 values rounded to a stored dtype
 // in place (the f32 slot rows of the paged policies hold exactly what the pool blocks hold).
 #pragma once
 #include <cuda_runtime.h>

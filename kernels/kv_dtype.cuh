@@ -1,6 +1,6 @@
 // kv_dtype — device-side loads and stores of the stored element types (enum fkv_dtype of
-// worker/dtype.h: f32, f16, bf16), shared by the kernels. Internal to kernels/*.cu: CUDA C++
-// only, not a public header. Conversions round to nearest even, like worker/dtype.c.
+// common/dtype.h: f32, f16, bf16), shared by the kernels. Internal to kernels/*.cu: CUDA C++
+// only, not a public header. Conversions round to nearest even, like common/dtype.c.
 #pragma once
 #ifndef __CUDACC__
 #error "kv_dtype.cuh is for kernels/*.cu only"

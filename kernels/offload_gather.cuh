@@ -1,7 +1,7 @@
 // offload_gather — the device half of an offload (DESIGN §3): NHD rows are converted to HND
 // page blocks [n_kv][2][p][d] in the pool's dtype, either from device slots (a window page that
 // filled) or from f32 K/V rows (prefill, and the per-step write-through of the tail page). The
-// device twins of layout_gather_unit and layout_store_tokens (worker/layout.c).
+// device twins of layout_gather_unit and layout_store_tokens (common/layout.c).
 //
 // Block i is written at element offset dst_off[i] of blocks: a staging buffer for a following
 // cudaMemcpyAsync (dst_off[i] = i * n_kv * 2 * p * d), or the device alias of a registered pool

@@ -1,6 +1,6 @@
 // recall_scatter — the device half of a recall (DESIGN §3): head units copied from the host pool
 // into a staging buffer in HND order are scattered into the NHD head slices of device slots,
-// converting dtype on the way. The device twin of layout_scatter_unit (worker/layout.c).
+// converting dtype on the way. The device twin of layout_scatter_unit (common/layout.c).
 #pragma once
 #include <stdint.h>
 

@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-// Values match enum fkv_rope_style (worker/model.h).
+// Values match enum fkv_rope_style (worker/model/model.h).
 enum rope_pairing {
 	ROPE_PAIR_INTERLEAVED = 0, // pairs (2i, 2i+1)
 	ROPE_PAIR_HALVES = 1,	   // pairs (i, i + d/2)

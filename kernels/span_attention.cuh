@@ -1,5 +1,5 @@
 // span_attention — decode attention for one query token over lists of contiguous K/V spans:
-// the device twin of the backend's attn_decode / attn_decode_heads (worker/backend.h), used by
+// the device twin of the backend's attn_decode / attn_decode_heads (worker/backend/backend.h), used by
 // policies that keep dense per-layer caches (`full`) rather than paged slots (those use
 // decode_attention). GQA: query head h reads KV head h / (n_heads / n_kv); KV head g reads the
 // spans first[g] .. first[g + 1] of the list, each at element offset g * d of its rows. One block

@@ -1,5 +1,5 @@
 # tests/gpu.cmake — one test per kernel file (tests/gpu/test_kernel_<op>.c), each against a CPU
-# twin (the CPU backend, worker/select.c, worker/layout.c). Label gpu; they exit 77 (skip) on a
+# twin (the CPU backend, worker/kvcache/select.c, common/layout.c). Label gpu; they exit 77 (skip) on a
 # machine without a CUDA device, so CI only compiles them.
 if(FREEKV_HAVE_CUDA)
   foreach(op embedding rope silu_mul kv_append page_summary page_score topk qcos

@@ -1,4 +1,4 @@
-/* Tests for worker/backend_cpu.c: every op of the CPU backend against naive float64 loops in
+/* Tests for worker/backend/backend_cpu.c: every op of the CPU backend against naive float64 loops in
  * this file, on random inputs, for every weight / KV dtype, covering each internal path
  * (sgemv, direct dot loop and its eight-lane conversion, converted tiles; dense, strided and
  * paged attention spans, per-head slot lists, prefill units of several sizes), and results equal

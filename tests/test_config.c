@@ -1,4 +1,4 @@
-/* Tests kvstore/config.c: defaults, typed parsing with bounds, K/M/G suffixes, the config file
+/* Tests kvstore/daemon/config.c: defaults, typed parsing with bounds, K/M/G suffixes, the config file
  * parser (comments, errors naming the line), run-time-only reloads, cross-key validation, and
  * that --print-config output reads back to the same configuration. */
 #include "test_util.h"

@@ -1,4 +1,4 @@
-/* Tests kvstore/crc32c.c: published check values, the hardware path against the software
+/* Tests kvstore/lib/crc32c.c: published check values, the hardware path against the software
  * reference over random lengths and alignments, and chaining. */
 #include "test_util.h"
 

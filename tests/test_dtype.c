@@ -1,4 +1,4 @@
-/* Tests worker/dtype.c against double-precision references: round to nearest even, subnormals,
+/* Tests common/dtype.c against double-precision references: round to nearest even, subnormals,
  * overflow, NaN/Inf, and an exhaustive f16 -> f32 -> f16 round trip. */
 #include "test_util.h"
 

@@ -1,4 +1,4 @@
-/* Tests for worker/engine.c (with policy_full.c and the CPU backend): logits of the engine
+/* Tests for worker/engine/engine.c (with policy_full.c and the CPU backend): logits of the engine
  * against an independent float64 forward pass written here (its own embedding, RMSNorm, RoPE,
  * attention and MLP loops; it reads tensors only through model.h and dtype.h), on models built
  * in memory, on stories260K (GGUF and HF) and on synthetic models of each preset geometry;

@@ -1,4 +1,4 @@
-/* Tests for `kvworker eval` (worker/cmd_eval.c): runs the real binary on stories260K over the
+/* Tests for `kvworker eval` (worker/cli/cmd_eval.c): runs the real binary on stories260K over the
  * shipped corpus (tests/data/stories_corpus.txt) and checks what is exact. `full` agrees with
  * itself on every position, and its teacher-forced decode-path perplexity equals the prefill
  * path of `kvworker perplexity` to float rounding; with a budget covering the whole window every

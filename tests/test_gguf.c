@@ -1,4 +1,4 @@
-/* Tests worker/gguf.c: the real stories260K.gguf (metadata of every kind the tokenizer needs,
+/* Tests worker/model/gguf.c: the real stories260K.gguf (metadata of every kind the tokenizer needs,
  * tensor table, tensor bytes checked against the independent llama2.c checkpoint), GGUF files
  * built here byte by byte (every metadata type, alignment, F16/BF16), and broken variants:
  * bad magic/version, unsupported tensor type, lying counts and offsets, every truncation of

@@ -1,4 +1,4 @@
-/* hostkv (worker/hostkv.c) against both stores: the embedded in-process store and a real
+/* hostkv (worker/hostkv/hostkv.c) against both stores: the embedded in-process store and a real
  * kvstored process (temporary shm, ipc endpoint and NVMe file). Blocks are written through
  * hostkv_block, committed with token ids, the sequence closed and reopened (from another
  * connection for kvstored), and every byte read back; wrong fingerprints, geometries, id gaps

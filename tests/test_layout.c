@@ -1,4 +1,4 @@
-/* Tests worker/layout.c: HND offsets checked element by element against the formula of DESIGN
+/* Tests common/layout.c: HND offsets checked element by element against the formula of DESIGN
  * §3, and store -> recall unit -> scatter reproducing the NHD rows (exact in f32, dtype-rounded
  * otherwise). */
 #include "test_util.h"

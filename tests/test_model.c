@@ -1,4 +1,4 @@
-/* Tests worker/model.c and worker/hf_config.c: stories260K loaded from GGUF and from the HF
+/* Tests worker/model/model.c and worker/model/hf_config.c: stories260K loaded from GGUF and from the HF
  * folder give the same config and the same weights, except q/k rows, which differ by the
  * rotary-layout permutation — derived here by matching rows, then checked against the closed
  * form; fingerprints are stable and change with config and bytes; config.json errors name the

@@ -1,4 +1,4 @@
-/* Tests for the retrieval policies (worker/policy_streaming.c, policy_quest.c, policy_freekv.c
+/* Tests for the retrieval policies (worker/kvcache/policy_streaming.c, policy_quest.c, policy_freekv.c
  * over policy_paged.c, recall.c and kv_writethrough.c) on the real stories260K model with
  * greedy decoding, each sequence over a host copy in the embedded store (hostkv.h):
  *   - while a sequence fits the budget every policy gives exactly `full`'s tokens and logits;

@@ -1,4 +1,4 @@
-/* Tests for worker/policy_opts.c: defaults, the flag table (both spellings, bad values), the
+/* Tests for worker/kvcache/policy_opts.c: defaults, the flag table (both spellings, bad values), the
  * scaling to short contexts with explicit flags kept, the consistency checks, and
  * kvcache_resolve_opts. */
 #include "test_util.h"

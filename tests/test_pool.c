@@ -1,4 +1,4 @@
-/* Tests kvstore/pool.c on real POSIX shared memory: segment creation (mode, group, EEXIST,
+/* Tests kvstore/daemon/pool.c on real POSIX shared memory: segment creation (mode, group, EEXIST,
  * replace), a second process mapping the pool by name and sharing bytes, size checks, block
  * allocation and offset validation, the demote/promote state machine and its counters, the
  * victim scan against a brute-force reference, and the mlock failure message. */

@@ -1,4 +1,4 @@
-/* Tests for worker/recall.c: the double-buffered recall stream with its two threads. Units come
+/* Tests for worker/kvcache/recall.c: the double-buffered recall stream with its two threads. Units come
  * from in-memory HND blocks through the source callback; every slot slice must end up equal to
  * a reference layout_scatter_unit of its block, with tiny staging buffers (many hand-overs),
  * poisoned staging (a buffer reused while read would leave NaN bytes in a slot), many jobs in

@@ -1,4 +1,4 @@
-/* Tests kvstore/ring.c on real shared memory: segment checks, FIFO order across many
+/* Tests kvstore/lib/ring.c on real shared memory: segment checks, FIFO order across many
  * wraparounds against the sequence of pushed entries, a worker process and a daemon process
  * exchanging thousands of operations through fork (daemon side driven by the watch thread and
  * an eventfd), a futex sleep woken by the peer, timeouts, and a peer that writes garbage into

@@ -1,4 +1,4 @@
-/* Tests kvstore/rpc.c in-process: rpc_process() on packed requests with the real modules behind
+/* Tests kvstore/daemon/rpc.c in-process: rpc_process() on packed requests with the real modules behind
  * it (a small pool, no tier). Checks the codec and validation paths — undecodable, oversized,
  * wrong version, no body, unknown ids, bad geometry, oversize counts, worker identity — that
  * each gets a Reply with the request's id, a negative status and a message; that good requests

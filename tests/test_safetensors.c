@@ -1,4 +1,4 @@
-/* Tests worker/safetensors.c: the stories260K Hugging Face folder (table, bytes equal to the
+/* Tests worker/model/safetensors.c: the stories260K Hugging Face folder (table, bytes equal to the
  * GGUF conversion), hand-made headers that lie in every way the reader checks, a sharded folder
  * built here (index + two shards, then broken indexes), and every truncation of the real file's
  * header plus a sample of its data, parsed from exact-size copies so ASan sees any over-read. */

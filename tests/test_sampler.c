@@ -1,4 +1,4 @@
-/* Tests for worker/sampler.c: greedy is argmax, top-k = 1 is greedy, seeded runs reproduce,
+/* Tests for worker/engine/sampler.c: greedy is argmax, top-k = 1 is greedy, seeded runs reproduce,
  * top-p keeps the smallest prefix reaching the mass, temperature sharpens, draws follow the
  * distribution. */
 #include "test_util.h"

@@ -1,4 +1,4 @@
-/* Tests kvstore/seq.c: open/reopen rules (fingerprint and geometry must match), geometry
+/* Tests kvstore/daemon/seq.c: open/reopen rules (fingerprint and geometry must match), geometry
  * bounds, attach/detach/orphan state changes, token ids kept and checked, and the block map. */
 #include "test_util.h"
 

@@ -1,4 +1,4 @@
-/* Tests kvstore/slab.c: class geometry, exhaustion, random alloc/free checked against a simple
+/* Tests kvstore/daemon/slab.c: class geometry, exhaustion, random alloc/free checked against a simple
  * reference model (a map of live blocks), offset validation, tags, and units moving between
  * classes when slabs empty. */
 #include "test_util.h"

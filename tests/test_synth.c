@@ -1,4 +1,4 @@
-/* Tests worker/synth.c: presets written to a temp folder load back with model_load() with the
+/* Tests worker/model/synth.c: presets written to a temp folder load back with model_load() with the
  * preset's geometry, and the weights that load are the generator's values in the file dtype;
  * sharding changes files, not the model (same fingerprint); tokenizer.json is a byte-level BPE
  * whose 256 byte tokens, merges, specials and padding add up to the vocabulary; the weights

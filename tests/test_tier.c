@@ -1,4 +1,4 @@
-/* Tests kvstore/tier.c with real io_uring on a real O_DIRECT file in the build directory:
+/* Tests kvstore/daemon/tier.c with real io_uring on a real O_DIRECT file in the build directory:
  * the extent allocator against a page-map reference, batched writes and reads through
  * registered buffers checked byte for byte (and against pread of the file), a flipped byte in
  * the file giving -EBADMSG, a tiny submission queue with many requests outstanding, the

@@ -1,4 +1,4 @@
-/* test_backend_cuda — the CUDA backend (worker/backend_cuda.c) against the CPU backend, the
+/* test_backend_cuda — the CUDA backend (worker/backend/backend_cuda.c) against the CPU backend, the
  * reference: every op of the table on fresh random inputs, per op and dtype within a normalised
  * error bound, outputs poisoned (NaN) before each run so an unwritten element fails; then end to
  * end through the engine: stories260K greedy tokens on cuda (f32) equal the CPU backend's, and a

@@ -1,5 +1,5 @@
 /* test_backend_cuda_slots — the CUDA backend's paged-policy ops against the CPU backend, the
- * reference (worker/backend_cuda.c): attn_decode_slots (split-K flash decoding over per-head
+ * reference (worker/backend/backend_cuda.c): attn_decode_slots (split-K flash decoding over per-head
  * slot lists) equals the CPU's attn_decode_heads over the same pages, for a partial and a full
  * last page, G = 1 and G > 1, unsplit and split launches, pages too large for the kernel (the
  * span fallback) and list entries past the last page that must not be read; its bad arguments

@@ -1,4 +1,4 @@
-/* Tests kernels/offload_gather.cu against worker/layout.c: NHD slots to HND blocks (full pages
+/* Tests kernels/offload_gather.cu against common/layout.c: NHD slots to HND blocks (full pages
  * vs layout_gather_unit, a token range vs layout_store_tokens) and f32 rows to blocks (vs
  * layout_store_tokens), at permuted block offsets, every dtype pair used. Rounding is RNE on
  * both sides, so the bound is byte equality; rows outside the range keep their prior bytes. */

@@ -1,4 +1,4 @@
-/* Tests kernels/recall_scatter.cu against layout_scatter_unit() (worker/layout.c): HND recall
+/* Tests kernels/recall_scatter.cu against layout_scatter_unit() (common/layout.c): HND recall
  * units scattered into NHD head slices of slots, same-dtype and 16-bit-to-f32, on two
  * geometries. Copies and widenings are exact (bound: equality); slices no unit names keep their
  * prior random contents. */

@@ -193,7 +193,7 @@ struct backend {
  * thread count set wins for every CPU backend. Returns 0 or -ENOMEM. */
 int backend_cpu_new(struct backend **out, int threads);
 
-/* The CUDA backend on device `device` (worker/backend_cuda.c): every op a kernel of kernels/ or
+/* The CUDA backend on device `device` (worker/backend/backend_cuda.c): every op a kernel of kernels/ or
  * a cuBLAS GEMM on a compute stream; recall on streams of its own, ordered by events. -ENODEV
  * when the device does not exist or the build has no CUDA support; -ENOMEM, -EIO when CUDA
  * setup fails (printed to stderr). */
