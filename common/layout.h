@@ -1,4 +1,4 @@
-/* layout — the two KV layouts of DESIGN §3 and the conversions between them.
+/* layout — the two KV layouts of docs/design.md §3 and the conversions between them.
  *
  * Host page block (pool): HND [n_kv][2][p][d] in the sequence's KV dtype; one head's [2][p][d]
  * (its K rows, then its V rows) is contiguous — the recall unit. Device slot: NHD

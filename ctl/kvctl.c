@@ -1,4 +1,4 @@
-/* kvctl — the operator's view of kvstored (DESIGN §6). Each verb is one row of a table (name,
+/* kvctl — the operator's view of kvstored (docs/design.md §6). Each verb is one row of a table (name,
  * usage, handler); every handler sends control requests through libfreekv_store and prints a
  * human table, or one JSON object with --json (built with json-c). Exit codes: 0 ok, 1 the daemon
  * refused, 2 usage, 3 the daemon cannot be reached (a receive timeout bounds every request). */

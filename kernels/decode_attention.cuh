@@ -1,4 +1,4 @@
-// decode_attention — one query token per sequence over its attended KV (DESIGN §5 step 4): GQA,
+// decode_attention — one query token per sequence over its attended KV (docs/design.md §5 step 4): GQA,
 // softmax scale given (usually 1/sqrt(d)), split-K flash decoding.
 //
 // Every attended page is a device slot: per sequence and KV head, slot_list names the slots

@@ -1,4 +1,4 @@
-// kv_append — writes new tokens' K and V rows into device slots (NHD, DESIGN §3), converting
+// kv_append — writes new tokens' K and V rows into device slots (NHD, docs/design.md §3), converting
 // from f32 to the slot dtype. A decode step appends one token per sequence to its window page;
 // the caller picks the slot and row, so the same call serves a batch.
 #pragma once

@@ -1,4 +1,4 @@
-// offload_gather — the device half of an offload (DESIGN §3): NHD rows are converted to HND
+// offload_gather — the device half of an offload (docs/design.md §3): NHD rows are converted to HND
 // page blocks [n_kv][2][p][d] in the pool's dtype, either from device slots (a window page that
 // filled) or from f32 K/V rows (prefill, and the per-step write-through of the tail page). The
 // device twins of layout_gather_unit and layout_store_tokens (common/layout.c).

@@ -1,5 +1,5 @@
 // page_summary — element-wise min and max over a page's p keys, per KV head: the Quest page
-// summaries of DESIGN §3 ("updated when a page fills"), stored f32 for scoring.
+// summaries of docs/design.md §3 ("updated when a page fills"), stored f32 for scoring.
 #pragma once
 #include <stdint.h>
 

@@ -1,4 +1,4 @@
-// qcos — FreeKV's correction check (DESIGN §5 step 2): per KV head, the mean over its query
+// qcos — FreeKV's correction check (docs/design.md §5 step 2): per KV head, the mean over its query
 // group of cos(q_t, q_{t-1}), exactly as select_group_cosine() (worker/kvcache/select.c): accumulated in
 // double; a zero vector has cosine 1 with another zero vector and 0 with anything else.
 #pragma once

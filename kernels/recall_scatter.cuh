@@ -1,4 +1,4 @@
-// recall_scatter — the device half of a recall (DESIGN §3): head units copied from the host pool
+// recall_scatter — the device half of a recall (docs/design.md §3): head units copied from the host pool
 // into a staging buffer in HND order are scattered into the NHD head slices of device slots,
 // converting dtype on the way. The device twin of layout_scatter_unit (common/layout.c).
 #pragma once

@@ -1,4 +1,4 @@
-/* Tests for the kvworker executable (worker/cli/kvworker.c, worker/cmd_*.c): runs the real binary
+/* Tests for the kvworker executable (worker/cli/kvworker.c, worker/cli/cmd_*.c): runs the real binary
  * on stories260K and checks what it prints — the greedy continuation equals the engine's own
  * greedy tokens, text output is the decoding of those ids, --stats is one JSON line, perplexity
  * ends with its line, bad flags exit 2, failures exit 1 with a message. */

@@ -1,5 +1,5 @@
-/* Tests common/layout.c: HND offsets checked element by element against the formula of DESIGN
- * §3, and store -> recall unit -> scatter reproducing the NHD rows (exact in f32, dtype-rounded
+/* Tests common/layout.c: HND offsets checked element by element against the formula of
+ * docs/design.md §3, and store -> recall unit -> scatter reproducing the NHD rows (exact in f32, dtype-rounded
  * otherwise). */
 #include "test_util.h"
 
@@ -10,8 +10,7 @@ static void test_sizes(void **state)
 	(void)state;
 	struct kv_geom g = {.n_kv = 8, .p = 32, .d = 128, .dtype = FKV_BF16};
 	assert_int_equal(layout_unit_bytes(&g), 16384); /* the 16 KiB recall unit */
-	/* 8 heads x 16 KiB = 128 KiB per page and layer (DESIGN §7 says 512 KiB: that figure
-	 * does not follow from its own geometry). */
+	/* 8 heads x 16 KiB = 128 KiB per page and layer (docs/design.md §7). */
 	assert_int_equal(layout_block_bytes(&g), 128 * 1024);
 }
 

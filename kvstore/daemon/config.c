@@ -307,7 +307,7 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 	return 0;
 }
 
-/* tcp endpoints must name a loopback host: the trust boundary is the host (DESIGN §4). */
+/* tcp endpoints must name a loopback host: the trust boundary is the host (docs/design.md §4). */
 static bool tcp_is_loopback(const char *hostport)
 {
 	static const char *const ok[] = { "127.", "localhost:", "[::1]:" };

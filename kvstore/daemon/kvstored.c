@@ -1,6 +1,6 @@
 /* kvstored — the KV memory service: main only. Parses the command line, starts the modules
  * (config, sequences, workers, data plane and its thread, control plane, sd_notify), runs the
- * control event loop and shuts the modules down in reverse order. See DESIGN.md §4. */
+ * control event loop and shuts the modules down in reverse order. See docs/design.md §4. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>

@@ -123,7 +123,7 @@ struct backend_ops {
 				 const struct backend_attn *a);
 
 	/* (optional) Decode attention of one token over whole pages of a slot buffer, the device
-	 * layout of the paged policies (DESIGN §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
+	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
 	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads the
 	 * slots list[h * max_pages + i] for i < ceil(n_tok / p), in that order — every page full
 	 * (p tokens) but the last, which holds the remaining n_tok - (pages - 1) * p tokens — and
@@ -135,7 +135,7 @@ struct backend_ops {
 				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
 				 int p, const struct backend_attn *a);
 
-	/* (optional) The device half of a recall (DESIGN §3, §5): n recall units in host memory,
+	/* (optional) The device half of a recall (docs/design.md §3, §5): n recall units in host memory,
 	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a
 	 * head of a block), each scattered into head heads[i] of the NHD f32 slot slots[i]
 	 * (2, p, n_kv, d), a backend address. May be called from one thread besides the one
@@ -147,7 +147,7 @@ struct backend_ops {
 	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
 			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt);
 
-	/* (optional) The offload half of a write-through (DESIGN §3, §5): backend rows k, v
+	/* (optional) The offload half of a write-through (docs/design.md §3, §5): backend rows k, v
 	 * (n_tok, n_kv, d) f32 into host page blocks (HND, dt), token i to block (t0 + i) / p,
 	 * row (t0 + i) % p, exactly as layout_store_tokens writes them; blocks (host memory) holds
 	 * one pointer per page touched, (t0 + n_tok + p - 1) / p of them, 0 <= t0 < p. The rows

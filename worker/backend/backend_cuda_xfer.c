@@ -3,7 +3,7 @@
  * (host_register, in CUDA_REGISTER_CHUNK chunks). The ops table and compute are in
  * backend_cuda.c; the shared state in backend_cuda_priv.h.
  *
- * Streams and events (DESIGN §5 step 6). recall_units (the device half of a policy's recall,
+ * Streams and events (docs/design.md §5 step 6). recall_units (the device half of a policy's recall,
  * called from a recall thread while the engine thread queues compute ops) runs on two streams
  * of its own with two staging sets (double buffering), each set a pinned host buffer and its
  * device twin: [units][(slot, head) table]. A call takes the next set and

@@ -441,7 +441,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		return -e;
 	}
 	v->bound = o->listen;
-	/* The trust boundary is the freekv group (DESIGN §4): owner and group only. */
+	/* The trust boundary is the freekv group (docs/design.md §4): owner and group only. */
 	if (!strncmp(o->listen, "ipc://", 6) && chmod(o->listen + 6, 0660))
 		fprintf(stderr, "kvworker serve: chmod %s: %s\n", o->listen + 6, strerror(errno));
 	v->srv = (struct serve){ .m = &v->m, .tok = v->tok, .e = v->e, .hk = v->hk, .sock = v->sock,

@@ -5,7 +5,7 @@
  *   pages at a time for every layer in one ring batch, so the per-token path does no ring
  *   traffic while it stays inside allocated pages. An offset is only used while its block is
  *   leased: kvstored moves unleased committed blocks (demotion to NVMe, swaps).
- * - Leases (DESIGN §4). Every block at or past the tail page (page committed / p: written by
+ * - Leases (docs/design.md §4). Every block at or past the tail page (page committed / p: written by
  *   write-through, or allocated ahead) is leased from allocation until it is full and
  *   committed. Without a budget every other block stays leased too (lease-all: no per-step
  *   ring traffic except COMMIT). With a budget of B, the leased blocks that are full,

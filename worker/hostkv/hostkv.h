@@ -1,4 +1,4 @@
-/* hostkv — a worker's view of the host copy of its sequences' KV (DESIGN §2–3): HND page blocks
+/* hostkv — a worker's view of the host copy of its sequences' KV (docs/design.md §2–3): HND page blocks
  * (layout.h) kept by a running kvstored (through the client library: pool mapping, rings,
  * control requests) or, without --store, by an embedded in-process store built from the same
  * kvstore modules with no IPC.
@@ -6,7 +6,7 @@
  * Every token's K and V reaches the host copy: policies write a page's tokens into its block as
  * they are appended (the tail page by write-through each step), and the engine commits the
  * sequence's length and token ids after each step. Retrieval policies read committed blocks
- * back for recall. A block's pool offset is only stable while the worker leases it (DESIGN §4).
+ * back for recall. A block's pool offset is only stable while the worker leases it (docs/design.md §4).
  * By default (lease budget 0) the worker leases every block of the sequences it has open, so
  * kvstored never moves them. With a lease budget of B blocks per sequence, the blocks that are
  * full, committed and not pinned stay leased only while they are among the B most recently

@@ -1,4 +1,4 @@
-/* kv_writethrough — how every KV policy keeps the host copy complete (DESIGN §3): each appended
+/* kv_writethrough — how every KV policy keeps the host copy complete (docs/design.md §3): each appended
  * token's K and V go into its page block (HND, the sequence's dtype) as soon as the layer
  * produces them, the partial tail page rewritten step by step; and how a policy reads that copy
  * back (resume, recall, the debug checks).

@@ -1,4 +1,4 @@
-/* kvcache — the seam between the engine and a KV retrieval policy (DESIGN §5).
+/* kvcache — the seam between the engine and a KV retrieval policy (docs/design.md §5).
  *
  * One policy state per sequence holds that sequence's keys and values of every layer (after
  * RoPE) and decides which cached positions attention reads: `full` reads all of them; the
@@ -31,7 +31,7 @@
 
 struct hostkv_seq;
 
-/* Retrieval settings (DESIGN §3, §5). page, budget, sink and window all 0 means the defaults
+/* Retrieval settings (docs/design.md §3, §5). page, budget, sink and window all 0 means the defaults
  * scaled to max_tokens (policy_opts.h); tau 0 is pure speculation, full_layers 0 none. `full`
  * ignores them. */
 struct kv_policy_opts {
@@ -111,7 +111,7 @@ struct kv_policy_ops {
 
 /* The `full` policy: every token's K and V kept on the backend in attn.kv_dtype. */
 extern const struct kv_policy_ops kv_policy_full;
-/* Retrieval policies (DESIGN §5): sink + window; blocking top-k; speculative + correction. */
+/* Retrieval policies (docs/design.md §5): sink + window; blocking top-k; speculative + correction. */
 extern const struct kv_policy_ops kv_policy_streaming;
 extern const struct kv_policy_ops kv_policy_quest;
 extern const struct kv_policy_ops kv_policy_freekv;

@@ -1,4 +1,4 @@
-/* policy_freekv — speculative retrieval with fine-grained correction (DESIGN §5, the seed
+/* policy_freekv — speculative retrieval with fine-grained correction (docs/design.md §5, the seed
  * paper). At a compressed decode step, at layer l:
  *   - correction check: per KV head, the group-mean cosine of q_t and q_{t-1}; below tau the
  *     head is flagged;

@@ -557,7 +557,7 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: group-consistent selection as DESIGN §5 defines it, recomputed by select_topk: a head
+/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_topk: a head
  * whose pages were selected with this step's query attends exactly the top-k of q_t at this
  * layout; the others (freekv's unflagged heads) exactly the top-k of the previous query at the
  * previous step's layout. Every query head of a group reads its KV head's pages (spans are per
@@ -586,7 +586,7 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: the selection is lay->k distinct candidates per head (the top-k DESIGN §5 defines, for
+/* Debug: the selection is lay->k distinct candidates per head (the top-k docs/design.md §5 defines, for
  * the strategies that select), every page the step attends equals its page in the host copy
  * — read where the attention op will read it: slot_list with the op's row counts when
  * use_slots (n_tok tokens per head), else the spans — and the summaries are current. */

@@ -1,5 +1,5 @@
 /* policy_paged — the device-side paged KV state the retrieval policies share (streaming, quest,
- * freekv; DESIGN §3, §5), and the seam through which each of them decides what a compressed
+ * freekv; docs/design.md §3, §5), and the seam through which each of them decides what a compressed
  * decode step attends to.
  *
  * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) f32 — S/p sink slots

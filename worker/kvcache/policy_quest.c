@@ -1,4 +1,4 @@
-/* policy_quest — blocking page retrieval, Quest/ArkVale-style (DESIGN §5): at every compressed
+/* policy_quest — blocking page retrieval, Quest/ArkVale-style (docs/design.md §5): at every compressed
  * decode step each KV head selects its top-k pages with the current query (select_topk,
  * group-consistent), the pages not already resident are recalled, and attention waits for them:
  * selection and recall sit on the critical path. */

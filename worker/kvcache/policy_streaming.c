@@ -1,4 +1,4 @@
-/* policy_streaming — KV dropping, StreamingLLM-style (DESIGN §5): once a sequence outgrows the
+/* policy_streaming — KV dropping, StreamingLLM-style (docs/design.md §5): once a sequence outgrows the
  * budget, attention reads the sink and the most recent tokens only and nothing is recalled.
  * The selected part of the budget holds the most recent pages that left the window (oldest out),
  * so the recent part is B - S tokens: the same budget as the retrieval policies. */

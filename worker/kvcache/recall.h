@@ -1,4 +1,4 @@
-/* recall — the double-buffered recall stream of DESIGN §5: copies one KV head's recall unit per
+/* recall — the double-buffered recall stream of docs/design.md §5: copies one KV head's recall unit per
  * (layer, page, head) from the host copy into a staging buffer (a copy thread) while the other
  * staging buffer is converted HND -> NHD into the device slots (a convert thread): with a
  * backend, by its recall_units op (CPU: layout_scatter_unit; CUDA: an H2D copy and the

@@ -1,4 +1,4 @@
-/* select — page-wise, group-consistent top-k selection (DESIGN §5 "Selection"), shared by the
+/* select — page-wise, group-consistent top-k selection (docs/design.md §5 "Selection"), shared by the
  * quest and freekv policies and by every backend's reference tests.
  *
  * Pages are p consecutive positions. For a sequence of len tokens: the sink is the first S/p
