@@ -40,6 +40,23 @@ static int seterr(struct kvs *k, int ret, const char *fmt, ...)
 	return ret;
 }
 
+int kvs_endpoint_prepare(void *sock, const char *endpoint, char *out, size_t outlen)
+{
+	static const char local[] = "tcp://localhost:";
+	int n;
+	if (strncmp(endpoint, local, sizeof local - 1) == 0)
+		n = snprintf(out, outlen, "tcp://127.0.0.1:%s", endpoint + sizeof local - 1);
+	else
+		n = snprintf(out, outlen, "%s", endpoint);
+	if (n < 0 || (size_t)n >= outlen)
+		return -ENAMETOOLONG;
+	if (strncmp(out, "tcp://[", 7) == 0) {
+		int on = 1;
+		zmq_setsockopt(sock, ZMQ_IPV6, &on, sizeof on);
+	}
+	return 0;
+}
+
 int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out)
 {
 	struct kvs *k = calloc(1, sizeof *k);
@@ -63,8 +80,10 @@ int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out)
 	}
 	zmq_setsockopt(k->sock, ZMQ_LINGER, &linger, sizeof linger);
 	zmq_setsockopt(k->sock, ZMQ_SNDTIMEO, &k->timeout_ms, sizeof k->timeout_ms);
-	if (zmq_connect(k->sock, endpoint) != 0) {
-		int e = errno;
+	char ep[512];
+	int ret = kvs_endpoint_prepare(k->sock, endpoint, ep, sizeof ep);
+	if (ret || zmq_connect(k->sock, ep) != 0) {
+		int e = ret ? -ret : errno;
 		zmq_close(k->sock);
 		zmq_ctx_term(k->zctx);
 		free(k);
