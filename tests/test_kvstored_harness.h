@@ -175,7 +175,8 @@ static inline int h_teardown(void **state)
 	kill(h->pid, SIGKILL);
 	waitpid(h->pid, NULL, 0);
 	char p[1024];
-	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s /dev/shm%s-ring-*", h->dir, h->shm, h->shm);
+	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s /dev/shm%s.lock /dev/shm%s-ring-*", h->dir, h->shm,
+		 h->shm, h->shm);
 	if (system(p) != 0)
 		fprintf(stderr, "cleanup of %s failed\n", h->dir);
 	return 0;
