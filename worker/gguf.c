@@ -75,22 +75,31 @@ static const char *const type_names[GGUF_TYPE_COUNT] = {
 	[GGUF_TYPE_FLOAT64] = "f64",
 };
 
-/* ggml tensor types: the three we load, and names of the rest for error messages. */
-static const struct {
+/* ggml tensor types: id, name, elements per block and bytes per block (ggml's type traits), and
+ * the freekv dtype for the three the backends compute on (-1 for the rest). Ids missing here
+ * (31-33 and 36-38 were retired by ggml) are refused: their sizes are unknown. */
+static const struct gguf_ttype {
 	uint32_t id;
 	const char *name;
-	int dtype; /* enum fkv_dtype, or -1 when unsupported */
+	uint32_t blck, bytes;
+	int dtype;
 } tensor_types[] = {
-	{ 0, "F32", FKV_F32 },	  { 1, "F16", FKV_F16 },      { 30, "BF16", FKV_BF16 },
-	{ 2, "Q4_0", -1 },	  { 3, "Q4_1", -1 },	      { 6, "Q5_0", -1 },
-	{ 7, "Q5_1", -1 },	  { 8, "Q8_0", -1 },	      { 9, "Q8_1", -1 },
-	{ 10, "Q2_K", -1 },	  { 11, "Q3_K", -1 },	      { 12, "Q4_K", -1 },
-	{ 13, "Q5_K", -1 },	  { 14, "Q6_K", -1 },	      { 15, "Q8_K", -1 },
-	{ 16, "IQ2_XXS", -1 },	  { 17, "IQ2_XS", -1 },	      { 18, "IQ3_XXS", -1 },
-	{ 19, "IQ1_S", -1 },	  { 20, "IQ4_NL", -1 },	      { 21, "IQ3_S", -1 },
-	{ 22, "IQ2_S", -1 },	  { 23, "IQ4_XS", -1 },	      { 24, "I8", -1 },
-	{ 25, "I16", -1 },	  { 26, "I32", -1 },	      { 27, "I64", -1 },
-	{ 28, "F64", -1 },	  { 29, "IQ1_M", -1 },
+	{ 0, "F32", 1, 4, FKV_F32 },	    { 1, "F16", 1, 2, FKV_F16 },
+	{ 30, "BF16", 1, 2, FKV_BF16 },	    { 2, "Q4_0", 32, 18, -1 },
+	{ 3, "Q4_1", 32, 20, -1 },	    { 6, "Q5_0", 32, 22, -1 },
+	{ 7, "Q5_1", 32, 24, -1 },	    { 8, "Q8_0", 32, 34, -1 },
+	{ 9, "Q8_1", 32, 36, -1 },	    { 10, "Q2_K", 256, 84, -1 },
+	{ 11, "Q3_K", 256, 110, -1 },	    { 12, "Q4_K", 256, 144, -1 },
+	{ 13, "Q5_K", 256, 176, -1 },	    { 14, "Q6_K", 256, 210, -1 },
+	{ 15, "Q8_K", 256, 292, -1 },	    { 16, "IQ2_XXS", 256, 66, -1 },
+	{ 17, "IQ2_XS", 256, 74, -1 },	    { 18, "IQ3_XXS", 256, 98, -1 },
+	{ 19, "IQ1_S", 256, 50, -1 },	    { 20, "IQ4_NL", 32, 18, -1 },
+	{ 21, "IQ3_S", 256, 110, -1 },	    { 22, "IQ2_S", 256, 82, -1 },
+	{ 23, "IQ4_XS", 256, 136, -1 },	    { 24, "I8", 1, 1, -1 },
+	{ 25, "I16", 1, 2, -1 },	    { 26, "I32", 1, 4, -1 },
+	{ 27, "I64", 1, 8, -1 },	    { 28, "F64", 1, 8, -1 },
+	{ 29, "IQ1_M", 256, 56, -1 },	    { 34, "TQ1_0", 256, 54, -1 },
+	{ 35, "TQ2_0", 256, 66, -1 },	    { 39, "MXFP4", 32, 17, -1 },
 };
 
 static bool rd_left(const struct rd *r, size_t n)
@@ -293,16 +302,13 @@ static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size
 	return 0;
 }
 
-static int tensor_type(uint32_t id, const char **name)
+static const struct gguf_ttype *tensor_type(uint32_t id)
 {
 	for (size_t i = 0; i < sizeof tensor_types / sizeof tensor_types[0]; i++) {
-		if (tensor_types[i].id == id) {
-			*name = tensor_types[i].name;
-			return tensor_types[i].dtype;
-		}
+		if (tensor_types[i].id == id)
+			return &tensor_types[i];
 	}
-	*name = "unknown";
-	return -1;
+	return NULL;
 }
 
 static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size_t errlen)
@@ -341,14 +347,22 @@ static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, 
 	}
 	if (!rd_u32(r, &type) || !rd_u64(r, &ti->offset))
 		return errmsg(err, errlen, -EINVAL, "gguf: truncated info of tensor '" NAME_FMT "'", NAME_ARG(name));
-	const char *type_name;
-	int dt = tensor_type(type, &type_name);
-	if (dt < 0)
-		return errmsg(err, errlen, -EPROTO,
-			    "gguf: tensor '" NAME_FMT "' has type %s (%u); only F32, F16 and BF16 are supported",
-			    NAME_ARG(name), type_name, type);
-	ti->dtype = (enum fkv_dtype)dt;
-	ti->size = nel * dtype_size(ti->dtype);
+	const struct gguf_ttype *tt = tensor_type(type);
+	if (!tt)
+		return errmsg(err, errlen, -EPROTO, "gguf: tensor '" NAME_FMT "' has unknown type %u",
+			    NAME_ARG(name), type);
+	/* a block never straddles rows */
+	if ((uint64_t)ti->ne[0] % tt->blck)
+		return errmsg(err, errlen, -EINVAL,
+			    "gguf: tensor '" NAME_FMT "' of type %s has rows of %" PRId64
+			    " elements, not a multiple of its block of %u",
+			    NAME_ARG(name), tt->name, ti->ne[0], tt->blck);
+	ti->type = type;
+	ti->type_name = tt->name;
+	ti->has_dtype = tt->dtype >= 0;
+	ti->dtype = ti->has_dtype ? (enum fkv_dtype)tt->dtype : FKV_F32;
+	ti->n_elements = nel;
+	ti->size = nel / tt->blck * tt->bytes;
 	return 0;
 }
 
