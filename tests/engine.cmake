@@ -1,5 +1,6 @@
-# tests/engine.cmake — CPU backend ops, engine (float64 reference), sampler, kvworker CLI.
+# tests/engine.cmake — CPU backend ops (KIVI ops too), engine (float64 reference), sampler, kvworker CLI.
 freekv_add_test(test_backend_cpu SOURCES test_backend_cpu.c LIBS freekv_runtime LABELS unit)
+freekv_add_test(test_backend_cpu_kivi SOURCES test_backend_cpu_kivi.c LIBS freekv_runtime LABELS unit)
 freekv_add_test(test_sampler SOURCES test_sampler.c LIBS freekv_runtime LABELS unit)
 freekv_add_test(test_engine SOURCES test_engine.c LIBS freekv_runtime LABELS unit)
 # The preset geometries at full width (1 layer, small vocab): a few hundred MB written and read.

@@ -91,19 +91,53 @@ static void test_matmul(void **state)
 	check_matmul(FKV_F16, 12, 4000, 300);
 }
 
+/* A product of one or two rows gives each row the bits it gets alone (CPU_GEMV_MAX_ROWS): a
+ * specache step runs its real row beside a speculative one and must equal a one-row step. Every
+ * weight dtype, below and above the threading threshold, on odd row counts (a short last group
+ * of the dot loop). */
+static void test_matmul_rows_alone(void **state)
+{
+	(void)state;
+	static const int64_t shapes[][2] = { { 67, 300 }, { 701, 1000 }, { 5, 64 } };
+	for (size_t t = 0; t < 3; t++)
+		for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+			const int64_t rows = shapes[i][0], cols = shapes[i][1];
+			double *w64;
+			void *w = rand_typed(dtypes[t], rows * cols, &w64);
+			float *x = randv(2 * cols, 1.0f), *y2 = malloc((size_t)(2 * rows) * 4);
+			float *y1 = malloc((size_t)rows * 4);
+			assert_true(y1 && y2);
+			struct backend_mat m = mat(w, dtypes[t], rows, cols);
+			assert_int_equal(be->ops->matmul(be->ctx, y2, x, &m, 2), 0);
+			for (int j = 0; j < 2; j++) {
+				assert_int_equal(be->ops->matmul(be->ctx, y1, x + j * cols, &m, 1), 0);
+				if (memcmp(y1, y2 + j * rows, (size_t)rows * 4))
+					fail_msg("matmul %s %lldx%lld: row %d of two differs from it "
+						 "alone", dtype_name(dtypes[t]), (long long)rows,
+						 (long long)cols, j);
+			}
+			be->ops->weight_release(be->ctx, &m);
+			free(w);
+			free(w64);
+			free(x);
+			free(y1);
+			free(y2);
+		}
+}
+
 /* The backend's own 16-bit conversion (used by every op) on all 65536 patterns, through the
- * one-row dot path (n = 1) and the tile path (n = 2): y = w · 1 must be exactly w. */
+ * dot path (n = 1, 2) and the tile path (n = 3): y = w · 1 must be exactly w. */
 static void test_matmul_all_16bit_patterns(void **state)
 {
 	(void)state;
 	uint16_t *w = malloc(65536 * sizeof *w);
-	float x[2] = { 1.0f, 1.0f }, *y = malloc(2 * 65536 * sizeof *y);
+	float x[3] = { 1.0f, 1.0f, 1.0f }, *y = malloc(3 * 65536 * sizeof *y);
 	assert_true(w && y);
 	for (int i = 0; i < 65536; i++)
 		w[i] = (uint16_t)i;
 	for (size_t t = 1; t < 3; t++) {
 		struct backend_mat m = mat(w, dtypes[t], 65536, 1);
-		for (int n = 1; n <= 2; n++) {
+		for (int n = 1; n <= 3; n++) {
 			assert_int_equal(be->ops->matmul(be->ctx, y, x, &m, n), 0);
 			for (int i = 0; i < 65536 * n; i++) {
 				float want;
@@ -882,6 +916,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_matmul_rows_alone),
 		cmocka_unit_test(test_matmul_all_16bit_patterns),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_rope),

@@ -51,6 +51,45 @@ struct backend_kv_span {
 	int64_t row_stride; /* elements between token rows; n_kv * d when dense */
 };
 
+/* A KIVI copy of one layer's keys and values (docs/design.md §3 "KIVI copy", §5 `specache`):
+ * every position quantised to `bits` bits, keys per channel over groups of p tokens (group g is
+ * positions [g·p, (g + 1)·p)), values per token over groups of gv = min(p, d) channels of one
+ * head (the last group shorter when gv does not divide d). Code c of a group stands for
+ * z + s·c, its zero z and scale s kept in f32. Codes are packed 8/bits to a byte: channel c of a
+ * row is in byte c·bits/8 at bit (c % (8/bits))·bits. The arrays are backend buffers the caller
+ * allocates (for cap positions, cap a multiple of p) and owns; ops borrow them. */
+struct backend_kivi {
+	uint8_t *kc;	/* (cap, n_kv, d·bits/8) key codes */
+	float *kzs;	/* (cap/p, n_kv, d, 2) key (z, s) per group and channel */
+	uint8_t *vc;	/* (cap, n_kv, d·bits/8) value codes */
+	float *vzs;	/* (cap, n_kv, ceil(d/gv), 2) value (z, s) per token and channel group */
+	int bits;	/* 1 or 2, with d·bits a multiple of 8 */
+	int p;		/* tokens per key group */
+	int gv;		/* channels per value group: min(p, d) */
+	int n_kv, d;
+};
+
+/* The rows one decode step of `specache` attends to (docs/design.md §5): positions
+ * [0, n_quant) from the KIVI copy q, except where KV head h has an exact row; positions
+ * [n_quant, n_quant + n_dense) exact. Exact rows are in the attention's kv_dtype. */
+struct backend_kivi_attn {
+	const struct backend_kivi *q;
+	int64_t n_quant;
+	/* Exact rows fetched for this step: KV head h reads fk, fv (n_kv, n_f, d) row h·n_f + i
+	 * at position fpos[h·n_f + i]; fpos (n_kv, n_f) int32 is a backend buffer, -1 marks an
+	 * unused row, and a head's positions are distinct and below n_quant. n_f may be 0. */
+	const void *fk, *fv;
+	const int32_t *fpos;
+	int n_f;
+	const void *k, *v;	/* (n_dense, n_kv, d): the residual, then the step's rows */
+	int64_t n_dense;
+	/* (optional, NULL) probs (n_kv, n_prob) f32, a backend buffer: the attention probability
+	 * of the last query row at positions [0, n_prob), averaged over the query heads of each KV
+	 * head; n_prob <= n_quant + n_dense. */
+	float *probs;
+	int64_t n_prob;
+};
+
 /* Shared geometry of an attention call. */
 struct backend_attn {
 	int n_heads;	/* query heads */
@@ -162,6 +201,28 @@ struct backend_ops {
 	/* (optional) Rounds x (n) f32 in place to dtype dt and back (round to nearest even, like
 	 * dtype.c), so a slot holds exactly what a block of dt holds. */
 	int (*round_to)(void *ctx, float *x, int64_t n, enum fkv_dtype dt);
+
+	/* (optional) Quantises positions [t0, t0 + n) of q — whole key groups: t0 and n multiples
+	 * of q->p — from rows k, v (n, n_kv, d) in dtype dt, as docs/design.md §5 `specache`
+	 * defines: per group its min mn and max mx; bits 2: z = mn, s = (mx − mn)/3; bits 1:
+	 * z = (3mn + mx)/4, s = (mx − mn)/2; code = clamp(floor((x − z)/s + 0.5), 0, 2^bits − 1),
+	 * 0 when s = 0; all of it in double, z and s then stored as f32. -EINVAL for a bad
+	 * geometry. */
+	int (*kivi_quant)(void *ctx, const struct backend_kivi *q, int64_t t0, const void *k,
+			  const void *v, int64_t n, enum fkv_dtype dt);
+	/* (optional) Positions [t0, t0 + n) of q into rows k, v (n, n_kv, d) f32: each value
+	 * fmaf(s, code, z), one rounding, so every backend gives the same bits. */
+	int (*kivi_dequant)(void *ctx, float *k, float *v, const struct backend_kivi *q,
+			    int64_t t0, int64_t n);
+	/* (optional) Causal attention of the n_q query rows q (n_q, n_heads, d) of one sequence,
+	 * at the last n_q positions of ka (query i at position n_quant + n_dense − n_q + i sees
+	 * every position up to its own; 1 <= n_q <= n_dense), over the rows ka describes:
+	 * dequantised as kivi_dequant gives them, or exact. out (n_q, n_heads, d); with
+	 * ka->probs, the last row's probabilities too. Equals attn_prefill over the same rows when
+	 * n_quant is 0 (on the CPU bit for bit, and so when every quantised position has an exact
+	 * row). a->window must be 0. -EINVAL for a bad geometry or position. */
+	int (*attn_kivi)(void *ctx, float *out, const float *q, int n_q,
+			 const struct backend_kivi_attn *ka, const struct backend_attn *a);
 
 	/* (optional) Waits until every queued op has finished (store_rows included). */
 	int (*sync)(void *ctx);

@@ -10,6 +10,7 @@
  * context too (grown on demand, so a decode step allocates nothing once warm). Results do not
  * depend on the thread count. */
 #include "backend.h"
+#include "backend_cpu_priv.h"
 #include "layout.h"
 
 #include <cblas.h>
@@ -20,9 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Products with at most this many activation rows use the direct dot loop (measured: from 2
- * rows on, converted tiles + sgemm win). */
-#define CPU_GEMV_MAX_ROWS 1
+/* Products with at most this many activation rows compute each row on its own, exactly as a
+ * one-row product does (16-bit weights: the direct dot loop, two rows in one pass over the
+ * weights; f32: sgemv per row over the same blocks), so a row's result does not depend on
+ * whether it ran alone: a `specache` step's real row (one of two, docs/design.md §5) gets the
+ * bits of a one-row step. From 3 rows on, converted tiles + sgemm. */
+#define CPU_GEMV_MAX_ROWS 2
 /* Target size of one converted f32 weight tile for sgemm: about one core's L2 (measured best of
  * 256 KiB, 1 MiB, 4 MiB on the development machine). */
 #define CPU_TILE_BYTES (1u << 20)
@@ -52,16 +56,6 @@
 #else
 #define CPU_HOT
 #endif
-
-struct cpu_ctx {
-	float *scratch; /* tiles and attention scores */
-	size_t scratch_len;
-	/* attn_decode_slots: the slot list as spans (n_kv, pages) and one source per KV head */
-	struct backend_kv_span *slot_spans;
-	size_t slot_spans_len;
-	struct attn_src *slot_src;
-	int slot_src_len;
-};
 
 static float *scratch_get(struct cpu_ctx *c, size_t n)
 {
@@ -198,6 +192,7 @@ static void cpu_free(void *ctx)
 	free(c->scratch);
 	free(c->slot_spans);
 	free(c->slot_src);
+	cpu_kivi_free(c);
 	free(c);
 }
 
@@ -258,60 +253,72 @@ static void cpu_weight_release(void *ctx, struct backend_mat *w)
 	memset(w, 0, sizeof *w);
 }
 
-/* Rows [r0, r1) of y (rows) = w · x for 16-bit w of dtype t, x (cols): each weight element
- * is converted in registers and multiplied at once. Four weight rows go together, each with
- * its own vector sum, so that four independent chains hide the latency of the adds (one chain
- * is latency-bound); a short last group repeats its last row. Always inlined with a constant
- * t, so that the dtype test leaves the loop. */
+/* Rows [r0, r1) of y[j] (rows) = w · x[j] for j < nx (1 or 2) activation rows, 16-bit w of
+ * dtype t, x[j] (cols): each weight element is converted in registers once and multiplied
+ * into every activation row's sum. Four weight rows go together, each with its own vector sum
+ * per activation row, so that independent chains hide the latency of the adds (one chain is
+ * latency-bound); a short last group repeats its last row. Each sum is the same sequence of
+ * operations whatever nx is. Always inlined with constant t and nx, so that their tests leave
+ * the loop. */
 __attribute__((always_inline)) static inline void
-dot_rows_t(float *y, const float *x, const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
-	   enum fkv_dtype t)
+dot_rows_t(float *const *y, const float *const *x, int nx, const uint16_t *w, int64_t cols,
+	   int64_t r0, int64_t r1, enum fkv_dtype t)
 {
 	float (*val)(uint16_t) = t == FKV_BF16 ? bf16_val : f16_val;
 	for (int64_t r = r0; r < r1; r += 4) {
 		const uint16_t *wr[4];
 		for (int k = 0; k < 4; k++)
 			wr[k] = w + (r + k < r1 ? r + k : r1 - 1) * cols;
-		v8f a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+		v8f a[2][4] = { { { 0 } } };
 		int64_t c = 0;
 		for (; c + 8 <= cols; c += 8) {
-			v8f xv = ld8(x + c);
-			a0 += cvt8(wr[0] + c, t) * xv;
-			a1 += cvt8(wr[1] + c, t) * xv;
-			a2 += cvt8(wr[2] + c, t) * xv;
-			a3 += cvt8(wr[3] + c, t) * xv;
+			v8f xv[2];
+			for (int j = 0; j < nx; j++)
+				xv[j] = ld8(x[j] + c);
+			for (int k = 0; k < 4; k++) {
+				v8f wv = cvt8(wr[k] + c, t);
+				for (int j = 0; j < nx; j++)
+					a[j][k] += wv * xv[j];
+			}
 		}
-		float acc[4] = { hsum8(&a0), hsum8(&a1), hsum8(&a2), hsum8(&a3) };
-		for (; c < cols; c++)
-			for (int k = 0; k < 4; k++)
-				acc[k] += val(wr[k][c]) * x[c];
-		for (int k = 0; k < 4 && r + k < r1; k++)
-			y[r + k] = acc[k];
+		for (int j = 0; j < nx; j++) {
+			float acc[4] = { hsum8(&a[j][0]), hsum8(&a[j][1]), hsum8(&a[j][2]),
+					 hsum8(&a[j][3]) };
+			for (int64_t cc = c; cc < cols; cc++)
+				for (int k = 0; k < 4; k++)
+					acc[k] += val(wr[k][cc]) * x[j][cc];
+			for (int k = 0; k < 4 && r + k < r1; k++)
+				y[j][r + k] = acc[k];
+		}
 	}
 }
 
-CPU_HOT static void dot_rows(float *y, const float *x, const struct backend_mat *w, int64_t r0,
-			     int64_t r1)
+CPU_HOT static void dot_rows(float *const *y, const float *const *x, int nx,
+			     const struct backend_mat *w, int64_t r0, int64_t r1)
 {
-	if (w->dtype == FKV_BF16)
-		dot_rows_t(y, x, w->data, w->cols, r0, r1, FKV_BF16);
+	if (nx == 2 && w->dtype == FKV_BF16)
+		dot_rows_t(y, x, 2, w->data, w->cols, r0, r1, FKV_BF16);
+	else if (nx == 2)
+		dot_rows_t(y, x, 2, w->data, w->cols, r0, r1, FKV_F16);
+	else if (w->dtype == FKV_BF16)
+		dot_rows_t(y, x, 1, w->data, w->cols, r0, r1, FKV_BF16);
 	else
-		dot_rows_t(y, x, w->data, w->cols, r0, r1, FKV_F16);
+		dot_rows_t(y, x, 1, w->data, w->cols, r0, r1, FKV_F16);
 }
 
-/* Few activation rows, 16-bit weights: blocks of weight rows spread over the threads, one
- * activation row at a time (the vectorised work is in dot_rows, outside the OpenMP region, so
- * that it gets the CPU_HOT clone). */
+/* At most CPU_GEMV_MAX_ROWS activation rows, 16-bit weights: blocks of weight rows spread over
+ * the threads, every activation row in the same pass (the vectorised work is in dot_rows,
+ * outside the OpenMP region, so that it gets the CPU_HOT clone). */
 static void matmul_dot(float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	const int64_t rows = w->rows, cols = w->cols;
 	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
-	for (int64_t j = 0; j < n; j++) {
-		#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
-		for (int64_t b = 0; b < nblk; b++)
-			dot_rows(y + j * rows, x + j * cols, w, b * CPU_DOT_ROWS,
-				 (b + 1) * CPU_DOT_ROWS < rows ? (b + 1) * CPU_DOT_ROWS : rows);
-	}
+	float *const ys[2] = { y, y + rows };
+	const float *const xs[2] = { x, x + cols };
+	#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
+	for (int64_t b = 0; b < nblk; b++)
+		dot_rows(ys, xs, (int)n, w, b * CPU_DOT_ROWS,
+			 (b + 1) * CPU_DOT_ROWS < rows ? (b + 1) * CPU_DOT_ROWS : rows);
 }
 
 /* n 16-bit values of dtype t to f32: the tile conversion of matmul_blocks, cloned. */
@@ -328,7 +335,10 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 			 int64_t n)
 {
 	const int64_t rows = w->rows, cols = w->cols;
-	const bool par = n * rows * cols > CPU_PAR_MIN;
+	/* Few rows: sgemv per row over blocks cut as for one row, so a row's bits do not depend
+	 * on n (CPU_GEMV_MAX_ROWS). */
+	const bool rowwise = n <= CPU_GEMV_MAX_ROWS;
+	const bool par = (rowwise ? 1 : n) * rows * cols > CPU_PAR_MIN;
 	const int nt = par ? omp_get_max_threads() : 1;
 	int64_t blk = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / cols;
 	if (blk > (rows + nt - 1) / nt)
@@ -349,9 +359,10 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 			wt = t;
 		}
 		/* y[:, r0:r0+m] (n, m) = x (n, cols) · wtᵀ, wt (m, cols) */
-		if (n == 1)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)m, (int)cols, 1.0f, wt,
-				    (int)cols, x, 1, 0.0f, y + r0, 1);
+		if (rowwise)
+			for (int64_t j = 0; j < n; j++)
+				cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)m, (int)cols, 1.0f, wt,
+					    (int)cols, x + j * cols, 1, 0.0f, y + j * rows + r0, 1);
 		else
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m,
 				    (int)cols, 1.0f, x, (int)cols, wt, (int)cols, 0.0f, y + r0,
@@ -506,14 +517,6 @@ static int cpu_softmax(void *ctx, float *x, int64_t rows, int64_t cols)
 	return 0;
 }
 
-/* Where an attention call reads one KV head's keys from: spans holding n keys (the decode
- * spans, or one dense span for prefill). */
-struct attn_src {
-	const struct backend_kv_span *spans;
-	int n_spans;
-	int64_t n;
-};
-
 /* Query rows that share one KV head, as one unit of work: row r is query q[r] (d) attending
  * to keys [lo[r], hi[r]) of the source, its output going to o[r] (d). The rows of a unit are
  * a GQA group (decode) or the groups of consecutive queries (prefill), so each K and V row is
@@ -522,6 +525,8 @@ struct attn_rows {
 	const float *q[CPU_ATTN_ROWS];
 	float *o[CPU_ATTN_ROWS];
 	int64_t lo[CPU_ATTN_ROWS], hi[CPU_ATTN_ROWS];
+	float *pr[CPU_ATTN_ROWS]; /* NULL, or where the row's probabilities of keys [0, n_pr) go */
+	int64_t n_pr;
 	int n;
 };
 
@@ -561,6 +566,28 @@ scores4(float *s, int64_t ld, const struct attn_rows *u, int r, int64_t key, con
 			s[k * ld] = (float)acc[k] * scale;
 }
 
+/* One key row x (d, f32) of a unit: its score for every row that sees it (pass 0), or its
+ * share of every such row's output (pass 1). Always inlined: the span rows and the rows of a
+ * source's row callback go through the same arithmetic. */
+__attribute__((always_inline)) static inline void
+unit_key(const struct attn_rows *u, float *s, int64_t ld_s, int64_t k0, int64_t key,
+	 const float *x, int d, float scale, int pass)
+{
+	if (!pass) {
+		for (int r = 0; r < u->n; r += 4)
+			scores4(s + r * ld_s + (key - k0), ld_s, u, r, key, x, d, scale);
+		return;
+	}
+	for (int r = 0; r < u->n; r++) {
+		if (key < u->lo[r] || key >= u->hi[r])
+			continue;
+		float pr = s[r * ld_s + (key - k0)], *o = u->o[r];
+		#pragma omp simd
+		for (int i = 0; i < d; i++)
+			o[i] += pr * x[i];
+	}
+}
+
 /* Runs a unit: keys [k0, k1) of src (KV head kvh) hold every row's range; s is scratch of
  * (n, k1 - k0) scores. Two passes over the keys: scores (then a softmax per row), then the
  * weighted sum of V. Every sum of a row runs in key order, whatever the other rows of the
@@ -577,8 +604,17 @@ CPU_HOT static void attn_unit(const struct attn_rows *u, float *s, const struct 
 			for (int r = 0; r < u->n; r++) {
 				softmax_row(s + r * ld_s + (u->lo[r] - k0), u->hi[r] - u->lo[r]);
 				memset(u->o[r], 0, (size_t)d * sizeof *u->o[r]);
+				for (int64_t j = 0; u->pr[r] && j < u->n_pr; j++)
+					u->pr[r][j] = j >= u->lo[r] && j < u->hi[r] ?
+							      s[r * ld_s + (j - k0)] : 0.0f;
 			}
 		int64_t base = 0; /* key index of the span's first row */
+		if (src->row) {
+			for (int64_t key = k0; key < k1 && key < src->n_row; key++)
+				unit_key(u, s, ld_s, k0, key, src->row(src->arg, pass, key, kvh, tmp),
+					 d, a->scale, pass);
+			base = src->n_row;
+		}
 		for (int sp = 0; sp < src->n_spans && base < k1; sp++) {
 			const struct backend_kv_span *span = &src->spans[sp];
 			int64_t t0 = k0 > base ? k0 - base : 0;
@@ -592,28 +628,15 @@ CPU_HOT static void attn_unit(const struct attn_rows *u, float *s, const struct 
 				if (t + CPU_ATTN_PREFETCH < t1)
 					for (size_t b = 0; b < (size_t)d * es; b += 64)
 						__builtin_prefetch(p + pf + b);
-				const float *x = row_f32(tmp, p, a->kv_dtype, 0, d);
-				if (!pass) {
-					for (int r = 0; r < u->n; r += 4)
-						scores4(s + r * ld_s + (key - k0), ld_s, u, r,
-							key, x, d, a->scale);
-					continue;
-				}
-				for (int r = 0; r < u->n; r++) {
-					if (key < u->lo[r] || key >= u->hi[r])
-						continue;
-					float pr = s[r * ld_s + (key - k0)], *o = u->o[r];
-					#pragma omp simd
-					for (int i = 0; i < d; i++)
-						o[i] += pr * x[i];
-				}
+				unit_key(u, s, ld_s, k0, key, row_f32(tmp, p, a->kv_dtype, 0, d), d,
+					 a->scale, pass);
 			}
 			base += span->n;
 		}
 	}
 }
 
-static int check_attn(const struct backend_attn *a)
+int cpu_check_attn(const struct backend_attn *a)
 {
 	if (a->head_dim <= 0 || a->head_dim > CPU_MAX_HEAD_DIM || a->n_kv_heads <= 0 ||
 	    a->n_heads % a->n_kv_heads || a->window < 0)
@@ -621,14 +644,12 @@ static int check_attn(const struct backend_attn *a)
 	return 0;
 }
 
-/* Every query head of n_q queries q (n_q, n_heads, d) against its KV head's keys src[kvh],
- * into out (n_q, n_heads, d). causal: query i sees keys up to n_ctx - n_q + i (windowed as
- * a.window says), else every key of its source. The rows of one KV head are cut into units of
- * at most CPU_ATTN_ROWS rows (fewer when the keys are many, to bound the score scratch) and
- * the units of all heads spread over the threads. */
-static int attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
-		    const struct attn_src *src, int64_t n_ctx, bool causal,
-		    const struct backend_attn *a)
+/* See backend_cpu_priv.h. The rows of one KV head are cut into units of at most
+ * CPU_ATTN_ROWS rows (fewer when the keys are many, to bound the score scratch) and the units
+ * of all heads spread over the threads. */
+int cpu_attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
+		 const struct attn_src *src, int64_t n_ctx, bool causal,
+		 const struct backend_attn *a, float *probs, int64_t n_prob)
 {
 	const int d = a->head_dim, H = a->n_heads, KV = a->n_kv_heads, G = H / KV;
 	int64_t max_keys = causal ? n_ctx : 0;
@@ -648,7 +669,7 @@ static int attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
 	for (int64_t task = 0; task < units * KV; task++) {
 		const int kvh = (int)(task / units);
 		const int64_t j0 = task % units * R, j1 = j0 + R < rows ? j0 + R : rows;
-		struct attn_rows u = { .n = (int)(j1 - j0) };
+		struct attn_rows u = { .n = (int)(j1 - j0), .n_pr = n_prob };
 		int64_t k0 = INT64_MAX, k1 = 0;
 		for (int64_t j = j0; j < j1; j++) {
 			const int64_t i = j / G, h = (int64_t)kvh * G + j % G, r = j - j0;
@@ -657,6 +678,7 @@ static int attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
 			u.hi[r] = causal ? n_ctx - n_q + i + 1 : src[kvh].n;
 			u.lo[r] = causal && a->window > 0 && u.hi[r] > a->window ?
 					  u.hi[r] - a->window : 0;
+			u.pr[r] = probs && i == n_q - 1 ? probs + h * n_prob : NULL;
 			k0 = u.lo[r] < k0 ? u.lo[r] : k0;
 			k1 = u.hi[r] > k1 ? u.hi[r] : k1;
 		}
@@ -670,7 +692,7 @@ static int attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
 static int cpu_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
 			    const void *v, int64_t n_ctx, const struct backend_attn *a)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	if (n_q > n_ctx)
@@ -682,8 +704,8 @@ static int cpu_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, 
 	if (!src)
 		return -ENOMEM;
 	for (int kvh = 0; kvh < a->n_kv_heads; kvh++)
-		src[kvh] = (struct attn_src){ &span, 1, n_ctx };
-	ret = attn_run(ctx, out, q, n_q, src, n_ctx, true, a);
+		src[kvh] = (struct attn_src){ .spans = &span, .n_spans = 1, .n = n_ctx };
+	ret = cpu_attn_run(ctx, out, q, n_q, src, n_ctx, true, a, NULL, 0);
 	free(src);
 	return ret;
 }
@@ -692,7 +714,7 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 			   const struct backend_kv_span *spans, int n_spans,
 			   const struct backend_attn *a)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	int64_t n_keys = 0;
@@ -704,8 +726,8 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 	if (!src)
 		return -ENOMEM;
 	for (int kvh = 0; kvh < a->n_kv_heads; kvh++)
-		src[kvh] = (struct attn_src){ spans, n_spans, n_keys };
-	ret = attn_run(ctx, out, q, 1, src, 0, false, a);
+		src[kvh] = (struct attn_src){ .spans = spans, .n_spans = n_spans, .n = n_keys };
+	ret = cpu_attn_run(ctx, out, q, 1, src, 0, false, a, NULL, 0);
 	free(src);
 	return ret;
 }
@@ -714,14 +736,15 @@ static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
 				 const struct backend_kv_span *spans, const int *first,
 				 const struct backend_attn *a)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	struct attn_src *src = malloc((size_t)a->n_kv_heads * sizeof *src);
 	if (!src)
 		return -ENOMEM;
 	for (int kvh = 0; kvh < a->n_kv_heads && !ret; kvh++) {
-		src[kvh] = (struct attn_src){ spans + first[kvh], first[kvh + 1] - first[kvh], 0 };
+		src[kvh] = (struct attn_src){ .spans = spans + first[kvh],
+					      .n_spans = first[kvh + 1] - first[kvh] };
 		if (first[kvh + 1] < first[kvh])
 			ret = -EINVAL;
 		for (int s = first[kvh]; s < first[kvh + 1] && !ret; s++)
@@ -730,7 +753,7 @@ static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
 			ret = -EINVAL;
 	}
 	if (!ret)
-		ret = attn_run(ctx, out, q, 1, src, 0, false, a);
+		ret = cpu_attn_run(ctx, out, q, 1, src, 0, false, a, NULL, 0);
 	free(src);
 	return ret;
 }
@@ -763,7 +786,7 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 				 int p, const struct backend_attn *a)
 {
 	struct cpu_ctx *c = ctx;
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	if (a->kv_dtype != FKV_F32 || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
@@ -792,9 +815,9 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 				.row_stride = row,
 			};
 		}
-		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok };
+		c->slot_src[h] = (struct attn_src){ .spans = sp, .n_spans = pages, .n = n_tok };
 	}
-	return attn_run(c, out, q, 1, c->slot_src, 0, false, a);
+	return cpu_attn_run(c, out, q, 1, c->slot_src, 0, false, a, NULL, 0);
 }
 
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
@@ -894,6 +917,9 @@ static const struct backend_ops cpu_ops = {
 	.recall_units = cpu_recall_units,
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,
+	.kivi_quant = cpu_kivi_quant,
+	.kivi_dequant = cpu_kivi_dequant,
+	.attn_kivi = cpu_attn_kivi,
 	.sync = NULL,
 	.set_threads = cpu_set_threads,
 	.get_threads = cpu_get_threads,
