@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "test_backend.h"
+#include "test_ref_model.h"
 #include "engine.h"
 #include "model.h"
 #include "sampler.h"
@@ -21,66 +22,7 @@
 
 static uint64_t seed = 0xe11e;
 
-/* ---- reference forward pass (float64) ---- */
-
-static double el(const struct fkv_tensor *t, int64_t i)
-{
-	float f;
-	dtype_to_f32(&f, (const char *)t->data + (size_t)i * dtype_size(t->dtype), t->dtype, 1);
-	return f;
-}
-
-/* y (rows) = W (rows, cols) x (cols) */
-static void ref_linear(double *y, const struct fkv_tensor *w, const double *x)
-{
-	int64_t rows = w->shape[0], cols = w->shape[1];
-	for (int64_t r = 0; r < rows; r++) {
-		double s = 0;
-		for (int64_t c = 0; c < cols; c++)
-			s += el(w, r * cols + c) * x[c];
-		y[r] = s;
-	}
-}
-
-static void ref_norm(double *y, const double *x, const struct fkv_tensor *w, int n, double eps)
-{
-	double ss = 0;
-	for (int i = 0; i < n; i++)
-		ss += x[i] * x[i];
-	double r = 1.0 / sqrt(ss / n + eps);
-	for (int i = 0; i < n; i++)
-		y[i] = x[i] * r * el(w, i);
-}
-
-static double ref_inv_freq(const struct fkv_model_config *c, int i)
-{
-	double f = 1.0 / pow(c->rope_theta, 2.0 * i / c->head_dim);
-	if (c->rope_scaling_factor <= 0)
-		return f;
-	double wl = 2 * M_PI / f;
-	double lo = c->rope_original_ctx / c->rope_low_freq_factor;
-	double hi = c->rope_original_ctx / c->rope_high_freq_factor;
-	if (wl < hi)
-		return f;
-	if (wl > lo)
-		return f / c->rope_scaling_factor;
-	double sm = (c->rope_original_ctx / wl - c->rope_low_freq_factor) /
-		    (c->rope_high_freq_factor - c->rope_low_freq_factor);
-	return (1 - sm) * f / c->rope_scaling_factor + sm * f;
-}
-
-static void ref_rotate(double *v, int heads, const struct fkv_model_config *c, int pos)
-{
-	int d = c->head_dim;
-	for (int h = 0; h < heads; h++)
-		for (int i = 0; i < d / 2; i++) {
-			int a = c->rope_style == FKV_ROPE_HALVES ? i : 2 * i;
-			int b = c->rope_style == FKV_ROPE_HALVES ? i + d / 2 : 2 * i + 1;
-			double th = pos * ref_inv_freq(c, i), x0 = v[h * d + a], x1 = v[h * d + b];
-			v[h * d + a] = x0 * cos(th) - x1 * sin(th);
-			v[h * d + b] = x0 * sin(th) + x1 * cos(th);
-		}
-}
+/* ---- reference forward pass (float64; its layers in test_ref_model.h) ---- */
 
 /* logits (n, vocab) for tokens ids[0..n) of a fresh sequence. */
 static void ref_forward(const struct fkv_model *m, const int32_t *ids, int n, double *logits)
@@ -94,7 +36,7 @@ static void ref_forward(const struct fkv_model *m, const int32_t *ids, int n, do
 	double *Vc = calloc((size_t)c->n_layers * n * kvd, 8);
 	for (int t = 0; t < n; t++) {
 		for (int i = 0; i < D; i++)
-			x[i] = el(&m->tok_embd, (int64_t)ids[t] * D + i);
+			x[i] = ref_el(&m->tok_embd, (int64_t)ids[t] * D + i);
 		for (int l = 0; l < c->n_layers; l++) {
 			const struct fkv_layer_weights *w = &m->layers[l];
 			double *kl = K + ((size_t)l * n + t) * kvd, *vl = Vc + ((size_t)l * n + t) * kvd;
@@ -104,11 +46,11 @@ static void ref_forward(const struct fkv_model *m, const int32_t *ids, int n, do
 			ref_linear(vl, &w->wv, xb);
 			if (w->bq.data)
 				for (int i = 0; i < qd; i++)
-					q[i] += el(&w->bq, i);
+					q[i] += ref_el(&w->bq, i);
 			if (w->bk.data)
 				for (int i = 0; i < kvd; i++) {
-					kl[i] += el(&w->bk, i);
-					vl[i] += el(&w->bv, i);
+					kl[i] += ref_el(&w->bk, i);
+					vl[i] += ref_el(&w->bv, i);
 				}
 			ref_rotate(q, H, c, t);
 			ref_rotate(kl, KV, c, t);

@@ -23,15 +23,35 @@ struct engine_seq {
 	bool live;
 	void *kv;		  /* policy state */
 	struct hostkv_seq *host;  /* borrowed host copy; NULL: none */
+	/* Policies with a speculative row (docs/design.md §5 `specache`): */
+	bool spec_ready;	  /* the last step ran a speculative row (no pre-step needed) */
+	int32_t spec_next;	  /* the token the next step's speculative row runs (x̂_{t+2}) */
+	int32_t spec_ran;	  /* the token the last step's speculative row ran (x̂_{t+1}) */
+	struct engine_spec_stats spec;
+};
+
+/* One sequence's rows in a forward pass: an item of engine_forward, or one phase of a
+ * speculative step. */
+struct fwd_item {
+	int seq;
+	const int32_t *ids;
+	int n;		     /* rows */
+	int keep;	     /* rows that are tokens of the sequence: n, or fewer for a step with
+			      * speculative rows (then the rows go into one ubatch) */
+	bool all;	     /* logits of every row, else of the last */
+	float *out;	     /* host (all ? n : 1, vocab) logits, or NULL */
 };
 
 /* One sequence's share of a ubatch. */
 struct piece {
 	int seq;
-	int item;	     /* index into the caller's items */
-	int64_t off;	     /* first token within the item */
-	int64_t n;	     /* tokens */
+	int item;	     /* index into the items */
+	int64_t off;	     /* first row within the item */
+	int64_t n;	     /* rows */
+	int64_t keep;	     /* of them, kept */
 	int64_t row;	     /* first row in the ubatch */
+	float *out;	     /* where its logits rows go (host), or NULL */
+	int64_t n_out;	     /* logits rows */
 };
 
 struct engine {
@@ -62,6 +82,11 @@ struct engine {
 	int32_t *ids, *pos, *out_rows;
 	int32_t *ids_b, *pos_b, *rows_b;
 	struct piece *pieces;
+
+	struct fwd_item *items;	/* (max_seqs) one forward call's items */
+	/* Speculative steps: the two tokens of each item, their logits (host). */
+	int32_t *spec_toks;	/* (max_seqs, 2) */
+	float *spec_lg;		/* (max_seqs, 2, vocab) */
 };
 
 static void *bufa(struct engine *e, size_t bytes)
@@ -194,8 +219,9 @@ static int alloc_acts(struct engine *e)
 	e->pos = calloc(T, sizeof *e->pos);
 	e->out_rows = calloc(T, sizeof *e->out_rows);
 	e->pieces = calloc(T, sizeof *e->pieces);
+	e->items = calloc((size_t)e->max_seqs, sizeof *e->items);
 	if (!e->x || !e->xb || !e->q || !e->att || !e->k || !e->v || !e->hb || !e->hb2 ||
-	    !e->ids || !e->pos || !e->out_rows || !e->pieces || !e->ids_b || !e->pos_b ||
+	    !e->ids || !e->pos || !e->out_rows || !e->pieces || !e->items || !e->ids_b || !e->pos_b ||
 	    !e->rows_b)
 		return -ENOMEM;
 	return alloc_logits(e, e->max_seqs < e->ubatch ? e->max_seqs : e->ubatch);
@@ -231,6 +257,9 @@ void engine_free(struct engine *e)
 	free(e->pos);
 	free(e->out_rows);
 	free(e->pieces);
+	free(e->items);
+	free(e->spec_toks);
+	free(e->spec_lg);
 	free(e);
 }
 
@@ -246,6 +275,8 @@ static int resolve_kv_opts(struct engine *e, char *err, size_t errlen)
 	po.kv.full_layers = k->full_layers;
 	po.kv.tau = k->tau;
 	po.kv.debug_invariants = k->debug_invariants;
+	po.kv.kv_bits = k->kv_bits ? k->kv_bits : po.kv.kv_bits;
+	po.kv.spec_topk = k->spec_topk ? k->spec_topk : po.kv.spec_topk;
 	int ret = policy_opts_finalize(&po, (int)(e->max_ctx < INT32_MAX ? e->max_ctx : INT32_MAX),
 				       NULL, err, errlen);
 	if (!ret)
@@ -317,6 +348,21 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 		engine_free(e);
 		return errmsg(err, errlen, ret, "cannot allocate activations for ubatch %d",
 			      o->ubatch ? o->ubatch : 256);
+	}
+	if (pol->spec_rows) {
+		/* A step's rows run in one ubatch. */
+		if (e->ubatch < 1 + pol->spec_rows || !pol->step_begin_keep) {
+			engine_free(e);
+			return errmsg(err, errlen, -EINVAL, "policy %s needs a ubatch of at least %d",
+				      pol->name, 1 + pol->spec_rows);
+		}
+		e->spec_toks = calloc((size_t)e->max_seqs * 2, sizeof *e->spec_toks);
+		e->spec_lg = malloc((size_t)e->max_seqs * 2 * (size_t)m->cfg.vocab_size *
+				    sizeof *e->spec_lg);
+		if (!e->spec_toks || !e->spec_lg) {
+			engine_free(e);
+			return errmsg(err, errlen, -ENOMEM, "out of memory");
+		}
 	}
 	*out = e;
 	return 0;
@@ -398,9 +444,7 @@ int engine_seq_open(struct engine *e, struct hostkv_seq *host, int *seq, char *e
 		return errmsg(err, errlen, ret, "policy %s: cannot restore %lld tokens from the host "
 			      "copy: %s", e->policy->name, (long long)committed, strerror(-ret));
 	}
-	e->seqs[i].kv = kv;
-	e->seqs[i].host = host;
-	e->seqs[i].live = true;
+	e->seqs[i] = (struct engine_seq){ .live = true, .kv = kv, .host = host };
 	*seq = i;
 	return 0;
 }
@@ -442,6 +486,19 @@ int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
 		return 0;
 	}
 	return e->policy->layer_stats(e->seqs[seq].kv, layer, out);
+}
+
+int engine_seq_spec_stats(const struct engine *e, int seq, struct engine_spec_stats *out)
+{
+	if (!seq_ok(e, seq))
+		return -EINVAL;
+	*out = e->seqs[seq].spec;
+	return 0;
+}
+
+void *engine_seq_policy(const struct engine *e, int seq)
+{
+	return seq_ok(e, seq) ? e->seqs[seq].kv : NULL;
 }
 
 int64_t engine_seq_len(const struct engine *e, int seq)
@@ -552,12 +609,12 @@ static int check_items(struct engine *e, int n_items, const int *seqs,
  * policies' write-through may still be in flight on the backend (store_rows lands after a
  * fence), so one sync precedes the first COMMIT of the ubatch. */
 static int commit_pieces(struct engine *e, const struct piece *pc, int np,
-			 const int32_t *const *ids, char *err, size_t errlen)
+			 const struct fwd_item *it, char *err, size_t errlen)
 {
 	bool fenced = !e->be->ops->sync;
 	for (int i = 0; i < np; i++) {
 		struct engine_seq *s = &e->seqs[pc[i].seq];
-		if (!s->host)
+		if (!s->host || !pc[i].keep) /* a pre-step keeps nothing */
 			continue;
 		int ret;
 		if (!fenced && (ret = e->be->ops->sync(e->be->ctx)))
@@ -566,13 +623,196 @@ static int commit_pieces(struct engine *e, const struct piece *pc, int np,
 		fenced = true;
 		int64_t len = e->policy->length(s->kv);
 		char why[256];
-		ret = hostkv_commit(s->host, len, ids[pc[i].item] + pc[i].off, len - pc[i].n,
-					pc[i].n, why, sizeof why);
+		ret = hostkv_commit(s->host, len, it[pc[i].item].ids + pc[i].off, len - pc[i].keep,
+				    pc[i].keep, why, sizeof why);
 		if (ret)
 			return errmsg(err, errlen, ret, "sequence %d: commit to the host copy: %s",
 				      pc[i].seq, why);
 	}
 	return 0;
+}
+
+/* Downloads the logits rows of the pieces, merging pieces whose destinations follow each other
+ * into one copy (a plain engine_forward call: one copy per ubatch). */
+static int download_logits(struct engine *e, const struct piece *pc, int np)
+{
+	const size_t V = (size_t)e->cfg.vocab_size;
+	int64_t row = 0; /* the run's first row in e->logits */
+	for (int i = 0; i < np;) {
+		if (!pc[i].n_out) {
+			i++;
+			continue;
+		}
+		int64_t rows = pc[i].n_out;
+		int j = i + 1;
+		for (; j < np && pc[j].n_out && pc[j].out == pc[i].out + (size_t)rows * V; j++)
+			rows += pc[j].n_out;
+		int ret = e->be->ops->download(e->be->ctx, pc[i].out, e->logits + (size_t)row * V,
+					       (size_t)rows * V * sizeof(float));
+		if (ret)
+			return ret;
+		row += rows;
+		i = j;
+	}
+	return 0;
+}
+
+/* Runs the items through the model in ubatches: consecutive items, the last one of a ubatch
+ * possibly cut (never an item with speculative rows: its rows see each other). Each piece's
+ * tokens are committed after its ubatch. */
+static int forward_items(struct engine *e, int n_items, const struct fwd_item *it, char *err,
+			 size_t errlen)
+{
+	const size_t V = (size_t)e->cfg.vocab_size;
+	int item = 0, ret;
+	int64_t off = 0; /* cursor: row off of item */
+	while (item < n_items) {
+		int64_t T = 0, n_out = 0;
+		int np = 0;
+		while (item < n_items && T < e->ubatch) {
+			const struct fwd_item *x = &it[item];
+			const bool whole = x->keep < x->n;
+			int64_t take = x->n - off;
+			if (take > e->ubatch - T) {
+				if (whole)
+					break;
+				take = e->ubatch - T;
+			}
+			const bool last = off + take == x->n;
+			const int64_t lg = !x->out ? 0 : x->all ? take : last;
+			if (n_out + lg > e->logit_rows && (ret = alloc_logits(e, n_out + lg)))
+				return errmsg(err, errlen, ret, "out of memory for logits");
+			struct piece *p = &e->pieces[np++];
+			*p = (struct piece){ .seq = x->seq, .item = item, .off = off, .n = take,
+					     .keep = whole ? x->keep : take, .row = T,
+					     .out = lg ? x->out + (x->all ? (size_t)off * V : 0) : NULL,
+					     .n_out = lg };
+			int64_t len = e->policy->length(e->seqs[p->seq].kv);
+			for (int64_t t = 0; t < take; t++) {
+				e->ids[T + t] = x->ids[off + t];
+				e->pos[T + t] = (int32_t)(len + t);
+				if (x->out && (x->all || (last && t == take - 1)))
+					e->out_rows[n_out++] = (int32_t)(T + t);
+			}
+			T += take;
+			off += take;
+			if (off == x->n) {
+				item++;
+				off = 0;
+			}
+		}
+		if (!np)
+			return errmsg(err, errlen, -EINVAL, "a step of %d rows does not fit a ubatch of "
+				      "%d", it[item].n, e->ubatch);
+		for (int i = 0; i < np; i++) {
+			const struct piece *p = &e->pieces[i];
+			void *kv = e->seqs[p->seq].kv;
+			ret = p->keep < p->n ? e->policy->step_begin_keep(kv, p->n, p->keep)
+					     : e->policy->step_begin(kv, p->n);
+			if (ret)
+				return errmsg(err, errlen, ret, "sequence %d: KV policy %s refused %lld tokens: %s",
+					      p->seq, e->policy->name, (long long)p->n, strerror(-ret));
+		}
+		ret = run_ubatch(e, T, e->pieces, np, n_out);
+		if (ret)
+			return errmsg(err, errlen, ret, "forward pass failed: %s", strerror(-ret));
+		for (int i = 0; i < np; i++)
+			e->policy->step_end(e->seqs[e->pieces[i].seq].kv);
+		if ((ret = commit_pieces(e, e->pieces, np, it, err, errlen)))
+			return ret;
+		if ((ret = download_logits(e, e->pieces, np)))
+			return errmsg(err, errlen, ret, "cannot read logits: %s", strerror(-ret));
+	}
+	return 0;
+}
+
+static int32_t argmax_row(const float *x, int n)
+{
+	int32_t b = 0;
+	for (int i = 1; i < n; i++)
+		if (x[i] > x[b])
+			b = i;
+	return b;
+}
+
+/* A forward call under a policy with a speculative row (docs/design.md §5 `specache`). Per
+ * item: every token but the last is prefilled (dense); the last is a decode step of two rows —
+ * the token and the speculative token, the argmax of the previous step's speculative row —
+ * preceded by a one-row pre-step that yields the speculative token (its argmax) and the rows
+ * to fetch when the sequence has no previous step to take them from (after a prefill, a
+ * resume, or any call of several tokens). The step's first row gives the item's logits; the
+ * argmax of its second is the next step's speculative token. Each phase batches every item. */
+static int forward_spec(struct engine *e, int n_items, const int *seqs,
+			const int32_t *const *ids, const int *n, float *logits, bool all_logits,
+			char *err, size_t errlen)
+{
+	const int V = e->cfg.vocab_size;
+	struct fwd_item *it = e->items;
+	int m = 0, ret = 0;
+	int64_t base = 0; /* the item's first logits row (all_logits) */
+	/* Dense prefixes. */
+	for (int i = 0; i < n_items; i++) {
+		if (n[i] > 1)
+			it[m++] = (struct fwd_item){
+				.seq = seqs[i], .ids = ids[i], .n = n[i] - 1, .keep = n[i] - 1,
+				.all = true,
+				.out = logits && all_logits ? logits + (size_t)base * V : NULL,
+			};
+		base += n[i];
+		struct engine_seq *s = &e->seqs[seqs[i]];
+		/* The next real token is what the last speculative row guessed, or not. */
+		if (s->spec_ready) {
+			s->spec.checked++;
+			s->spec.hits += ids[i][0] == s->spec_ran;
+		}
+		if (n[i] > 1)
+			s->spec_ready = false;
+	}
+	if (m && (ret = forward_items(e, m, it, err, errlen)))
+		goto fail;
+	/* Pre-steps. */
+	m = 0;
+	for (int i = 0; i < n_items; i++) {
+		if (e->seqs[seqs[i]].spec_ready)
+			continue;
+		it[m] = (struct fwd_item){ .seq = seqs[i], .ids = &ids[i][n[i] - 1], .n = 1,
+					   .keep = 0, .all = true, .out = e->spec_lg + (size_t)m * V };
+		m++;
+	}
+	if (m && (ret = forward_items(e, m, it, err, errlen)))
+		goto fail;
+	for (int i = 0, j = 0; i < n_items; i++) {
+		struct engine_seq *s = &e->seqs[seqs[i]];
+		if (!s->spec_ready)
+			s->spec_next = argmax_row(e->spec_lg + (size_t)j++ * V, V);
+	}
+	/* The two-row steps. */
+	for (int i = 0; i < n_items; i++) {
+		int32_t *tk = e->spec_toks + 2 * i;
+		tk[0] = ids[i][n[i] - 1];
+		tk[1] = e->seqs[seqs[i]].spec_next;
+		it[i] = (struct fwd_item){ .seq = seqs[i], .ids = tk, .n = 2, .keep = 1, .all = true,
+					   .out = e->spec_lg + (size_t)i * 2 * V };
+	}
+	if ((ret = forward_items(e, n_items, it, err, errlen)))
+		goto fail;
+	base = 0;
+	for (int i = 0; i < n_items; i++) {
+		struct engine_seq *s = &e->seqs[seqs[i]];
+		const float *lg = e->spec_lg + (size_t)i * 2 * V;
+		base += n[i];
+		if (logits)
+			memcpy(logits + (size_t)(all_logits ? base - 1 : i) * V, lg, (size_t)V * 4);
+		s->spec_ran = e->spec_toks[2 * i + 1];
+		s->spec_next = argmax_row(lg + V, V);
+		s->spec_ready = true;
+	}
+	return 0;
+fail:
+	/* The next call starts over with a pre-step. */
+	for (int i = 0; i < n_items; i++)
+		e->seqs[seqs[i]].spec_ready = false;
+	return ret;
 }
 
 int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t *const *ids,
@@ -581,63 +821,18 @@ int engine_forward(struct engine *e, int n_items, const int *seqs, const int32_t
 	int ret = check_items(e, n_items, seqs, ids, n, err, errlen);
 	if (ret)
 		return ret;
-	if (all_logits && (ret = alloc_logits(e, e->ubatch)))
-		return errmsg(err, errlen, ret, "cannot allocate logits for %d rows", e->ubatch);
+	if (e->policy->spec_rows)
+		return forward_spec(e, n_items, seqs, ids, n, logits, all_logits, err, errlen);
+	struct fwd_item *it = e->items; /* n_items <= max_seqs: check_items */
 	const size_t V = (size_t)e->cfg.vocab_size;
-	int item = 0;
-	int64_t off = 0, out_row = 0; /* cursor: token off of item; next logits row to fill */
-	while (item < n_items) {
-		int64_t T = 0, n_out = 0;
-		int np = 0;
-		/* Fill a ubatch: consecutive items, the last one possibly cut. */
-		while (item < n_items && T < e->ubatch) {
-			int64_t take = n[item] - off;
-			if (take > e->ubatch - T)
-				take = e->ubatch - T;
-			if (n_out + (all_logits ? take : 1) > e->logit_rows &&
-			    (ret = alloc_logits(e, n_out + (all_logits ? take : 1))))
-				return errmsg(err, errlen, ret, "out of memory for logits");
-			struct piece *p = &e->pieces[np++];
-			*p = (struct piece){ seqs[item], item, off, take, T };
-			int64_t len = e->policy->length(e->seqs[p->seq].kv);
-			for (int64_t t = 0; t < take; t++) {
-				e->ids[T + t] = ids[item][off + t];
-				e->pos[T + t] = (int32_t)(len + t);
-				if (all_logits)
-					e->out_rows[n_out++] = (int32_t)(T + t);
-			}
-			T += take;
-			off += take;
-			if (off == n[item]) {
-				if (!all_logits)
-					e->out_rows[n_out++] = (int32_t)(T - 1);
-				item++;
-				off = 0;
-			}
-		}
-		for (int i = 0; i < np; i++) {
-			ret = e->policy->step_begin(e->seqs[e->pieces[i].seq].kv, e->pieces[i].n);
-			if (ret)
-				return errmsg(err, errlen, ret, "sequence %d: KV policy %s refused %lld tokens: %s",
-					      e->pieces[i].seq, e->policy->name,
-					      (long long)e->pieces[i].n, strerror(-ret));
-		}
-		ret = run_ubatch(e, T, e->pieces, np, logits ? n_out : 0);
-		if (ret)
-			return errmsg(err, errlen, ret, "forward pass failed: %s", strerror(-ret));
-		for (int i = 0; i < np; i++)
-			e->policy->step_end(e->seqs[e->pieces[i].seq].kv);
-		if ((ret = commit_pieces(e, e->pieces, np, ids, err, errlen)))
-			return ret;
-		if (logits && n_out) {
-			ret = e->be->ops->download(e->be->ctx, logits + (size_t)out_row * V, e->logits,
-						   (size_t)n_out * V * sizeof(float));
-			if (ret)
-				return errmsg(err, errlen, ret, "cannot read logits: %s", strerror(-ret));
-		}
-		out_row += n_out;
+	size_t row = 0;
+	for (int i = 0; i < n_items; i++) {
+		it[i] = (struct fwd_item){ .seq = seqs[i], .ids = ids[i], .n = n[i], .keep = n[i],
+					   .all = all_logits,
+					   .out = logits ? logits + row * V : NULL };
+		row += all_logits ? (size_t)n[i] : 1;
 	}
-	return 0;
+	return forward_items(e, n_items, it, err, errlen);
 }
 
 int engine_prefill(struct engine *e, int seq, const int32_t *ids, int n, float *logits,

@@ -9,7 +9,16 @@
  * before anything runs (handles, token ids, context limit), so a refused call changes nothing;
  * a failure while running (out of memory) leaves each sequence at the last completed chunk.
  * A sequence may have a host copy (hostkv.h, borrowed): its policy writes every token through
- * to it, and the engine commits each completed chunk's length and token ids there. */
+ * to it, and the engine commits each completed chunk's length and token ids there.
+ *
+ * Under a policy with a speculative row (kvcache.h spec_rows, `specache`, docs/design.md §5),
+ * the last token of each item is a decode step of two rows — the token, then a speculative
+ * token at the next position, the argmax of the previous step's speculative row — whose
+ * first row gives the item's logits; only the token is kept. Every other token is prefilled,
+ * and when a sequence has no previous step (a new or resumed sequence, or an item of several
+ * tokens) a one-row pre-step of the last token comes first, yielding the speculative token;
+ * its K/V and logits are discarded. engine_seq_spec_stats counts how often the speculative
+ * token was the next real one. */
 #ifndef FREEKV_ENGINE_H
 #define FREEKV_ENGINE_H
 
@@ -68,6 +77,15 @@ int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *
  * -EINVAL. */
 int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
 			   struct kv_layer_stats *out);
+/* How often a sequence's speculative token (the argmax of the last step's speculative row)
+ * equalled the next token it was given: checked counts the steps that had one to compare. */
+struct engine_spec_stats {
+	int64_t checked, hits;
+};
+int engine_seq_spec_stats(const struct engine *e, int seq, struct engine_spec_stats *out);
+/* The sequence's policy state (borrowed; NULL for a bad handle), for tests and tools that know
+ * which policy runs (policy_specache's specache_fetched). */
+void *engine_seq_policy(const struct engine *e, int seq);
 void engine_seq_free(struct engine *e, int seq);
 /* Committed tokens of a sequence, or -EINVAL for a bad handle. */
 int64_t engine_seq_len(const struct engine *e, int seq);

@@ -16,6 +16,12 @@
  * a resumed sequence from it. Per-layer retrieval counters come from layer_stats() and their sum
  * with stats().
  *
+ * A policy with speculative rows (spec_rows > 0: `specache`) also takes decode steps through
+ * step_begin_keep(n, keep): append and attend get n rows at positions length .. length + n - 1,
+ * causal between them, of which only the first keep are tokens of the sequence (written through
+ * and committed by step_end); the others are speculative, their K/V never kept. keep 0 is a
+ * pre-step, which commits nothing.
+ *
  * A step that fails before step_end leaves the committed length unchanged: whatever append wrote
  * past it is overwritten by the next step, so a failed step loses nothing. The policy allocates
  * its storage on the backend it is given and frees it in destroy(); k, v, q and out are backend
@@ -41,6 +47,8 @@ struct kv_policy_opts {
 	int window;	 /* W, tokens */
 	int full_layers; /* first layers that keep full attention */
 	float tau;	 /* correction threshold on the cosine of adjacent queries */
+	int kv_bits;	 /* specache: bits of the KIVI copy, 2 or 1; 0 = 2 */
+	int spec_topk;	 /* specache: exact rows fetched per KV head and step; 0 = 64 */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
 };
 
@@ -70,12 +78,14 @@ struct kv_layer_stats {
 	int64_t ns_recall_wait;	  /* recall exposed: attention waited for it */
 	int64_t ns_recall_hidden; /* recall overlapped with the rest of the step */
 	int64_t ns_attend;	  /* decode attention */
+	int64_t rows_fetched;	  /* specache: exact (KV head, position) rows fetched from the host copy */
 };
 
 struct kv_stats {
 	int64_t tokens;		/* committed length */
 	int64_t capacity;	/* tokens storable without growing, per layer */
-	int64_t device_bytes;	/* KV bytes held on the backend, all layers */
+	int64_t device_bytes;	/* KV bytes held on the backend, all layers (specache: those of the
+				 * committed length, not the allocation rounded up by doubling) */
 	int64_t attended;	/* keys read by the last query of each attend call, summed */
 	struct kv_layer_stats sum; /* every layer's counters added up (zero for `full`) */
 };
@@ -107,6 +117,12 @@ struct kv_policy_ops {
 	/* Rebuilds the state of a resumed sequence from the host copy for positions [0, len):
 	 * only on a fresh state (length 0); -EINVAL without a host copy or past max_tokens. */
 	int (*restore)(void *st, int64_t len);
+	/* Speculative rows a decode step of this policy carries after the real token
+	 * (docs/design.md §5 `specache`); 0 for every other policy. */
+	int spec_rows;
+	/* (optional; set when spec_rows > 0) step_begin for a step of n rows of which the first
+	 * keep are kept (see above); -EINVAL for keep > n. */
+	int (*step_begin_keep)(void *st, int64_t n, int64_t keep);
 };
 
 /* The `full` policy: every token's K and V kept on the backend in attn.kv_dtype. */
@@ -115,6 +131,8 @@ extern const struct kv_policy_ops kv_policy_full;
 extern const struct kv_policy_ops kv_policy_streaming;
 extern const struct kv_policy_ops kv_policy_quest;
 extern const struct kv_policy_ops kv_policy_freekv;
+/* A low-bit (KIVI) device copy plus exact rows prefetched by a speculative token. */
+extern const struct kv_policy_ops kv_policy_specache;
 
 /* Fills page, budget, sink and window when all four are 0 with the defaults scaled to a
  * max_tokens context (policy_opts_finalize), and checks them; 0 or -EINVAL. The engine and the

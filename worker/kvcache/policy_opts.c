@@ -32,6 +32,8 @@ static const struct popt popts[] = {
 	{ "--full-layers", POPT_INT, KV(full_layers), -1, 0, 1 << 16 },
 	{ "--tau", POPT_FLOAT, KV(tau), -1, 0.0, 1e6 },
 	{ "--debug-invariants", POPT_BOOL, KV(debug_invariants), -1, 0, 0 },
+	{ "--kv-bits", POPT_INT, KV(kv_bits), -1, 1, 2 },
+	{ "--spec-topk", POPT_INT, KV(spec_topk), -1, 1, 1 << 24 },
 };
 
 void policy_opts_default(struct policy_opts *o)
@@ -40,7 +42,7 @@ void policy_opts_default(struct policy_opts *o)
 	strcpy(o->policy, "full");
 	o->kv = (struct kv_policy_opts){
 		.page = 32, .budget = 2048, .sink = 512, .window = 512, .full_layers = 1,
-		.tau = 0.9f, .debug_invariants = false,
+		.tau = 0.9f, .debug_invariants = false, .kv_bits = 2, .spec_topk = 64,
 	};
 }
 
@@ -157,6 +159,15 @@ int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char 
 				was.sink, was.window);
 	}
 	int p = k->page;
+	/* specache keeps no budget: its window is the residual, and only it must fit pages. */
+	if (!strcmp(o->policy, "specache")) {
+		if (p <= 0 || k->window % p || k->window < p)
+			return snprintf(err, errlen, "window %d must be a positive multiple of the "
+					"page size %d", k->window, p), -EINVAL;
+		if (k->full_layers < 0 || !(k->tau >= 0.0f))
+			return snprintf(err, errlen, "full layers and tau must be >= 0"), -EINVAL;
+		return 0;
+	}
 	if (p <= 0 || k->budget % p || k->sink % p || k->window % p)
 		return snprintf(err, errlen,
 				"budget %d, sink %d and window %d must be multiples of the page size %d",
@@ -175,8 +186,9 @@ int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char 
 
 const char *policy_opts_usage(void)
 {
-	return "[--policy full|streaming|quest|freekv] [--page-size N] [--budget N] [--sink N] "
-	       "[--window N] [--tau F] [--full-layers N] [--debug-invariants]";
+	return "[--policy full|streaming|quest|freekv|specache] [--page-size N] [--budget N] "
+	       "[--sink N] [--window N] [--tau F] [--full-layers N] [--kv-bits 2|1] "
+	       "[--spec-topk K] [--debug-invariants]";
 }
 
 int kvcache_resolve_opts(struct kv_policy_opts *o, int64_t max_tokens)

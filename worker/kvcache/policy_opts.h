@@ -1,7 +1,8 @@
 /* policy_opts — the retrieval knobs every command shares (--policy, --page-size, --budget,
- * --sink, --window, --tau, --full-layers) and their defaults (full, 32 / 2048 / 512 / 512 / 0.9
- * / 1), scaled down for models whose context is shorter than the budget needs, with a notice.
- * Plain data; nothing is allocated. */
+ * --sink, --window, --tau, --full-layers; specache's --kv-bits and --spec-topk) and their
+ * defaults (full, 32 / 2048 / 512 / 512 / 0.9 / 1; 2 bits, 64 rows), scaled down for models
+ * whose context is shorter than the budget needs, with a notice. Plain data; nothing is
+ * allocated. */
 #ifndef FREEKV_POLICY_OPTS_H
 #define FREEKV_POLICY_OPTS_H
 
@@ -11,8 +12,9 @@
 #include "kvcache.h"
 
 struct policy_opts {
-	char policy[16];	   /* full | streaming | quest | freekv */
-	struct kv_policy_opts kv;  /* page, budget, sink, window, full_layers, tau (kvcache.h) */
+	char policy[16];	   /* full | streaming | quest | freekv | specache */
+	struct kv_policy_opts kv;  /* page, budget, sink, window, full_layers, tau, kv_bits,
+				    * spec_topk (kvcache.h) */
 	bool set_page, set_budget, set_sink, set_window; /* given on the command line */
 };
 
