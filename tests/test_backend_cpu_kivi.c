@@ -98,9 +98,9 @@ static void ref_quant(struct kbuf *r, int64_t t0, const float *kf, const float *
 			for (int c = 0; c < d; c++) {
 				ref_group(kf + (g * p * H + h) * d + c, p, (size_t)H * d, q->bits, &z,
 					  &s, codes);
-				float *zs = q->kzs + (((t0 / p + g) * H + h) * d + c) * 2;
+				float *zs = q->kzs + ((t0 / p + g) * H + h) * 2 * d + c;
 				zs[0] = (float)z;
-				zs[1] = (float)s;
+				zs[d] = (float)s;
 				for (int i = 0; i < p; i++)
 					ref_put(q->kc + ((t0 + g * p + i) * H + h) * cb, c, q->bits,
 						codes[i]);
@@ -110,9 +110,9 @@ static void ref_quant(struct kbuf *r, int64_t t0, const float *kf, const float *
 			for (int gi = 0; gi < nvg; gi++) {
 				int c0 = gi * gv, w = c0 + gv < d ? gv : d - c0;
 				ref_group(vf + (t * H + h) * d + c0, w, 1, q->bits, &z, &s, codes);
-				float *zs = q->vzs + (((t0 + t) * H + h) * nvg + gi) * 2;
+				float *zs = q->vzs + ((t0 + t) * H + h) * 2 * nvg + gi;
 				zs[0] = (float)z;
-				zs[1] = (float)s;
+				zs[nvg] = (float)s;
 				for (int i = 0; i < w; i++)
 					ref_put(q->vc + ((t0 + t) * H + h) * cb, c0 + i, q->bits,
 						codes[i]);
@@ -172,14 +172,14 @@ static void check_quant(int bits, int p, int d, int H, int64_t n, enum fkv_dtype
 					      (c * bits % 8) & ((1u << bits) - 1);
 				unsigned cv = want.q.vc[(pos * H + h) * cb + c * bits / 8] >>
 					      (c * bits % 8) & ((1u << bits) - 1);
-				const float *kz = want.q.kzs + (((pos / p) * H + h) * d + c) * 2;
-				const float *vz = want.q.vzs + ((pos * H + h) * nvg + c / gv) * 2;
-				float ek = fmaf(kz[1], (float)ck, kz[0]);
-				float ev = fmaf(vz[1], (float)cv, vz[0]);
+				const float *kz = want.q.kzs + ((pos / p) * H + h) * 2 * d + c;
+				const float *vz = want.q.vzs + (pos * H + h) * 2 * nvg + c / gv;
+				float ek = fmaf(kz[d], (float)ck, kz[0]);
+				float ev = fmaf(vz[nvg], (float)cv, vz[0]);
 				if (memcmp(&ek, &dk[at], 4) || memcmp(&ev, &dv[at], 4))
 					fail_msg("%s: dequantised value differs at %lld/%d/%d", what,
 						 (long long)pos, h, c);
-				double fk = (double)kz[0] + (double)kz[1] * ck;
+				double fk = (double)kz[0] + (double)kz[d] * ck;
 				assert_true(fabs(dk[at] - fk) <= 1e-6 * (fabs(fk) + 1e-30) + 1e-37);
 			}
 	free(dk);
@@ -231,17 +231,19 @@ static void test_quant_by_hand(void **state)
 	assert_int_equal(be->ops->kivi_quant(be->ctx, &b.q, 0, k, v, 4, FKV_F32), 0);
 	for (int i = 0; i < 4; i++)
 		assert_int_equal(b.q.kc[i * 2] & 0xf, (unsigned)i); /* channel 0 code i, channel 1 0 */
-	assert_true(b.q.kzs[0] == 0.0f && b.q.kzs[1] == 1.0f);
-	assert_true(b.q.kzs[2] == 10.0f && b.q.kzs[3] == 0.0f);
+	/* (z, s) of channels 0 and 1: z row (8 channels), then s row. */
+	assert_true(b.q.kzs[0] == 0.0f && b.q.kzs[8] == 1.0f);
+	assert_true(b.q.kzs[1] == 10.0f && b.q.kzs[9] == 0.0f);
 	assert_int_equal(b.q.vc[0], 0 | 2 << 2 | 2 << 4 | 3 << 6);
-	assert_true(b.q.vzs[0] == -1.0f && b.q.vzs[1] == (float)(2.0 / 3.0));
+	/* Two value groups of 4 channels: z of both, then s of both. */
+	assert_true(b.q.vzs[0] == -1.0f && b.q.vzs[2] == (float)(2.0 / 3.0));
 	/* bits 1, the same value group: z = (3·(-1) + 1)/4 = -0.5, s = 1: codes
 	 * floor(-0.5/1 + 0.5) = 0, floor(0.5 + 0.5) = 1, floor(1.5) = 1, floor(2) = 1. */
 	struct kbuf b1;
 	kbuf_init(&b1, 1, 4, 8, 1, 4);
 	assert_int_equal(be->ops->kivi_quant(be->ctx, &b1.q, 0, k, v, 4, FKV_F32), 0);
 	assert_int_equal(b1.q.vc[0] & 0xf, 0 | 1 << 1 | 1 << 2 | 1 << 3);
-	assert_true(b1.q.vzs[0] == -0.5f && b1.q.vzs[1] == 1.0f);
+	assert_true(b1.q.vzs[0] == -0.5f && b1.q.vzs[2] == 1.0f);
 	kbuf_free(&b);
 	kbuf_free(&b1);
 }

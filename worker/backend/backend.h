@@ -60,9 +60,9 @@ struct backend_kv_span {
  * allocates (for cap positions, cap a multiple of p) and owns; ops borrow them. */
 struct backend_kivi {
 	uint8_t *kc;	/* (cap, n_kv, d·bits/8) key codes */
-	float *kzs;	/* (cap/p, n_kv, d, 2) key (z, s) per group and channel */
+	float *kzs;	/* (cap/p, n_kv, 2, d) key z, then s, per group and channel */
 	uint8_t *vc;	/* (cap, n_kv, d·bits/8) value codes */
-	float *vzs;	/* (cap, n_kv, ceil(d/gv), 2) value (z, s) per token and channel group */
+	float *vzs;	/* (cap, n_kv, 2, ceil(d/gv)) value z, then s, per token and group */
 	int bits;	/* 1 or 2, with d·bits a multiple of 8 */
 	int p;		/* tokens per key group */
 	int gv;		/* channels per value group: min(p, d) */

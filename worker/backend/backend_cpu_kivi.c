@@ -4,7 +4,8 @@
  *
  * Codes are computed in double from the group's min and max, exactly as the design writes the
  * formulas, so that the CUDA kernel and the float64 reference of the tests get the same codes;
- * z and s are then kept as f32 and a value is fmaf(s, code, z) (one rounding on every backend).
+ * z and s are then kept as f32 and a value is fmaf(s, code, z) (one rounding on every backend);
+ * the codes are widened through a table of every byte's codes.
  * Attention goes through cpu_attn_run with a row callback for the quantised positions: an exact
  * row where the KV head has one, else the row dequantised into the caller's scratch; the
  * residual and the step's rows are one span. So the arithmetic of a row is attn_prefill's,
@@ -14,6 +15,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,7 +123,7 @@ int cpu_kivi_quant(void *ctx, const struct backend_kivi *q, int64_t t0, const vo
 	for (int64_t gh = 0; gh < groups * H; gh++) {
 		const int64_t g = gh / H;
 		const int h = (int)(gh % H);
-		float *zs = q->kzs + ((size_t)(t0 / p + g) * H + h) * d * 2;
+		float *zs = q->kzs + ((size_t)(t0 / p + g) * H + h) * 2 * d;
 		for (int c = 0; c < d; c++) {
 			double mn = INFINITY, mx = -INFINITY, z, s;
 			for (int i = 0; i < p; i++) {
@@ -130,8 +132,8 @@ int cpu_kivi_quant(void *ctx, const struct backend_kivi *q, int64_t t0, const vo
 				mx = x > mx ? x : mx;
 			}
 			kivi_zs(mn, mx, bits, &z, &s);
-			zs[2 * c] = (float)z;
-			zs[2 * c + 1] = (float)s;
+			zs[c] = (float)z;
+			zs[d + c] = (float)s;
 			for (int i = 0; i < p; i++) {
 				const size_t at = (size_t)(g * p + i) * row + (size_t)h * d + c;
 				uint8_t *codes = q->kc + ((size_t)(t0 + g * p + i) * H + h) * cb;
@@ -146,7 +148,7 @@ int cpu_kivi_quant(void *ctx, const struct backend_kivi *q, int64_t t0, const vo
 		const int h = (int)(th % H);
 		const size_t base = (size_t)t * row + (size_t)h * d;
 		uint8_t *codes = q->vc + ((size_t)(t0 + t) * H + h) * cb;
-		float *zs = q->vzs + ((size_t)(t0 + t) * H + h) * nvg * 2;
+		float *zs = q->vzs + ((size_t)(t0 + t) * H + h) * 2 * nvg;
 		for (int gi = 0; gi < nvg; gi++) {
 			const int c0 = gi * q->gv, c1 = c0 + q->gv < d ? c0 + q->gv : d;
 			double mn = INFINITY, mx = -INFINITY, z, s;
@@ -156,8 +158,8 @@ int cpu_kivi_quant(void *ctx, const struct backend_kivi *q, int64_t t0, const vo
 				mx = x > mx ? x : mx;
 			}
 			kivi_zs(mn, mx, bits, &z, &s);
-			zs[2 * gi] = (float)z;
-			zs[2 * gi + 1] = (float)s;
+			zs[gi] = (float)z;
+			zs[nvg + gi] = (float)s;
 			for (int c = c0; c < c1; c++)
 				put_code(codes, c, bits, kivi_code(vf[base + c], z, s, bits));
 		}
@@ -166,23 +168,49 @@ int cpu_kivi_quant(void *ctx, const struct backend_kivi *q, int64_t t0, const vo
 	return 0;
 }
 
-/* Key (pass 0) or value (pass 1) row of position t, head h, dequantised into out (d). */
+/* The codes of every byte as floats: lut2[b][i] = (b >> 2i) & 3, lut1[b][i] = (b >> i) & 1
+ * (channel c of a row is in byte c·bits/8 at bit (c % (8/bits))·bits). */
+static float lut2[256][4], lut1[256][8];
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+
+static void lut_init(void)
+{
+	for (int b = 0; b < 256; b++) {
+		for (int i = 0; i < 4; i++)
+			lut2[b][i] = (float)((b >> (2 * i)) & 3);
+		for (int i = 0; i < 8; i++)
+			lut1[b][i] = (float)((b >> i) & 1);
+	}
+}
+
+/* Key (pass 0) or value (pass 1) row of position t, head h, dequantised into out (d): the codes
+ * widened through the table, then fmaf(s, code, z) per channel. */
 KIVI_HOT static void dequant_row(const struct backend_kivi *q, int pass, int64_t t, int h,
 				 float *out)
 {
-	const int d = q->d, H = q->n_kv, bits = q->bits, cb = kivi_cb(q);
+	const int d = q->d, H = q->n_kv, cb = kivi_cb(q);
+	const uint8_t *codes = (pass ? q->vc : q->kc) + ((size_t)t * H + h) * cb;
+	if (q->bits == 2)
+		for (int i = 0; i < cb; i++)
+			memcpy(out + 4 * i, lut2[codes[i]], sizeof lut2[0]);
+	else
+		for (int i = 0; i < cb; i++)
+			memcpy(out + 8 * i, lut1[codes[i]], sizeof lut1[0]);
 	if (!pass) {
-		const uint8_t *codes = q->kc + ((size_t)t * H + h) * cb;
-		const float *zs = q->kzs + ((size_t)(t / q->p) * H + h) * d * 2;
+		const float *z = q->kzs + ((size_t)(t / q->p) * H + h) * 2 * d, *s = z + d;
+		#pragma omp simd
 		for (int c = 0; c < d; c++)
-			out[c] = fmaf(zs[2 * c + 1], (float)get_code(codes, c, bits), zs[2 * c]);
+			out[c] = fmaf(s[c], out[c], z[c]);
 		return;
 	}
-	const uint8_t *codes = q->vc + ((size_t)t * H + h) * cb;
-	const float *zs = q->vzs + ((size_t)t * H + h) * kivi_vg(q) * 2;
-	for (int c = 0; c < d; c++) {
-		const int gi = c / q->gv;
-		out[c] = fmaf(zs[2 * gi + 1], (float)get_code(codes, c, bits), zs[2 * gi]);
+	const int nvg = kivi_vg(q);
+	const float *z = q->vzs + ((size_t)t * H + h) * 2 * nvg, *s = z + nvg;
+	for (int gi = 0; gi < nvg; gi++) {
+		const int c0 = gi * q->gv, c1 = c0 + q->gv < d ? c0 + q->gv : d;
+		const float zg = z[gi], sg = s[gi];
+		#pragma omp simd
+		for (int c = c0; c < c1; c++)
+			out[c] = fmaf(sg, out[c], zg);
 	}
 }
 
@@ -192,6 +220,7 @@ int cpu_kivi_dequant(void *ctx, float *k, float *v, const struct backend_kivi *q
 	(void)ctx;
 	if (kivi_check(q) || t0 < 0 || n < 0)
 		return -EINVAL;
+	pthread_once(&lut_once, lut_init);
 	const int H = q->n_kv, d = q->d;
 	#pragma omp parallel for schedule(static) if (n * H * d > KIVI_PAR_MIN)
 	for (int64_t th = 0; th < n * H; th++) {
@@ -249,6 +278,7 @@ int cpu_attn_kivi(void *ctx, float *out, const float *q, int n_q,
 	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
+	pthread_once(&lut_once, lut_init);
 	const int64_t n_ctx = ka->n_quant + ka->n_dense;
 	const int H = a->n_heads, KV = a->n_kv_heads, G = H / KV, d = a->head_dim;
 	if (a->window || n_q < 1 || ka->n_quant < 0 || ka->n_dense < n_q || ka->n_f < 0 ||
