@@ -11,7 +11,10 @@
  *     step);
  *   - a prompt prefilled in ubatches reads its past exactly (from the host copy once it is
  *     quantised): the prompt's logits equal full's bit for bit;
- *   - a resumed sequence continues token for token as an uninterrupted run;
+ *   - a resumed sequence continues token for token as an uninterrupted run (the restored copy
+ *     is exact, the debug invariants check it; the first step after a resume is a pre-step,
+ *     so only tokens are bound to agree, and only while no near-tie flips: of 17 resume points
+ *     from 20 to 340 tried, one diverged, 89 steps after its resume);
  *   - two sequences decoded in one batch give the tokens each gives alone;
  *   - the counters (rows fetched, speculative hits, device bytes) and the refusals;
  *   - specache_topk against a selection by sorting. */
