@@ -24,11 +24,17 @@
  * breakdown columns are means per step from the policy's counters (kv_layer_stats), "rest" is
  * the mean step time minus selection, exposed recall and attention on the compute thread.
  *
+ * specache rows (docs/design.md §5) also show the exact rows fetched per step, the device KV
+ * bytes against a 16-bit copy of every K and V (the compression ratio) and the speculative
+ * tokens' hit rate; their context is quantised from the host copy by restore, and the first
+ * (warm-up) step after it is a pre-step.
+ *
  * usage: decode_bench [--quick] [--ctx LIST] [--rows LIST] [-n STEPS] [-w WARMUP] [-t THREADS]
  *                     [-m MODEL_DIR] [--layers N] [--vocab N] [--page-size N] [--budget N]
- *                     [--sink N] [--window N] [--full-layers N]
+ *                     [--sink N] [--window N] [--full-layers N] [--kv-bits B] [--spec-topk K]
  *   --ctx LIST   contexts in tokens (default 4096,8192,16384,32768; --quick: 4096)
- *   --rows LIST  policy[:tau] rows (default full,streaming,quest,freekv,freekv:0) */
+ *   --rows LIST  policy[:tau] rows, specache[:bits] (default
+ *                full,streaming,quest,freekv,freekv:0,specache:2,specache:1) */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +58,7 @@
 struct row {
 	char policy[16];
 	float tau;
+	int bits; /* specache */
 };
 
 struct bench_args {
@@ -67,7 +74,8 @@ struct bench_args {
 struct result {
 	double step_ms, median_ms, select_ms, wait_ms, hidden_ms, attend_ms, rest_ms;
 	double pages_recalled, mib_recalled, corr_rate;
-	bool has_corr;
+	double rows_fetched, kv_ratio, hit_rate; /* per step; device bytes / 16-bit; specache */
+	bool has_corr, has_hit;
 	bool counted; /* the policy keeps retrieval counters */
 };
 
@@ -108,7 +116,7 @@ static int parse_ints(const char *s, int *out, int max)
 	return n ? n : -EINVAL;
 }
 
-static int parse_rows(const char *s, struct row *out, float tau, int max)
+static int parse_rows(const char *s, struct row *out, float tau, int bits, int max)
 {
 	int n = 0;
 	char buf[256];
@@ -118,12 +126,20 @@ static int parse_rows(const char *s, struct row *out, float tau, int max)
 			return -EINVAL;
 		char *c = strchr(p, ':');
 		out[n].tau = tau;
+		out[n].bits = bits;
 		if (c) {
 			*c = '\0';
 			char *end;
-			out[n].tau = strtof(c + 1, &end);
-			if (*end || c[1] == '\0' || !(out[n].tau >= 0.0f))
+			float x = strtof(c + 1, &end);
+			if (*end || c[1] == '\0' || !(x >= 0.0f))
 				return -EINVAL;
+			/* After specache the number is its bits, after any other policy tau. */
+			if (!strcmp(p, "specache") && x != 1.0f && x != 2.0f)
+				return -EINVAL;
+			if (!strcmp(p, "specache"))
+				out[n].bits = (int)x;
+			else
+				out[n].tau = x;
 		}
 		if (!kvcache_policy(p) || strlen(p) >= sizeof out[n].policy) {
 			fprintf(stderr, "decode_bench: unknown policy '%s' (built: %s)\n", p,
@@ -139,7 +155,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: decode_bench [--quick] [--ctx LIST] [--rows policy[:tau],...] [-n STEPS] "
 		   "[-w WARMUP] [-t THREADS] [-m MODEL_DIR] [--layers N] [--vocab N] [--page-size N] "
-		   "[--budget N] [--sink N] [--window N] [--full-layers N] [--tau F]\n");
+		   "[--budget N] [--sink N] [--window N] [--full-layers N] [--tau F] [--kv-bits B] "
+		   "[--spec-topk K]\n");
 }
 
 static int parse(int argc, char **argv, struct bench_args *a)
@@ -148,7 +165,8 @@ static int parse(int argc, char **argv, struct bench_args *a)
 	struct policy_opts po;
 	policy_opts_default(&po);
 	po.kv.full_layers = 0;
-	const char *ctx = "4096,8192,16384,32768", *rows = "full,streaming,quest,freekv,freekv:0";
+	const char *ctx = "4096,8192,16384,32768";
+	const char *rows = "full,streaming,quest,freekv,freekv:0,specache:2,specache:1";
 	bool quick = false, set_n = false, set_ctx = false;
 	char err[256];
 	for (int i = 1; i < argc; i++) {
@@ -216,7 +234,7 @@ static int parse(int argc, char **argv, struct bench_args *a)
 		a->warmup = a->warmup < 2 ? a->warmup : 2;
 	}
 	a->n_ctx = parse_ints(ctx, a->ctx, MAX_LIST);
-	a->n_rows = parse_rows(rows, a->rows, po.kv.tau, MAX_LIST);
+	a->n_rows = parse_rows(rows, a->rows, po.kv.tau, po.kv.kv_bits, MAX_LIST);
 	if (a->n_ctx < 0 || a->n_rows < 0 || a->steps < 1 || a->layers < 1) {
 		fprintf(stderr, "decode_bench: bad --ctx, --rows, -n or --layers\n");
 		return -EINVAL;
@@ -291,6 +309,7 @@ static void stats_sum(const struct engine *e, int seq, int layers, struct kv_lay
 		out->ns_recall_wait += s.ns_recall_wait;
 		out->ns_recall_hidden += s.ns_recall_hidden;
 		out->ns_attend += s.ns_attend;
+		out->rows_fetched += s.rows_fetched;
 	}
 }
 
@@ -304,6 +323,7 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	struct engine_opts eo = { .max_ctx = ctx + a->warmup + a->steps + 1, .max_seqs = 1,
 				  .policy = rw->policy, .kv = a->kv };
 	eo.kv.tau = rw->tau;
+	eo.kv.kv_bits = rw->bits;
 	int seq = -1, V = m->cfg.vocab_size, L = m->cfg.n_layers;
 	float *lg = malloc((size_t)V * sizeof *lg);
 	int ret = lg ? 0 : -ENOMEM;
@@ -332,12 +352,14 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	if (!ret)
 		tok = kept[len < ctx ? len : ctx - 1];
 	struct kv_layer_stats s0 = { 0 }, s1;
+	struct engine_spec_stats h0 = { 0 }, h1 = { 0 };
 	double t0 = 0.0, *each = calloc((size_t)a->steps, sizeof *each);
 	if (!ret && !each)
 		ret = -ENOMEM;
 	for (int i = 0; i < a->warmup + a->steps && !ret; i++) {
 		if (i == a->warmup) {
 			stats_sum(e, seq, L, &s0);
+			engine_seq_spec_stats(e, seq, &h0);
 			t0 = clock_ms_f();
 		}
 		double ts = clock_ms_f();
@@ -349,6 +371,10 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	if (!ret) {
 		double n = a->steps, ms = (clock_ms_f() - t0) / n;
 		stats_sum(e, seq, L, &s1);
+		engine_seq_spec_stats(e, seq, &h1);
+		struct kv_stats ks;
+		engine_seq_stats(e, seq, &ks);
+		const double b16 = 4.0 * L * m->cfg.n_kv_heads * m->cfg.head_dim;
 		qsort(each, (size_t)a->steps, sizeof *each, cmp_double);
 		*res = (struct result){
 			.step_ms = ms,
@@ -363,6 +389,11 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 					(1024.0 * 1024.0) / n,
 			.has_corr = s1.head_checks > s0.head_checks,
 			.counted = s1.ns_attend > 0,
+			.rows_fetched = (double)(s1.rows_fetched - s0.rows_fetched) / n,
+			.kv_ratio = (double)ks.device_bytes / (double)ks.tokens / b16,
+			.has_hit = h1.checked > h0.checked,
+			.hit_rate = h1.checked > h0.checked ? (double)(h1.hits - h0.hits) /
+							       (double)(h1.checked - h0.checked) : 0.0,
 		};
 		if (res->has_corr)
 			res->corr_rate = (double)(s1.corrections - s0.corrections) /
@@ -386,18 +417,23 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
  * "rest". tau only matters to freekv. */
 static void print_row(int ctx, const struct row *rw, const struct result *r)
 {
-	char corr[16] = "n/a", tau[16] = "-", b[5][16];
+	char corr[16] = "n/a", tau[16] = "-", b[6][16], hit[16] = "n/a";
 	if (r->has_corr)
 		snprintf(corr, sizeof corr, "%.3f", r->corr_rate);
+	if (r->has_hit)
+		snprintf(hit, sizeof hit, "%.3f", r->hit_rate);
 	if (!strcmp(rw->policy, "freekv"))
 		snprintf(tau, sizeof tau, "%g", (double)rw->tau);
-	double v[5] = { r->select_ms, r->wait_ms, r->hidden_ms, r->attend_ms, r->pages_recalled };
-	for (int i = 0; i < 5; i++)
+	if (!strcmp(rw->policy, "specache"))
+		snprintf(tau, sizeof tau, "b%d", rw->bits);
+	double v[6] = { r->select_ms, r->wait_ms, r->hidden_ms, r->attend_ms, r->pages_recalled,
+			r->rows_fetched };
+	for (int i = 0; i < 6; i++)
 		snprintf(b[i], sizeof b[i], r->counted ? (i < 4 ? "%.2f" : "%.1f") : "-", v[i]);
 	printf("| %6d | %-9s | %4s | %8.2f | %8.2f | %7s | %8s | %7s | %7s | %8.2f | %10s | %7.2f |"
-	       " %5s |\n",
+	       " %5s | %9s | %8.4f | %5s |\n",
 	       ctx, rw->policy, tau, r->step_ms, r->median_ms, b[0], b[1], b[2], b[3], r->rest_ms, b[4],
-	       r->mib_recalled, corr);
+	       r->mib_recalled, corr, b[5], r->kv_ratio, hit);
 	fflush(stdout);
 }
 
@@ -461,13 +497,15 @@ static int run_all(const struct bench_args *a, const char *model_dir, const char
 		printf("page %d, budget %d, sink %d, window %d, full layers %d; context restored "
 		       "from a synthetic host copy, then %d warm-up and %d measured decode steps; "
 		       "times are ms per step (hidden: copy-thread recall overlapped with the step, "
-		       "not part of the step time)\n\n",
+		       "not part of the step time); KV ratio: device KV bytes per token / a 16-bit "
+		       "copy's; specache: top-k %d, rows fetched per step, hit: speculative token "
+		       "= the next token\n\n",
 		       a->kv.page, a->kv.budget, a->kv.sink, a->kv.window, a->kv.full_layers,
-		       a->warmup, a->steps);
+		       a->warmup, a->steps, a->kv.spec_topk);
 		printf("|    ctx | policy    |  tau |  step ms |   median |  select | exposed  |  hidden | "
-		       " attend |     rest | head-pages | MiB rec | corr  |\n");
+		       " attend |     rest | head-pages | MiB rec | corr  | rows/step | KV ratio | hit   |\n");
 		printf("|--------|-----------|------|----------|----------|---------|----------|---------|"
-		       "---------|----------|------------|---------|-------|\n");
+		       "---------|----------|------------|---------|-------|-----------|----------|-------|\n");
 	}
 	struct result res[MAX_LIST];
 	for (int c = 0; c < a->n_ctx && !ret; c++) {

@@ -4,7 +4,7 @@
  * path of `kvworker perplexity` to float rounding; with a budget covering the whole window every
  * policy reproduces full's scores bit for bit and recalls nothing; freekv with tau above 1
  * corrects every checked head and reproduces quest exactly, and both recall (retrieval really
- * engaged). No accuracy ordering between policies is asserted: none is guaranteed. Policies not
+ * engaged); specache with k covering the window reproduces full's scores exactly. No accuracy ordering between policies is asserted: none is guaranteed. Policies not
  * built yet are skipped with a note. --json parses with json-c; bad input exits 2 or 1 with a
  * message, never a crash. */
 #include "test_proc.h"
@@ -214,6 +214,33 @@ static void test_freekv_tau2_equals_quest(void **state)
 	proc_result_free(&r);
 }
 
+/* specache with k covering the window reads an exact row at every quantised position: full's
+ * scores exactly, with rows really fetched; its speculative tokens are counted, and its device
+ * bytes per token reported against 16-bit K/V. */
+static void test_specache_topk_covers_context(void **state)
+{
+	(void)state;
+	if (!built("specache"))
+		skip();
+	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", "specache",
+			      "--max-tokens", "1100", "--spec-topk", "512", "--kv-bits", "1",
+			      "--json");
+	json_object *doc = parse_json(&r);
+	json_object *ret = field(doc, "retrieval");
+	assert_int_equal(inum(ret, "kv_bits"), 1);
+	assert_int_equal(inum(ret, "spec_topk"), 512);
+	json_object *f = policy(doc, "full"), *sc = policy(doc, "specache");
+	assert_true(num(sc, "nll_sum") == num(f, "nll_sum"));
+	assert_int_equal(inum(sc, "agree"), inum(sc, "tokens"));
+	assert_true(inum(sc, "rows_fetched") > 0);
+	const double hit = num(sc, "spec_hit_rate");
+	assert_true(hit > 0.0 && hit < 1.0);
+	assert_true(num(sc, "device_ratio_vs_16bit") > 0.0);
+	assert_null(field(f, "spec_hit_rate")); /* present, null: not applicable */
+	json_object_put(doc);
+	proc_result_free(&r);
+}
+
 /* Bad input: exit 2 (usage) or 1 (failure) with a message, never a crash. */
 static void test_bad_input(void **state)
 {
@@ -258,6 +285,7 @@ int main(void)
 		cmocka_unit_test(test_max_tokens_and_table),
 		cmocka_unit_test(test_budget_covers_context),
 		cmocka_unit_test(test_freekv_tau2_equals_quest),
+		cmocka_unit_test(test_specache_topk_covers_context),
 		cmocka_unit_test(test_bad_input),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

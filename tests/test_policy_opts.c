@@ -1,6 +1,6 @@
 /* Tests for worker/kvcache/policy_opts.c: defaults, the flag table (both spellings, bad values), the
- * scaling to short contexts with explicit flags kept, the consistency checks, and
- * kvcache_resolve_opts. */
+ * scaling to short contexts with explicit flags kept, the consistency checks (specache's
+ * included), and kvcache_resolve_opts. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -144,6 +144,41 @@ static void test_consistency(void **state)
 	}
 }
 
+/* specache: --kv-bits and --spec-topk, and no budget to fit: only the window must be whole
+ * pages (a window covering a 512-token context is fine). */
+static void test_specache(void **state)
+{
+	(void)state;
+	struct policy_opts o;
+	policy_opts_default(&o);
+	assert_int_equal(o.kv.kv_bits, 2);
+	assert_int_equal(o.kv.spec_topk, 64);
+	char err[256];
+	int n;
+	char *argv[] = { "--policy", "specache", "--kv-bits=1", "--spec-topk", "16", "--window",
+			 "512", NULL };
+	assert_int_equal(parse(&o, argv, &n, err, sizeof err), 0);
+	assert_int_equal(n, 4);
+	assert_int_equal(o.kv.kv_bits, 1);
+	assert_int_equal(o.kv.spec_topk, 16);
+	assert_int_equal(policy_opts_finalize(&o, 512, NULL, err, sizeof err), 0);
+	assert_int_equal(o.kv.window, 512);
+	assert_int_equal(o.kv.page, 8);
+	/* The same window under a budget policy does not fit its budget. */
+	strcpy(o.policy, "quest");
+	assert_int_equal(policy_opts_finalize(&o, 512, NULL, err, sizeof err), -EINVAL);
+	strcpy(o.policy, "specache");
+	o.kv.window = 12; /* not whole pages */
+	assert_int_equal(policy_opts_finalize(&o, 512, NULL, err, sizeof err), -EINVAL);
+	char *bad[][3] = { { "--kv-bits", "3", NULL }, { "--kv-bits", "0", NULL },
+			   { "--spec-topk", "0", NULL } };
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		policy_opts_default(&o);
+		assert_int_equal(parse(&o, bad[i], &n, err, sizeof err), -EINVAL);
+	}
+	assert_non_null(strstr(policy_opts_usage(), "--spec-topk"));
+}
+
 static void test_resolve(void **state)
 {
 	(void)state;
@@ -164,6 +199,7 @@ int main(void)
 		cmocka_unit_test(test_bad_values),
 		cmocka_unit_test(test_scaling),
 		cmocka_unit_test(test_consistency),
+		cmocka_unit_test(test_specache),
 		cmocka_unit_test(test_resolve),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

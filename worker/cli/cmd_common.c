@@ -422,8 +422,9 @@ struct run_times {
 	double t0, t1, t2; /* start, prefill done, now */
 };
 
-/* The --stats object: timings, the policy's settings, and its retrieval counters per layer
- * and summed. Caller frees with json_object_put. */
+/* The --stats object: timings, the policy's settings, its retrieval counters per layer
+ * and summed, device bytes per token against 16-bit K/V, and the speculative-token hit rate
+ * (specache). Caller frees with json_object_put. */
 static struct json_object *stats_json(struct cmd_session *s, const struct run_times *t)
 {
 	struct json_object *o = json_object_new_object();
@@ -451,6 +452,8 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("window", json_object_new_int(k->window));
 	ADD("full_layers", json_object_new_int(k->full_layers));
 	ADD("tau", json_object_new_double(k->tau));
+	ADD("kv_bits", json_object_new_int(k->kv_bits));
+	ADD("spec_topk", json_object_new_int(k->spec_topk));
 	ADD("store", json_object_new_string(hostkv_is_remote(s->hk) ? "kvstored" : "embedded"));
 	ADD("seq", json_object_new_string(s->seq_name));
 	struct hostkv_lease_stats hl;
@@ -481,6 +484,7 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 		json_object_object_add(j, "recall_hidden_ms",
 				       json_object_new_double(ls.ns_recall_hidden / 1e6));
 		json_object_object_add(j, "attend_ms", json_object_new_double(ls.ns_attend / 1e6));
+		json_object_object_add(j, "rows_fetched", json_object_new_int64(ls.rows_fetched));
 		json_object_array_add(layers, j);
 		sum.steps += ls.steps;
 		sum.head_checks += ls.head_checks;
@@ -490,6 +494,7 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 		sum.bytes_recalled += ls.bytes_recalled;
 		sum.ns_recall_wait += ls.ns_recall_wait;
 		sum.ns_recall_hidden += ls.ns_recall_hidden;
+		sum.rows_fetched += ls.rows_fetched;
 	}
 	ADD("correction_rate", json_object_new_double(kv_correction_rate(&sum)));
 	ADD("pages_selected", json_object_new_int64(sum.pages_selected));
@@ -497,6 +502,25 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("bytes_recalled", json_object_new_int64(sum.bytes_recalled));
 	ADD("recall_wait_ms", json_object_new_double(sum.ns_recall_wait / 1e6));
 	ADD("recall_hidden_ms", json_object_new_double(sum.ns_recall_hidden / 1e6));
+	ADD("rows_fetched", json_object_new_int64(sum.rows_fetched));
+	/* Device memory per token against a 16-bit copy of every K and V (docs/design.md §5
+	 * specache: the compression ratio). */
+	struct kv_stats ks;
+	const struct fkv_model_config *c = &s->m.cfg;
+	const double b16 = 4.0 * c->n_layers * c->n_kv_heads * c->head_dim;
+	if (!engine_seq_stats(s->e, s->seq, &ks) && ks.tokens > 0) {
+		ADD("device_bytes", json_object_new_int64(ks.device_bytes));
+		ADD("device_bytes_per_token", json_object_new_double((double)ks.device_bytes /
+								      (double)ks.tokens));
+		ADD("device_ratio_vs_16bit", json_object_new_double((double)ks.device_bytes /
+								     (double)ks.tokens / b16));
+	}
+	struct engine_spec_stats sp;
+	if (!engine_seq_spec_stats(s->e, s->seq, &sp) && sp.checked) {
+		ADD("spec_checked", json_object_new_int64(sp.checked));
+		ADD("spec_hits", json_object_new_int64(sp.hits));
+		ADD("spec_hit_rate", json_object_new_double((double)sp.hits / (double)sp.checked));
+	}
 	ADD("layers", layers);
 #undef ADD
 	return o;

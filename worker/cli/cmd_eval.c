@@ -12,7 +12,10 @@
  * `full` always runs first (added when not listed): it is the reference of the top-1 agreement,
  * the fraction of scored positions whose argmax equals full's. Per policy: perplexity over all
  * scored tokens, agreement, correction rate (policies that check for correction), pages
- * selected and recalled, bytes recalled, the retrieval times the policy counted, and wall time.
+ * selected and recalled, rows fetched (specache), bytes recalled, the retrieval times the
+ * policy counted, wall time, device KV bytes per token at the windows' ends (and against
+ * 16-bit K/V), and the speculative-token hit rate (specache: the speculative token equalled
+ * the next token of the text).
  * A table on stdout, or with --json one JSON document (json-c; doubles printed round-trip
  * exact, so equal values print equal). Notices go to stderr. */
 #include <errno.h>
@@ -75,6 +78,8 @@ struct eval_run {
 	int n_layers;
 	long windows;		 /* sequences run */
 	double ms;		 /* wall time of the windows */
+	int64_t dev_bytes, dev_tokens; /* device KV bytes and tokens at each window's end, summed */
+	struct engine_spec_stats spec; /* speculative tokens (specache), summed */
 };
 
 static int bad(const char *flag, const char *val)
@@ -204,6 +209,7 @@ static void stats_add(struct kv_layer_stats *d, const struct kv_layer_stats *s)
 	d->ns_recall_wait += s->ns_recall_wait;
 	d->ns_recall_hidden += s->ns_recall_hidden;
 	d->ns_attend += s->ns_attend;
+	d->rows_fetched += s->rows_fetched;
 }
 
 /* Scores the logits rows of positions [first, first + n) of win against the next tokens. */
@@ -248,8 +254,16 @@ static int eval_window(struct engine *e, struct hostkv *h, const struct fkv_mode
 			score_rows(r, logits, V, win, i, 1);
 	}
 	struct kv_stats ks;
-	if (!ret && engine_seq_stats(e, seq, &ks) == 0)
+	struct engine_spec_stats sp;
+	if (!ret && engine_seq_stats(e, seq, &ks) == 0) {
 		stats_add(&r->st, &ks.sum);
+		r->dev_bytes += ks.device_bytes;
+		r->dev_tokens += ks.tokens;
+	}
+	if (!ret && engine_seq_spec_stats(e, seq, &sp) == 0) {
+		r->spec.checked += sp.checked;
+		r->spec.hits += sp.hits;
+	}
 	for (int l = 0; l < r->n_layers && !ret; l++) {
 		struct kv_layer_stats ls;
 		if (engine_seq_layer_stats(e, seq, l, &ls) == 0)
@@ -308,30 +322,44 @@ static double ns_ms(int64_t ns)
 	return (double)ns / 1e6;
 }
 
-static void print_table(const struct eval_args *a, const struct eval_run *runs)
+/* Device KV bytes per token at the end of the windows, and against 16-bit K and V of every
+ * layer (b16 bytes a token). */
+static double dev_per_token(const struct eval_run *r)
+{
+	return r->dev_tokens ? (double)r->dev_bytes / (double)r->dev_tokens : NAN;
+}
+
+static void print_table(const struct eval_args *a, const struct eval_run *runs, double b16)
 {
 	const struct kv_policy_opts *k = &a->po.kv;
 	printf("scored %ld tokens (windows: %ld of up to %ld tokens; prefill %ld, then decode); "
-	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d\n\n",
+	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d, kv bits %d, "
+	       "spec top-k %d\n\n",
 	       runs[0].scored, runs[0].windows, a->ctx, a->prefill, k->page, k->budget, k->sink,
-	       k->window, (double)k->tau, k->full_layers);
-	printf("| %-9s | %10s | %9s | %10s | %12s | %14s | %12s | %9s | %9s | %9s | %9s | %9s |\n",
+	       k->window, (double)k->tau, k->full_layers, k->kv_bits, k->spec_topk);
+	printf("| %-9s | %10s | %9s | %10s | %12s | %14s | %12s | %12s | %9s | %9s | %9s | %9s |"
+	       " %9s | %8s | %8s | %8s |\n",
 	       "policy", "perplexity", "top-1 agr", "correction", "pages sel", "pages recalled",
-	       "MiB recalled", "select ms", "wait ms", "hidden ms", "attend ms", "total ms");
+	       "rows fetched", "MiB recalled", "select ms", "wait ms", "hidden ms", "attend ms",
+	       "total ms", "B/token", "vs 16bit", "spec hit");
 	printf("|-----------|------------|-----------|------------|--------------|----------------|"
-	       "--------------|-----------|-----------|-----------|-----------|-----------|\n");
+	       "--------------|--------------|-----------|-----------|-----------|-----------|"
+	       "-----------|----------|----------|----------|\n");
 	for (int i = 0; i < a->n_policies; i++) {
 		const struct eval_run *r = &runs[i];
-		char corr[32] = "n/a";
+		char corr[32] = "n/a", hit[32] = "n/a";
 		if (r->st.head_checks)
 			snprintf(corr, sizeof corr, "%.4f", kv_correction_rate(&r->st));
-		printf("| %-9s | %10.4f | %9.4f | %10s | %12lld | %14lld | %12.2f | %9.1f | %9.1f |"
-		       " %9.1f | %9.1f | %9.1f |\n",
+		if (r->spec.checked)
+			snprintf(hit, sizeof hit, "%.4f", (double)r->spec.hits / (double)r->spec.checked);
+		printf("| %-9s | %10.4f | %9.4f | %10s | %12lld | %14lld | %12lld | %12.2f | %9.1f |"
+		       " %9.1f | %9.1f | %9.1f | %9.1f | %8.1f | %8.4f | %8s |\n",
 		       r->policy, ppl(r), r->scored ? (double)r->agree / (double)r->scored : NAN,
 		       corr, (long long)r->st.pages_selected, (long long)r->st.pages_recalled,
+		       (long long)r->st.rows_fetched,
 		       (double)r->st.bytes_recalled / (1024.0 * 1024.0), ns_ms(r->st.ns_select),
 		       ns_ms(r->st.ns_recall_wait), ns_ms(r->st.ns_recall_hidden),
-		       ns_ms(r->st.ns_attend), r->ms);
+		       ns_ms(r->st.ns_attend), r->ms, dev_per_token(r), dev_per_token(r) / b16, hit);
 	}
 }
 
@@ -355,9 +383,10 @@ static void jstats(json_object *o, const struct kv_layer_stats *s)
 	jset(o, "ms_recall_wait", json_object_new_double(ns_ms(s->ns_recall_wait)));
 	jset(o, "ms_recall_hidden", json_object_new_double(ns_ms(s->ns_recall_hidden)));
 	jset(o, "ms_attend", json_object_new_double(ns_ms(s->ns_attend)));
+	jset(o, "rows_fetched", json_object_new_int64(s->rows_fetched));
 }
 
-static int print_json(const struct eval_args *a, const struct eval_run *runs)
+static int print_json(const struct eval_args *a, const struct eval_run *runs, double b16)
 {
 	const struct kv_policy_opts *k = &a->po.kv;
 	json_object *doc = json_object_new_object(), *ret = json_object_new_object();
@@ -378,6 +407,8 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs)
 	snprintf(tau, sizeof tau, "%g", (double)k->tau);
 	jset(ret, "tau", json_object_new_double_s(k->tau, tau));
 	jset(ret, "full_layers", json_object_new_int(k->full_layers));
+	jset(ret, "kv_bits", json_object_new_int(k->kv_bits));
+	jset(ret, "spec_topk", json_object_new_int(k->spec_topk));
 	jset(doc, "retrieval", ret);
 	ret = NULL;
 	for (int i = 0; i < a->n_policies; i++) {
@@ -394,6 +425,12 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs)
 		jset(p, "agreement", json_object_new_double((double)r->agree / (double)r->scored));
 		jstats(p, &r->st);
 		jset(p, "ms_total", json_object_new_double(r->ms));
+		jset(p, "device_bytes_per_token", r->dev_tokens ?
+		     json_object_new_double(dev_per_token(r)) : NULL);
+		jset(p, "device_ratio_vs_16bit", r->dev_tokens ?
+		     json_object_new_double(dev_per_token(r) / b16) : NULL);
+		jset(p, "spec_hit_rate", r->spec.checked ?
+		     json_object_new_double((double)r->spec.hits / (double)r->spec.checked) : NULL);
 		json_object *layers = json_object_new_array();
 		if (!layers)
 			goto oom;
@@ -518,11 +555,12 @@ int cmd_eval(int argc, char **argv)
 	}
 	if (eval_all(&m, be, h, &a, toks, nt, bos, runs))
 		goto out;
+	const double b16 = 4.0 * m.cfg.n_layers * m.cfg.n_kv_heads * m.cfg.head_dim;
 	if (a.json) {
-		ret = print_json(&a, runs);
+		ret = print_json(&a, runs, b16);
 		goto out;
 	}
-	print_table(&a, runs);
+	print_table(&a, runs, b16);
 	ret = CMD_OK;
 out:
 	for (int i = 0; i < EVAL_MAX_POLICIES; i++) {
