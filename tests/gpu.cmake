@@ -1,9 +1,10 @@
 # tests/gpu.cmake — one test per kernel file (tests/gpu/test_kernel_<op>.c), each against a CPU
-# twin (the CPU backend, worker/kvcache/select.c, common/layout.c). Label gpu; they exit 77 (skip) on a
+# twin (the CPU backend, worker/kvcache/select.c, common/layout.c; test_kernel_kivi also covers
+# attn_probs.cu and the CUDA backend's attn_kivi). Label gpu; they exit 77 (skip) on a
 # machine without a CUDA device, so CI only compiles them.
 if(FREEKV_HAVE_CUDA)
   foreach(op embedding rope silu_mul kv_append page_summary page_score topk qcos
-             recall_scatter offload_gather decode_attention prefill_attention gemm)
+             recall_scatter offload_gather decode_attention prefill_attention gemm kivi)
     freekv_add_test(test_kernel_${op} SOURCES gpu/test_kernel_${op}.c
       LIBS freekv_kernels freekv_runtime CUDA::cudart CUDA::cublas LABELS gpu)
   endforeach()

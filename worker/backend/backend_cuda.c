@@ -113,6 +113,11 @@ static int ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
 	return 0;
 }
 
+int cuda_ws_grow(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
+{
+	return ws_reserve(c, ws, cap, bytes);
+}
+
 /* With every stream drained. */
 static void ws_release(struct cuda_ctx *c, void **ws, size_t *cap)
 {
@@ -144,6 +149,7 @@ static void cuda_free(void *ctx)
 	(void)cuda_drain(c);
 	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
 	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
+	ws_release(c, &c->kivi_ws, &c->kivi_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
 		cudaFree(c->bufs[i]);
 	free(c->bufs);
@@ -609,6 +615,9 @@ static const struct backend_ops cuda_ops = {
 	.recall_units = cuda_recall_units,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,
+	.kivi_quant = cuda_kivi_quant,
+	.kivi_dequant = cuda_kivi_dequant,
+	.attn_kivi = cuda_attn_kivi,
 	.sync = cuda_sync,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,

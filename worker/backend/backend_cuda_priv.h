@@ -1,5 +1,6 @@
-/* backend_cuda_priv — the state the CUDA backend's two files share (backend_cuda.c: the ops
- * table, compute and attention; backend_cuda_xfer.c: recall, offload, pool registration). One
+/* backend_cuda_priv — the state the CUDA backend's files share (backend_cuda.c: the ops
+ * table, compute and attention; backend_cuda_xfer.c: recall, offload, pool registration;
+ * backend_cuda_kivi.c: the KIVI ops of specache). One
  * struct cuda_ctx per backend, owned by backend_cuda.c (made by backend_cuda_new, freed by its
  * free op, which calls cuda_xfer_free for the transfer state). Only built with CUDA. */
 #ifndef FREEKV_BACKEND_CUDA_PRIV_H
@@ -95,6 +96,8 @@ struct cuda_ctx {
 	cudaEvent_t rc_entry;	/* compute stream: where a recall call began */
 	struct offload_slot off[CUDA_OFFLOAD_RING];
 	int off_next;
+	void *kivi_ws;		/* attn_kivi's rows (f32) and probability scratch */
+	size_t kivi_ws_bytes;
 };
 
 static inline void cuda_event_destroy(cudaEvent_t e)
@@ -105,6 +108,17 @@ static inline void cuda_event_destroy(cudaEvent_t e)
 
 /* backend_cuda.c: waits for every stream the backend owns. */
 int cuda_drain(struct cuda_ctx *c);
+/* backend_cuda.c: grows a workspace of the compute stream to at least bytes, replacing it in
+ * stream order; freed by the backend's free op. */
+int cuda_ws_grow(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes);
+
+/* backend_cuda_kivi.c: the KIVI ops of the table (docs/design.md §5 specache). */
+int cuda_kivi_quant(void *ctx, const struct backend_kivi *q, int64_t t0, const void *k,
+		    const void *v, int64_t n, enum fkv_dtype dt);
+int cuda_kivi_dequant(void *ctx, float *k, float *v, const struct backend_kivi *q, int64_t t0,
+		      int64_t n);
+int cuda_attn_kivi(void *ctx, float *out, const float *q, int n_q,
+		   const struct backend_kivi_attn *ka, const struct backend_attn *a);
 
 /* backend_cuda_xfer.c: the ops of the table that move data between host and device. */
 int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
