@@ -315,7 +315,8 @@ static void check_attn(const struct attn_case *c, bool full_cover)
 	struct kbuf b;
 	kbuf_init(&b, c->bits, c->p, d, KV, nq ? nq : c->p);
 	assert_int_equal(be->ops->kivi_quant(be->ctx, &b.q, 0, k, v, nq, c->t), 0);
-	float *deq_k = malloc((size_t)(nq ? nq : 1) * row * 4), *deq_v = malloc((size_t)(nq ? nq : 1) * row * 4);
+	const size_t deq = (size_t)(nq ? nq : 1) * row * 4;
+	float *deq_k = malloc(deq), *deq_v = malloc(deq);
 	assert_true(deq_k && deq_v);
 	assert_int_equal(be->ops->kivi_dequant(be->ctx, deq_k, deq_v, &b.q, 0, nq), 0);
 	float *q = malloc((size_t)c->n_q * H * d * 4), *out = malloc((size_t)c->n_q * H * d * 4);

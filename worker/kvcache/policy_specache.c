@@ -279,15 +279,14 @@ static int begin(struct specache *s, int64_t n, int64_t keep, bool spec)
 	/* A speculative row may sit one past the context: only kept tokens count against it. */
 	if (s->len + (spec ? keep : n) > s->p.max_tokens)
 		return -ENOSPC;
-	int64_t need_p = 0;
 	for (int l = 0; l < s->p.n_layers; l++) {
 		struct spec_layer *L = &s->L[l];
 		int ret = settle_quant(s, L) ?: grow_res(s, L, s->len + n - L->tq);
 		if (ret)
 			return ret;
-		if (!L->full)
-			need_p = specache_tq(s, s->len + keep);
 	}
+	/* The probabilities a decode step selects from: positions below the next step's tq. */
+	const int64_t need_p = s->full_layers < s->p.n_layers ? specache_tq(s, s->len + keep) : 0;
 	if (spec && need_p > s->pcap) {
 		int64_t cap = s->pcap ? s->pcap : 256;
 		while (cap < need_p)
