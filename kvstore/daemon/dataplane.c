@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "pool.h"
 #include "ring.h"
 #include "tier.h"
@@ -22,9 +23,7 @@
 
 uint64_t dp_now_us(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return clock_ns() / 1000u;
 }
 
 int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen)
@@ -665,6 +664,8 @@ void dp_run(struct dp *dp)
 			/* Bounded per pass so one busy worker cannot starve the control plane. */
 			int n = 0;
 			for (int b = 0; b < 4 && (n = ring_pop(w->ring, batch, DP_POP_BATCH)) > 0; b++) {
+				if (!b)
+					w->last_op_ms = dp_now_us() / 1000;
 				progress += n;
 				for (int k = 0; k < n; k++)
 					serve_entry(dp, w, &batch[k]);
@@ -807,6 +808,12 @@ uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid)
 {
 	struct dp_worker *w = find_worker(dp, wid);
 	return w ? w->n_leases : 0;
+}
+
+uint64_t dp_worker_last_op_ms(const struct dp *dp, uint32_t wid)
+{
+	struct dp_worker *w = find_worker(dp, wid);
+	return w ? w->last_op_ms : 0;
 }
 
 /* ---------------------------------------------------------------- sequences */

@@ -62,6 +62,7 @@ struct dp_worker {
 	uint32_t cap, n_free, n_leases;
 	struct dp_pending *pending;
 	bool corrupt_logged;		/* "ring corrupted" was logged for this worker */
+	uint64_t last_op_ms;		/* when its ring last carried an op (dp_now_us clock) */
 };
 
 struct dp {

@@ -96,6 +96,13 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 static void reap_workers(struct daemon_state *d)
 {
 	uint32_t ids[64];
+	/* A worker busy on its ring is alive even when its heartbeat thread is starved. */
+	for (size_t i = 0; i < d->workers.max; i++) {
+		struct wk_worker *w = &d->workers.v[i];
+		uint64_t op = w->id ? dp_worker_last_op_ms(d->dp, w->id) : 0;
+		if (op > w->last_heartbeat_ms)
+			w->last_heartbeat_ms = op;
+	}
 	size_t n = wk_reap(&d->workers, clock_ms(), d->cfg.heartbeat_timeout_ms, ids, 64);
 	for (size_t i = 0; i < n; i++) {
 		struct wk_worker *w = wk_find(&d->workers, ids[i]);

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uthash.h>
+
 #define WK_IDENT_MAX 256
 #define WK_NAME_MAX 64
 
@@ -39,12 +41,19 @@ struct wk_worker {
 	uint64_t last_heartbeat_ms;
 	bool dead;
 	struct wk_stats stats;
+	bool in_ident;			/* indexed by ident (a newer Hello from it replaces it) */
+	UT_hash_handle hh_id, hh_ident;	/* the registry's indexes */
 };
 
+/* Fixed slots plus hash indexes by id and by routing identity and a stack of free slots: every
+ * lookup, registration and removal is O(1) at max_workers. */
 struct wk_registry {
 	struct wk_worker *v;	/* (max,) owned; slots with id 0 are free */
 	size_t max, n;
 	uint32_t next_id;
+	struct wk_worker *by_id, *by_ident;	/* uthash heads */
+	uint32_t *free_slots;	/* (max,) stack of free slot indexes */
+	size_t n_free;
 };
 
 int wk_init(struct wk_registry *r, size_t max_workers);
