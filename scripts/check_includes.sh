@@ -4,6 +4,7 @@
 #
 #   worker/cli → serve → engine → kvcache → hostkv → backend → tokenizer → model → common
 #   kernels/ under worker/backend; kvstore/daemon → kvstore/lib → common; ctl → kvstore/lib
+#   gate → metrics → common (metrics/ also under kvstore/daemon, worker/serve and worker/cli)
 #
 # So no file outside worker/cli/ includes a command front-end, no backend includes a policy, and
 # kvstore/lib/ includes no daemon header. The one exception is kvstore/daemon/embed.h, the
@@ -16,6 +17,8 @@ cd "$ROOT"
 # Folder → folders it may include from (besides itself). "proto" is the generated protocol.
 declare -A ALLOW=(
   [common]=""
+  [metrics]="common"
+  [gate]="metrics common proto"
   [kernels]="common"
   [kvstore/lib]="common proto"
   [kvstore/daemon]="kvstore/lib common proto"

@@ -24,6 +24,7 @@
 
 #include "clock.h"
 #include "backend.h"
+#include "chat_source.h"
 #include "cmd_common.h"
 #include "sdnotify.h"
 #include "serve_batch.h"
@@ -362,6 +363,7 @@ struct service {
 	struct sdn sdn;
 	struct serve srv;
 	bool srv_init, m_loaded;
+	char *chat_template;		/* for kvgate's Status (docs/design.md §6) */
 };
 
 /* cuda on --gpu when asked for (or auto with a device), else the CPU backend, saying why. */
@@ -397,6 +399,8 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	if (ret)
 		return ret;
 	v->m_loaded = true;
+	if ((ret = model_chat_template(o->model, &v->chat_template, err, sizeof err)))
+		fprintf(stderr, "kvworker serve: no chat template: %s\n", err);
 	struct policy_opts po = o->po;
 	int64_t ctx = o->ctx ? o->ctx : (v->m.cfg.ctx_len > 0 ? v->m.cfg.ctx_len : 2048);
 	FILE *notice = strcmp(po.policy, "full") ? stderr : NULL;
@@ -446,6 +450,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		fprintf(stderr, "kvworker serve: chmod %s: %s\n", o->listen + 6, strerror(errno));
 	v->srv = (struct serve){ .m = &v->m, .tok = v->tok, .e = v->e, .hk = v->hk, .sock = v->sock,
 				 .model_path = o->model, .backend_name = v->be->ops->name,
+				 .chat_template = v->chat_template,
 				 .gpu = (int)o->gpu,
 				 .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
 				 .max_request_bytes = (size_t)o->max_request_bytes };
@@ -478,6 +483,7 @@ static void service_close(struct service *v)
 	tokenizer_free(v->tok);
 	if (v->m_loaded)
 		model_free(&v->m);
+	free(v->chat_template);
 }
 
 static void report(struct service *v)

@@ -438,6 +438,7 @@ static void reply_status(struct serve *s, const struct peer *p, uint64_t id)
 	st.max_seqs = (uint32_t)s->max_seqs;
 	st.has_queued = true;
 	st.queued = (uint32_t)s->n_wait;
+	st.chat_template = (char *)s->chat_template;
 	st.n_active = k;
 	st.active = ptrs;
 	st.tokens_generated = s->tokens_generated;

@@ -36,6 +36,7 @@ struct serve {
 	struct hostkv *hk;
 	void *sock;			/* ZeroMQ ROUTER */
 	const char *model_path, *backend_name;
+	const char *chat_template;	/* the model's, for Status (NULL: none) */
 	int gpu;			/* --gpu, -1 when not given */
 	int max_seqs, max_queue;
 	size_t max_request_bytes;
