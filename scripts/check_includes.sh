@@ -21,7 +21,7 @@ declare -A ALLOW=(
   [gate]="metrics common proto"
   [kernels]="common"
   [kvstore/lib]="common proto"
-  [kvstore/daemon]="kvstore/lib common proto"
+  [kvstore/daemon]="kvstore/lib common proto metrics"
   [ctl]="kvstore/lib common proto"
   [worker/model]="common"
   [worker/tokenizer]="worker/model common"
@@ -29,8 +29,8 @@ declare -A ALLOW=(
   [worker/hostkv]="worker/backend kernels worker/model common kvstore/lib proto"
   [worker/kvcache]="worker/hostkv worker/backend kernels worker/model common kvstore/lib proto"
   [worker/engine]="worker/kvcache worker/hostkv worker/backend kernels worker/model common kvstore/lib proto"
-  [worker/serve]="worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
-  [worker/cli]="worker/serve worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
+  [worker/serve]="metrics worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
+  [worker/cli]="metrics worker/serve worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
 )
 # Single headers a folder may include from a folder otherwise above or beside it.
 declare -A EXTRA=(

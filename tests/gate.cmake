@@ -11,3 +11,5 @@ freekv_add_test(test_textout SOURCES test_textout.c LIBS freekv_gate LABELS unit
 freekv_add_test(test_openai SOURCES test_openai.c LIBS freekv_gate LABELS unit)
 # test_gate runs these binaries; ctest does not build them.
 add_custom_target(test_gate_deps ALL DEPENDS kvgate kvworker kvstored)
+# metrics/prom.c, the text format the three processes share.
+freekv_add_test(test_prom SOURCES test_prom.c LIBS freekv_metrics LABELS unit)

@@ -1,5 +1,6 @@
 /* rpc — control plane: socket, codec, handler table. See rpc.h. */
 #include "rpc.h"
+#include "prom.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -683,7 +684,10 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 	struct rpc_stat *st = row < N_CMDS ? &s->stats[row] : &s->bad;
 	st->calls++;
 	st->errors += status != 0;
-	st->total_us += now_us() - t0;
+	uint64_t us = now_us() - t0;
+	st->total_us += us;
+	if (s->latency)
+		prom_hist_observe(s->latency, (double)us / 1e6);
 	return ret;
 }
 

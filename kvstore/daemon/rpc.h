@@ -34,6 +34,8 @@
 #include "seq.h"
 #include "workers.h"
 
+struct prom_hist;
+
 #define RPC_ERR_MAX 256
 
 struct rpc_ctx {
@@ -63,6 +65,7 @@ struct rpc_server {
 	struct rpc_stat bad;		/* undecodable / malformed frames */
 	char ipc_path[CFG_STR_MAX];
 	uint64_t hello_refused;		/* Hellos refused for a pid mismatch (logged: the first 10) */
+	struct prom_hist *latency;	/* (optional, borrowed) seconds per request, for /metrics */
 };
 
 /* Binds a ROUTER socket at ctx->cfg->endpoint (an ipc socket file gets mode 0660 and the

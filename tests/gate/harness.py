@@ -76,6 +76,7 @@ class Cluster:
         for i in range(self.n_workers):
             self.wait_file(self.worker_path(i))
         self.ports["gate"] = free_port()
+
         self.start_gate()
         self.wait_health(self.n_workers)
         return self

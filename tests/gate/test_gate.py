@@ -11,6 +11,8 @@ Python client, http.client and curl talk to it.
     longer than the context, unknown model, wrong method, unknown path) gets the right 4xx and an
     OpenAI error object, and /health stays 200 after each;
   - chat on a model without a recognised template is refused naming --chat-template;
+  - `promtool check metrics` passes on the /metrics of kvgate, both workers and kvstored, and one
+    completion moves the counters by exactly what it did;
   - SIGKILL of one worker mid-stream: that stream ends with an error the client raises, the
     others complete, /health stays 200, new requests are served, nothing hangs; the worker,
     restarted, is put back into service.
@@ -315,8 +317,59 @@ def t_kill_worker(args, c):
     check(rec == 2, f"recoveries of w0: {rec}")
 
 
+def scrape(c, who):
+    st, body = http_get(f"http://127.0.0.1:{c.ports[who]}/metrics")  # kvgate: its API port
+    check(st == 200, f"{who} /metrics: {st}")
+    return body.decode()
+
+
+def promtool(text, who):
+    p = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True,
+                       timeout=30)
+    check(p.returncode == 0, f"promtool on {who}: {p.stdout.decode()} {p.stderr.decode()}")
+
+
+def t_metrics(args, c):
+    """promtool accepts all three pages, and one 8-token completion moves the counters by what
+    it did: 8 tokens at the gate and over the workers, COMMITs at the store."""
+    names = ["gate", "w0", "w1", "kvstored"]
+    pages = {w: scrape(c, w) for w in names}
+    for w in names:
+        promtool(pages[w], w)
+    g = pages["gate"]
+    check(metric(g, "freekv_gate_http_requests_total",
+                 {"path": "/v1/completions", "code": "200"}) > 0, "gate 200s")
+    check(metric(g, "freekv_gate_http_requests_total",
+                 {"path": "/v1/completions", "code": "400"}) > 0, "gate 400s")
+    check(metric(g, "freekv_gate_time_to_first_token_seconds_count") > 0, "gate ttft")
+    check("# TYPE freekv_gate_request_duration_seconds histogram" in g, "histogram type")
+    w = pages["w1"]
+    check(metric(w, "freekv_worker_requests_total", {"reason": "length"}) > 0, "worker ends")
+    check(metric(w, "freekv_worker_time_to_first_token_seconds_count") > 0, "worker ttft")
+    s = pages["kvstored"]
+    check(metric(s, "freekv_store_rpc_requests_total", {"command": "Hello"}) >= 2, "store hellos")
+    check(metric(s, "freekv_store_rpc_duration_seconds_count") > 0, "store rpc histogram")
+    before = pages
+    r = client(c).completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8,
+                                     temperature=0)
+    check(r.usage.completion_tokens == 8, f"usage {r.usage}")
+    after = {w: scrape(c, w) for w in names}
+
+    def delta(who, name, labels=None):
+        return metric(after[who], name, labels) - metric(before[who], name, labels)
+
+    check(delta("gate", "freekv_gate_completion_tokens_total") == 8, "gate tokens delta")
+    check(delta("gate", "freekv_gate_prompt_tokens_total") == r.usage.prompt_tokens,
+          "gate prompt tokens delta")
+    check(delta("w0", "freekv_worker_generated_tokens_total") +
+          delta("w1", "freekv_worker_generated_tokens_total") == 8, "worker tokens delta")
+    check(delta("w0", "freekv_worker_requests_total", {"reason": "length"}) +
+          delta("w1", "freekv_worker_requests_total", {"reason": "length"}) == 1, "worker ends")
+    check(delta("kvstored", "freekv_store_ring_ops_total", {"op": "COMMIT"}) > 0, "commits")
+
+
 CASES = [t_models_health, t_completion_greedy, t_completion_stop_seed, t_chat, t_concurrent,
-         t_bad_input, t_no_template, t_kill_worker]
+         t_bad_input, t_no_template, t_kill_worker, t_metrics]
 
 
 def main():
@@ -329,7 +382,7 @@ def main():
         print(f"skip: no model at {args.model}")
         return 77
     c = Cluster(args.build, args.model, workers=2, gate_args=["--chat-template", "llama2"],
-                worker_args=["-c", "2048", "--max-seqs", "8"])
+                worker_args=["-c", "2048", "--max-seqs", "8"], metrics=True)
     failed = 0
     try:
         c.start()
