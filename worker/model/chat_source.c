@@ -58,6 +58,20 @@ static int from_folder(const char *dir, char **out, char *err, size_t errlen)
 	if (src && !(*out = strdup(src)))
 		ret = -ENOMEM;
 	json_object_put(root);
+	if (!ret && !src) {
+		/* Newer exports write the template beside the config instead. */
+		snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+		FILE *f = fopen(p, "r");
+		if (f) {
+			char *buf = malloc(1 << 20);
+			size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+			fclose(f);
+			if (!buf)
+				return -ENOMEM;
+			buf[n] = '\0';
+			*out = buf;
+		}
+	}
 	return ret;
 }
 

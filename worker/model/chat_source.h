@@ -1,6 +1,7 @@
 /* chat_source — reads a model's chat template source: GGUF `tokenizer.chat_template`, or
  * `chat_template` of a Hugging Face folder's tokenizer_config.json (a string, or a list of
- * {name, template} of which "default" is taken). `kvworker serve` reports it in its Status
+ * {name, template} of which "default" is taken), else the folder's chat_template.jinja.
+ * `kvworker serve` reports it in its Status
  * reply so that kvgate can recognise the family (docs/design.md §6); nothing here interprets it.
  *
  * Ownership: *out is malloc'd (caller frees), NULL when the model has no template. */
