@@ -239,7 +239,6 @@ static int parse(int argc, char **argv, struct opts *o, char ***keep, int *n_kee
 	if (o->config && load_config(o, o->config, keep, n_keep))
 		return 2;
 	/* Workers on the command line replace the file's. */
-	int file_workers = o->n_workers;
 	bool cli_workers = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--worker") || !strncmp(argv[i], "--worker=", 9)) {
@@ -259,7 +258,6 @@ static int parse(int argc, char **argv, struct opts *o, char ***keep, int *n_kee
 			return 2;
 		}
 	}
-	(void)file_workers;
 	if (!o->n_workers) {
 		fprintf(stderr, "kvgate: need at least one --worker ENDPOINT\n");
 		usage(stderr);
