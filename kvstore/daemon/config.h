@@ -26,6 +26,10 @@ struct cfg {
 	char hugetlbfs_path[CFG_STR_MAX];
 	bool lock_memory;
 	char group[CFG_STR_MAX];
+	char admin_group[CFG_STR_MAX];	/* docs/design.md §4 "Access" */
+	char worker_group[CFG_STR_MAX];
+	char auth_token_file[CFG_STR_MAX];
+	bool tcp_insecure;
 	char nvme_path[CFG_STR_MAX];
 	uint64_t nvme_bytes;
 	uint64_t dram_high_watermark;	/* percent of the pool in use that starts demotion */

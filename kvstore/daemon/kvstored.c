@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "access.h"
 #include "clock.h"
 #include "config.h"
 #include "dataplane.h"
@@ -47,6 +48,7 @@ struct daemon_state {
 	struct rpc_server rpc;
 	struct sdn sdn;
 	struct owner owner;
+	struct access access;
 	void *zctx;
 	int sigfd;
 	struct store_metrics sm;	/* metrics_listen (docs/design.md §6) */
@@ -245,6 +247,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: another kvstored already serves %s\n", d.cfg.endpoint);
 		goto out_sig;
 	}
+	if ((ret = access_init(&d.access, &d.cfg, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		goto out_sig;
+	}
 	if ((ret = owner_take(&d.owner, &d.cfg, err, sizeof err))) {
 		fprintf(stderr, "kvstored: %s\n", err);
 		goto out_sig;
@@ -271,7 +277,7 @@ int main(int argc, char **argv)
 		goto out_dp;
 	}
 	struct rpc_ctx rctx = {
-		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp,
+		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp, .access = &d.access,
 		.start_ms = clock_ms(), .now_ms = clock_ms,
 	};
 	if ((ret = rpc_init(&d.rpc, d.zctx, &rctx, err, sizeof err))) {
