@@ -23,6 +23,7 @@
 #include "rpc.h"
 #include "sdnotify.h"
 #include "seq.h"
+#include "store_metrics.h"
 #include "workers.h"
 
 #define MAX_POLL 1100
@@ -50,6 +51,8 @@ struct daemon_state {
 	struct access access;
 	void *zctx;
 	int sigfd;
+	struct store_metrics sm;	/* metrics_listen (docs/design.md §6) */
+	bool sm_on;
 };
 
 static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print)
@@ -288,6 +291,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: %s\n", err);
 		goto out_zmq;
 	}
+	if (d.cfg.metrics_listen[0]) {
+		d.sm = (struct store_metrics){ .dp = d.dp, .rpc = &d.rpc, .seqs = &d.seqs,
+					       .workers = &d.workers, .start_ms = rctx.start_ms };
+		if ((ret = store_metrics_init(&d.sm)) == 0)
+			d.sm_on = true;
+		if (!ret && (ret = store_metrics_start(&d.sm, d.cfg.metrics_listen, err, sizeof err)))
+			fprintf(stderr, "kvstored: metrics_listen: %s\n", err);
+		if (ret)
+			goto out_rpc;
+		d.rpc.latency = &d.sm.rpc_latency;
+		fprintf(stderr, "kvstored: metrics on http://%s/metrics\n", d.cfg.metrics_listen);
+	}
 	fprintf(stderr, "kvstored: serving %s, pool %s (%" PRIu64 " MiB), tier %s\n", d.cfg.endpoint,
 		dp_pool_name(d.dp), dp_pool_bytes(d.dp) >> 20, d.cfg.nvme_path[0] ? d.cfg.nvme_path : "none");
 	send_status(&d);
@@ -305,6 +320,8 @@ int main(int argc, char **argv)
 	sdn_send(&d.sdn, "STOPPING=1");
 	rpc_notify_shutdown(&d.rpc);
 out_rpc:
+	if (d.sm_on)
+		store_metrics_shutdown(&d.sm); /* its scrapes read the rpc counters */
 	rpc_shutdown(&d.rpc);
 out_zmq:
 	zmq_ctx_term(d.zctx);

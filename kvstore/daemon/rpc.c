@@ -3,6 +3,7 @@
 #include "access.h"
 #include "freekv_store.h"
 #include "pbcheck.h"
+#include "prom.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -779,7 +780,10 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 	st->calls++;
 	st->errors += status != 0;
 	st->refused += c.refused;
-	st->total_us += now_us() - t0;
+	uint64_t us = now_us() - t0;
+	st->total_us += us;
+	if (s->latency)
+		prom_hist_observe(s->latency, (double)us / 1e6);
 	return ret;
 }
 
