@@ -85,6 +85,7 @@ struct dp {
 	size_t n_demote_q;
 	struct dp_swap swaps[DP_SWAP_MAX];
 	uint64_t swapped, swap_failures;
+	uint64_t reclaims;		/* blocks demoted to give a slab unit to another class */
 };
 
 uint64_t dp_now_us(void);

@@ -151,6 +151,11 @@ static bool exited(int pidfd)
 	return pidfd >= 0 && poll(&p, 1, 0) > 0;
 }
 
+bool wk_exited(const struct wk_worker *w)
+{
+	return exited(w->pidfd);
+}
+
 size_t wk_reap(struct wk_registry *r, uint64_t now_ms, uint64_t timeout_ms, uint32_t *ids, size_t max)
 {
 	size_t n = 0;
