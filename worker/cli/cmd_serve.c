@@ -287,6 +287,7 @@ static void print_config(const struct serve_opts *o)
 	if (o->po.set_window)
 		printf("window = %d\n", o->po.kv.window);
 	printf("full-layers = %d\ntau = %g\n", o->po.kv.full_layers, (double)o->po.kv.tau);
+	printf("kv-bits = %d\nspec-topk = %d\n", o->po.kv.kv_bits, o->po.kv.spec_topk);
 }
 
 /* 0 parsed, -1 help or config shown, CMD_USAGE. */
