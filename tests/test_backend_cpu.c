@@ -1,8 +1,8 @@
 /* Tests for worker/backend/backend_cpu.c: every op of the CPU backend against naive float64 loops in
  * this file, on random inputs, for every weight / KV dtype, covering each internal path
  * (sgemv, direct dot loop and its eight-lane conversion, converted tiles; dense, strided and
- * paged attention spans, per-head slot lists, prefill units of several sizes), and results equal
- * bit for bit across thread counts. */
+ * paged attention spans, per-head slot lists, prefill units of several sizes; refreshkv's
+ * scores/accum split of decode attention), and results equal bit for bit across thread counts. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -486,6 +486,106 @@ static void test_attn_decode_heads(void **state)
 	}
 }
 
+/* refreshkv's full step ops: attn_scores (against float64 dot products), the softmax op, then
+ * attn_accum chained over two key ranges, give attn_decode_heads' output bit for bit over the
+ * same per-head spans; gather_heads copies the head slices its map names and refuses a bad
+ * head. Every KV dtype. */
+static void test_attn_scores_accum(void **state)
+{
+	(void)state;
+	enum { H = 8, KV = 4, d = 32, rows = 96, ns = 6 };
+	for (size_t t = 0; t < 3; t++) {
+		struct backend_attn a = { H, KV, d, dtypes[t], 0.3f, 0 };
+		double *e64, *f64;
+		void *k = rand_typed(dtypes[t], rows * KV * d, &e64);
+		void *v = rand_typed(dtypes[t], rows * KV * d, &f64);
+		size_t es = dtype_size(dtypes[t]);
+		/* Every head: ns spans of the same lengths at its own random rows. */
+		int64_t len[ns], n = 0, n0 = 0;
+		for (int i = 0; i < ns; i++) {
+			len[i] = 1 + (int64_t)(test_rand(&seed) % 9);
+			n += len[i];
+			n0 += i < ns / 2 ? len[i] : 0;
+		}
+		struct backend_kv_span spans[KV * ns];
+		int64_t r0s[KV * ns];
+		int first[KV + 1];
+		for (int h = 0; h < KV; h++) {
+			first[h] = h * ns;
+			for (int i = 0; i < ns; i++) {
+				int64_t r0 = (int64_t)(test_rand(&seed) % (rows - 9));
+				r0s[h * ns + i] = r0;
+				spans[h * ns + i] = (struct backend_kv_span){
+					(const char *)k + (size_t)r0 * KV * d * es,
+					(const char *)v + (size_t)r0 * KV * d * es, len[i], KV * d,
+				};
+			}
+		}
+		first[KV] = KV * ns;
+		float *q = randv(H * d, 0.5f), out[H * d], ref[H * d], sc[H * 64];
+		assert_true(n <= 64);
+		assert_int_equal(be->ops->attn_scores(be->ctx, sc, n, q, spans, first, &a), 0);
+		for (int h = 0; h < H; h++) {
+			const int g = h / (H / KV);
+			int64_t j = 0;
+			for (int i = 0; i < ns; i++)
+				for (int64_t r = 0; r < len[i]; r++, j++) {
+					double dot = 0.0;
+					const double *kr = e64 + ((size_t)(r0s[g * ns + i] + r) * KV + g) * d;
+					for (int c = 0; c < d; c++)
+						dot += (double)q[h * d + c] * kr[c];
+					if (fabs(sc[h * n + j] - dot * 0.3) > 1e-5)
+						fail_msg("attn_scores %s: head %d key %lld: %g, want %g",
+							 dtype_name(dtypes[t]), h, (long long)j,
+							 (double)sc[h * n + j], dot * 0.3);
+				}
+		}
+		assert_int_equal(be->ops->softmax(be->ctx, sc, H, n), 0);
+		/* Two calls: spans [0, ns/2) of each head, then [ns/2, ns) with the probabilities
+		 * from column n0. */
+		int second[KV + 1];
+		struct backend_kv_span sp2[KV * ns];
+		for (int h = 0; h < KV; h++) {
+			second[h] = h * (ns - ns / 2);
+			memcpy(sp2 + second[h], spans + h * ns + ns / 2,
+			       (size_t)(ns - ns / 2) * sizeof *sp2);
+		}
+		second[KV] = KV * (ns - ns / 2);
+		struct backend_kv_span sp1[KV * ns];
+		int first1[KV + 1];
+		for (int h = 0; h < KV; h++) {
+			first1[h] = h * (ns / 2);
+			memcpy(sp1 + first1[h], spans + h * ns, (size_t)(ns / 2) * sizeof *sp1);
+		}
+		first1[KV] = KV * (ns / 2);
+		assert_int_equal(be->ops->attn_accum(be->ctx, out, sc, n, sp1, first1, false, &a), 0);
+		assert_int_equal(be->ops->attn_accum(be->ctx, out, sc + n0, n, sp2, second, true, &a),
+				 0);
+		assert_int_equal(be->ops->attn_decode_heads(be->ctx, ref, q, spans, first, &a), 0);
+		if (memcmp(out, ref, sizeof out))
+			fail_msg("attn_scores + softmax + attn_accum %s differ from attn_decode_heads",
+				 dtype_name(dtypes[t]));
+		free(q);
+		free(k);
+		free(v);
+		free(e64);
+		free(f64);
+	}
+	float src[3 * 2 * 4], dst[5 * 2 * 4], want[5 * 2 * 4];
+	for (int i = 0; i < 24; i++)
+		src[i] = (float)i;
+	for (int i = 0; i < 40; i++)
+		dst[i] = want[i] = -1.0f;
+	const int32_t map[] = { 4, 0, 1, 0, 2, 0, 3, 2, 1 };
+	for (int e = 0; e < 3; e++)
+		memcpy(want + (map[3 * e] * 2 + map[3 * e + 2]) * 4,
+		       src + (map[3 * e + 1] * 2 + map[3 * e + 2]) * 4, 4 * sizeof(float));
+	assert_int_equal(be->ops->gather_heads(be->ctx, dst, src, map, 3, 2, 4), 0);
+	assert_memory_equal(dst, want, sizeof dst);
+	const int32_t bad[] = { 0, 0, 2 };
+	assert_int_equal(be->ops->gather_heads(be->ctx, dst, src, bad, 1, 2, 4), -EINVAL);
+}
+
 /* Naive float64 decode attention of query heads q (H, d) over the slot list of attn_decode_slots:
  * the rows of each KV head gathered page by page from slots (n_slots, 2, p, KV, d). */
 static void ref_slots(double *ref, const float *q, const float *slots, const int32_t *list,
@@ -890,6 +990,7 @@ int main(void)
 		cmocka_unit_test(test_attn_prefill),
 		cmocka_unit_test(test_attn_decode),
 		cmocka_unit_test(test_attn_decode_heads),
+		cmocka_unit_test(test_attn_scores_accum),
 		cmocka_unit_test(test_attn_decode_slots),
 		cmocka_unit_test(test_attn_prefill_units),
 		cmocka_unit_test(test_attn_decode_paged),

@@ -18,6 +18,7 @@
 #ifndef FREEKV_BACKEND_H
 #define FREEKV_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,9 @@ struct backend_attn {
 
 struct backend_ops {
 	const char *name;
+	/* Backend buffers are host memory: ops may also be handed host pointers (the pinned host
+	 * copy's blocks), as refreshkv's full step does on the CPU backend (docs/design.md §5). */
+	bool host_memory;
 	void (*free)(void *ctx);
 
 	/* Memory. buf_alloc returns NULL when out of memory. */
@@ -134,6 +138,27 @@ struct backend_ops {
 	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const float *slots,
 				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
 				 int p, const struct backend_attn *a);
+
+	/* (optional) refreshkv's full step (docs/design.md §5) as the two passes of decode
+	 * attention for one query, over keys given as for attn_decode_heads (KV head g reads
+	 * spans[first[g] .. first[g + 1]), keys numbered from 0 across them). attn_scores: s
+	 * (n_heads, ld) f32, s[h][j] = scale * q_h . k_j, the very scores attn_decode softmaxes.
+	 * attn_accum: out (n_heads, d) = (accumulate: +=) sum_j p[h][j] * v_j in key order, the
+	 * very sum attn_decode ends with, so chained calls over consecutive key ranges equal one
+	 * call over all of them. With the softmax op between the two: attn_decode's bits. q
+	 * (n_heads, d); s, p and out backend buffers. */
+	int (*attn_scores)(void *ctx, float *s, int64_t ld, const float *q,
+			   const struct backend_kv_span *spans, const int *first,
+			   const struct backend_attn *a);
+	int (*attn_accum)(void *ctx, float *out, const float *p, int64_t ld,
+			  const struct backend_kv_span *spans, const int *first, bool accumulate,
+			  const struct backend_attn *a);
+	/* (optional) Head slices of rows: for each entry (dst_row, src_row, head) of map (n, 3)
+	 * int32 (host memory), dst[dst_row][head] (d) = src[src_row][head]; dst and src are
+	 * (rows, n_kv, d) f32 backend buffers, possibly the same one, and no two entries write
+	 * the same slice or read one another writes. */
+	int (*gather_heads)(void *ctx, float *dst, const float *src, const int32_t *map, int n,
+			    int n_kv, int d);
 
 	/* (optional) The device half of a recall (docs/design.md §3, §5): n recall units in host memory,
 	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a

@@ -710,9 +710,9 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 	return ret;
 }
 
-static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
-				 const struct backend_kv_span *spans, const int *first,
-				 const struct backend_attn *a)
+/* One source per KV head: its spans spans[first[g] .. first[g + 1]) (caller frees *out). */
+static int head_srcs(const struct backend_kv_span *spans, const int *first,
+		     const struct backend_attn *a, struct attn_src **out)
 {
 	int ret = check_attn(a);
 	if (ret)
@@ -720,15 +720,29 @@ static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
 	struct attn_src *src = malloc((size_t)a->n_kv_heads * sizeof *src);
 	if (!src)
 		return -ENOMEM;
-	for (int kvh = 0; kvh < a->n_kv_heads && !ret; kvh++) {
-		src[kvh] = (struct attn_src){ spans + first[kvh], first[kvh + 1] - first[kvh], 0 };
-		if (first[kvh + 1] < first[kvh])
+	for (int g = 0; g < a->n_kv_heads && !ret; g++) {
+		src[g] = (struct attn_src){ spans + first[g], first[g + 1] - first[g], 0 };
+		if (first[g + 1] < first[g])
 			ret = -EINVAL;
-		for (int s = first[kvh]; s < first[kvh + 1] && !ret; s++)
-			src[kvh].n += spans[s].n;
+		for (int i = first[g]; i < first[g + 1] && !ret; i++)
+			src[g].n += spans[i].n;
+	}
+	if (ret)
+		free(src);
+	else
+		*out = src;
+	return ret;
+}
+
+static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
+				 const struct backend_kv_span *spans, const int *first,
+				 const struct backend_attn *a)
+{
+	struct attn_src *src = NULL;
+	int ret = head_srcs(spans, first, a, &src);
+	for (int kvh = 0; !ret && kvh < a->n_kv_heads; kvh++)
 		if (src[kvh].n <= 0)
 			ret = -EINVAL;
-	}
 	if (!ret)
 		ret = attn_run(ctx, out, q, 1, src, 0, false, a);
 	free(src);
@@ -795,6 +809,101 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok };
 	}
 	return attn_run(c, out, q, 1, c->slot_src, 0, false, a);
+}
+
+/* refreshkv's full step: attn_unit's two passes, one query, split into two ops. A KV head's
+ * G query rows go through scores4 and the same weighted sum in key order as attn_unit, so the
+ * scores, softmax and sum give attn_decode's bits. accum false: scores into s (rows of ld);
+ * true: out (+)= s . V. */
+CPU_HOT static void head_pass(bool accum, float *s, int64_t ld, float *out, const float *q,
+			      const struct attn_src *src, int kvh, int G, const struct backend_attn *a)
+{
+	const int d = a->head_dim, h0 = kvh * G;
+	const size_t es = dtype_size(a->kv_dtype);
+	float tmp[CPU_MAX_HEAD_DIM];
+	for (int r0 = 0; r0 < G; r0 += CPU_ATTN_ROWS) {
+		struct attn_rows u = { .n = G - r0 < CPU_ATTN_ROWS ? G - r0 : CPU_ATTN_ROWS };
+		for (int r = 0; r < u.n; r++) {
+			u.q[r] = q ? q + (size_t)(h0 + r0 + r) * d : NULL;
+			u.o[r] = out ? out + (size_t)(h0 + r0 + r) * d : NULL;
+			u.hi[r] = src->n;
+		}
+		float *sr = s + (size_t)(h0 + r0) * (size_t)ld;
+		int64_t key = 0;
+		for (int sp = 0; sp < src->n_spans; sp++) {
+			const struct backend_kv_span *span = &src->spans[sp];
+			const char *rows = (const char *)(accum ? span->v : span->k);
+			for (int64_t t = 0; t < span->n; t++, key++) {
+				const char *p = rows + (size_t)(t * span->row_stride +
+								(int64_t)kvh * d) * es;
+				const float *x = row_f32(tmp, p, a->kv_dtype, 0, d);
+				if (!accum) {
+					for (int r = 0; r < u.n; r += 4)
+						scores4(sr + (size_t)r * ld + key, ld, &u, r, key, x,
+							d, a->scale);
+					continue;
+				}
+				for (int r = 0; r < u.n; r++) {
+					float pr = sr[(size_t)r * ld + key], *o = u.o[r];
+					#pragma omp simd
+					for (int i = 0; i < d; i++)
+						o[i] += pr * x[i];
+				}
+			}
+		}
+	}
+}
+
+static int cpu_attn_scores(void *ctx, float *s, int64_t ld, const float *q,
+			   const struct backend_kv_span *spans, const int *first,
+			   const struct backend_attn *a)
+{
+	(void)ctx;
+	struct attn_src *src;
+	int ret = head_srcs(spans, first, a, &src);
+	if (ret)
+		return ret;
+	const int G = a->n_heads / a->n_kv_heads;
+	#pragma omp parallel for schedule(dynamic) if (src[0].n * a->n_heads * a->head_dim > CPU_PAR_MIN)
+	for (int g = 0; g < a->n_kv_heads; g++)
+		head_pass(false, s, ld, NULL, q, &src[g], g, G, a);
+	free(src);
+	return 0;
+}
+
+static int cpu_attn_accum(void *ctx, float *out, const float *p, int64_t ld,
+			  const struct backend_kv_span *spans, const int *first, bool accumulate,
+			  const struct backend_attn *a)
+{
+	(void)ctx;
+	struct attn_src *src;
+	int ret = head_srcs(spans, first, a, &src);
+	if (ret)
+		return ret;
+	if (!accumulate)
+		memset(out, 0, (size_t)a->n_heads * a->head_dim * sizeof *out);
+	const int G = a->n_heads / a->n_kv_heads;
+	#pragma omp parallel for schedule(dynamic) if (src[0].n * a->n_heads * a->head_dim > CPU_PAR_MIN)
+	for (int g = 0; g < a->n_kv_heads; g++)
+		head_pass(true, (float *)p, ld, out, NULL, &src[g], g, G, a);
+	free(src);
+	return 0;
+}
+
+static int cpu_gather_heads(void *ctx, float *dst, const float *src, const int32_t *map, int n,
+			    int n_kv, int d)
+{
+	(void)ctx;
+	if (n < 0 || n_kv <= 0 || d <= 0)
+		return -EINVAL;
+	for (int i = 0; i < n; i++) {
+		const int32_t *m = map + (size_t)i * 3;
+		if (m[0] < 0 || m[1] < 0 || m[2] < 0 || m[2] >= n_kv)
+			return -EINVAL;
+		memmove(dst + ((size_t)m[0] * n_kv + m[2]) * d, src + ((size_t)m[1] * n_kv + m[2]) * d,
+			(size_t)d * sizeof *dst);
+	}
+	return 0;
 }
 
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
@@ -869,6 +978,7 @@ static int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
 
 static const struct backend_ops cpu_ops = {
 	.name = "cpu",
+	.host_memory = true,
 	.free = cpu_free,
 	.buf_alloc = cpu_buf_alloc,
 	.buf_free = cpu_buf_free,
@@ -891,6 +1001,9 @@ static const struct backend_ops cpu_ops = {
 	.attn_decode = cpu_attn_decode,
 	.attn_decode_heads = cpu_attn_decode_heads,
 	.attn_decode_slots = cpu_attn_decode_slots,
+	.attn_scores = cpu_attn_scores,
+	.attn_accum = cpu_attn_accum,
+	.gather_heads = cpu_gather_heads,
 	.recall_units = cpu_recall_units,
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,
