@@ -248,8 +248,12 @@ static int resolve_kv_opts(struct engine *e, char *err, size_t errlen)
 	po.kv.debug_invariants = k->debug_invariants;
 	int ret = policy_opts_finalize(&po, (int)(e->max_ctx < INT32_MAX ? e->max_ctx : INT32_MAX),
 				       NULL, err, errlen);
-	if (!ret)
-		*k = po.kv;
+	if (!ret) {
+		k->page = po.kv.page;
+		k->budget = po.kv.budget;
+		k->sink = po.kv.sink;
+		k->window = po.kv.window;
+	}
 	return ret;
 }
 

@@ -30,6 +30,7 @@
 #include "backend.h"
 
 struct hostkv_seq;
+struct kv_trace;
 
 /* Retrieval settings (docs/design.md §3, §5). page, budget, sink and window all 0 means the defaults
  * scaled to max_tokens (policy_opts.h); tau 0 is pure speculation, full_layers 0 none. `full`
@@ -42,6 +43,23 @@ struct kv_policy_opts {
 	int full_layers; /* first layers that keep full attention */
 	float tau;	 /* correction threshold on the cosine of adjacent queries */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
+	int refresh_stride;	  /* refreshkv: Q, decode steps between query comparisons (>= 1) */
+	float refresh_threshold;  /* refreshkv: s, a compared query below it triggers a full step */
+	/* (tests, debugging) refreshkv calls it after every decode step past the budget at a
+	 * retrieval layer; NULL: none. */
+	void (*trace)(void *arg, const struct kv_trace *t);
+	void *trace_arg;
+};
+
+/* What one refreshkv decode step did at one layer (docs/design.md §5), for opts.trace: every
+ * pointer is borrowed for the call. */
+struct kv_trace {
+	int layer;
+	int64_t T;		/* tokens including the current one (> budget) */
+	bool full;		/* a full step; else partial */
+	const float *q;		/* (n_q, d) the step's query, after RoPE */
+	const int32_t *set;	/* (n_kv, budget) the partial sets after the step, slot order */
+	int n_q, n_kv, d, budget;
 };
 
 struct kv_seq_params {
@@ -70,6 +88,9 @@ struct kv_layer_stats {
 	int64_t ns_recall_wait;	  /* recall exposed: attention waited for it */
 	int64_t ns_recall_hidden; /* recall overlapped with the rest of the step */
 	int64_t ns_attend;	  /* decode attention */
+	int64_t full_steps;	  /* refreshkv: of `steps`, the full-attention steps */
+	int64_t tokens_fetched;	  /* refreshkv: head-token rows fetched into the partial sets */
+	int64_t ns_full;	  /* refreshkv: time in full steps (their attention included) */
 };
 
 struct kv_stats {
@@ -84,6 +105,13 @@ struct kv_stats {
 static inline double kv_correction_rate(const struct kv_layer_stats *s)
 {
 	return s->head_checks ? (double)s->corrections / (double)s->head_checks : 0.0;
+}
+
+/* refreshkv's full-step rate: full steps / steps past the budget (0 when none); its inverse is
+ * the effective stride. */
+static inline double kv_full_step_rate(const struct kv_layer_stats *s)
+{
+	return s->steps ? (double)s->full_steps / (double)s->steps : 0.0;
 }
 
 struct kv_policy_ops {
@@ -115,6 +143,8 @@ extern const struct kv_policy_ops kv_policy_full;
 extern const struct kv_policy_ops kv_policy_streaming;
 extern const struct kv_policy_ops kv_policy_quest;
 extern const struct kv_policy_ops kv_policy_freekv;
+/* A partial token cache per KV head refreshed by query-triggered full steps (RefreshKV seed). */
+extern const struct kv_policy_ops kv_policy_refreshkv;
 
 /* Fills page, budget, sink and window when all four are 0 with the defaults scaled to a
  * max_tokens context (policy_opts_finalize), and checks them; 0 or -EINVAL. The engine and the

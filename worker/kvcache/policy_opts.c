@@ -32,6 +32,8 @@ static const struct popt popts[] = {
 	{ "--full-layers", POPT_INT, KV(full_layers), -1, 0, 1 << 16 },
 	{ "--tau", POPT_FLOAT, KV(tau), -1, 0.0, 1e6 },
 	{ "--debug-invariants", POPT_BOOL, KV(debug_invariants), -1, 0, 0 },
+	{ "--refresh-stride", POPT_INT, KV(refresh_stride), -1, 1, 1 << 20 },
+	{ "--refresh-threshold", POPT_FLOAT, KV(refresh_threshold), -1, -1.0, 2.0 },
 };
 
 void policy_opts_default(struct policy_opts *o)
@@ -41,12 +43,17 @@ void policy_opts_default(struct policy_opts *o)
 	o->kv = (struct kv_policy_opts){
 		.page = 32, .budget = 2048, .sink = 512, .window = 512, .full_layers = 1,
 		.tau = 0.9f, .debug_invariants = false,
+		.refresh_stride = 5, .refresh_threshold = 0.85f,
 	};
 }
 
-static int perr(char *err, size_t errlen, const char *flag, const char *val, const char *why)
+static int perr(char *err, size_t errlen, const struct popt *p, const char *val, const char *why)
 {
-	snprintf(err, errlen, "%s: bad value '%s' (%s)", flag, val ? val : "", why);
+	if (p->kind == POPT_BOOL)
+		snprintf(err, errlen, "%s: bad value '%s' (%s)", p->flag, val ? val : "", why);
+	else
+		snprintf(err, errlen, "%s: bad value '%s' (%s in [%g, %g])", p->flag,
+			 val ? val : "", why, p->lo, p->hi);
 	return -EINVAL;
 }
 
@@ -67,7 +74,7 @@ static int popt_set(struct policy_opts *o, const struct popt *p, const char *val
 		errno = 0;
 		long v = strtol(val, &end, 10);
 		if (errno || end == val || *end || v < (long)p->lo || v > (long)p->hi)
-			return perr(err, errlen, p->flag, val, "expected a whole number in range");
+			return perr(err, errlen, p, val, "expected a whole number");
 		*(int *)field = (int)v;
 		break;
 	}
@@ -75,7 +82,7 @@ static int popt_set(struct policy_opts *o, const struct popt *p, const char *val
 		errno = 0;
 		double v = strtod(val, &end);
 		if (errno || end == val || *end || !isfinite(v) || v < p->lo || v > p->hi)
-			return perr(err, errlen, p->flag, val, "expected a number >= 0");
+			return perr(err, errlen, p, val, "expected a number");
 		*(float *)field = (float)v;
 		break;
 	}
@@ -99,7 +106,7 @@ int policy_opts_parse_flag(struct policy_opts *o, int argc, char **argv, int *i,
 			continue;
 		if (p->kind == POPT_BOOL) {
 			if (a[fl])
-				return perr(err, errlen, p->flag, a + fl + 1, "takes no value");
+				return perr(err, errlen, p, a + fl + 1, "takes no value");
 			int ret = popt_set(o, p, NULL, err, errlen);
 			return ret ? ret : 1;
 		}
@@ -157,6 +164,16 @@ int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char 
 				was.sink, was.window);
 	}
 	int p = k->page;
+	if (!strcmp(o->policy, "refreshkv")) {
+		/* refreshkv's budget is a token count per KV head, not pages: only the host copy's
+		 * page size and the budget's floor apply (docs/design.md §5). */
+		if (p <= 0 || k->budget < 8)
+			return snprintf(err, errlen, "--budget %d: refreshkv needs a partial cache of "
+					"at least 8 tokens", k->budget), -EINVAL;
+		if (k->full_layers < 0)
+			return snprintf(err, errlen, "full layers must be >= 0"), -EINVAL;
+		return 0;
+	}
 	if (p <= 0 || k->budget % p || k->sink % p || k->window % p)
 		return snprintf(err, errlen,
 				"budget %d, sink %d and window %d must be multiples of the page size %d",
@@ -175,8 +192,9 @@ int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char 
 
 const char *policy_opts_usage(void)
 {
-	return "[--policy full|streaming|quest|freekv] [--page-size N] [--budget N] [--sink N] "
-	       "[--window N] [--tau F] [--full-layers N] [--debug-invariants]";
+	return "[--policy full|streaming|quest|freekv|refreshkv] [--page-size N] [--budget N] "
+	       "[--sink N] [--window N] [--tau F] [--full-layers N] [--refresh-stride Q] "
+	       "[--refresh-threshold S] [--debug-invariants]";
 }
 
 int kvcache_resolve_opts(struct kv_policy_opts *o, int64_t max_tokens)
