@@ -422,6 +422,21 @@ struct run_times {
 	double t0, t1, t2; /* start, prefill done, now */
 };
 
+/* refreshkv's counters (docs/design.md §5) into o, when the layers ran any step past the budget:
+ * the full-step rate, its inverse the effective stride (decode steps per full step), the
+ * head-token rows fetched and the time in full steps. */
+static void refresh_json(struct json_object *o, const struct kv_layer_stats *s)
+{
+	if (!s->full_steps)
+		return;
+	json_object_object_add(o, "full_steps", json_object_new_int64(s->full_steps));
+	json_object_object_add(o, "full_step_rate", json_object_new_double(kv_full_step_rate(s)));
+	json_object_object_add(o, "effective_stride",
+			       json_object_new_double((double)s->steps / (double)s->full_steps));
+	json_object_object_add(o, "tokens_fetched", json_object_new_int64(s->tokens_fetched));
+	json_object_object_add(o, "full_step_ms", json_object_new_double(s->ns_full / 1e6));
+}
+
 /* The --stats object: timings, the policy's settings, and its retrieval counters per layer
  * and summed. Caller frees with json_object_put. */
 static struct json_object *stats_json(struct cmd_session *s, const struct run_times *t)
@@ -481,6 +496,7 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 		json_object_object_add(j, "recall_hidden_ms",
 				       json_object_new_double(ls.ns_recall_hidden / 1e6));
 		json_object_object_add(j, "attend_ms", json_object_new_double(ls.ns_attend / 1e6));
+		refresh_json(j, &ls);
 		json_object_array_add(layers, j);
 		sum.steps += ls.steps;
 		sum.head_checks += ls.head_checks;
@@ -490,6 +506,9 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 		sum.bytes_recalled += ls.bytes_recalled;
 		sum.ns_recall_wait += ls.ns_recall_wait;
 		sum.ns_recall_hidden += ls.ns_recall_hidden;
+		sum.full_steps += ls.full_steps;
+		sum.tokens_fetched += ls.tokens_fetched;
+		sum.ns_full += ls.ns_full;
 	}
 	ADD("correction_rate", json_object_new_double(kv_correction_rate(&sum)));
 	ADD("pages_selected", json_object_new_int64(sum.pages_selected));
@@ -497,6 +516,11 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("bytes_recalled", json_object_new_int64(sum.bytes_recalled));
 	ADD("recall_wait_ms", json_object_new_double(sum.ns_recall_wait / 1e6));
 	ADD("recall_hidden_ms", json_object_new_double(sum.ns_recall_hidden / 1e6));
+	if (!strcmp(engine_policy_name(s->e), "refreshkv")) {
+		ADD("refresh_stride", json_object_new_int(k->refresh_stride));
+		ADD("refresh_threshold", json_object_new_double(k->refresh_threshold));
+	}
+	refresh_json(o, &sum);
 	ADD("layers", layers);
 #undef ADD
 	return o;
