@@ -22,13 +22,16 @@
  * steps; the step time is the mean and the median of the measured steps (the median is what
  * the freekv / quest ratio uses: it shrugs off steps slowed by other load on the machine); the
  * breakdown columns are means per step from the policy's counters (kv_layer_stats), "rest" is
- * the mean step time minus selection, exposed recall and attention on the compute thread.
+ * the mean step time minus selection, exposed recall, attention and full steps on the compute
+ * thread. refreshkv rows add their full steps (time per decode step, and the full-step rate:
+ * full steps / steps past the budget, summed over layers); its selection is the pooled top-B
+ * inside full steps, its attention that of the other steps.
  *
  * usage: decode_bench [--quick] [--ctx LIST] [--rows LIST] [-n STEPS] [-w WARMUP] [-t THREADS]
  *                     [-m MODEL_DIR] [--layers N] [--vocab N] [--page-size N] [--budget N]
  *                     [--sink N] [--window N] [--full-layers N]
  *   --ctx LIST   contexts in tokens (default 4096,8192,16384,32768; --quick: 4096)
- *   --rows LIST  policy[:tau] rows (default full,streaming,quest,freekv,freekv:0) */
+ *   --rows LIST  policy[:tau] rows (default full,streaming,quest,freekv,freekv:0,refreshkv) */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,8 +69,8 @@ struct bench_args {
 /* What one row measured, per step. */
 struct result {
 	double step_ms, median_ms, select_ms, wait_ms, hidden_ms, attend_ms, rest_ms;
-	double pages_recalled, mib_recalled, corr_rate;
-	bool has_corr;
+	double pages_recalled, mib_recalled, corr_rate, full_ms, full_rate;
+	bool has_corr, has_full;
 	bool counted; /* the policy keeps retrieval counters */
 };
 
@@ -148,7 +151,8 @@ static int parse(int argc, char **argv, struct bench_args *a)
 	struct policy_opts po;
 	policy_opts_default(&po);
 	po.kv.full_layers = 0;
-	const char *ctx = "4096,8192,16384,32768", *rows = "full,streaming,quest,freekv,freekv:0";
+	const char *ctx = "4096,8192,16384,32768";
+	const char *rows = "full,streaming,quest,freekv,freekv:0,refreshkv";
 	bool quick = false, set_n = false, set_ctx = false;
 	char err[256];
 	for (int i = 1; i < argc; i++) {
@@ -291,6 +295,8 @@ static void stats_sum(const struct engine *e, int seq, int layers, struct kv_lay
 		out->ns_recall_wait += s.ns_recall_wait;
 		out->ns_recall_hidden += s.ns_recall_hidden;
 		out->ns_attend += s.ns_attend;
+		out->full_steps += s.full_steps;
+		out->ns_full += s.ns_full;
 	}
 }
 
@@ -362,12 +368,17 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 			.mib_recalled = (double)(s1.bytes_recalled - s0.bytes_recalled) /
 					(1024.0 * 1024.0) / n,
 			.has_corr = s1.head_checks > s0.head_checks,
-			.counted = s1.ns_attend > 0,
+			.counted = s1.ns_attend > 0 || s1.ns_full > 0,
+			.full_ms = (double)(s1.ns_full - s0.ns_full) / 1e6 / n,
+			.has_full = s1.full_steps > 0,
 		};
+		if (s1.steps > s0.steps)
+			res->full_rate = (double)(s1.full_steps - s0.full_steps) /
+					 (double)(s1.steps - s0.steps);
 		if (res->has_corr)
 			res->corr_rate = (double)(s1.corrections - s0.corrections) /
 					 (double)(s1.head_checks - s0.head_checks);
-		res->rest_ms = ms - res->select_ms - res->wait_ms - res->attend_ms;
+		res->rest_ms = ms - res->select_ms - res->wait_ms - res->attend_ms - res->full_ms;
 	}
 	if (ret)
 		fprintf(stderr, "decode_bench: ctx %d, %s: %s\n", ctx, rw->policy,
@@ -386,18 +397,22 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
  * "rest". tau only matters to freekv. */
 static void print_row(int ctx, const struct row *rw, const struct result *r)
 {
-	char corr[16] = "n/a", tau[16] = "-", b[5][16];
+	char corr[16] = "n/a", tau[16] = "-", b[5][16], full[16] = "-", rate[16] = "n/a";
 	if (r->has_corr)
 		snprintf(corr, sizeof corr, "%.3f", r->corr_rate);
+	if (r->has_full) {
+		snprintf(full, sizeof full, "%.2f", r->full_ms);
+		snprintf(rate, sizeof rate, "%.3f", r->full_rate);
+	}
 	if (!strcmp(rw->policy, "freekv"))
 		snprintf(tau, sizeof tau, "%g", (double)rw->tau);
 	double v[5] = { r->select_ms, r->wait_ms, r->hidden_ms, r->attend_ms, r->pages_recalled };
 	for (int i = 0; i < 5; i++)
 		snprintf(b[i], sizeof b[i], r->counted ? (i < 4 ? "%.2f" : "%.1f") : "-", v[i]);
-	printf("| %6d | %-9s | %4s | %8.2f | %8.2f | %7s | %8s | %7s | %7s | %8.2f | %10s | %7.2f |"
-	       " %5s |\n",
-	       ctx, rw->policy, tau, r->step_ms, r->median_ms, b[0], b[1], b[2], b[3], r->rest_ms, b[4],
-	       r->mib_recalled, corr);
+	printf("| %6d | %-9s | %4s | %8.2f | %8.2f | %7s | %8s | %7s | %7s | %7s | %8.2f | %10s |"
+	       " %7.2f | %5s | %5s |\n",
+	       ctx, rw->policy, tau, r->step_ms, r->median_ms, b[0], b[1], b[2], b[3], full,
+	       r->rest_ms, b[4], r->mib_recalled, corr, rate);
 	fflush(stdout);
 }
 
@@ -458,16 +473,17 @@ static int run_all(const struct bench_args *a, const char *model_dir, const char
 			snprintf(th, sizeof th, "%d", a->threads);
 		printf("decode_bench: %s; CPU backend, %s threads (%ld cores, load %.2f)\n", label,
 		       th, sysconf(_SC_NPROCESSORS_ONLN), loadavg());
-		printf("page %d, budget %d, sink %d, window %d, full layers %d; context restored "
-		       "from a synthetic host copy, then %d warm-up and %d measured decode steps; "
-		       "times are ms per step (hidden: copy-thread recall overlapped with the step, "
-		       "not part of the step time)\n\n",
+		printf("page %d, budget %d, sink %d, window %d, full layers %d, refresh stride %d, "
+		       "refresh threshold %g; context restored from a synthetic host copy, then %d "
+		       "warm-up and %d measured decode steps; times are ms per step (hidden: "
+		       "copy-thread recall overlapped with the step, not part of the step time; full: "
+		       "refreshkv's full steps; last column: its full-step rate)\n\n",
 		       a->kv.page, a->kv.budget, a->kv.sink, a->kv.window, a->kv.full_layers,
-		       a->warmup, a->steps);
+		       a->kv.refresh_stride, (double)a->kv.refresh_threshold, a->warmup, a->steps);
 		printf("|    ctx | policy    |  tau |  step ms |   median |  select | exposed  |  hidden | "
-		       " attend |     rest | head-pages | MiB rec | corr  |\n");
+		       " attend |    full |     rest | head-pages | MiB rec | corr  | full  |\n");
 		printf("|--------|-----------|------|----------|----------|---------|----------|---------|"
-		       "---------|----------|------------|---------|-------|\n");
+		       "---------|---------|----------|------------|---------|-------|-------|\n");
 	}
 	struct result res[MAX_LIST];
 	for (int c = 0; c < a->n_ctx && !ret; c++) {
