@@ -402,7 +402,25 @@ static void test_float64_reference(void **state)
 	hostkv_seq_close(hs, true);
 }
 
-/* The streamed full step and the fallbacks against the direct path, bit for bit. */
+/* A backend-side pool_topk for the devmem backend: what a device computes, here by the host
+ * function on the probabilities read through the real op (test plumbing for the op's path). */
+static int dm_pool_topk(void *c, int32_t *pos, float *uval, const float *probs, int64_t ld,
+			int n_q, int n_kv, int64_t T, int B)
+{
+	float *h = malloc((size_t)n_q * ld * sizeof *h);
+	float *scr = malloc(refresh_scratch_floats(T) * sizeof *scr);
+	assert_true(h && scr);
+	int ret = dm_real->download(c, h, dv(probs), (size_t)n_q * ld * sizeof *h);
+	if (!ret)
+		refresh_topk(h, ld, n_q, n_kv, T, B, pos, uval, scr);
+	free(h);
+	free(scr);
+	return ret;
+}
+
+/* The streamed full step and the fallbacks against the direct path, bit for bit: on a backend
+ * whose buffers are not host memory (recall into staging, gather_heads), without gather_heads
+ * and round_to (copies, host rounding), and with a backend-side pool_topk. */
 static void test_streamed_equals_direct(void **state)
 {
 	(void)state;
@@ -412,15 +430,19 @@ static void test_streamed_equals_direct(void **state)
 	struct run ref;
 	gen("refreshkv", kv, STEPS, &ref);
 	assert_true(ref.st.sum.full_steps > 0 && ref.st.sum.full_steps < ref.st.sum.steps);
-	struct backend_ops dm, bare;
+	struct backend_ops dm, bare, pooled;
 	struct backend *cpu = be, dev = devmem_of(cpu, &dm);
 	bare = dm;
 	bare.name = "devmem-bare";
 	bare.gather_heads = NULL;
 	bare.round_to = NULL;
+	pooled = dm;
+	pooled.name = "devmem-pool_topk";
+	pooled.pool_topk = dm_pool_topk;
 	struct backend devb = { .ops = &bare, .ctx = cpu->ctx };
-	struct backend *bs[] = { &dev, &devb };
-	for (int i = 0; i < 2; i++) {
+	struct backend devp = { .ops = &pooled, .ctx = cpu->ctx };
+	struct backend *bs[] = { &dev, &devb, &devp };
+	for (int i = 0; i < 3; i++) {
 		struct run r;
 		be = bs[i];
 		gen("refreshkv", kv, STEPS, &r);

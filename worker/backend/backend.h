@@ -153,6 +153,14 @@ struct backend_ops {
 	int (*attn_accum)(void *ctx, float *out, const float *p, int64_t ld,
 			  const struct backend_kv_span *spans, const int *first, bool accumulate,
 			  const struct backend_attn *a);
+	/* (optional) refreshkv's new partial sets on the backend: from probs (n_q, ld) (rows of T
+	 * probabilities), per KV head h the B positions of highest u_h, u_h[j] the max of the
+	 * group's probabilities over [j-3, j+3] clipped to [0, T), ties to the lower position,
+	 * ascending, into pos (n_kv, B) int32 with their u_h in uval (n_kv, B) f32, both host
+	 * memory: refresh_topk() of worker/kvcache/refresh_select.c, bit for bit. Without it the
+	 * policy downloads probs and runs that function. */
+	int (*pool_topk)(void *ctx, int32_t *pos, float *uval, const float *probs, int64_t ld,
+			 int n_q, int n_kv, int64_t T, int B);
 	/* (optional) Head slices of rows: for each entry (dst_row, src_row, head) of map (n, 3)
 	 * int32 (host memory), dst[dst_row][head] (d) = src[src_row][head]; dst and src are
 	 * (rows, n_kv, d) f32 backend buffers, possibly the same one, and no two entries write

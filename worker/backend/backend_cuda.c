@@ -13,7 +13,9 @@
  * pages too large for its shared memory go to the span kernel as spans) stages its small host
  * tables in a ring of pinned buffers, each reused only after the event of its last copy, so a
  * decode step never waits on the device. host_register page-locks host memory (the kvstored
- * pool mapping) in chunks for DMA.
+ * pool mapping) in chunks for DMA. refreshkv's full step has its ops here too: attn_scores and
+ * attn_accum over staged span lists, pool_topk (its sets come back as positions, not as the
+ * probabilities), gather_heads with a staged map.
  *
  * Recall, offload and the pool registration: backend_cuda_xfer.c. The shared state is in
  * backend_cuda_priv.h.
@@ -32,12 +34,16 @@
 #ifdef FREEKV_HAVE_CUDA
 
 #include "add.cuh"
+#include "attn_accum.cuh"
+#include "attn_scores.cuh"
 #include "convert.cuh"
 #include "cuda_check.h"
 #include "decode_attention.cuh"
 #include "embedding.cuh"
+#include "gather_heads.cuh"
 #include "gather_rows.cuh"
 #include "gemm.cuh"
+#include "pool_topk.cuh"
 #include "prefill_attention.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
@@ -144,6 +150,7 @@ static void cuda_free(void *ctx)
 	(void)cuda_drain(c);
 	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
 	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
+	ws_release(c, &c->pool_ws, &c->pool_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
 		cudaFree(c->bufs[i]);
 	free(c->bufs);
@@ -465,6 +472,109 @@ static int cuda_attn_decode_heads(void *ctx, float *out, const float *q,
 	return attn_spans(ctx, out, q, spans, first[a->n_kv_heads], first, a);
 }
 
+/* refreshkv's full step (docs/design.md §5): the two passes of decode attention apart, over span
+ * lists staged as for attn_decode_heads; *max_keys gets the most keys a KV head has. */
+static int split_spans(struct cuda_ctx *c, const struct backend_kv_span *spans,
+		       const int *first, const struct backend_attn *a,
+		       const struct span_desc **ds, const int32_t **df, int64_t *max_keys)
+{
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	if (first[0] < 0)
+		return -EINVAL;
+	*max_keys = 0;
+	for (int h = 0; h < a->n_kv_heads; h++) {
+		int64_t n = 0;
+		if (first[h + 1] < first[h])
+			return -EINVAL;
+		for (int s = first[h]; s < first[h + 1]; s++)
+			n += spans[s].n;
+		*max_keys = n > *max_keys ? n : *max_keys;
+	}
+	return stage_spans(c, spans, first[a->n_kv_heads], first, a->n_kv_heads, ds, df);
+}
+
+static int cuda_attn_scores(void *ctx, float *s, int64_t ld, const float *q,
+			    const struct backend_kv_span *spans, const int *first,
+			    const struct backend_attn *a)
+{
+	struct cuda_ctx *c = ctx;
+	const struct span_desc *ds;
+	const int32_t *df;
+	int64_t n;
+	int ret = split_spans(c, spans, first, a, &ds, &df, &n);
+	if (ret)
+		return ret;
+	CUDA_CHECK(attn_scores(s, ld, q, ds, df, n, a->kv_dtype, a->n_heads, a->n_kv_heads,
+			       a->head_dim, a->scale, c->stream));
+	return 0;
+}
+
+static int cuda_attn_accum(void *ctx, float *out, const float *p, int64_t ld,
+			   const struct backend_kv_span *spans, const int *first, bool accumulate,
+			   const struct backend_attn *a)
+{
+	struct cuda_ctx *c = ctx;
+	const struct span_desc *ds;
+	const int32_t *df;
+	int64_t n;
+	int ret = split_spans(c, spans, first, a, &ds, &df, &n);
+	if (ret)
+		return ret;
+	CUDA_CHECK(attn_accum(out, p, ld, ds, df, accumulate, a->kv_dtype, a->n_heads,
+			      a->n_kv_heads, a->head_dim, c->stream));
+	return 0;
+}
+
+/* The sets come back as n_kv * B positions and scores: a download of 8 bytes per member
+ * instead of the n_q * T probabilities. */
+static int cuda_pool_topk(void *ctx, int32_t *pos, float *uval, const float *probs, int64_t ld,
+			  int n_q, int n_kv, int64_t T, int B)
+{
+	struct cuda_ctx *c = ctx;
+	if (T <= 0 || T > INT32_MAX || B < 1 || B > T || n_kv <= 0)
+		return -EINVAL;
+	const size_t u_bytes = ((size_t)n_kv * (size_t)T * sizeof(float) + 255) & ~(size_t)255;
+	const size_t set_bytes = (size_t)n_kv * B * sizeof(int32_t);
+	int ret = ws_reserve(c, &c->pool_ws, &c->pool_ws_bytes, u_bytes + 2 * set_bytes);
+	if (ret)
+		return ret;
+	char *ws = c->pool_ws;
+	int32_t *dpos = (int32_t *)(ws + u_bytes);
+	float *duv = (float *)(ws + u_bytes + set_bytes);
+	CUDA_CHECK(pool_topk(dpos, duv, (float *)ws, probs, ld, n_q, n_kv, (int)T, B, c->stream));
+	CUDA_CHECK(cudaMemcpyAsync(pos, dpos, set_bytes, cudaMemcpyDeviceToHost, c->stream));
+	CUDA_CHECK(cudaMemcpyAsync(uval, duv, set_bytes, cudaMemcpyDeviceToHost, c->stream));
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+/* The map is staged like the span tables: pinned host copy, device copy in stream order. */
+static int cuda_gather_heads(void *ctx, float *dst, const float *src, const int32_t *map, int n,
+			     int n_kv, int d)
+{
+	struct cuda_ctx *c = ctx;
+	if (n < 0 || n_kv <= 0 || d <= 0)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (map[3 * i] < 0 || map[3 * i + 1] < 0 || map[3 * i + 2] < 0 ||
+		    map[3 * i + 2] >= n_kv)
+			return -EINVAL;
+	if (!n)
+		return 0;
+	struct stage_slot *s;
+	size_t bytes = (size_t)n * 3 * sizeof(int32_t);
+	int ret = stage_take(c, bytes, &s);
+	if (ret)
+		return ret;
+	memcpy(s->host, map, bytes);
+	if ((ret = stage_push(c, s, bytes)))
+		return ret;
+	CUDA_CHECK(gather_heads(dst, src, s->dev, n, n_kv, d, c->stream));
+	return 0;
+}
+
 /* The arguments of attn_decode_slots, checked on the host before anything is queued: the
  * geometry (what the kernel takes, in int) and every slot index a KV head reads. */
 static int check_slots(const float *slots, int n_slots, const int32_t *list, int max_pages,
@@ -606,6 +716,10 @@ static const struct backend_ops cuda_ops = {
 	.attn_decode = cuda_attn_decode,
 	.attn_decode_heads = cuda_attn_decode_heads,
 	.attn_decode_slots = cuda_attn_decode_slots,
+	.attn_scores = cuda_attn_scores,
+	.attn_accum = cuda_attn_accum,
+	.pool_topk = cuda_pool_topk,
+	.gather_heads = cuda_gather_heads,
 	.recall_units = cuda_recall_units,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,

@@ -3,13 +3,14 @@
  * Two passes over the layer's host copy, chunk by chunk in position order, so nothing of size T
  * but the scores lives on the device: pass 0 computes every query head's scores over the
  * chunk's keys (attn_scores), then one softmax over all T gives the probabilities a_i, which
- * the host pools and ranks into the new sets (refresh_topk); pass 1 adds the chunk's share of
- * the output (attn_accum, the same sum in key order as `full`'s decode attention, so the output
- * is `full`'s to the bit) and fetches the positions new to a set that fall in the chunk into
- * the slots they take (slots of members that left). On a backend whose buffers are host
- * memory a chunk is its pinned host blocks, read in place (HND: head h's rows of a block are
- * contiguous, d apart); elsewhere it is streamed through the recall stream's double buffer into
- * one of two staging halves of NHD slots, the next chunk copying while this one computes. */
+ * are pooled and ranked into the new sets (the backend's pool_topk, or refresh_topk on the
+ * host); pass 1 adds the chunk's share of the output (attn_accum, the same sum in key order as
+ * `full`'s decode attention, so on the CPU backend the output is `full`'s to the bit) and
+ * fetches the positions new to a set that fall in the chunk into the slots they take (slots of
+ * members that left). On a backend whose buffers are host memory a chunk is its pinned host
+ * blocks, read in place (HND: head h's rows of a block are contiguous, d apart); elsewhere it
+ * is streamed through the recall stream's double buffer into one of two staging halves of NHD
+ * slots, the next chunk copying while this one computes. */
 #include "policy_refresh.h"
 
 #include <errno.h>
@@ -339,12 +340,19 @@ int refresh_full_step(struct refresh *s, int l, float *out, const float *q, int6
 	ps.n_chunks = (ps.n_pages + REFRESH_CHUNK_PAGES - 1) / REFRESH_CHUNK_PAGES;
 	/* The step's own row is in the host copy once its write-through has landed. */
 	int ret = kv_wt_fence(&s->wt) ?: refresh_reserve(s, T) ?: run_pass(&ps, 0, q, NULL)
-		  ?: be->ops->softmax(be->ctx, s->logits, s->n_q, T)
-		  ?: be->ops->download(be->ctx, s->hprobs, s->logits,
-				       (size_t)s->n_q * (size_t)T * sizeof(float));
+		  ?: be->ops->softmax(be->ctx, s->logits, s->n_q, T);
+	const int64_t ts = now_ns();
 	if (!ret) {
-		const int64_t ts = now_ns();
-		refresh_topk(s->hprobs, T, s->n_q, s->n_kv, T, s->B, s->npos, s->nu, s->sel);
+		/* The new sets: on the backend when it has the op, else from the probabilities. */
+		if (be->ops->pool_topk)
+			ret = be->ops->pool_topk(be->ctx, s->npos, s->nu, s->logits, T, s->n_q,
+						 s->n_kv, T, s->B);
+		else if (!(ret = be->ops->download(be->ctx, s->hprobs, s->logits,
+						   (size_t)s->n_q * (size_t)T * sizeof(float))))
+			refresh_topk(s->hprobs, T, s->n_q, s->n_kv, T, s->B, s->npos, s->nu,
+				     s->sel);
+	}
+	if (!ret) {
 		plan_sets(s, L, n_head);
 		L->st.ns_select += now_ns() - ts;
 		memset(cursor, 0, sizeof cursor);
