@@ -22,10 +22,11 @@
  * steps; the step time is the mean and the median of the measured steps (the median is what
  * the freekv / quest ratio uses: it shrugs off steps slowed by other load on the machine); the
  * breakdown columns are means per step from the policy's counters (kv_layer_stats), "rest" is
- * the mean step time minus selection, exposed recall, attention and full steps on the compute
- * thread. refreshkv rows add their full steps (time per decode step, and the full-step rate:
- * full steps / steps past the budget, summed over layers); its selection is the pooled top-B
- * inside full steps, its attention that of the other steps.
+ * the mean step time minus selection, exposed recall and attention on the compute thread.
+ * refreshkv rows add their full steps (time per decode step, and the full-step rate: full steps
+ * / steps past the budget, summed over layers); its selection (the pooled top-B) and exposed
+ * recall are parts of its full steps, its attention that of the other steps, and its "rest" the
+ * step minus full steps and attention.
  *
  * usage: decode_bench [--quick] [--ctx LIST] [--rows LIST] [-n STEPS] [-w WARMUP] [-t THREADS]
  *                     [-m MODEL_DIR] [--layers N] [--vocab N] [--page-size N] [--budget N]
@@ -378,7 +379,9 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 		if (res->has_corr)
 			res->corr_rate = (double)(s1.corrections - s0.corrections) /
 					 (double)(s1.head_checks - s0.head_checks);
-		res->rest_ms = ms - res->select_ms - res->wait_ms - res->attend_ms - res->full_ms;
+		/* refreshkv's selection and recall waits happen inside its full steps. */
+		res->rest_ms = ms - res->attend_ms - (res->has_full ? res->full_ms :
+						      res->select_ms + res->wait_ms);
 	}
 	if (ret)
 		fprintf(stderr, "decode_bench: ctx %d, %s: %s\n", ctx, rw->policy,
