@@ -3,7 +3,8 @@
  * One policy state per sequence holds that sequence's keys and values of every layer (after
  * RoPE) and decides which cached positions attention reads: `full` reads all of them; the
  * retrieval policies (streaming, quest, freekv: policy_paged.h) keep a budget of B tokens per
- * layer on the device and recall the rest from the host copy. The engine drives every policy
+ * layer on the device and recall the rest from the host copy; refreshkv (policy_refresh.h)
+ * keeps B token slots per KV head, refreshed by full-attention steps over the host copy. The engine drives every policy
  * the same way and never learns which one runs:
  *
  *   step_begin(n)                      a forward pass will add n tokens
