@@ -279,6 +279,8 @@ static void print_config(const struct serve_opts *o)
 	if (o->po.set_window)
 		printf("window = %d\n", o->po.kv.window);
 	printf("full-layers = %d\ntau = %g\n", o->po.kv.full_layers, (double)o->po.kv.tau);
+	printf("refresh-stride = %d\nrefresh-threshold = %g\n", o->po.kv.refresh_stride,
+	       (double)o->po.kv.refresh_threshold);
 }
 
 /* 0 parsed, -1 help or config shown, CMD_USAGE. */
