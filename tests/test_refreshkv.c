@@ -5,7 +5,8 @@
  *     logits, and so does Q = 1 with s > 1 (every step past the budget is a full step);
  *   - an independent float64 reference (tests/refresh_ref.c) agrees with the policy's
  *     full/partial decisions and partial sets at every layer of every decode step past the
- *     budget (p 8, B 64, full_layers 1, Q 5, s 0.85, 300 steps), up to ties float32 breaks;
+ *     budget (p 8, B 64, full_layers 1, Q 5, s 0.85, 300 steps), up to ties float32 breaks,
+ *     and the rows fetched are exactly the positions new to a set at its full steps;
  *   - the streamed full step (a backend whose buffers are not host memory: recall into staging
  *     halves, gather_heads) gives the direct path's tokens and logits bit for bit, as do the
  *     fallbacks without gather_heads and round_to, with the debug invariants on;
@@ -332,6 +333,14 @@ static void test_float64_reference(void **state)
 	assert_int_equal(rref_init(&rf, L, model.cfg.n_heads, H, g.d, B, Q, S), 0);
 	int per_layer[8] = { 0 }, full = 0, partial = 0, ties = 0;
 	int32_t a[B], b[B], ev[H];
+	/* The policy's previous sets, to count what its full steps had to fetch: before the
+	 * first step past the budget every head holds positions 0 .. B-1. */
+	int32_t prev[8][H][B];
+	int64_t new_members = 0;
+	for (int l = 0; l < L; l++)
+		for (int h = 0; h < H; h++)
+			for (int k = 0; k < B; k++)
+				prev[l][h][k] = k;
 	for (int i = 0; i < lg.n; i++) {
 		const struct rec *c = &lg.r[i];
 		assert_true(c->layer >= 1 && c->layer < L); /* layer 0 keeps full attention */
@@ -358,6 +367,13 @@ static void test_float64_reference(void **state)
 		}
 		for (int h = 0; h < H; h++) {
 			sorted_sets(&rf, c->layer, h, c->set + (size_t)h * B, a, b);
+			for (int k = 0; c->full && k < B; k++) {
+				bool had = false;
+				for (int j = 0; j < B && !had; j++)
+					had = prev[c->layer][h][j] == a[k];
+				new_members += !had;
+			}
+			memcpy(prev[c->layer][h], a, sizeof a);
 			if (!memcmp(a, b, sizeof a))
 				continue;
 			/* Only a near tie may differ: at a full step, members the two sets do not
@@ -391,6 +407,8 @@ static void test_float64_reference(void **state)
 	assert_true(partial > full);
 	assert_true(ties * 100 <= lg.n); /* ties are rare; a systematic difference is not one */
 	assert_int_equal(r.st.sum.full_steps, full);
+	/* Only positions new to a set are fetched. */
+	assert_int_equal(r.st.sum.tokens_fetched, new_members);
 	assert_int_equal(r.st.sum.steps, lg.n);
 	rref_free(&rf);
 	for (int i = 0; i < lg.n; i++) {
