@@ -166,8 +166,8 @@ void cmd_session_usage(FILE *f)
 		"                       later `kvworker resume` can continue it; without it the\n"
 		"                       sequence is dropped at the end (a crash leaves it orphaned)\n"
 		"  retrieval: %s\n"
-		"             policies built: %s; defaults 32/2048/512/512/0.9/1, scaled\n"
-		"             down for short contexts\n",
+		"             policies built: %s; defaults 32/2048/512/512/0.9/1/5/0.85,\n"
+		"             scaled down for short contexts\n",
 		policy_opts_usage(), kvcache_policy_names());
 }
 

@@ -52,8 +52,9 @@ static int perr(char *err, size_t errlen, const struct popt *p, const char *val,
 	if (p->kind == POPT_BOOL)
 		snprintf(err, errlen, "%s: bad value '%s' (%s)", p->flag, val ? val : "", why);
 	else
-		snprintf(err, errlen, "%s: bad value '%s' (%s in [%g, %g])", p->flag,
-			 val ? val : "", why, p->lo, p->hi);
+		snprintf(err, errlen, p->kind == POPT_INT ? "%s: bad value '%s' (%s in [%.0f, %.0f])"
+							  : "%s: bad value '%s' (%s in [%g, %g])",
+			 p->flag, val ? val : "", why, p->lo, p->hi);
 	return -EINVAL;
 }
 
