@@ -8,8 +8,10 @@
  * prefill): each K/V row is converted once per unit. Scratch for tiles and scores lives in one
  * growing buffer owned by the context, and attn_decode_slots keeps its span tables in the
  * context too (grown on demand, so a decode step allocates nothing once warm). Results do not
- * depend on the thread count. */
+ * depend on the thread count. The helpers shared with backend_cpu_refresh.c (refreshkv's ops)
+ * are in backend_cpu_priv.h. */
 #include "backend.h"
+#include "backend_cpu_priv.h"
 #include "layout.h"
 
 #include <cblas.h>
@@ -26,32 +28,15 @@
 /* Target size of one converted f32 weight tile for sgemm: about one core's L2 (measured best of
  * 256 KiB, 1 MiB, 4 MiB on the development machine). */
 #define CPU_TILE_BYTES (1u << 20)
-/* Below this many multiply-adds (or elements) an op runs on one thread: waking the pool costs
- * more than it saves. */
-#define CPU_PAR_MIN (1 << 18)
-/* Largest head_dim the stack buffers accept. */
-#define CPU_MAX_HEAD_DIM 1024
 /* Weight rows per task of the direct dot loop. */
 #define CPU_DOT_ROWS 64
-/* Most query rows one attention unit takes, and the most scores (floats) a unit's scratch may
- * hold: a unit converts each K/V row once for all its rows. */
-#define CPU_ATTN_ROWS 64
+/* The most scores (floats) an attention unit's scratch may hold. */
 #define CPU_ATTN_SCORES (1 << 20)
 /* A unit reads one head's slice of each K/V row, a row stride apart: it prefetches the slice
  * this many rows ahead (measured on f32 spans of (32, 8, 128) pages: 1.8x over no prefetch,
  * 2 to 8 rows alike). */
 #define CPU_ATTN_PREFETCH 4
-
-/* The hot loops are compiled twice, for x86-64-v3 (AVX2, FMA) and the baseline, and the loader
- * picks the clone the CPU runs (GCC function multiversioning): the build targets the baseline,
- * so without this every loop would be SSE2. Functions with an OpenMP region are not cloned
- * (the region is outlined before cloning); they call CPU_HOT workers. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-	!defined(__SANITIZE_THREAD__) /* an instrumented ifunc resolver runs before TSan starts */
-#define CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CPU_HOT
-#endif
+/* CPU_PAR_MIN, CPU_MAX_HEAD_DIM, CPU_ATTN_ROWS and CPU_HOT: backend_cpu_priv.h. */
 
 struct cpu_ctx {
 	float *scratch; /* tiles and attention scores */
@@ -86,53 +71,13 @@ static inline float ld(const void *p, enum fkv_dtype t, int64_t i)
 	return ((const float *)p)[i];
 }
 
-static inline float bf16_val(uint16_t b)
-{
-	uint32_t u = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
-}
-
-/* f16 -> f32 without branches, so that conversion loops vectorise: the exponent/mantissa bits
- * shifted into f32 position and scaled by 2^112 give every finite value exactly (subnormals
- * included); Inf/NaN get the all-ones exponent. Same results as f16_to_f32 (tested). */
-static inline float f16_val(uint16_t h)
-{
-	uint32_t em = h & 0x7fffu, r;
-	uint32_t u = em << 13;
-	float f;
-	memcpy(&f, &u, sizeof f);
-	f *= 0x1p112f;
-	memcpy(&r, &f, sizeof r);
-	r |= (em >= 0x7c00u ? 0x7f800000u : 0u) | (uint32_t)(h & 0x8000u) << 16;
-	memcpy(&f, &r, sizeof f);
-	return f;
-}
-
-/* n 16-bit values of dtype t to f32. */
-static inline void cvt16(float *dst, const uint16_t *src, enum fkv_dtype t, int64_t n)
-{
-	if (t == FKV_BF16) {
-		#pragma omp simd
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = bf16_val(src[i]);
-	} else {
-		#pragma omp simd
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = f16_val(src[i]);
-	}
-}
 
 /* Eight lanes, with GCC/Clang vector extensions: the kernels below spell out their vector
  * accumulators (an OpenMP simd reduction keeps its partial sums in memory, a store-to-load
  * chain per step); each clone compiles them to its widest registers. */
-#pragma GCC diagnostic ignored "-Wpsabi" /* vectors by value, only between inlined statics */
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef float v4f __attribute__((vector_size(16)));
-typedef double v4d __attribute__((vector_size(32)));
 
 static inline v8f ld8(const float *p)
 {
@@ -141,12 +86,6 @@ static inline v8f ld8(const float *p)
 	return v;
 }
 
-static inline v4d ld4d(const float *p)
-{
-	v4f v;
-	memcpy(&v, p, sizeof v);
-	return __builtin_convertvector(v, v4d);
-}
 
 static inline float hsum8(const v8f *v)
 {
@@ -154,11 +93,6 @@ static inline float hsum8(const v8f *v)
 	return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
-static inline double hsum4d(const v4d *v)
-{
-	const v4d x = *v;
-	return (x[0] + x[2]) + (x[1] + x[3]);
-}
 
 /* p[0..7], 16-bit values of dtype t, as f32: bf16_val / f16_val on eight lanes. */
 __attribute__((always_inline)) static inline v8f cvt8(const uint16_t *p, enum fkv_dtype t)
@@ -181,16 +115,6 @@ __attribute__((always_inline)) static inline v8f cvt8(const uint16_t *p, enum fk
 	return f;
 }
 
-/* Row r of a (rows, cols) array of dtype t converted into dst (cols). Returns dst, or the row
- * itself when it is already f32. */
-static inline const float *row_f32(float *dst, const void *base, enum fkv_dtype t, int64_t r,
-				   int64_t cols)
-{
-	if (t == FKV_F32)
-		return (const float *)base + r * cols;
-	cvt16(dst, (const uint16_t *)base + r * cols, t, cols);
-	return dst;
-}
 
 static void cpu_free(void *ctx)
 {
@@ -506,60 +430,7 @@ static int cpu_softmax(void *ctx, float *x, int64_t rows, int64_t cols)
 	return 0;
 }
 
-/* Where an attention call reads one KV head's keys from: spans holding n keys (the decode
- * spans, or one dense span for prefill). */
-struct attn_src {
-	const struct backend_kv_span *spans;
-	int n_spans;
-	int64_t n;
-};
 
-/* Query rows that share one KV head, as one unit of work: row r is query q[r] (d) attending
- * to keys [lo[r], hi[r]) of the source, its output going to o[r] (d). The rows of a unit are
- * a GQA group (decode) or the groups of consecutive queries (prefill), so each K and V row is
- * converted once for all of them. */
-struct attn_rows {
-	const float *q[CPU_ATTN_ROWS];
-	float *o[CPU_ATTN_ROWS];
-	int64_t lo[CPU_ATTN_ROWS], hi[CPU_ATTN_ROWS];
-	int n;
-};
-
-/* Attention scores accumulate in double: the sum is then independent of the order of the
- * head dimensions to f32 precision, so both rotary layouts of one model agree.
- * Scores of key row x (d) for rows r .. r + 3 of u (those that exist and see the key) into
- * s[0], s[ld], s[2 ld], s[3 ld]. The four sums run side by side, so their vector adds overlap
- * (one sum is latency-bound); a missing row repeats row r. Always inlined, so that it is
- * compiled into each clone of attn_unit. */
-__attribute__((always_inline)) static inline void
-scores4(float *s, int64_t ld, const struct attn_rows *u, int r, int64_t key, const float *x, int d,
-	float scale)
-{
-	const float *q[4];
-	bool any = false;
-	for (int k = 0; k < 4; k++) {
-		q[k] = u->q[r + k < u->n ? r + k : r];
-		any |= r + k < u->n && key >= u->lo[r + k] && key < u->hi[r + k];
-	}
-	if (!any)
-		return;
-	v4d a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
-	int i = 0;
-	for (; i + 4 <= d; i += 4) {
-		v4d xv = ld4d(x + i);
-		a0 += ld4d(q[0] + i) * xv;
-		a1 += ld4d(q[1] + i) * xv;
-		a2 += ld4d(q[2] + i) * xv;
-		a3 += ld4d(q[3] + i) * xv;
-	}
-	double acc[4] = { hsum4d(&a0), hsum4d(&a1), hsum4d(&a2), hsum4d(&a3) };
-	for (; i < d; i++)
-		for (int k = 0; k < 4; k++)
-			acc[k] += (double)q[k][i] * x[i];
-	for (int k = 0; k < 4 && r + k < u->n; k++)
-		if (key >= u->lo[r + k] && key < u->hi[r + k])
-			s[k * ld] = (float)acc[k] * scale;
-}
 
 /* Runs a unit: keys [k0, k1) of src (KV head kvh) hold every row's range; s is scratch of
  * (n, k1 - k0) scores. Two passes over the keys: scores (then a softmax per row), then the
@@ -613,13 +484,6 @@ CPU_HOT static void attn_unit(const struct attn_rows *u, float *s, const struct 
 	}
 }
 
-static int check_attn(const struct backend_attn *a)
-{
-	if (a->head_dim <= 0 || a->head_dim > CPU_MAX_HEAD_DIM || a->n_kv_heads <= 0 ||
-	    a->n_heads % a->n_kv_heads || a->window < 0)
-		return -EINVAL;
-	return 0;
-}
 
 /* Every query head of n_q queries q (n_q, n_heads, d) against its KV head's keys src[kvh],
  * into out (n_q, n_heads, d). causal: query i sees keys up to n_ctx - n_q + i (windowed as
@@ -670,7 +534,7 @@ static int attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
 static int cpu_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
 			    const void *v, int64_t n_ctx, const struct backend_attn *a)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	if (n_q > n_ctx)
@@ -692,7 +556,7 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 			   const struct backend_kv_span *spans, int n_spans,
 			   const struct backend_attn *a)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	int64_t n_keys = 0;
@@ -710,11 +574,10 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 	return ret;
 }
 
-/* One source per KV head: its spans spans[first[g] .. first[g + 1]) (caller frees *out). */
-static int head_srcs(const struct backend_kv_span *spans, const int *first,
-		     const struct backend_attn *a, struct attn_src **out)
+int cpu_head_srcs(const struct backend_kv_span *spans, const int *first,
+		  const struct backend_attn *a, struct attn_src **out)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	struct attn_src *src = malloc((size_t)a->n_kv_heads * sizeof *src);
@@ -739,7 +602,7 @@ static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
 				 const struct backend_attn *a)
 {
 	struct attn_src *src = NULL;
-	int ret = head_srcs(spans, first, a, &src);
+	int ret = cpu_head_srcs(spans, first, a, &src);
 	for (int kvh = 0; !ret && kvh < a->n_kv_heads; kvh++)
 		if (src[kvh].n <= 0)
 			ret = -EINVAL;
@@ -777,7 +640,7 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 				 int p, const struct backend_attn *a)
 {
 	struct cpu_ctx *c = ctx;
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	if (a->kv_dtype != FKV_F32 || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
@@ -811,100 +674,6 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 	return attn_run(c, out, q, 1, c->slot_src, 0, false, a);
 }
 
-/* refreshkv's full step: attn_unit's two passes, one query, split into two ops. A KV head's
- * G query rows go through scores4 and the same weighted sum in key order as attn_unit, so the
- * scores, softmax and sum give attn_decode's bits. accum false: scores into s (rows of ld);
- * true: out (+)= s . V. */
-CPU_HOT static void head_pass(bool accum, float *s, int64_t ld, float *out, const float *q,
-			      const struct attn_src *src, int kvh, int G, const struct backend_attn *a)
-{
-	const int d = a->head_dim, h0 = kvh * G;
-	const size_t es = dtype_size(a->kv_dtype);
-	float tmp[CPU_MAX_HEAD_DIM];
-	for (int r0 = 0; r0 < G; r0 += CPU_ATTN_ROWS) {
-		struct attn_rows u = { .n = G - r0 < CPU_ATTN_ROWS ? G - r0 : CPU_ATTN_ROWS };
-		for (int r = 0; r < u.n; r++) {
-			u.q[r] = q ? q + (size_t)(h0 + r0 + r) * d : NULL;
-			u.o[r] = out ? out + (size_t)(h0 + r0 + r) * d : NULL;
-			u.hi[r] = src->n;
-		}
-		float *sr = s + (size_t)(h0 + r0) * (size_t)ld;
-		int64_t key = 0;
-		for (int sp = 0; sp < src->n_spans; sp++) {
-			const struct backend_kv_span *span = &src->spans[sp];
-			const char *rows = (const char *)(accum ? span->v : span->k);
-			for (int64_t t = 0; t < span->n; t++, key++) {
-				const char *p = rows + (size_t)(t * span->row_stride +
-								(int64_t)kvh * d) * es;
-				const float *x = row_f32(tmp, p, a->kv_dtype, 0, d);
-				if (!accum) {
-					for (int r = 0; r < u.n; r += 4)
-						scores4(sr + (size_t)r * ld + key, ld, &u, r, key, x,
-							d, a->scale);
-					continue;
-				}
-				for (int r = 0; r < u.n; r++) {
-					float pr = sr[(size_t)r * ld + key], *o = u.o[r];
-					#pragma omp simd
-					for (int i = 0; i < d; i++)
-						o[i] += pr * x[i];
-				}
-			}
-		}
-	}
-}
-
-static int cpu_attn_scores(void *ctx, float *s, int64_t ld, const float *q,
-			   const struct backend_kv_span *spans, const int *first,
-			   const struct backend_attn *a)
-{
-	(void)ctx;
-	struct attn_src *src;
-	int ret = head_srcs(spans, first, a, &src);
-	if (ret)
-		return ret;
-	const int G = a->n_heads / a->n_kv_heads;
-	#pragma omp parallel for schedule(dynamic) if (src[0].n * a->n_heads * a->head_dim > CPU_PAR_MIN)
-	for (int g = 0; g < a->n_kv_heads; g++)
-		head_pass(false, s, ld, NULL, q, &src[g], g, G, a);
-	free(src);
-	return 0;
-}
-
-static int cpu_attn_accum(void *ctx, float *out, const float *p, int64_t ld,
-			  const struct backend_kv_span *spans, const int *first, bool accumulate,
-			  const struct backend_attn *a)
-{
-	(void)ctx;
-	struct attn_src *src;
-	int ret = head_srcs(spans, first, a, &src);
-	if (ret)
-		return ret;
-	if (!accumulate)
-		memset(out, 0, (size_t)a->n_heads * a->head_dim * sizeof *out);
-	const int G = a->n_heads / a->n_kv_heads;
-	#pragma omp parallel for schedule(dynamic) if (src[0].n * a->n_heads * a->head_dim > CPU_PAR_MIN)
-	for (int g = 0; g < a->n_kv_heads; g++)
-		head_pass(true, (float *)p, ld, out, NULL, &src[g], g, G, a);
-	free(src);
-	return 0;
-}
-
-static int cpu_gather_heads(void *ctx, float *dst, const float *src, const int32_t *map, int n,
-			    int n_kv, int d)
-{
-	(void)ctx;
-	if (n < 0 || n_kv <= 0 || d <= 0)
-		return -EINVAL;
-	for (int i = 0; i < n; i++) {
-		const int32_t *m = map + (size_t)i * 3;
-		if (m[0] < 0 || m[1] < 0 || m[2] < 0 || m[2] >= n_kv)
-			return -EINVAL;
-		memmove(dst + ((size_t)m[0] * n_kv + m[2]) * d, src + ((size_t)m[1] * n_kv + m[2]) * d,
-			(size_t)d * sizeof *dst);
-	}
-	return 0;
-}
 
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {

@@ -310,7 +310,7 @@ static int attend_slots(struct refresh *s, struct rlayer *L, float *out, const f
 	return ret;
 }
 
-/* Puts the current row of every head into the slots map[.] names: n entries (slot, head). */
+/* Puts head h's slice of the current row (K and V) into slot slot_of_head[h], every head. */
 static int place_cur(struct refresh *s, struct rlayer *L, const int32_t *slot_of_head)
 {
 	struct backend *be = s->p.be;

@@ -87,7 +87,8 @@ int refresh_full_step(struct refresh *s, int l, float *out, const float *q, int6
 /* Grows the full-step scratch to T tokens. */
 int refresh_reserve(struct refresh *s, int64_t T);
 
-/* head_slot of row r (K: r, V: B + r) as a (rows, n_kv, d) view of slots: element offset. */
+/* Element offset of head h of row `row` in a (rows, n_kv, d) f32 buffer; in the slots, slot i's
+ * K row is row i and its V row is row B + i. */
 static inline size_t refresh_slot_off(const struct refresh *s, int64_t row, int h)
 {
 	return ((size_t)row * s->n_kv + (size_t)h) * (size_t)s->d;
