@@ -74,6 +74,7 @@ void paged_destroy(void *st)
 	free(s->span_page);
 	free(s->first);
 	free(s->slot_list);
+	free(s->head_tok);
 	free(s->chk);
 	free(s->hslot);
 	free(s);
@@ -188,10 +189,11 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->span_page = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->span_page);
 	s->first = calloc((size_t)s->g.n_kv + 1, sizeof *s->first);
 	s->slot_list = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->slot_list);
+	s->head_tok = calloc((size_t)s->g.n_kv, sizeof *s->head_tok);
 	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
 	s->hslot = malloc(s->slot_floats * sizeof *s->hslot);
 	bool ok = s->L && s->hq && s->spans && s->span_page && s->first && s->slot_list &&
-		  s->chk && s->hslot;
+		  s->head_tok && s->chk && s->hslot;
 	ret = ok ? 0 : -ENOMEM;
 	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
 		ret = layer_init(s, &s->L[l], l);
@@ -498,29 +500,24 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 	return 0;
 }
 
-/* Whether the spans fit attn_decode_slots: every head the same number of pages holding the same
- * number of tokens (*n_tok), every page full but each head's last. build_spans meets this in
- * every phase (the partial tail page is the last page and never a candidate; each head attends
- * the sink, lay->k distinct candidates and the window); a false here means a strategy broke
- * the selection, and the step falls back to attn_decode_heads over the spans as they are. */
-static bool spans_fit_slots(const struct paged *s, int64_t *n_tok)
+/* Whether the spans fit attn_decode_slots: every page full but each head's last, at least one
+ * page a head; the tokens of each head go to s->head_tok. build_spans meets this in every phase
+ * (the partial tail page is the last page and never a candidate; each head attends the sink,
+ * its distinct candidates and the window); a false here means a strategy broke the selection,
+ * and the step falls back to attn_decode_heads over the spans as they are. */
+static bool spans_fit_slots(const struct paged *s)
 {
-	const int H = s->g.n_kv, pages = s->first[1] - s->first[0];
-	int64_t tok = -1;
-	for (int h = 0; h < H; h++) {
+	for (int h = 0; h < s->g.n_kv; h++) {
 		int64_t t = 0;
-		if (s->first[h + 1] - s->first[h] != pages || pages <= 0)
+		if (s->first[h + 1] <= s->first[h])
 			return false;
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++) {
 			if (sp + 1 < s->first[h + 1] && s->spans[sp].n != s->g.p)
 				return false;
 			t += s->spans[sp].n;
 		}
-		if (tok >= 0 && t != tok)
-			return false;
-		tok = t;
+		s->head_tok[h] = (int32_t)t;
 	}
-	*n_tok = tok;
 	return true;
 }
 
@@ -588,10 +585,10 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 
 /* Debug: the selection is lay->k distinct candidates per head (the top-k docs/design.md §5 defines, for
  * the strategies that select), every page the step attends equals its page in the host copy
- * — read where the attention op will read it: slot_list with the op's row counts when
- * use_slots (n_tok tokens per head), else the spans — and the summaries are current. */
+ * — read where the attention op will read it: slot_list with the op's row counts
+ * (s->head_tok) when use_slots, else the spans — and the summaries are current. */
 static int check_invariants(struct paged *s, struct paged_layer *L,
-			    const struct select_layout *lay, int len, bool use_slots, int64_t n_tok)
+			    const struct select_layout *lay, int len, bool use_slots)
 {
 	const int H = s->g.n_kv;
 	if (lay->compressed) {
@@ -619,10 +616,10 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 		int64_t keys = 0;
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++)
 			keys += s->spans[sp].n;
-		if (keys != want || (use_slots && n_tok != want)) {
+		if (keys != want || (use_slots && s->head_tok[h] != want)) {
 			fprintf(stderr, "policy %s: layer %d head %d attends %lld keys, not %lld\n",
-				s->strat->name, L->layer, h, (long long)(use_slots ? n_tok : keys),
-				(long long)want);
+				s->strat->name, L->layer, h,
+				(long long)(use_slots ? s->head_tok[h] : keys), (long long)want);
 			return -EIO;
 		}
 	}
@@ -656,7 +653,7 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 			layout_gather_unit(g, mine, h, s->hslot);
 			int n = !use_slots ? (int)s->spans[sp].n
 			      : sp + 1 < s->first[h + 1] ? s->g.p
-							 : (int)(n_tok - (int64_t)i * s->g.p);
+							 : s->head_tok[h] - i * s->g.p;
 			size_t rb = (size_t)g->d * dtype_size(g->dtype);
 			if (memcmp(mine, host, n * rb) ||
 			    memcmp(mine + (size_t)g->p * rb, host + (size_t)g->p * rb, n * rb)) {
@@ -702,10 +699,9 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		L->st.pages_selected += (int64_t)lay.k * s->g.n_kv;
 	}
 	ret = build_spans(s, L, &lay, len);
-	int64_t n_tok = 0;
-	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s, &n_tok);
+	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s);
 	if (!ret && s->p.opts.debug_invariants)
-		ret = check_invariants(s, L, &lay, len, use_slots, n_tok);
+		ret = check_invariants(s, L, &lay, len, use_slots);
 	if (ret)
 		return ret;
 	struct backend_attn a = s->p.attn;
@@ -713,7 +709,7 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	int64_t t0 = paged_now_ns();
 	if (use_slots)
 		ret = be->ops->attn_decode_slots(be->ctx, out, q, L->slots, s->n_slots,
-						 s->slot_list, s->n_slots, n_tok, s->g.p, &a);
+						 s->slot_list, s->n_slots, s->head_tok, s->g.p, &a);
 	else
 		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
 	L->st.ns_attend += paged_now_ns() - t0;

@@ -100,6 +100,7 @@ struct paged {
 	int *span_page;		/* (n_kv * n_slots): the page each span holds */
 	int *first;		/* (n_kv + 1) */
 	int32_t *slot_list;	/* (n_kv, n_slots): head h's i-th span is slot_list[h][i] */
+	int32_t *head_tok;	/* (n_kv): tokens head h's slot list holds */
 	float *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) f32 */
 	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
