@@ -444,6 +444,16 @@ int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
 	return e->policy->layer_stats(e->seqs[seq].kv, layer, out);
 }
 
+int engine_seq_layer_select(const struct engine *e, int seq, int layer, int *pages,
+			    float *theta)
+{
+	if (!seq_ok(e, seq) || layer < 0 || layer >= e->cfg.n_layers)
+		return -EINVAL;
+	if (!e->policy->layer_select)
+		return -EOPNOTSUPP;
+	return e->policy->layer_select(e->seqs[seq].kv, layer, pages, theta);
+}
+
 int64_t engine_seq_len(const struct engine *e, int seq)
 {
 	if (!seq_ok(e, seq))

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "hostkv.h"
+#include "topp.h"
 
 int64_t paged_now_ns(void)
 {
@@ -49,6 +50,8 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 	free(L->units_r);
 	free(L->spec_heads);
 	free(L->att_now);
+	free(L->theta_k);
+	free(L->theta_k_prev);
 }
 
 void paged_destroy(void *st)
@@ -91,7 +94,9 @@ static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 		cap *= 2;
 	size_t d = (size_t)s->g.d, H = (size_t)s->g.n_kv, old = (size_t)L->page_cap;
 	float *mn = calloc(H * cap * d, sizeof *mn), *mx = calloc(H * cap * d, sizeof *mx);
-	size_t sf = select_scratch_floats(&s->g, cap);
+	/* top-p selection reads the scratch as doubles (topp.h) */
+	size_t sf = select_scratch_floats(&s->g, cap), tf = 2 * topp_scratch_doubles(&s->g, cap);
+	sf = sf > tf ? sf : tf;
 	float *sc = malloc(sf * sizeof *sc), *sr = malloc(sf * sizeof *sr);
 	if (!mn || !mx || !sc || !sr) {
 		free(mn);
@@ -133,8 +138,12 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	L->units_r = calloc(H * K, sizeof *L->units_r);
 	L->spec_heads = calloc(H, 1);
 	L->att_now = calloc(H, 1);
+	L->theta_k = calloc(H, sizeof *L->theta_k);
+	L->theta_k_prev = calloc(H, sizeof *L->theta_k_prev);
+	L->since_cal = -1;
 	if (!L->slots || !L->res || !L->target || !L->fresh || !L->att || !L->q_last ||
-	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads || !L->att_now)
+	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads || !L->att_now ||
+	    !L->theta_k || !L->theta_k_prev)
 		return -ENOMEM;
 	for (size_t i = 0; i < K * H; i++)
 		L->res[i] = -1;
@@ -178,6 +187,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->n_slots = o->budget / o->page;
 	s->slot_floats = (size_t)2 * o->page * s->g.n_kv * s->g.d;
 	s->full_layers = o->full_layers < p->n_layers ? o->full_layers : p->n_layers;
+	s->top_p = !strat->top_p ? 0.0 : o->top_p > 0.0f ? o->top_p : strat->top_p_default;
+	s->recal = o->recalibrate > 0 ? o->recalibrate : 128;
 	ret = kv_wt_init(&s->wt, be, p->host, &p->attn, o->page);
 	if (ret) {
 		free(s);
@@ -554,27 +565,52 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_topk: a head
- * whose pages were selected with this step's query attends exactly the top-k of q_t at this
- * layout; the others (freekv's unflagged heads) exactly the top-k of the previous query at the
- * previous step's layout. Every query head of a group reads its KV head's pages (spans are per
- * KV head), so the group shares one selection. */
+/* The selection docs/design.md §5 defines for the strategy: top-k, or top-p on the calibrated
+ * scores of temperatures theta_k. */
+static void select_with(const struct paged *s, const struct paged_layer *L, const float *q,
+			const struct select_layout *lay, const int8_t *theta_k, int *pages,
+			float *scratch)
+{
+	if (s->top_p > 0.0)
+		/* the scratch holds doubles here: grow_summaries sized it for both */
+		topp_select(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, theta_k, s->top_p, pages,
+			    (double *)(void *)scratch);
+	else
+		select_topk(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, pages, scratch);
+}
+
+/* Selected pages head h attends at a compressed step: its row of L->att up to the first -1. */
+static int att_count(const struct paged *s, const struct paged_layer *L, int h,
+		     const struct select_layout *lay)
+{
+	const int *row = L->att + (size_t)h * s->k_sel;
+	int c = 0;
+	while (c < lay->k && row[c] >= 0)
+		c++;
+	return c;
+}
+
+/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_with: a
+ * head whose pages were selected with this step's query attends exactly the selection of q_t at
+ * this layout (with the current temperatures); the others (freekv's unflagged heads) exactly the
+ * selection of the previous query at the previous step's layout and temperatures. Every query
+ * head of a group reads its KV head's pages (spans are per KV head), so the group shares one
+ * selection. */
 static int check_selection(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
 {
 	const int H = s->g.n_kv, K = s->k_sel;
 	int *now = malloc((size_t)2 * H * K * sizeof *now), *prev = now + (size_t)H * K;
 	if (!now)
 		return -ENOMEM;
-	select_topk(&s->g, lay, s->hq, L->kmin, L->kmax, L->page_cap, now, L->scratch_c);
+	select_with(s, L, s->hq, lay, L->theta_k, now, L->scratch_c);
 	if (L->prev_valid)
-		select_topk(&s->g, &L->prev_lay, L->q_last, L->kmin, L->kmax, L->page_cap, prev,
-			    L->scratch_c);
+		select_with(s, L, L->q_last, &L->prev_lay, L->theta_k_prev, prev, L->scratch_c);
 	int ret = 0;
 	for (int h = 0; h < H && !ret; h++) {
 		const int *want = L->att_now[h] ? now : L->prev_valid ? prev : NULL;
 		if (want && memcmp(L->att + h * K, want + h * K, (size_t)K * sizeof *want)) {
-			fprintf(stderr, "policy %s: layer %d head %d: pages are not the top-%d of the "
-				"%s query\n", s->strat->name, L->layer, h, K,
+			fprintf(stderr, "policy %s: layer %d head %d: pages are not the selection of "
+				"the %s query\n", s->strat->name, L->layer, h,
 				L->att_now[h] ? "current" : "previous");
 			ret = -EIO;
 		}
@@ -583,36 +619,39 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: the selection is lay->k distinct candidates per head (the top-k docs/design.md §5 defines, for
- * the strategies that select), every page the step attends equals its page in the host copy
- * — read where the attention op will read it: slot_list with the op's row counts
- * (s->head_tok) when use_slots, else the spans — and the summaries are current. */
+/* Debug: the selection is lay->k distinct candidates per head — between 1 and lay->k under
+ * top-p, the row -1 past them — (the selection docs/design.md §5 defines, for the strategies
+ * that select), every page the step attends equals its page in the host copy — read where the
+ * attention op will read it: slot_list with the op's row counts (s->head_tok) when use_slots,
+ * else the spans — and the summaries are current. */
 static int check_invariants(struct paged *s, struct paged_layer *L,
 			    const struct select_layout *lay, int len, bool use_slots)
 {
 	const int H = s->g.n_kv;
-	if (lay->compressed) {
-		for (int h = 0; h < H; h++)
-			for (int i = 0; i < lay->k; i++) {
-				int pg = L->att[h * s->k_sel + i];
-				if (pg < lay->cand_begin || pg >= lay->cand_end ||
-				    (i && pg <= L->att[h * s->k_sel + i - 1])) {
-					fprintf(stderr, "policy %s: layer %d head %d: selection is not "
-						"%d distinct candidates\n", s->strat->name, L->layer, h,
-						lay->k);
-					return -EIO;
-				}
-			}
+	for (int h = 0; h < H && lay->compressed; h++) {
+		const int *row = L->att + (size_t)h * s->k_sel, c = att_count(s, L, h, lay);
+		bool bad = c < 1 || (s->top_p == 0.0 && c != lay->k);
+		for (int i = 0; i < lay->k && !bad; i++)
+			bad = i >= c ? row[i] != -1
+			      : row[i] < lay->cand_begin || row[i] >= lay->cand_end ||
+					(i && row[i] <= row[i - 1]);
+		if (bad) {
+			fprintf(stderr, "policy %s: layer %d head %d: selection is not %s%d distinct "
+				"candidates\n", s->strat->name, L->layer, h,
+				s->top_p > 0.0 ? "1 to " : "", lay->k);
+			return -EIO;
+		}
 	}
 	if (lay->compressed && s->strat->recalls) {
 		int ret = check_selection(s, L, lay);
 		if (ret)
 			return ret;
 	}
-	/* Every head attends all of the sequence but the unselected candidates. */
-	const int64_t want = len - (int64_t)(lay->compressed ? lay->cand_end - lay->cand_begin -
-								lay->k : 0) * s->g.p;
+	/* Every head attends all of the sequence but its unselected candidates. */
 	for (int h = 0; h < H; h++) {
+		const int64_t want = len - (int64_t)(lay->compressed ? lay->cand_end - lay->cand_begin -
+									 att_count(s, L, h, lay)
+								      : 0) * s->g.p;
 		int64_t keys = 0;
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++)
 			keys += s->spans[sp].n;
@@ -696,7 +735,11 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		ret = s->strat->before_attend(s, L, s->hq, &lay);
 		if (ret)
 			return ret;
-		L->st.pages_selected += (int64_t)lay.k * s->g.n_kv;
+		for (int h = 0; h < s->g.n_kv; h++) {
+			int c = att_count(s, L, h, &lay);
+			L->st.pages_selected += c;
+			L->st.pages_max = c > L->st.pages_max ? c : L->st.pages_max;
+		}
 	}
 	ret = build_spans(s, L, &lay, len);
 	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s);
@@ -716,6 +759,7 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	if (!ret && lay.compressed && s->strat->after_attend)
 		ret = s->strat->after_attend(s, L, s->hq, &lay);
 	memcpy(L->q_last, s->hq, qd * sizeof(float));
+	memcpy(L->theta_k_prev, L->theta_k, (size_t)s->g.n_kv * sizeof *L->theta_k);
 	L->have_q = true;
 	/* Once the layer's recall has landed, every head holds the top-k of this query here. */
 	L->prev_valid = !ret && lay.compressed && s->strat->recalls;
@@ -772,6 +816,9 @@ void paged_stats(void *st, struct kv_stats *out)
 		b->ns_recall_wait += a->ns_recall_wait;
 		b->ns_recall_hidden += a->ns_recall_hidden;
 		b->ns_attend += a->ns_attend;
+		b->pages_max = a->pages_max > b->pages_max ? a->pages_max : b->pages_max;
+		b->calibrations += a->calibrations;
+		b->ns_calibrate += a->ns_calibrate;
 	}
 }
 
@@ -816,7 +863,7 @@ void paged_select(const struct paged *s, const struct paged_layer *L, const floa
 		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns)
 {
 	int64_t t0 = paged_now_ns();
-	select_topk(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, pages, scratch);
+	select_with(s, L, q, lay, L->theta_k, pages, scratch);
 	*ns += paged_now_ns() - t0;
 }
 
@@ -824,24 +871,31 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 		    struct recall_unit *units, int *n)
 {
 	const int H = s->g.n_kv, K = s->k_sel, n0 = *n;
+	int np = 0; /* wanted pages: the row up to its first -1 */
+	while (np < K && pages[np] >= 0)
+		np++;
 	bool keep[K];
 	int old[K];
 	for (int i = 0; i < K; i++)
 		old[i] = L->res[i * H + h];
 	for (int i = 0; i < K; i++) {
 		keep[i] = false;
-		for (int j = 0; j < K && !keep[i]; j++)
-			keep[i] = L->res[i * H + h] == pages[j];
+		for (int j = 0; j < np && !keep[i]; j++)
+			keep[i] = old[i] == pages[j];
 	}
-	int next = 0;
-	for (int j = 0; j < K; j++) {
+	for (int j = 0; j < np; j++) {
 		bool resident = false;
 		for (int i = 0; i < K && !resident; i++)
 			resident = L->res[i * H + h] == pages[j];
 		if (resident)
 			continue;
-		while (keep[next])
-			next++;
+		/* An empty slot first: under top-p a slot no page wants still holds its page for a
+		 * later step that wants it again. */
+		int next = -1;
+		for (int i = 0; i < K && next < 0; i++)
+			next = !keep[i] && old[i] < 0 ? i : -1;
+		for (int i = 0; i < K && next < 0; i++)
+			next = !keep[i] ? i : -1;
 		keep[next] = true;
 		L->res[next * H + h] = pages[j];
 		units[(*n)++] = (struct recall_unit){
@@ -853,9 +907,11 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 		return 0;
 	/* Checked against the residency before planning: the units are exactly the pages that were
 	 * not resident, once each; pages that were resident stay in their slots; the head now holds
-	 * exactly pages, ascending. */
-	bool ok = true;
-	for (int j = 0; j < K; j++) {
+	 * every wanted page once, ascending, and the row is -1 past them. */
+	bool ok = np > 0 || K == 0;
+	for (int j = np; j < K; j++)
+		ok &= pages[j] == -1;
+	for (int j = 0; j < np; j++) {
 		int held = 0, was = 0, planned = 0;
 		for (int i = 0; i < K; i++) {
 			held += L->res[i * H + h] == pages[j];
@@ -867,12 +923,12 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 	}
 	for (int i = 0; i < K; i++) {
 		bool wanted = false;
-		for (int j = 0; j < K; j++)
+		for (int j = 0; j < np; j++)
 			wanted |= old[i] == pages[j];
 		ok &= !wanted || L->res[i * H + h] == old[i];
 	}
 	int fresh = 0;
-	for (int j = 0; j < K; j++) {
+	for (int j = 0; j < np; j++) {
 		bool was = false;
 		for (int i = 0; i < K; i++)
 			was |= old[i] == pages[j];
