@@ -472,7 +472,7 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("window", json_object_new_int(k->window));
 	ADD("full_layers", json_object_new_int(k->full_layers));
 	ADD("tau", json_object_new_double(k->tau));
-	ADD("top_p", json_object_new_double(k->top_p)); /* 0: the policy's default */
+	ADD("kv_top_p", json_object_new_double(k->top_p)); /* 0: the policy's default */
 	ADD("recalibrate", json_object_new_int(k->recalibrate));
 	ADD("store", json_object_new_string(hostkv_is_remote(s->hk) ? "kvstored" : "embedded"));
 	ADD("seq", json_object_new_string(s->seq_name));

@@ -13,7 +13,7 @@
  * the fraction of scored positions whose argmax equals full's. Per policy: perplexity over all
  * scored tokens, agreement, correction rate (policies that check for correction), pages
  * selected and recalled, bytes recalled, the selected pages a KV head attended per compressed
- * step as a fraction of quest's k = (B - S - W) / p (hardkv and freekv with --top-p attend
+ * step as a fraction of quest's k = (B - S - W) / p (hardkv and freekv with --kv-top-p attend
  * fewer), the retrieval times the policy counted, and wall time.
  * A table on stdout, or with --json one JSON document (json-c; doubles printed round-trip
  * exact, so equal values print equal). Notices go to stderr. */
@@ -328,7 +328,7 @@ static double pages_vs_quest(const struct kv_layer_stats *st, int n_kv,
 	return pages_per_head(st, n_kv) / (double)((k->budget - k->sink - k->window) / k->page);
 }
 
-/* --top-p as given, or what 0 means. */
+/* --kv-top-p as given, or what 0 means. */
 static void top_p_str(const struct kv_policy_opts *k, char *buf, size_t len)
 {
 	if (k->top_p > 0.0f)
@@ -343,7 +343,7 @@ static void print_table(const struct eval_args *a, const struct eval_run *runs)
 	char tp[64];
 	top_p_str(k, tp, sizeof tp);
 	printf("scored %ld tokens (windows: %ld of up to %ld tokens; prefill %ld, then decode); "
-	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d, top-p %s, "
+	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d, kv-top-p %s, "
 	       "recalibrate %d\n\n",
 	       runs[0].scored, runs[0].windows, a->ctx, a->prefill, k->page, k->budget, k->sink,
 	       k->window, (double)k->tau, k->full_layers, tp,
@@ -427,7 +427,7 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs)
 	jset(ret, "full_layers", json_object_new_int(k->full_layers));
 	char tp[32]; /* as given; 0: each policy's default */
 	snprintf(tp, sizeof tp, "%g", (double)k->top_p);
-	jset(ret, "top_p", json_object_new_double_s(k->top_p, tp));
+	jset(ret, "kv_top_p", json_object_new_double_s(k->top_p, tp));
 	jset(ret, "recalibrate", json_object_new_int(k->recalibrate ? k->recalibrate : 128));
 	jset(doc, "retrieval", ret);
 	ret = NULL;

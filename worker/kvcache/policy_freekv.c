@@ -11,7 +11,7 @@
  *     before touching the layer (paged_append).
  * The first compressed step (and the first after a resume) selects with the current query.
  * tau 0 never corrects (pure speculation); tau > 1 corrects every head every step, which is
- * exactly `quest`. With --top-p every selection is hardkv's instead of top-k (docs/design.md §5
+ * exactly `quest`. With --kv-top-p every selection is hardkv's instead of top-k (docs/design.md §5
  * "hardkv": per-head page counts on calibrated scores, calibrated at the same steps, before
  * the correction check); speculation and correction are unchanged, and tau > 1 is then
  * exactly `hardkv`. */

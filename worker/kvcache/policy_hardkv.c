@@ -1,7 +1,7 @@
 /* policy_hardkv — head-adaptive top-p page budgets on calibrated scores (docs/design.md §5
  * "hardkv", after the HARD-KV seed, as retrieval): sink, window, candidates and page scores as
  * for quest; each KV head attends the fewest candidate pages, between 1 and k, whose calibrated
- * probability holds at least P (--top-p) of the mass, so a head whose attention is concentrated
+ * probability holds at least P (--kv-top-p) of the mass, so a head whose attention is concentrated
  * reads fewer pages and a head whose attention is spread reads up to k. The probabilities are
  * the group-mean softmax of the page scores at a per-layer, per-KV-head temperature, calibrated
  * against the true page mass of the current query over the whole layer, read from the host
@@ -9,7 +9,7 @@
  * (--recalibrate) steps after that. A calibrating step selects with the new temperatures.
  * Selection and recall are blocking, as quest's; device memory stays k selected slots per
  * head, and a slot no page wants keeps its page for a later step (policy_paged.c). The same
- * calibration serves freekv with --top-p (policy_freekv.c). The math is topp.c. */
+ * calibration serves freekv with --kv-top-p (policy_freekv.c). The math is topp.c. */
 #include "policy_paged.h"
 
 #include <errno.h>

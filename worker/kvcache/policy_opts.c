@@ -33,7 +33,8 @@ static const struct popt popts[] = {
 	{ "--full-layers", POPT_INT, KV(full_layers), -1, 0, 1 << 16 },
 	{ "--tau", POPT_FLOAT, KV(tau), -1, 0.0, 1e6 },
 	{ "--debug-invariants", POPT_BOOL, KV(debug_invariants), -1, 0, 0 },
-	{ "--top-p", POPT_PROB, KV(top_p), -1, 0.0, 1.0 },
+	/* not --top-p: generate, resume, serve and the client take that as the sampler's */
+	{ "--kv-top-p", POPT_PROB, KV(top_p), -1, 0.0, 1.0 },
 	{ "--recalibrate", POPT_INT, KV(recalibrate), -1, 1, 1 << 30 },
 };
 
@@ -183,7 +184,7 @@ int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char 
 		return snprintf(err, errlen, "full layers and tau must be >= 0"), -EINVAL;
 	/* 0 is "not given" (the policy's default); the flags refuse 0 themselves */
 	if (!(k->top_p >= 0.0f && k->top_p <= 1.0f))
-		return snprintf(err, errlen, "top-p %g must be in (0, 1]", (double)k->top_p),
+		return snprintf(err, errlen, "kv-top-p %g must be in (0, 1]", (double)k->top_p),
 		       -EINVAL;
 	if (k->recalibrate < 0)
 		return snprintf(err, errlen, "recalibrate %d must be >= 1", k->recalibrate),
@@ -195,7 +196,7 @@ const char *policy_opts_usage(void)
 {
 	return "[--policy full|streaming|quest|freekv|hardkv] [--page-size N] [--budget N] "
 	       "[--sink N] [--window N] [--tau F] [--full-layers N] [--debug-invariants] "
-	       "[--top-p P] [--recalibrate R]";
+	       "[--kv-top-p P] [--recalibrate R]";
 }
 
 int kvcache_resolve_opts(struct kv_policy_opts *o, int64_t max_tokens)

@@ -1,5 +1,5 @@
 /* policy_opts — the retrieval knobs every command shares (--policy, --page-size, --budget,
- * --sink, --window, --tau, --full-layers, --top-p, --recalibrate) and their defaults (full,
+ * --sink, --window, --tau, --full-layers, --kv-top-p, --recalibrate) and their defaults (full,
  * 32 / 2048 / 512 / 512 / 0.9 / 1; top-p and recalibrate 0, the policy's own: hardkv 0.9 and
  * 128), scaled down for models whose context is shorter than the budget needs, with a notice.
  * Plain data; nothing is allocated. */

@@ -87,8 +87,8 @@ struct paged_strategy {
 	/* (optional) After the step's attention at that layer. */
 	int (*after_attend)(struct paged *s, struct paged_layer *L, const float *q,
 			    const struct select_layout *lay);
-	bool top_p;	      /* --top-p applies: selection by calibrated mass (policy_hardkv.c) */
-	float top_p_default;  /* P when --top-p is not given; 0: top-k */
+	bool top_p;	      /* --kv-top-p applies: selection by calibrated mass (policy_hardkv.c) */
+	float top_p_default;  /* P when --kv-top-p is not given; 0: top-k */
 };
 
 struct paged {

@@ -1,5 +1,5 @@
 /* topp — top-p page selection on calibrated scores (docs/design.md §5 "hardkv"), shared by the
- * hardkv policy and by freekv with --top-p.
+ * hardkv policy and by freekv with --kv-top-p.
  *
  * The page scores are select.h's: score of candidate j for query head i is
  * sum_c max(q_ic*max_jc, q_ic*min_jc) / sqrt(d). A KV head h has a temperature theta_h from the
