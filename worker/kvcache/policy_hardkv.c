@@ -19,6 +19,9 @@
 
 #include "topp.h"
 
+/* Pages of the host copy a calibration reads at a time (kv_wt_load pins up to 32 at once). */
+#define CALIB_RUN_PAGES 32
+
 int paged_calibrate(struct paged *s, struct paged_layer *L, const float *q,
 		    const struct select_layout *lay)
 {
@@ -26,14 +29,23 @@ int paged_calibrate(struct paged *s, struct paged_layer *L, const float *q,
 	if (L->since_cal >= 0 && ++L->since_cal < s->recal)
 		return 0;
 	int64_t t0 = paged_now_ns();
-	const int len = lay->n_full * s->g.p + lay->tail_tokens;
-	const size_t rows = (size_t)len * s->g.n_kv * s->g.d;
-	/* The true attention mass needs every key of the layer: only the host copy has them. */
+	const int len = lay->n_full * s->g.p + lay->tail_tokens, run = CALIB_RUN_PAGES * s->g.p;
+	const size_t rows = (size_t)run * s->g.n_kv * s->g.d;
+	/* The true attention mass needs every key of the layer: only the host copy has them, read
+	 * a run of pages at a time into the logits of every query head. */
+	double *z = malloc((size_t)s->g.n_q * len * sizeof *z);
 	float *k = malloc(rows * sizeof *k), *v = malloc(rows * sizeof *v);
-	int ret = k && v ? kv_wt_load(&s->wt, L->layer, 0, len, k, v) : -ENOMEM;
+	int ret = z && k && v ? 0 : -ENOMEM;
+	for (int a = 0; a < len && !ret; a += run) {
+		int b = a + run < len ? a + run : len;
+		ret = kv_wt_load(&s->wt, L->layer, a, b, k, v);
+		if (!ret)
+			topp_logits(&s->g, q, k, a, b - a, len, z);
+	}
 	if (!ret)
-		ret = topp_calibrate(&s->g, lay, q, k, len, L->kmin, L->kmax, L->page_cap,
+		ret = topp_calibrate(&s->g, lay, q, z, len, L->kmin, L->kmax, L->page_cap,
 				     L->theta_k);
+	free(z);
 	free(k);
 	free(v);
 	/* A failed step is retried: the retry calibrates. */

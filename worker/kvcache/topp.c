@@ -112,45 +112,57 @@ void topp_select(const struct select_geom *g, const struct select_layout *lay, c
 	}
 }
 
+void topp_logits(const struct select_geom *g, const float *q, const float *keys, int t0, int n,
+		 int len, double *z)
+{
+	const int G = g->n_q / g->n_kv, d = g->d, H = g->n_kv;
+	const double inv_sqrt_d = 1.0 / sqrt((double)d);
+	for (int i = 0; i < g->n_q; i++) {
+		const float *qi = q + (size_t)i * d;
+		double *zi = z + (size_t)i * len + t0;
+		for (int t = 0; t < n; t++) {
+			const float *kt = keys + ((size_t)t * H + i / G) * d;
+			double acc = 0.0;
+			for (int c = 0; c < d; c++)
+				acc += (double)qi[c] * kt[c];
+			zi[t] = acc * inv_sqrt_d;
+		}
+	}
+}
+
 int topp_calibrate(const struct select_geom *g, const struct select_layout *lay, const float *q,
-		   const float *keys, int len, const float *kmin, const float *kmax,
-		   int page_stride, int8_t *theta_k)
+		   double *z, int len, const float *kmin, const float *kmax, int page_stride,
+		   int8_t *theta_k)
 {
 	const int G = g->n_q / g->n_kv, d = g->d, H = g->n_kv, P = g->p;
 	const int n = lay->cand_end - lay->cand_begin, cb = lay->cand_begin;
 	if (n <= 0 || len <= 0)
 		return 0;
 	double *S = malloc((size_t)G * n * sizeof *S), *m = malloc((size_t)n * sizeof *m);
-	double *pi = malloc((size_t)n * sizeof *pi), *z = malloc((size_t)len * sizeof *z);
+	double *pi = malloc((size_t)n * sizeof *pi);
 	int8_t *out = malloc((size_t)H * sizeof *out);
-	int ret = S && m && pi && z && out ? 0 : -ENOMEM;
-	const double inv_sqrt_d = 1.0 / sqrt((double)d);
+	int ret = S && m && pi && out ? 0 : -ENOMEM;
 	for (int kv = 0; kv < H && !ret; kv++) {
 		const size_t at = (size_t)kv * page_stride * d;
 		for (int j = 0; j < n; j++)
 			m[j] = 0.0;
 		for (int gi = 0; gi < G; gi++) {
-			const float *qh = q + (size_t)(kv * G + gi) * d;
-			double zmax = -INFINITY, sum = 0.0;
+			/* a_i = softmax over all len tokens, in place */
+			double *zi = z + (size_t)(kv * G + gi) * len, zmax = -INFINITY, sum = 0.0;
+			for (int t = 0; t < len; t++)
+				zmax = zi[t] > zmax ? zi[t] : zmax;
 			for (int t = 0; t < len; t++) {
-				const float *kt = keys + ((size_t)t * H + kv) * d;
-				double acc = 0.0;
-				for (int c = 0; c < d; c++)
-					acc += (double)qh[c] * kt[c];
-				z[t] = acc * inv_sqrt_d;
-				zmax = z[t] > zmax ? z[t] : zmax;
-			}
-			for (int t = 0; t < len; t++) {
-				z[t] = exp(z[t] - zmax);
-				sum += z[t];
+				zi[t] = exp(zi[t] - zmax);
+				sum += zi[t];
 			}
 			for (int j = 0; j < n; j++) {
 				double mass = 0.0;
 				for (int t = (cb + j) * P; t < (cb + j + 1) * P; t++)
-					mass += z[t];
+					mass += zi[t];
 				m[j] += mass / sum / G;
 			}
-			head_scores(g, lay, qh, kmin + at, kmax + at, S + (size_t)gi * n);
+			head_scores(g, lay, q + (size_t)(kv * G + gi) * d, kmin + at, kmax + at,
+				    S + (size_t)gi * n);
 		}
 		/* group mean first (above), renormalisation over the candidates second */
 		double tot = 0.0;
@@ -183,7 +195,6 @@ int topp_calibrate(const struct select_geom *g, const struct select_layout *lay,
 	free(S);
 	free(m);
 	free(pi);
-	free(z);
 	free(out);
 	return ret;
 }

@@ -17,7 +17,7 @@
  * evaluation of §5's formulas gives the same temperatures and pages (up to summation order).
  * topp_select takes caller scratch (topp_scratch_doubles), so the decode loop allocates
  * nothing; topp_calibrate, which runs once every R steps beside a read of the whole layer,
- * allocates its own. */
+ * allocates its own (O(candidates) beside the caller's logits). */
 #ifndef FREEKV_TOPP_H
 #define FREEKV_TOPP_H
 
@@ -48,11 +48,16 @@ void topp_select(const struct select_geom *g, const struct select_layout *lay, c
 		 const float *kmin, const float *kmax, int page_stride, const int8_t *theta_k,
 		 double top_p, int *pages, double *scratch);
 
-/* Calibration of every KV head's temperature with query q (n_q, d) against keys (len, n_kv, d),
- * every token of the layer (the current one included), and the summaries as above; lay is the
- * layout at len tokens. Writes theta_k (n_kv). 0, or -ENOMEM (theta_k untouched). */
+/* Calibration, in two halves so that the keys can be read a run of pages at a time. First, for
+ * each run of keys (n, n_kv, d) at positions [t0, t0 + n) of the layer, topp_logits writes the
+ * attention logits q_i . k_t / sqrt(d) of every query head of q (n_q, d) into z (n_q, len),
+ * len the layer's tokens (the current one included). Then topp_calibrate, once z holds all
+ * len positions, writes every KV head's temperature to theta_k (n_kv); lay is the layout at
+ * len tokens, the summaries as above; z is overwritten. 0, or -ENOMEM (theta_k untouched). */
+void topp_logits(const struct select_geom *g, const float *q, const float *keys, int t0, int n,
+		 int len, double *z);
 int topp_calibrate(const struct select_geom *g, const struct select_layout *lay, const float *q,
-		   const float *keys, int len, const float *kmin, const float *kmax,
-		   int page_stride, int8_t *theta_k);
+		   double *z, int len, const float *kmin, const float *kmax, int page_stride,
+		   int8_t *theta_k);
 
 #endif
