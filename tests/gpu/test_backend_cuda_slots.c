@@ -455,7 +455,9 @@ static void recall_run(struct backend *be, enum fkv_dtype dt, bool locked, int n
 		for (int i = 0; i < n_slots; i++)
 			list[h * n_slots + i] = (i + h) % n_slots;
 	float *dq = put(be, q, (size_t)H * g->d * 4), *dy = poisoned(be, (size_t)H * g->d * 4);
-	ref_heads(be, dy, dq, A, list, n_slots, (int64_t)n_slots * g->p - 3, g, &a);
+	int32_t *n_tok = head_counts(g->n_kv, (int64_t)n_slots * g->p - 3);
+	ref_heads(be, dy, dq, A, list, n_slots, n_tok, g, &a);
+	free(n_tok);
 	get(be, out_attn, dy, (size_t)H * g->d * 4);
 	get(be, out_a, A, ns * 4);
 	get(be, out_b, B, ns * 4);
