@@ -447,8 +447,11 @@ static void print_summary(const struct bench_args *a, int ctx, const struct resu
 		const struct result *f = &res[i];
 		double hf = f->hidden_ms + f->wait_ms > 0 ?
 				    f->hidden_ms / (f->hidden_ms + f->wait_ms) : 0.0;
-		printf("ctx %6d: freekv tau %g: hidden fraction of recall %.3f", ctx,
-		       (double)a->rows[i].tau, hf);
+		char tp[24] = "";
+		if (a->rows[i].top_p > 0.0f)
+			snprintf(tp, sizeof tp, " P %g", (double)a->rows[i].top_p);
+		printf("ctx %6d: freekv tau %g%s: hidden fraction of recall %.3f", ctx,
+		       (double)a->rows[i].tau, tp, hf);
 		if (q) {
 			double hq = q->hidden_ms + q->wait_ms > 0 ?
 					    q->hidden_ms / (q->hidden_ms + q->wait_ms) : 0.0;
