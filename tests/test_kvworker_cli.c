@@ -1,8 +1,10 @@
 /* Tests for the kvworker executable (worker/cli/kvworker.c, worker/cli/cmd_*.c): runs the real binary
  * on stories260K and checks what it prints — the greedy continuation equals the engine's own
- * greedy tokens, text output is the decoding of those ids, --stats is one JSON line, perplexity
- * ends with its line, bad flags exit 2, failures exit 1 with a message; info reports the
- * geometry model_load reads, for GGUF and HF, and describes files generate refuses. */
+ * greedy tokens, text output is the decoding of those ids, --stats is one JSON line (hardkv's
+ * with each layer's temperatures), the sampler's --top-p and the retrieval's --kv-top-p are
+ * two flags, perplexity ends with its line, bad flags exit 2, failures exit 1 with a message;
+ * info reports the geometry model_load reads, for GGUF and HF, and describes files generate
+ * refuses. */
 #include "test_proc.h"
 #include "test_buf.h"
 
@@ -194,6 +196,35 @@ static void test_generate_stdin_stats_seed(void **state)
 	assert_int_equal(s1.rc, 0);
 	assert_string_equal(s1.out, s2.out);
 	assert_string_not_equal(s1.out, s3.out);
+	/* The sampler's --top-p and the retrieval's --kv-top-p are two flags: --top-p 0 is a valid
+	 * nucleus mass, --kv-top-p 0 is refused; hardkv's --stats carry its temperatures. */
+	struct result h = RUN(NULL, "generate", "-m", gguf, "-p", "A cat", "-n", "120", "--top-p",
+			      "0", "--policy", "hardkv", "--kv-top-p", "0.8", "--recalibrate", "16",
+			      "--page-size", "8", "--budget", "64", "--sink", "8", "--window", "16",
+			      "--stats");
+	if (h.rc)
+		fail_msg("hardkv generate: %s", h.err);
+	const char *line = strstr(h.err, "{\"prompt_tokens");
+	assert_non_null(line);
+	j = json_tokener_parse(line);
+	assert_non_null(j);
+	assert_true(json_object_object_get_ex(j, "kv_top_p", &v));
+	assert_true(fabs(json_object_get_double(v) - 0.8) < 1e-6);
+	assert_true(json_object_object_get_ex(j, "layers", &v));
+	struct json_object *l1 = json_object_array_get_idx(v, 1), *t;
+	assert_true(json_object_object_get_ex(l1, "temperatures", &t));
+	assert_int_equal(json_object_array_length(t), 4);
+	assert_true(json_object_object_get_ex(l1, "calibrations", &t));
+	assert_true(json_object_get_int64(t) > 1);
+	assert_true(json_object_object_get_ex(l1, "pages_mean_per_head", &t));
+	assert_true(json_object_get_double(t) >= 1.0 && json_object_get_double(t) <= 5.0);
+	json_object_put(j);
+	struct result hb = RUN(NULL, "generate", "-m", gguf, "-p", "A cat", "-n", "4", "--policy",
+			       "hardkv", "--kv-top-p", "0");
+	assert_int_not_equal(hb.rc, 0);
+	assert_non_null(strstr(hb.err, "(0, 1]"));
+	proc_result_free(&h);
+	proc_result_free(&hb);
 	proc_result_free(&a);
 	proc_result_free(&b);
 	proc_result_free(&s1);

@@ -124,16 +124,18 @@ struct backend_ops {
 
 	/* (optional) Decode attention of one token over whole pages of a slot buffer, the device
 	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
-	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads the
-	 * slots list[h * max_pages + i] for i < ceil(n_tok / p), in that order — every page full
-	 * (p tokens) but the last, which holds the remaining n_tok - (pages - 1) * p tokens — and
-	 * every query head of its group reads the same pages. list (n_kv, max_pages) is host
-	 * memory, each entry in [0, n_slots). Equals attn_decode_heads over the same rows (on CUDA
-	 * the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d); a->kv_dtype must be
-	 * FKV_F32. -EINVAL for a bad geometry or slot index. */
+	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads
+	 * n_tok[h] tokens from the slots list[h * max_pages + i] for i < ceil(n_tok[h] / p), in
+	 * that order — every page full (p tokens) but the last, which holds the remaining
+	 * n_tok[h] - (pages - 1) * p tokens — and every query head of its group reads the same
+	 * pages. Heads may read different numbers of pages (hardkv's per-head budgets, §5).
+	 * list (n_kv, max_pages) and n_tok (n_kv) are host memory; every entry read in
+	 * [0, n_slots), every n_tok[h] in [1, max_pages * p]. Equals attn_decode_heads over the
+	 * same rows (on CUDA the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d);
+	 * a->kv_dtype must be FKV_F32. -EINVAL for a bad geometry, count or slot index. */
 	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const float *slots,
-				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				 int p, const struct backend_attn *a);
+				 int n_slots, const int32_t *list, int max_pages,
+				 const int32_t *n_tok, int p, const struct backend_attn *a);
 
 	/* (optional) The device half of a recall (docs/design.md §3, §5): n recall units in host memory,
 	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a

@@ -759,40 +759,47 @@ static int slot_tables(struct cpu_ctx *c, size_t n_spans, int n_kv)
  * apart) and one source per KV head, exactly the spans and sources attn_decode_heads would get
  * for the same rows: the same attn_run, so the same bits. */
 static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
-				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				 int p, const struct backend_attn *a)
+				 int n_slots, const int32_t *list, int max_pages,
+				 const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	struct cpu_ctx *c = ctx;
 	int ret = check_attn(a);
 	if (ret)
 		return ret;
-	if (a->kv_dtype != FKV_F32 || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
-	    p <= 0 || n_tok <= 0 || n_tok > (int64_t)max_pages * p)
+	if (a->kv_dtype != FKV_F32 || !slots || !list || !n_tok || n_slots <= 0 ||
+	    max_pages <= 0 || p <= 0)
 		return -EINVAL;
 	const int KV = a->n_kv_heads;
-	const int pages = (int)((n_tok + p - 1) / p);
-	for (int h = 0; h < KV; h++)
+	size_t n_spans = 0;
+	for (int h = 0; h < KV; h++) {
+		if (n_tok[h] <= 0 || n_tok[h] > (int64_t)max_pages * p)
+			return -EINVAL;
+		const int pages = (n_tok[h] + p - 1) / p;
 		for (int i = 0; i < pages; i++) {
 			const int32_t sl = list[(size_t)h * max_pages + i];
 			if (sl < 0 || sl >= n_slots)
 				return -EINVAL;
 		}
-	if ((ret = slot_tables(c, (size_t)KV * pages, KV)))
+		n_spans += (size_t)pages;
+	}
+	if ((ret = slot_tables(c, n_spans, KV)))
 		return ret;
 	const int64_t row = (int64_t)KV * a->head_dim;
 	const size_t slot_floats = (size_t)(2 * p) * (size_t)row;
+	struct backend_kv_span *sp = c->slot_spans;
 	for (int h = 0; h < KV; h++) {
-		struct backend_kv_span *sp = c->slot_spans + (size_t)h * pages;
+		const int pages = (n_tok[h] + p - 1) / p;
 		const int32_t *lh = list + (size_t)h * max_pages;
 		for (int i = 0; i < pages; i++) {
 			const float *sl = slots + (size_t)lh[i] * slot_floats;
 			sp[i] = (struct backend_kv_span){
 				.k = sl, .v = sl + (size_t)p * row,
-				.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+				.n = i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 				.row_stride = row,
 			};
 		}
-		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok };
+		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok[h] };
+		sp += pages;
 	}
 	return attn_run(c, out, q, 1, c->slot_src, 0, false, a);
 }
