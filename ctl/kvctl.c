@@ -18,6 +18,7 @@ enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 
 struct opts {
 	const char *endpoint;
+	const char *token_file;	/* tcp endpoints: the daemon's auth token ($FREEKV_TOKEN_FILE too) */
 	int timeout_ms;
 	bool json, tokens, detached, demote;
 	const char *worker;
@@ -182,6 +183,8 @@ static int v_workers(struct kvs *k, const struct opts *o)
 		       "HB_AGO_MS", "STATS");
 	for (size_t i = 0; i < r->workers->n_workers; i++) {
 		const Freekv__WorkerInfo *w = r->workers->workers[i];
+		if (w->worker_id == kvs_worker_id(k))
+			continue; /* this kvctl's own control session */
 		const char *role = w->role == FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER ? "worker" : "control";
 		if (o->json) {
 			json_object *j = json_object_new_object();
@@ -350,17 +353,19 @@ static json_object *stat_rows(Freekv__CommandStat **v, size_t n, bool print, con
 {
 	json_object *arr = json_object_new_array();
 	if (print)
-		printf("%-16s %10s %8s %10s\n", title, "CALLS", "ERRORS", "AVG_US");
+		printf("%-16s %10s %8s %8s %10s\n", title, "CALLS", "ERRORS", "REFUSED", "AVG_US");
 	for (size_t i = 0; i < n; i++) {
 		double avg = v[i]->calls ? (double)v[i]->total_us / (double)v[i]->calls : 0;
 		if (print) {
-			printf("%-16s %10" PRIu64 " %8" PRIu64 " %10.1f\n", v[i]->name, v[i]->calls, v[i]->errors, avg);
+			printf("%-16s %10" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10.1f\n", v[i]->name,
+			       v[i]->calls, v[i]->errors, v[i]->refused, avg);
 			continue;
 		}
 		json_object *j = json_object_new_object();
 		json_object_object_add(j, "name", json_object_new_string(v[i]->name));
 		json_object_object_add(j, "calls", json_object_new_uint64(v[i]->calls));
 		json_object_object_add(j, "errors", json_object_new_uint64(v[i]->errors));
+		json_object_object_add(j, "refused", json_object_new_uint64(v[i]->refused));
 		json_object_object_add(j, "total_us", json_object_new_uint64(v[i]->total_us));
 		json_object_array_add(arr, j);
 	}
@@ -491,8 +496,9 @@ static const struct verb verbs[] = {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvctl [-e ENDPOINT] [--json] [--timeout MS] VERB ...\n"
-		   "  SEQ is a sequence name, or id:N\n");
+	fprintf(f, "usage: kvctl [-e ENDPOINT] [--token-file PATH] [--json] [--timeout MS] VERB ...\n"
+		   "  SEQ is a sequence name, or id:N\n"
+		   "  evict, demote and config set need admin rights (docs/design.md §4 \"Access\")\n");
 	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
 		fprintf(f, "  kvctl %s\n", verbs[i].usage);
 	fprintf(f, "exit codes: 0 ok, 1 refused by kvstored, 2 usage, 3 kvstored unreachable\n");
@@ -532,6 +538,10 @@ static int parse(int argc, char **argv, struct opts *o, const char **verb)
 		} else if ((t = take(argc, argv, &i, "--timeout", NULL, &val))) {
 			if (t < 0 || (o->timeout_ms = atoi(val)) <= 0)
 				return -1;
+		} else if ((t = take(argc, argv, &i, "--token-file", NULL, &val))) {
+			if (t < 0)
+				return -1;
+			o->token_file = val;
 		} else if ((t = take(argc, argv, &i, "--worker", NULL, &val))) {
 			if (t < 0)
 				return -1;
@@ -593,6 +603,11 @@ int main(int argc, char **argv)
 	if (ret) {
 		fprintf(stderr, "kvctl: cannot connect to %s: %s\n", o.endpoint, strerror(-ret));
 		return ret == -EINVAL || ret == -EPROTONOSUPPORT ? EXIT_USAGE : EXIT_UNREACHABLE;
+	}
+	if (o.token_file && kvs_set_token_file(k, o.token_file)) {
+		fprintf(stderr, "kvctl: %s\n", kvs_error(k));
+		kvs_close(k);
+		return EXIT_USAGE;
 	}
 	int rc = v->fn(k, &o);
 	kvs_close(k);

@@ -277,7 +277,9 @@ static void test_goodbye_detaches(void **state)
 	assert_int_equal(r->sequence->pages->dram, 1); /* the uncommitted page is gone */
 	kvs_reply_free(r);
 	assert_int_equal(kvs_list_workers(ctl, &r), 0);
-	assert_int_equal(r->workers->n_workers, 0);
+	/* Only the asking control session is left: the worker said Goodbye. */
+	assert_int_equal(r->workers->n_workers, 1);
+	assert_int_equal(r->workers->workers[0]->worker_id, kvs_worker_id(ctl));
 	kvs_reply_free(r);
 	kvs_close(ctl);
 	harness_stop(&h);

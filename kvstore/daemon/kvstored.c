@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "access.h"
 #include "clock.h"
 #include "config.h"
 #include "dataplane.h"
@@ -22,6 +23,7 @@
 #include "rpc.h"
 #include "sdnotify.h"
 #include "seq.h"
+#include "store_metrics.h"
 #include "workers.h"
 
 #define MAX_POLL 1100
@@ -46,8 +48,11 @@ struct daemon_state {
 	struct rpc_server rpc;
 	struct sdn sdn;
 	struct owner owner;
+	struct access access;
 	void *zctx;
 	int sigfd;
+	struct store_metrics sm;	/* metrics_listen (docs/design.md §6) */
+	bool sm_on;
 };
 
 static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print)
@@ -242,6 +247,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: another kvstored already serves %s\n", d.cfg.endpoint);
 		goto out_sig;
 	}
+	if ((ret = access_init(&d.access, &d.cfg, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		goto out_sig;
+	}
 	if ((ret = owner_take(&d.owner, &d.cfg, err, sizeof err))) {
 		fprintf(stderr, "kvstored: %s\n", err);
 		goto out_sig;
@@ -268,12 +277,24 @@ int main(int argc, char **argv)
 		goto out_dp;
 	}
 	struct rpc_ctx rctx = {
-		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp,
+		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp, .access = &d.access,
 		.start_ms = clock_ms(), .now_ms = clock_ms,
 	};
 	if ((ret = rpc_init(&d.rpc, d.zctx, &rctx, err, sizeof err))) {
 		fprintf(stderr, "kvstored: %s\n", err);
 		goto out_zmq;
+	}
+	if (d.cfg.metrics_listen[0]) {
+		d.sm = (struct store_metrics){ .dp = d.dp, .rpc = &d.rpc, .seqs = &d.seqs,
+					       .workers = &d.workers, .start_ms = rctx.start_ms };
+		if ((ret = store_metrics_init(&d.sm)) == 0)
+			d.sm_on = true;
+		if (!ret && (ret = store_metrics_start(&d.sm, d.cfg.metrics_listen, err, sizeof err)))
+			fprintf(stderr, "kvstored: metrics_listen: %s\n", err);
+		if (ret)
+			goto out_rpc;
+		d.rpc.latency = &d.sm.rpc_latency;
+		fprintf(stderr, "kvstored: metrics on http://%s/metrics\n", d.cfg.metrics_listen);
 	}
 	fprintf(stderr, "kvstored: serving %s, pool %s (%" PRIu64 " MiB), tier %s\n", d.cfg.endpoint,
 		dp_pool_name(d.dp), dp_pool_bytes(d.dp) >> 20, d.cfg.nvme_path[0] ? d.cfg.nvme_path : "none");
@@ -292,6 +313,8 @@ int main(int argc, char **argv)
 	sdn_send(&d.sdn, "STOPPING=1");
 	rpc_notify_shutdown(&d.rpc);
 out_rpc:
+	if (d.sm_on)
+		store_metrics_shutdown(&d.sm); /* its scrapes read the rpc counters */
 	rpc_shutdown(&d.rpc);
 out_zmq:
 	zmq_ctx_term(d.zctx);

@@ -39,6 +39,8 @@ struct seq {
 	uint64_t block_bytes;		/* one page of one layer: [n_kv][2][p][d] */
 	enum seq_state state;
 	uint32_t worker_id;		/* attached (or last attached, when orphaned) worker; 0 none */
+	bool has_owner;			/* created by a welcomed client ... */
+	uint32_t owner_uid;		/* ... of this uid: only it and admins may use it */
 	uint64_t committed_tokens;
 	uint32_t *tokens;		/* (n_tokens,) */
 	size_t n_tokens, cap_tokens;

@@ -124,7 +124,11 @@ size_t wk_reap(struct wk_registry *r, uint64_t now_ms, uint64_t timeout_ms, uint
 		struct wk_worker *w = &r->v[i];
 		if (!w->id)
 			continue;
-		if (!w->dead && (exited(w->pidfd) || now_ms - w->last_heartbeat_ms > timeout_ms))
+		/* A control session (kvctl) holds no leases: while its pid is watched and alive it
+		 * need not heartbeat, so an idle operator tool is not dropped between commands. */
+		bool silent = now_ms - w->last_heartbeat_ms > timeout_ms &&
+			      !(w->role == WK_ROLE_CONTROL && w->pidfd >= 0);
+		if (!w->dead && (exited(w->pidfd) || silent))
 			w->dead = true;
 		if (w->dead && n < max)
 			ids[n++] = w->id;

@@ -31,6 +31,8 @@ struct wk_worker {
 	uint32_t pid;
 	int pidfd;			/* -1 when pidfd_open is unavailable (heartbeat only) */
 	enum wk_role role;
+	uint8_t rights;			/* enum access_right, decided at Hello */
+	uint32_t uid;			/* the connection's uid (ipc), 0 when unknown */
 	char name[WK_NAME_MAX];
 	uint8_t ident[WK_IDENT_MAX];	/* ZeroMQ routing identity */
 	size_t ident_len;
