@@ -42,7 +42,7 @@ static void *rand_typed(enum fkv_dtype t, int64_t n, double **exact)
 
 static struct backend_mat mat(const void *data, enum fkv_dtype t, int64_t rows, int64_t cols)
 {
-	struct fkv_tensor src = { data, t, cols > 1 ? 2 : 1, { rows, cols } };
+	struct fkv_tensor src = { .data = data, .dtype = t, .n_dims = cols > 1 ? 2 : 1, .shape = { rows, cols } };
 	struct backend_mat m;
 	assert_int_equal(be->ops->weight_load(be->ctx, &src, &m), 0);
 	return m;

@@ -533,13 +533,14 @@ static void write_odd_gguf(const char *path)
 	put_kv(&b, "tokenizer.ggml.pre", GGUF_TYPE_STRING, "smollm", 0);
 	put_kv(&b, "tokenizer.chat_template", GGUF_TYPE_STRING,
 	       "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}", 0);
-	/* tensors: token_embd.weight Q4_1 (64, 100) at 0, output_norm.weight F16 (64) after it */
+	/* tensors: token_embd.weight IQ4_NL (64, 100) at 0 (a type without kernels: docs/quant.md),
+	 * output_norm.weight F16 (64) after it, 32-byte aligned */
 	static const struct {
 		const char *name;
 		uint64_t ne1;
 		uint32_t type;
 		uint64_t off;
-	} ts[] = { { "token_embd.weight", 100, 3, 0 }, { "output_norm.weight", 0, 1, 4000 } };
+	} ts[] = { { "token_embd.weight", 100, 20, 0 }, { "output_norm.weight", 0, 1, 3616 } };
 	for (size_t i = 0; i < 2; i++) {
 		uint32_t nd = ts[i].ne1 ? 2 : 1;
 		uint64_t ne0 = 64;
@@ -551,9 +552,9 @@ static void write_odd_gguf(const char *path)
 		test_buf_put(&b, &ts[i].type, 4);
 		test_buf_put(&b, &ts[i].off, 8);
 	}
-	uint8_t zero[4128] = { 0 };
+	uint8_t zero[3744] = { 0 };
 	test_buf_put(&b, zero, (32 - b.n % 32) % 32);
-	test_buf_put(&b, zero, 4000 + 128); /* 100 rows x 2 blocks x 20 bytes, then 64 x f16 */
+	test_buf_put(&b, zero, 3616 + 128); /* 100 rows x 2 blocks x 18 bytes, padding, 64 x f16 */
 	FILE *f = fopen(path, "wb");
 	assert_non_null(f);
 	assert_int_equal(fwrite(b.p, 1, b.n, f), b.n);
@@ -586,24 +587,24 @@ static void test_info_describes_what_generate_refuses(void **state)
 	assert_string_equal(jstr(j, "pre_tokenizer"), "smollm");
 	assert_string_equal(jstr(j, "chat_template"), "llama3");
 	int64_t count, bytes;
-	jtype(j, "Q4_1", &count, &bytes);
+	jtype(j, "IQ4_NL", &count, &bytes);
 	assert_int_equal(count, 1);
-	assert_int_equal(bytes, 4000);
+	assert_int_equal(bytes, 3600);
 	jtype(j, "F16", &count, &bytes);
 	assert_int_equal(count, 1);
 	assert_int_equal(bytes, 128);
 	assert_int_equal(jint(j, "parameters"), 6400 + 64);
-	assert_int_equal(jint(j, "parameter_bytes"), 4128);
+	assert_int_equal(jint(j, "parameter_bytes"), 3728);
 	json_object_put(j);
 	struct result r = RUN(NULL, "info", "-m", path);
 	assert_int_equal(r.rc, 0);
 	assert_non_null(strstr(r.out, "pre-tokenizer:   smollm\n"));
-	assert_non_null(strstr(r.out, "tensors:         2 (Q4_1 1, F16 1)\n"));
+	assert_non_null(strstr(r.out, "tensors:         2 (IQ4_NL 1, F16 1)\n"));
 	assert_non_null(strstr(r.out, "rope scaling:    linear (factor 4)\n"));
 	proc_result_free(&r);
 	r = RUN(NULL, "generate", "-m", path, "-p", "x");
 	assert_int_equal(r.rc, 1);
-	assert_non_null(strstr(r.err, "type Q4_1"));
+	assert_non_null(strstr(r.err, "type IQ4_NL"));
 	proc_result_free(&r);
 }
 

@@ -5,7 +5,7 @@
  * caller only through upload/download/copy, so a CUDA backend can hand out device pointers and
  * implement the same table. Index arrays (token ids, positions, row indices) are backend buffers
  * too; only parameter structs (and the span list of attn_decode) are host memory. Activations
- * are f32; weights stay in their file dtype (f32, f16, bf16) and KV blocks in the sequence's
+ * are f32; weights stay in their file dtype (f32, f16, bf16, or a GGUF block format: quant.h) and KV blocks in the sequence's
  * dtype — ops that read them take the dtype. Weights are made resident with weight_load(): the
  * CPU backend borrows the model's mapping, a device backend copies it. Ownership: the backend
  * owns every buffer it allocated and every resident weight until buf_free()/weight_release() or
@@ -30,6 +30,10 @@ struct backend_mat {
 	enum fkv_dtype dtype;
 	int64_t rows, cols;
 	void *priv; /* backend-private (e.g. a device allocation to release) */
+	/* ggml blocks (docs/quant.md), rows of quant_row_bytes(quant, cols); dtype is then f32,
+	 * what they dequantize to. FKV_QNONE: elements of dtype. Only matmul and embed take a
+	 * quantized weight; a backend without kernels for it refuses it in weight_load. */
+	enum fkv_quant quant;
 };
 
 /* Rotary embedding parameters; llama3 scaling applies when scaling_factor > 0. */

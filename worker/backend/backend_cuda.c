@@ -228,6 +228,11 @@ static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct back
 	struct cuda_ctx *c = ctx;
 	if (!src->data)
 		return -EINVAL;
+	if (src->quant) {
+		fprintf(stderr, "cuda: weight of %s blocks: the CUDA backend has no kernels for quantized "
+			"weights yet (use --backend cpu)\n", quant_name(src->quant));
+		return -EOPNOTSUPP;
+	}
 	int64_t rows = src->shape[0], cols = src->n_dims == 2 ? src->shape[1] : 1;
 	size_t bytes = (size_t)rows * (size_t)cols * dtype_size(src->dtype);
 	void *p = dev_alloc(c, bytes);
