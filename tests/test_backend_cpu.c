@@ -42,7 +42,7 @@ static void *rand_typed(enum fkv_dtype t, int64_t n, double **exact)
 
 static struct backend_mat mat(const void *data, enum fkv_dtype t, int64_t rows, int64_t cols)
 {
-	struct fkv_tensor src = { data, t, cols > 1 ? 2 : 1, { rows, cols } };
+	struct fkv_tensor src = { .data = data, .dtype = t, .n_dims = cols > 1 ? 2 : 1, .shape = { rows, cols } };
 	struct backend_mat m;
 	assert_int_equal(be->ops->weight_load(be->ctx, &src, &m), 0);
 	return m;
@@ -587,35 +587,38 @@ static void test_attn_scores_accum(void **state)
 }
 
 /* Naive float64 decode attention of query heads q (H, d) over the slot list of attn_decode_slots:
- * the rows of each KV head gathered page by page from slots (n_slots, 2, p, KV, d). */
+ * the n_tok[kvh] rows of each KV head gathered page by page from slots (n_slots, 2, p, KV, d). */
 static void ref_slots(double *ref, const float *q, const float *slots, const int32_t *list,
-		      int max_pages, int64_t n_tok, int p, int H, int KV, int d, double scale)
+		      int max_pages, const int32_t *n_tok, int p, int H, int KV, int d,
+		      double scale)
 {
-	const int pages = (int)((n_tok + p - 1) / p);
-	const size_t row = (size_t)KV * d, slot = 2 * (size_t)p * row;
-	double *k = malloc((size_t)n_tok * d * sizeof *k), *v = malloc((size_t)n_tok * d * sizeof *v);
+	const size_t row = (size_t)KV * d, slot = 2 * (size_t)p * row, cap = (size_t)max_pages * p;
+	double *k = malloc(cap * d * sizeof *k), *v = malloc(cap * d * sizeof *v);
 	assert_true(k && v);
 	for (int kvh = 0; kvh < KV; kvh++) {
+		const int pages = (n_tok[kvh] + p - 1) / p;
 		int64_t t = 0;
 		for (int i = 0; i < pages; i++) {
 			const float *sl = slots + (size_t)list[kvh * max_pages + i] * slot;
-			for (int r = 0; r < p && t < n_tok; r++, t++)
+			for (int r = 0; r < p && t < n_tok[kvh]; r++, t++)
 				for (int j = 0; j < d; j++) {
 					k[t * d + j] = sl[r * row + (size_t)kvh * d + j];
 					v[t * d + j] = sl[((size_t)p + r) * row + (size_t)kvh * d + j];
 				}
 		}
-		assert_int_equal(t, n_tok);
+		assert_int_equal(t, n_tok[kvh]);
 		for (int h = kvh * (H / KV); h < (kvh + 1) * (H / KV); h++)
-			ref_attn(ref + (size_t)h * d, q + (size_t)h * d, k, v, n_tok, d, d, scale);
+			ref_attn(ref + (size_t)h * d, q + (size_t)h * d, k, v, n_tok[kvh], d, d, scale);
 	}
 	free(k);
 	free(v);
 }
 
 /* attn_decode_slots: per-head slot lists (slots repeated across heads and within one, ring
- * order) against the float64 reference, and bit for bit against attn_decode_heads over the
- * same rows as spans and against itself on one thread; then every refusal, with out untouched. */
+ * order) and per-head token counts (the heads of a call read different numbers of pages, as
+ * hardkv's do) against the float64 reference, and bit for bit against attn_decode_heads over
+ * the same rows as spans and against itself on one thread; list entries past a head's count
+ * are never read; then every refusal, with out untouched. */
 static void test_attn_decode_slots(void **state)
 {
 	(void)state;
@@ -639,36 +642,42 @@ static void test_attn_decode_slots(void **state)
 		float *out = malloc((size_t)H * d * sizeof *out), *o2 = malloc((size_t)H * d * 4);
 		double *ref = malloc((size_t)H * d * sizeof *ref);
 		assert_true(list && spans && out && o2 && ref);
-		for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
-			const int64_t n_tok = toks[ti];
-			const int pages = (int)((n_tok + p - 1) / p);
-			/* Head 0 a ring rotated by a random offset, the others random slots. */
+		const size_t n_toks = sizeof toks / sizeof toks[0];
+		for (size_t ti = 0; ti < n_toks; ti++) {
+			/* Even heads read toks[ti], odd heads another entry of toks. */
+			int32_t n_tok[KV];
+			for (int h = 0; h < KV; h++)
+				n_tok[h] = (int32_t)toks[h % 2 ? (ti + 2) % n_toks : ti];
+			/* Head 0 a ring rotated by a random offset, the others random slots; past
+			 * each head's last page an index out of range, which must not be read. */
 			const int rot = (int)(test_rand(&seed) % NS);
 			for (int h = 0; h < KV; h++)
 				for (int i = 0; i < MP; i++)
-					list[h * MP + i] = h == 0 ? (rot + i) % NS
+					list[h * MP + i] = i >= (n_tok[h] + p - 1) / p ? NS
+							 : h == 0 ? (rot + i) % NS
 								  : (int32_t)(test_rand(&seed) % NS);
 			ref_slots(ref, q, slots, list, MP, n_tok, p, H, KV, d, a.scale);
 			assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, slots, NS, list,
 								    MP, n_tok, p, &a), 0);
 			double e = nerr(out, ref, H * d);
 			if (e > 1e-5)
-				fail_msg("attn_decode_slots cfg %zu n_tok %lld: error %g", c,
-					 (long long)n_tok, e);
-			int first[KV + 1];
+				fail_msg("attn_decode_slots cfg %zu n_tok %d/%d: error %g", c,
+					 n_tok[0], KV > 1 ? n_tok[1] : n_tok[0], e);
+			int first[KV + 1], ns = 0;
 			const size_t row = (size_t)KV * d;
 			for (int h = 0; h < KV; h++) {
-				first[h] = h * pages;
+				const int pages = (n_tok[h] + p - 1) / p;
+				first[h] = ns;
 				for (int i = 0; i < pages; i++) {
 					const float *sl = slots + (size_t)list[h * MP + i] * 2 * p * row;
-					spans[h * pages + i] = (struct backend_kv_span){
+					spans[ns++] = (struct backend_kv_span){
 						sl, sl + (size_t)p * row,
-						i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+						i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 						(int64_t)row,
 					};
 				}
 			}
-			first[KV] = KV * pages;
+			first[KV] = ns;
 			assert_int_equal(be->ops->attn_decode_heads(be->ctx, o2, q, spans, first, &a),
 					 0);
 			assert_memory_equal(out, o2, (size_t)H * d * sizeof *out);
@@ -681,15 +690,24 @@ static void test_attn_decode_slots(void **state)
 		/* Refusals: nothing written. */
 		for (int i = 0; i < H * d; i++)
 			out[i] = o2[i] = -7.0f;
-		const int64_t n_tok = cap - 1 > 0 ? cap - 1 : 1;
-		const int last = (int)((n_tok + p - 1) / p) - 1;
+		for (int i = 0; i < KV * MP; i++)
+			list[i] = (int32_t)(test_rand(&seed) % NS);
+		int32_t n_tok[KV], bt[KV];
+		for (int h = 0; h < KV; h++)
+			n_tok[h] = (int32_t)(cap - 1 > 0 ? cap - 1 : 1);
+		const int last = (n_tok[0] + p - 1) / p - 1;
 		struct backend_attn bad = a;
 #define REFUSE(ATTN, SLOTS, NSL, LIST, MPG, NT, P)                                              \
 	assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, SLOTS, NSL, LIST, MPG, NT, P, \
 						    ATTN), -EINVAL)
-		REFUSE(&a, slots, NS, list, MP, cap + 1, p);
-		REFUSE(&a, slots, NS, list, MP, 0, p);
-		REFUSE(&a, slots, NS, list, MP, -1, p);
+		/* a bad count on the last head */
+		const int32_t bad_tok[] = { (int32_t)cap + 1, 0, -1 };
+		for (size_t i = 0; i < 3; i++) {
+			memcpy(bt, n_tok, sizeof bt);
+			bt[KV - 1] = bad_tok[i];
+			REFUSE(&a, slots, NS, list, MP, bt, p);
+		}
+		REFUSE(&a, slots, NS, list, MP, NULL, p);
 		REFUSE(&a, slots, NS, list, MP, n_tok, 0);
 		REFUSE(&a, slots, NS, list, 0, n_tok, p);
 		REFUSE(&a, slots, 0, list, MP, n_tok, p);

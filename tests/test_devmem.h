@@ -134,8 +134,8 @@ static int dm_attn_decode_heads(void *c, float *o, const float *q,
 }
 
 static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
-				int n_slots, const int32_t *list, int max_pages, int64_t n_tok, int p,
-				const struct backend_attn *a)
+				int n_slots, const int32_t *list, int max_pages, const int32_t *n_tok,
+				int p, const struct backend_attn *a)
 {
 	return dm_real->attn_decode_slots(c, dv(o), dv(q), dv(slots), n_slots, list, max_pages,
 					   n_tok, p, a);

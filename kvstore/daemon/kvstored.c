@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -25,6 +26,10 @@
 #include "seq.h"
 #include "store_metrics.h"
 #include "workers.h"
+
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
 
 #define MAX_POLL 1100
 #define STATUS_EVERY_MS 1000
@@ -99,9 +104,34 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 static void reap_workers(struct daemon_state *d)
 {
 	uint32_t ids[64];
+	/* A worker busy on its ring is alive even when its heartbeat thread is starved. */
+	for (size_t i = 0; i < d->workers.max; i++) {
+		struct wk_worker *w = &d->workers.v[i];
+		uint64_t op = w->id ? dp_worker_last_op_ms(d->dp, w->id) : 0;
+		if (op > w->last_heartbeat_ms)
+			w->last_heartbeat_ms = op;
+	}
 	size_t n = wk_reap(&d->workers, clock_ms(), d->cfg.heartbeat_timeout_ms, ids, 64);
 	for (size_t i = 0; i < n; i++) {
 		struct wk_worker *w = wk_find(&d->workers, ids[i]);
+		/* A silent worker whose process still runs keeps the pool mapped read-write: freed
+		 * blocks handed to others would take its late writes. So it is killed first (its pid
+		 * is the connection's own) and its blocks are let go only once it has exited. */
+		if (!wk_exited(w) && w->pid_verified && w->pidfd >= 0) {
+			if (!w->fenced) {
+				w->fenced = true;
+				int r = (int)syscall(SYS_pidfd_send_signal, w->pidfd, SIGKILL, NULL, 0);
+				fprintf(stderr, "kvstored: worker %u (pid %u) silent past heartbeat_timeout_ms: "
+					"%s\n", w->id, w->pid, r == 0 ? "killed, so that it cannot write into "
+					"blocks given to others" : "could not kill it; its blocks are let go "
+					"anyway");
+				if (r == 0)
+					continue;
+			} else if (wk_exited(w) == false && clock_ms() - w->last_heartbeat_ms <
+				   3 * d->cfg.heartbeat_timeout_ms) {
+				continue; /* SIGKILL sent: wait for the exit (bounded) */
+			}
+		}
 		dp_worker_gone(d->dp, ids[i]);
 		size_t orphaned = seq_orphan_worker(&d->seqs, ids[i]);
 		if (d->cfg.log_level >= CFG_LOG_INFO || orphaned)

@@ -256,6 +256,7 @@ static int h_hello(struct call *c)
 	if (ret)
 		return fail(c, ret, "cannot register: %s", strerror(-ret));
 	w->rights = (uint8_t)rights;
+	w->pid_verified = c->peer && c->peer->ipc && c->peer->has_cred && c->peer->pid == h->pid;
 	w->uid = c->peer && c->peer->has_cred ? c->peer->uid : 0;
 	Freekv__Welcome *wel = NEW(c, Freekv__Welcome, FREEKV__WELCOME__INIT);
 	char *ring = ca(c, CFG_STR_MAX);

@@ -5,7 +5,7 @@
  * caller only through upload/download/copy, so a CUDA backend can hand out device pointers and
  * implement the same table. Index arrays (token ids, positions, row indices) are backend buffers
  * too; only parameter structs (and the span list of attn_decode) are host memory. Activations
- * are f32; weights stay in their file dtype (f32, f16, bf16) and KV blocks in the sequence's
+ * are f32; weights stay in their file dtype (f32, f16, bf16, or a GGUF block format: quant.h) and KV blocks in the sequence's
  * dtype — ops that read them take the dtype. Weights are made resident with weight_load(): the
  * CPU backend borrows the model's mapping, a device backend copies it. Ownership: the backend
  * owns every buffer it allocated and every resident weight until buf_free()/weight_release() or
@@ -31,6 +31,10 @@ struct backend_mat {
 	enum fkv_dtype dtype;
 	int64_t rows, cols;
 	void *priv; /* backend-private (e.g. a device allocation to release) */
+	/* ggml blocks (docs/quant.md), rows of quant_row_bytes(quant, cols); dtype is then f32,
+	 * what they dequantize to. FKV_QNONE: elements of dtype. Only matmul and embed take a
+	 * quantized weight; a backend without kernels for it refuses it in weight_load. */
+	enum fkv_quant quant;
 };
 
 /* Rotary embedding parameters; llama3 scaling applies when scaling_factor > 0. */
@@ -128,16 +132,18 @@ struct backend_ops {
 
 	/* (optional) Decode attention of one token over whole pages of a slot buffer, the device
 	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
-	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads the
-	 * slots list[h * max_pages + i] for i < ceil(n_tok / p), in that order — every page full
-	 * (p tokens) but the last, which holds the remaining n_tok - (pages - 1) * p tokens — and
-	 * every query head of its group reads the same pages. list (n_kv, max_pages) is host
-	 * memory, each entry in [0, n_slots). Equals attn_decode_heads over the same rows (on CUDA
-	 * the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d); a->kv_dtype must be
-	 * FKV_F32. -EINVAL for a bad geometry or slot index. */
+	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads
+	 * n_tok[h] tokens from the slots list[h * max_pages + i] for i < ceil(n_tok[h] / p), in
+	 * that order — every page full (p tokens) but the last, which holds the remaining
+	 * n_tok[h] - (pages - 1) * p tokens — and every query head of its group reads the same
+	 * pages. Heads may read different numbers of pages (hardkv's per-head budgets, §5).
+	 * list (n_kv, max_pages) and n_tok (n_kv) are host memory; every entry read in
+	 * [0, n_slots), every n_tok[h] in [1, max_pages * p]. Equals attn_decode_heads over the
+	 * same rows (on CUDA the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d);
+	 * a->kv_dtype must be FKV_F32. -EINVAL for a bad geometry, count or slot index. */
 	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const float *slots,
-				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				 int p, const struct backend_attn *a);
+				 int n_slots, const int32_t *list, int max_pages,
+				 const int32_t *n_tok, int p, const struct backend_attn *a);
 
 	/* (optional) refreshkv's full step (docs/design.md §5) as the two passes of decode
 	 * attention for one query, over keys given as for attn_decode_heads (KV head g reads

@@ -8,10 +8,13 @@
  * prefill): each K/V row is converted once per unit. Scratch for tiles and scores lives in one
  * growing buffer owned by the context, and attn_decode_slots keeps its span tables in the
  * context too (grown on demand, so a decode step allocates nothing once warm). Results do not
- * depend on the thread count. The helpers shared with backend_cpu_refresh.c (refreshkv's ops)
+ * depend on the thread count. Block-quantized weights (docs/quant.md) take the same two paths
+ * with cpu_quant.c's kernels: a row dot product that decodes blocks in registers, and
+ * dequantized tiles for sgemm. The helpers shared with backend_cpu_refresh.c (refreshkv's ops)
  * are in backend_cpu_priv.h. */
 #include "backend.h"
 #include "backend_cpu_priv.h"
+#include "cpu_quant.h"
 #include "layout.h"
 
 #include <cblas.h>
@@ -28,6 +31,9 @@
 /* Target size of one converted f32 weight tile for sgemm: about one core's L2 (measured best of
  * 256 KiB, 1 MiB, 4 MiB on the development machine). */
 #define CPU_TILE_BYTES (1u << 20)
+/* matmul_blocks cuts a small matrix into at least this many row blocks, so that up to this
+ * many threads share it. */
+#define CPU_TILE_SPLIT 8
 /* Weight rows per task of the direct dot loop. */
 #define CPU_DOT_ROWS 64
 /* The most scores (floats) an attention unit's scratch may hold. */
@@ -173,6 +179,9 @@ static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backe
 	dst->rows = src->shape[0];
 	dst->cols = src->n_dims == 2 ? src->shape[1] : 1;
 	dst->priv = NULL;
+	dst->quant = src->quant;
+	if (src->quant && !quant_row_bytes(src->quant, dst->cols))
+		return -EINVAL; /* unknown format or rows of partial blocks: model_load refuses both */
 	return 0;
 }
 
@@ -232,9 +241,14 @@ static void matmul_dot(float *y, const float *x, const struct backend_mat *w, in
 	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
 	for (int64_t j = 0; j < n; j++) {
 		#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
-		for (int64_t b = 0; b < nblk; b++)
-			dot_rows(y + j * rows, x + j * cols, w, b * CPU_DOT_ROWS,
-				 (b + 1) * CPU_DOT_ROWS < rows ? (b + 1) * CPU_DOT_ROWS : rows);
+		for (int64_t b = 0; b < nblk; b++) {
+			const int64_t r0 = b * CPU_DOT_ROWS;
+			const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
+			if (w->quant)
+				cpu_quant_dot_rows(y + j * rows, x + j * cols, w->data, w->quant, cols, r0, r1);
+			else
+				dot_rows(y + j * rows, x + j * cols, w, r0, r1);
+		}
 	}
 }
 
@@ -255,21 +269,27 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 	const bool par = n * rows * cols > CPU_PAR_MIN;
 	const int nt = par ? omp_get_max_threads() : 1;
 	int64_t blk = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / cols;
-	if (blk > (rows + nt - 1) / nt)
-		blk = (rows + nt - 1) / nt;
+	/* the split must not depend on nt: sgemm's sums differ with the block's shape, and results
+	 * must not change with the thread count */
+	if (blk > (rows + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT)
+		blk = (rows + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT;
 	if (blk < 16)
 		blk = 16;
 	float *tiles = NULL;
-	if (w->dtype != FKV_F32 && !(tiles = scratch_get(c, (size_t)nt * (size_t)(blk * cols))))
+	if ((w->dtype != FKV_F32 || w->quant) &&
+	    !(tiles = scratch_get(c, (size_t)nt * (size_t)(blk * cols))))
 		return -ENOMEM;
 	const int64_t nblk = (rows + blk - 1) / blk;
 	#pragma omp parallel for schedule(dynamic) num_threads(nt) if (par)
 	for (int64_t b = 0; b < nblk; b++) {
 		int64_t r0 = b * blk, m = rows - r0 < blk ? rows - r0 : blk;
-		const float *wt = (const float *)w->data + r0 * cols;
+		const float *wt = w->quant ? NULL : (const float *)w->data + r0 * cols;
 		if (tiles) {
 			float *t = tiles + (size_t)omp_get_thread_num() * (size_t)(blk * cols);
-			cvt_tile(t, (const uint16_t *)w->data + r0 * cols, w->dtype, m * cols);
+			if (w->quant)
+				cpu_quant_dequant_rows(t, w->data, w->quant, cols, r0, m);
+			else
+				cvt_tile(t, (const uint16_t *)w->data + r0 * cols, w->dtype, m * cols);
 			wt = t;
 		}
 		/* y[:, r0:r0+m] (n, m) = x (n, cols) · wtᵀ, wt (m, cols) */
@@ -288,7 +308,7 @@ static int cpu_matmul(void *ctx, float *y, const float *x, const struct backend_
 {
 	if (n <= 0)
 		return 0;
-	if (w->dtype != FKV_F32 && n <= CPU_GEMV_MAX_ROWS) {
+	if ((w->dtype != FKV_F32 || w->quant) && n <= CPU_GEMV_MAX_ROWS) {
 		matmul_dot(y, x, w, n);
 		return 0;
 	}
@@ -399,7 +419,9 @@ static int cpu_embed(void *ctx, float *out, const struct backend_mat *table, con
 	(void)ctx;
 	const int64_t cols = table->cols;
 	const size_t es = dtype_size(table->dtype);
-	for (int64_t i = 0; i < n; i++)
+	for (int64_t i = 0; i < n && table->quant; i++)
+		cpu_quant_dequant_rows(out + i * cols, table->data, table->quant, cols, ids[i], 1);
+	for (int64_t i = 0; i < n && !table->quant; i++)
 		dtype_to_f32(out + i * cols, (const char *)table->data + (size_t)ids[i] * cols * es,
 			     table->dtype, (size_t)cols);
 	return 0;
@@ -636,40 +658,47 @@ static int slot_tables(struct cpu_ctx *c, size_t n_spans, int n_kv)
  * apart) and one source per KV head, exactly the spans and sources attn_decode_heads would get
  * for the same rows: the same attn_run, so the same bits. */
 static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
-				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				 int p, const struct backend_attn *a)
+				 int n_slots, const int32_t *list, int max_pages,
+				 const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	struct cpu_ctx *c = ctx;
 	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
-	if (a->kv_dtype != FKV_F32 || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
-	    p <= 0 || n_tok <= 0 || n_tok > (int64_t)max_pages * p)
+	if (a->kv_dtype != FKV_F32 || !slots || !list || !n_tok || n_slots <= 0 ||
+	    max_pages <= 0 || p <= 0)
 		return -EINVAL;
 	const int KV = a->n_kv_heads;
-	const int pages = (int)((n_tok + p - 1) / p);
-	for (int h = 0; h < KV; h++)
+	size_t n_spans = 0;
+	for (int h = 0; h < KV; h++) {
+		if (n_tok[h] <= 0 || n_tok[h] > (int64_t)max_pages * p)
+			return -EINVAL;
+		const int pages = (n_tok[h] + p - 1) / p;
 		for (int i = 0; i < pages; i++) {
 			const int32_t sl = list[(size_t)h * max_pages + i];
 			if (sl < 0 || sl >= n_slots)
 				return -EINVAL;
 		}
-	if ((ret = slot_tables(c, (size_t)KV * pages, KV)))
+		n_spans += (size_t)pages;
+	}
+	if ((ret = slot_tables(c, n_spans, KV)))
 		return ret;
 	const int64_t row = (int64_t)KV * a->head_dim;
 	const size_t slot_floats = (size_t)(2 * p) * (size_t)row;
+	struct backend_kv_span *sp = c->slot_spans;
 	for (int h = 0; h < KV; h++) {
-		struct backend_kv_span *sp = c->slot_spans + (size_t)h * pages;
+		const int pages = (n_tok[h] + p - 1) / p;
 		const int32_t *lh = list + (size_t)h * max_pages;
 		for (int i = 0; i < pages; i++) {
 			const float *sl = slots + (size_t)lh[i] * slot_floats;
 			sp[i] = (struct backend_kv_span){
 				.k = sl, .v = sl + (size_t)p * row,
-				.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+				.n = i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 				.row_stride = row,
 			};
 		}
-		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok };
+		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok[h] };
+		sp += pages;
 	}
 	return attn_run(c, out, q, 1, c->slot_src, 0, false, a);
 }

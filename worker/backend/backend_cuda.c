@@ -235,6 +235,11 @@ static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct back
 	struct cuda_ctx *c = ctx;
 	if (!src->data)
 		return -EINVAL;
+	if (src->quant) {
+		fprintf(stderr, "cuda: weight of %s blocks: the CUDA backend has no kernels for quantized "
+			"weights yet (use --backend cpu)\n", quant_name(src->quant));
+		return -EOPNOTSUPP;
+	}
 	int64_t rows = src->shape[0], cols = src->n_dims == 2 ? src->shape[1] : 1;
 	size_t bytes = (size_t)rows * (size_t)cols * dtype_size(src->dtype);
 	void *p = dev_alloc(c, bytes);
@@ -576,24 +581,27 @@ static int cuda_gather_heads(void *ctx, float *dst, const float *src, const int3
 }
 
 /* The arguments of attn_decode_slots, checked on the host before anything is queued: the
- * geometry (what the kernel takes, in int) and every slot index a KV head reads. */
+ * geometry (what the kernel takes, in int), every head's token count and every slot index it
+ * reads. */
 static int check_slots(const float *slots, int n_slots, const int32_t *list, int max_pages,
-		       int64_t n_tok, int p, const struct backend_attn *a)
+		       const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	const int n_kv = a->n_kv_heads;
-	if (!slots || !list || a->n_heads <= 0 || n_kv <= 0 || n_kv > 65535 ||
+	if (!slots || !list || !n_tok || a->n_heads <= 0 || n_kv <= 0 || n_kv > 65535 ||
 	    a->n_heads % n_kv || a->head_dim <= 0 || a->window < 0 || a->kv_dtype != FKV_F32 ||
-	    n_slots <= 0 || max_pages <= 0 || p <= 0 || n_tok <= 0 ||
-	    n_tok > (int64_t)max_pages * p || (int64_t)max_pages * p > INT32_MAX ||
-	    (int64_t)n_kv * max_pages > INT32_MAX - 1)
+	    n_slots <= 0 || max_pages <= 0 || p <= 0 || (int64_t)max_pages * p > INT32_MAX ||
+	    (int64_t)n_kv * max_pages > INT32_MAX - n_kv)
 		return -EINVAL;
-	const int pages = (int)((n_tok + p - 1) / p);
-	for (int h = 0; h < n_kv; h++)
+	for (int h = 0; h < n_kv; h++) {
+		if (n_tok[h] <= 0 || n_tok[h] > (int64_t)max_pages * p)
+			return -EINVAL;
+		const int pages = (n_tok[h] + p - 1) / p;
 		for (int i = 0; i < pages; i++) {
 			int32_t sl = list[(size_t)h * max_pages + i];
 			if (sl < 0 || sl >= n_slots)
 				return -EINVAL;
 		}
+	}
 	return 0;
 }
 
@@ -601,42 +609,44 @@ static int check_slots(const float *slots, int n_slots, const int32_t *list, int
  * as the CPU backend builds them): for pages too large for the split-K kernel's shared memory
  * (p * (2d + 1) floats a block, so p > ~220 at d = 128), which span_attention walks in tiles. */
 static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const float *slots,
-			  const int32_t *list, int max_pages, int64_t n_tok, int p,
+			  const int32_t *list, int max_pages, const int32_t *n_tok, int p,
 			  const struct backend_attn *a)
 {
-	const int n_kv = a->n_kv_heads, pages = (int)((n_tok + p - 1) / p);
+	const int n_kv = a->n_kv_heads;
 	const size_t row = (size_t)n_kv * a->head_dim, slot_floats = 2 * (size_t)p * row;
-	struct backend_kv_span *spans = malloc((size_t)n_kv * pages * sizeof *spans);
+	struct backend_kv_span *spans = malloc((size_t)n_kv * max_pages * sizeof *spans);
 	int *first = malloc((size_t)(n_kv + 1) * sizeof *first);
 	int ret = -ENOMEM;
 	if (spans && first) {
+		int ns = 0;
 		for (int h = 0; h < n_kv; h++) {
-			first[h] = h * pages;
+			const int pages = (n_tok[h] + p - 1) / p;
+			first[h] = ns;
 			for (int i = 0; i < pages; i++) {
 				const float *k = slots + (size_t)list[(size_t)h * max_pages + i] *
 								 slot_floats;
-				spans[(size_t)h * pages + i] = (struct backend_kv_span){
+				spans[ns++] = (struct backend_kv_span){
 					.k = k, .v = k + (size_t)p * row,
-					.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+					.n = i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 					.row_stride = (int64_t)row,
 				};
 			}
 		}
-		first[n_kv] = n_kv * pages;
+		first[n_kv] = ns;
 		/* attn_spans stages the descriptors before it returns */
-		ret = attn_spans(c, out, q, spans, n_kv * pages, first, a);
+		ret = attn_spans(c, out, q, spans, ns, first, a);
 	}
 	free(spans);
 	free(first);
 	return ret;
 }
 
-/* Batch 1 of kernels/decode_attention: the list and n_tok go through the staging ring (one copy),
- * the split-K partials into dec_ws, sized for max_pages so that it settles after the first
- * steps of a run. */
+/* Batch 1 of kernels/decode_attention: the list and the per-head counts go through the staging
+ * ring (one copy), the split-K partials into dec_ws, sized for max_pages so that it settles
+ * after the first steps of a run. */
 static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
-				  int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				  int p, const struct backend_attn *a)
+				  int n_slots, const int32_t *list, int max_pages,
+				  const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	struct cuda_ctx *c = ctx;
 	int ret = check_slots(slots, n_slots, list, max_pages, n_tok, p, a);
@@ -650,12 +660,12 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 	if (ret)
 		return ret;
 	struct stage_slot *s;
-	const size_t bytes = (n_list + 1) * sizeof(int32_t);
+	const size_t bytes = (n_list + (size_t)n_kv) * sizeof(int32_t);
 	if ((ret = stage_take(c, bytes, &s)))
 		return ret;
 	int32_t *hl = s->host;
 	memcpy(hl, list, n_list * sizeof *hl);
-	hl[n_list] = (int32_t)n_tok;
+	memcpy(hl + n_list, n_tok, (size_t)n_kv * sizeof *hl);
 	if ((ret = stage_push(c, s, bytes)))
 		return ret;
 	const int32_t *dl = s->dev;

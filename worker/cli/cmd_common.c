@@ -437,6 +437,27 @@ static void refresh_json(struct json_object *o, const struct kv_layer_stats *s)
 	json_object_object_add(o, "full_step_ms", json_object_new_double(s->ns_full / 1e6));
 }
 
+/* Per layer: the selected pages a KV head attended per compressed step (mean and most), the
+ * calibrations and, for top-p selection, the calibrated temperature of each KV head. */
+static void layer_pages_json(struct cmd_session *s, int l, const struct kv_layer_stats *ls,
+			     struct json_object *j)
+{
+	const int H = s->m.cfg.n_kv_heads;
+	double mean = ls->steps ? (double)ls->pages_selected / ((double)ls->steps * H) : 0.0;
+	json_object_object_add(j, "pages_mean_per_head", json_object_new_double(mean));
+	json_object_object_add(j, "pages_max_per_head", json_object_new_int64(ls->pages_max));
+	json_object_object_add(j, "calibrations", json_object_new_int64(ls->calibrations));
+	json_object_object_add(j, "calibrate_ms", json_object_new_double(ls->ns_calibrate / 1e6));
+	float *theta = malloc((size_t)H * sizeof *theta);
+	if (theta && !engine_seq_layer_select(s->e, s->seq, l, NULL, theta) && theta[0] > 0.0f) {
+		struct json_object *a = json_object_new_array();
+		for (int h = 0; h < H; h++)
+			json_object_array_add(a, json_object_new_double(theta[h]));
+		json_object_object_add(j, "temperatures", a);
+	}
+	free(theta);
+}
+
 /* The --stats object: timings, the policy's settings, and its retrieval counters per layer
  * and summed. Caller frees with json_object_put. */
 static struct json_object *stats_json(struct cmd_session *s, const struct run_times *t)
@@ -466,6 +487,8 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("window", json_object_new_int(k->window));
 	ADD("full_layers", json_object_new_int(k->full_layers));
 	ADD("tau", json_object_new_double(k->tau));
+	ADD("kv_top_p", json_object_new_double(k->top_p)); /* 0: the policy's default */
+	ADD("recalibrate", json_object_new_int(k->recalibrate));
 	ADD("store", json_object_new_string(hostkv_is_remote(s->hk) ? "kvstored" : "embedded"));
 	ADD("seq", json_object_new_string(s->seq_name));
 	struct hostkv_lease_stats hl;
@@ -497,6 +520,7 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 				       json_object_new_double(ls.ns_recall_hidden / 1e6));
 		json_object_object_add(j, "attend_ms", json_object_new_double(ls.ns_attend / 1e6));
 		refresh_json(j, &ls);
+		layer_pages_json(s, l, &ls, j);
 		json_object_array_add(layers, j);
 		sum.steps += ls.steps;
 		sum.head_checks += ls.head_checks;

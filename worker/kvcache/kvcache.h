@@ -44,6 +44,10 @@ struct kv_policy_opts {
 	int full_layers; /* first layers that keep full attention */
 	float tau;	 /* correction threshold on the cosine of adjacent queries */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
+	/* Top-p selection on calibrated scores (docs/design.md §5 "hardkv"): P in (0, 1], 0 the
+	 * policy's default (hardkv 0.9; freekv keeps top-k); R, steps between calibrations, 0: 128. */
+	float top_p;
+	int recalibrate;
 	int refresh_stride;	  /* refreshkv: Q, decode steps between query comparisons (>= 1) */
 	float refresh_threshold;  /* refreshkv: s, a compared query below it triggers a full step */
 	/* (tests, debugging) refreshkv calls it after every decode step past the budget at a
@@ -89,6 +93,9 @@ struct kv_layer_stats {
 	int64_t ns_recall_wait;	  /* recall exposed: attention waited for it */
 	int64_t ns_recall_hidden; /* recall overlapped with the rest of the step */
 	int64_t ns_attend;	  /* decode attention */
+	int64_t pages_max;	  /* most head-pages one KV head attended from selection in a step */
+	int64_t calibrations;	  /* temperature calibrations (top-p selection) */
+	int64_t ns_calibrate;	  /* their time, the read of the layer's host copy included */
 	int64_t full_steps;	  /* refreshkv: of `steps`, the full-attention steps */
 	int64_t tokens_fetched;	  /* refreshkv: head-token rows fetched into the partial sets */
 	int64_t ns_full;	  /* refreshkv: time in full steps (their attention included) */
@@ -136,6 +143,13 @@ struct kv_policy_ops {
 	/* Rebuilds the state of a resumed sequence from the host copy for positions [0, len):
 	 * only on a fresh state (length 0); -EINVAL without a host copy or past max_tokens. */
 	int (*restore)(void *st, int64_t len);
+	/* (optional) One layer's selection at its last compressed decode step: pages (n_kv, k),
+	 * k = (B - S - W) / p, the candidate pages each KV head attended, ascending, then -1 past
+	 * its count (NULL: not wanted); theta (n_kv) the layer's calibrated temperatures (top-p
+	 * selection; 0 where the policy does not calibrate; NULL: not wanted). -ENODATA before
+	 * the layer's first compressed step and for layers without retrieval, -EINVAL for a bad
+	 * layer. */
+	int (*layer_select)(void *st, int layer, int *pages, float *theta);
 };
 
 /* The `full` policy: every token's K and V kept on the backend in attn.kv_dtype. */
@@ -144,6 +158,8 @@ extern const struct kv_policy_ops kv_policy_full;
 extern const struct kv_policy_ops kv_policy_streaming;
 extern const struct kv_policy_ops kv_policy_quest;
 extern const struct kv_policy_ops kv_policy_freekv;
+/* Head-adaptive top-p page budgets on calibrated scores (policy_hardkv.c). */
+extern const struct kv_policy_ops kv_policy_hardkv;
 /* A partial token cache per KV head refreshed by query-triggered full steps (RefreshKV seed). */
 extern const struct kv_policy_ops kv_policy_refreshkv;
 

@@ -250,6 +250,7 @@ static const struct kv_policy_ops *const policies[] = {
 	&kv_policy_streaming,
 	&kv_policy_quest,
 	&kv_policy_freekv,
+	&kv_policy_hardkv,
 	&kv_policy_refreshkv,
 };
 

@@ -1,7 +1,9 @@
 /* policy_opts — the retrieval knobs every command shares (--policy, --page-size, --budget,
- * --sink, --window, --tau, --full-layers, --refresh-stride, --refresh-threshold) and their
- * defaults (full, 32 / 2048 / 512 / 512 / 0.9 / 1 / 5 / 0.85), scaled down for models whose
- * context is shorter than the budget needs, with a notice. Plain data; nothing is allocated. */
+ * --sink, --window, --tau, --full-layers, --kv-top-p, --recalibrate, --refresh-stride,
+ * --refresh-threshold) and their defaults (full, 32 / 2048 / 512 / 512 / 0.9 / 1; top-p and
+ * recalibrate 0, the policy's own: hardkv 0.9 and 128; refreshkv 5 / 0.85), scaled down for
+ * models whose context is shorter than the budget needs, with a notice. Plain data; nothing is
+ * allocated. */
 #ifndef FREEKV_POLICY_OPTS_H
 #define FREEKV_POLICY_OPTS_H
 
@@ -11,7 +13,7 @@
 #include "kvcache.h"
 
 struct policy_opts {
-	char policy[16];	   /* full | streaming | quest | freekv | refreshkv */
+	char policy[16];	   /* full | streaming | quest | freekv | hardkv | refreshkv */
 	struct kv_policy_opts kv;  /* page, budget, sink, window, full_layers, tau (kvcache.h) */
 	bool set_page, set_budget, set_sink, set_window; /* given on the command line */
 };
