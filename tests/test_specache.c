@@ -277,7 +277,7 @@ static void test_window_covers_context_is_full(void **state)
 		gen("full", kvo(8, 16, 16, 2, fl, false), STEPS, true, 9, &ref);
 		gen("specache", kvo(8, CTX, 16, 2, fl, true), STEPS, false, 9, &r);
 		expect_same(&r, &ref, "specache window >= context");
-		assert_int_equal(r.st.sum.rows_fetched, 0);
+		assert_int_equal(r.st.sum.tokens_fetched, 0);
 		assert_int_equal(r.st.sum.steps, 0);
 		free(r.logits);
 		free(ref.logits);
@@ -297,7 +297,7 @@ static void test_topk_covers_context_is_full(void **state)
 		expect_same(&r, &ref, "specache k >= context");
 		/* Every quantised position was read from an exact row, fetched once. */
 		assert_true(r.st.sum.steps > 0);
-		assert_true(r.st.sum.rows_fetched > 0);
+		assert_true(r.st.sum.tokens_fetched > 0);
 		free(r.logits);
 	}
 	free(ref.logits);
@@ -459,9 +459,9 @@ static void test_counters(void **state)
 		assert_int_equal(r.spec.checked, STEPS);
 		assert_true(r.spec.hits > 0 && r.spec.hits <= r.spec.checked);
 		/* Rows: at most k per head and layer a step, two rows (K, V) of d f32 each. */
-		assert_true(r.st.sum.rows_fetched > 0);
-		assert_true(r.st.sum.rows_fetched <= (int64_t)(STEPS + 1) * (L - 1) * KV * K);
-		assert_int_equal(r.st.sum.bytes_recalled, r.st.sum.rows_fetched * 2 * d * 4);
+		assert_true(r.st.sum.tokens_fetched > 0);
+		assert_true(r.st.sum.tokens_fetched <= (int64_t)(STEPS + 1) * (L - 1) * KV * K);
+		assert_int_equal(r.st.sum.bytes_recalled, r.st.sum.tokens_fetched * 2 * d * 4);
 		/* Device bytes: per quantised layer the KIVI copy of tq positions (codes, f32 zero
 		 * and scale per key group and channel, per value group), the residual in f32, k
 		 * exact rows per head; the full layer every position. */

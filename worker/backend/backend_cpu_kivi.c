@@ -6,7 +6,8 @@
  * formulas, so that the CUDA kernel and the float64 reference of the tests get the same codes;
  * z and s are then kept as f32 and a value is fmaf(s, code, z) (one rounding on every backend);
  * the codes are widened through a table of every byte's codes.
- * Attention goes through cpu_attn_run with a row callback for the quantised positions: an exact
+ * Attention goes through cpu_attn_run (backend_cpu.c) with a row callback for the quantised
+ * positions (the fmaf gets the x86-64-v3 clone's FMA instruction, CPU_HOT): an exact
  * row where the KV head has one, else the row dequantised into the caller's scratch; the
  * residual and the step's rows are one span. So the arithmetic of a row is attn_prefill's,
  * and with no quantised position (or an exact row at every one) the result is its bits. */
@@ -20,14 +21,6 @@
 #include <string.h>
 
 #include "dtype.h"
-
-/* See backend_cpu.c: the hot loops get an x86-64-v3 clone (FMA: fmaf is one instruction). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-	!defined(__SANITIZE_THREAD__)
-#define KIVI_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define KIVI_HOT
-#endif
 
 /* Below this many values quantisation runs on one thread. */
 #define KIVI_PAR_MIN (1 << 16)
@@ -185,7 +178,7 @@ static void lut_init(void)
 
 /* Key (pass 0) or value (pass 1) row of position t, head h, dequantised into out (d): the codes
  * widened through the table, then fmaf(s, code, z) per channel. */
-KIVI_HOT static void dequant_row(const struct backend_kivi *q, int pass, int64_t t, int h,
+CPU_HOT static void dequant_row(const struct backend_kivi *q, int pass, int64_t t, int h,
 				 float *out)
 {
 	const int d = q->d, H = q->n_kv, cb = kivi_cb(q);
@@ -251,12 +244,9 @@ static const float *kivi_row(const void *arg, int pass, int64_t key, int kvh, fl
 		dequant_row(s->q, pass, key, kvh, tmp);
 		return tmp;
 	}
-	const size_t at = ((size_t)kvh * s->n_f + (size_t)i) * d;
-	const void *rows = pass ? s->fv : s->fk;
-	if (s->dt == FKV_F32)
-		return (const float *)rows + at;
-	dtype_to_f32(tmp, (const char *)rows + at * dtype_size(s->dt), s->dt, (size_t)d);
-	return tmp;
+	/* The conversion every attention op uses (backend_cpu_priv.h): an exact row gives the
+	 * bits it gives there. */
+	return row_f32(tmp, pass ? s->fv : s->fk, s->dt, (int64_t)kvh * s->n_f + i, d);
 }
 
 static int grow(void **p, size_t *len, size_t n, size_t size)

@@ -11,11 +11,13 @@
  *
  * `full` always runs first (added when not listed): it is the reference of the top-1 agreement,
  * the fraction of scored positions whose argmax equals full's. Per policy: perplexity over all
- * scored tokens, agreement, correction rate (policies that check for correction), pages
- * selected and recalled, rows fetched (specache), bytes recalled, the retrieval times the
- * policy counted, wall time, device KV bytes per token at the windows' ends (and against
- * 16-bit K/V), and the speculative-token hit rate (specache: the speculative token equalled
- * the next token of the text).
+ * scored tokens, agreement, correction rate (policies that check for correction), full-step
+ * rate (refreshkv), pages selected and recalled, bytes recalled, the selected pages a KV head
+ * attended per compressed step as a fraction of quest's k = (B - S - W) / p (hardkv and freekv
+ * with --kv-top-p attend fewer; n/a for refreshkv, which keeps tokens), rows fetched (refreshkv,
+ * specache), the retrieval times the policy counted, wall time, device KV bytes per token at the
+ * windows' ends (and against 16-bit K/V), and the speculative-token hit rate (specache: the
+ * speculative token equalled the next token of the text).
  * A table on stdout, or with --json one JSON document (json-c; doubles printed round-trip
  * exact, so equal values print equal). Notices go to stderr. */
 #include <errno.h>
@@ -42,7 +44,8 @@ static void usage(FILE *f)
 		"usage: kvworker eval -m MODEL -f TEXTFILE [options] [retrieval options]\n"
 		"  -m, --model PATH       .gguf file or Hugging Face folder\n"
 		"  -f, --file PATH        text to score; '-' reads stdin\n"
-		"      --policies LIST    comma-separated policies (default full,streaming,quest,freekv;\n"
+		"      --policies LIST    comma-separated policies (default\n"
+		"                         full,streaming,quest,freekv,hardkv,refreshkv;\n"
 		"                         built: %s); full always runs as the reference\n"
 		"  -c, --ctx N            window length in tokens (default: min(512, the model's))\n"
 		"      --prefill N        tokens of each window prefilled before decoding (default 1)\n"
@@ -76,6 +79,7 @@ struct eval_run {
 	struct kv_layer_stats st; /* summed over windows and layers */
 	struct kv_layer_stats *layer; /* (n_layers) summed over windows */
 	int n_layers;
+	int n_kv;		 /* KV heads of the model */
 	long windows;		 /* sequences run */
 	double ms;		 /* wall time of the windows */
 	int64_t dev_bytes, dev_tokens; /* device KV bytes and tokens at each window's end, summed */
@@ -139,7 +143,7 @@ static int parse(int argc, char **argv, struct eval_args *a)
 {
 	*a = (struct eval_args){ .prefill = 1 };
 	policy_opts_default(&a->po);
-	const char *list = "full,streaming,quest,freekv";
+	const char *list = "full,streaming,quest,freekv,hardkv,refreshkv";
 	char err[256];
 	for (int i = 1; i < argc; i++) {
 		const char *s = argv[i], *v;
@@ -209,7 +213,12 @@ static void stats_add(struct kv_layer_stats *d, const struct kv_layer_stats *s)
 	d->ns_recall_wait += s->ns_recall_wait;
 	d->ns_recall_hidden += s->ns_recall_hidden;
 	d->ns_attend += s->ns_attend;
-	d->rows_fetched += s->rows_fetched;
+	d->pages_max = s->pages_max > d->pages_max ? s->pages_max : d->pages_max;
+	d->calibrations += s->calibrations;
+	d->ns_calibrate += s->ns_calibrate;
+	d->full_steps += s->full_steps;
+	d->tokens_fetched += s->tokens_fetched;
+	d->ns_full += s->ns_full;
 }
 
 /* Scores the logits rows of positions [first, first + n) of win against the next tokens. */
@@ -329,34 +338,65 @@ static double dev_per_token(const struct eval_run *r)
 	return r->dev_tokens ? (double)r->dev_bytes / (double)r->dev_tokens : NAN;
 }
 
+/* Selected pages a KV head attended per compressed step; NAN without retrieval steps. */
+static double pages_per_head(const struct kv_layer_stats *st, int n_kv)
+{
+	return st->steps ? (double)st->pages_selected / ((double)st->steps * n_kv) : NAN;
+}
+
+/* The same as a fraction of quest's, which attends k = (B - S - W) / p pages every step. */
+static double pages_vs_quest(const struct kv_layer_stats *st, int n_kv,
+			     const struct kv_policy_opts *k)
+{
+	return pages_per_head(st, n_kv) / (double)((k->budget - k->sink - k->window) / k->page);
+}
+
+/* --kv-top-p as given, or what 0 means. */
+static void top_p_str(const struct kv_policy_opts *k, char *buf, size_t len)
+{
+	if (k->top_p > 0.0f)
+		snprintf(buf, len, "%g", (double)k->top_p);
+	else
+		snprintf(buf, len, "default (hardkv 0.9, freekv top-k)");
+}
+
 static void print_table(const struct eval_args *a, const struct eval_run *runs, double b16)
 {
 	const struct kv_policy_opts *k = &a->po.kv;
+	char tp[64];
+	top_p_str(k, tp, sizeof tp);
 	printf("scored %ld tokens (windows: %ld of up to %ld tokens; prefill %ld, then decode); "
-	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d, kv bits %d, "
+	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d, kv-top-p %s, "
+	       "recalibrate %d, refresh stride %d, refresh threshold %g, kv bits %d, "
 	       "spec top-k %d\n\n",
 	       runs[0].scored, runs[0].windows, a->ctx, a->prefill, k->page, k->budget, k->sink,
-	       k->window, (double)k->tau, k->full_layers, k->kv_bits, k->spec_topk);
-	printf("| %-9s | %10s | %9s | %10s | %12s | %14s | %12s | %12s | %9s | %9s | %9s | %9s |"
-	       " %9s | %8s | %8s | %8s |\n",
-	       "policy", "perplexity", "top-1 agr", "correction", "pages sel", "pages recalled",
-	       "rows fetched", "MiB recalled", "select ms", "wait ms", "hidden ms", "attend ms",
-	       "total ms", "B/token", "vs 16bit", "spec hit");
-	printf("|-----------|------------|-----------|------------|--------------|----------------|"
-	       "--------------|--------------|-----------|-----------|-----------|-----------|"
-	       "-----------|----------|----------|----------|\n");
+	       k->window, (double)k->tau, k->full_layers, tp,
+	       k->recalibrate ? k->recalibrate : 128, k->refresh_stride,
+	       (double)k->refresh_threshold, k->kv_bits, k->spec_topk);
+	printf("| %-9s | %10s | %9s | %10s | %9s | %12s | %9s | %14s | %12s | %12s | %9s | %9s |"
+	       " %9s | %9s | %9s | %8s | %8s | %8s |\n",
+	       "policy", "perplexity", "top-1 agr", "correction", "full rate", "pages sel",
+	       "vs quest", "pages recalled", "rows fetched", "MiB recalled", "select ms",
+	       "wait ms", "hidden ms", "attend ms", "total ms", "B/token", "vs 16bit", "spec hit");
+	printf("|-----------|------------|-----------|------------|-----------|--------------|"
+	       "-----------|----------------|--------------|--------------|-----------|-----------|"
+	       "-----------|-----------|-----------|----------|----------|----------|\n");
 	for (int i = 0; i < a->n_policies; i++) {
 		const struct eval_run *r = &runs[i];
-		char corr[32] = "n/a", hit[32] = "n/a";
+		char corr[32] = "n/a", full[32] = "n/a", vs[32] = "n/a", hit[32] = "n/a";
 		if (r->st.head_checks)
 			snprintf(corr, sizeof corr, "%.4f", kv_correction_rate(&r->st));
+		if (r->st.full_steps)
+			snprintf(full, sizeof full, "%.4f", kv_full_step_rate(&r->st));
+		else if (r->st.steps && r->st.pages_selected)
+			snprintf(vs, sizeof vs, "%.4f", pages_vs_quest(&r->st, r->n_kv, k));
 		if (r->spec.checked)
 			snprintf(hit, sizeof hit, "%.4f", (double)r->spec.hits / (double)r->spec.checked);
-		printf("| %-9s | %10.4f | %9.4f | %10s | %12lld | %14lld | %12lld | %12.2f | %9.1f |"
-		       " %9.1f | %9.1f | %9.1f | %9.1f | %8.1f | %8.4f | %8s |\n",
+		printf("| %-9s | %10.4f | %9.4f | %10s | %9s | %12lld | %9s | %14lld | %12lld |"
+		       " %12.2f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %8.1f | %8.4f | %8s |\n",
 		       r->policy, ppl(r), r->scored ? (double)r->agree / (double)r->scored : NAN,
-		       corr, (long long)r->st.pages_selected, (long long)r->st.pages_recalled,
-		       (long long)r->st.rows_fetched,
+		       corr, full, (long long)r->st.pages_selected, vs,
+		       (long long)r->st.pages_recalled, (long long)r->st.tokens_fetched,
 		       (double)r->st.bytes_recalled / (1024.0 * 1024.0), ns_ms(r->st.ns_select),
 		       ns_ms(r->st.ns_recall_wait), ns_ms(r->st.ns_recall_hidden),
 		       ns_ms(r->st.ns_attend), r->ms, dev_per_token(r), dev_per_token(r) / b16, hit);
@@ -368,8 +408,10 @@ static void jset(json_object *o, const char *k, json_object *v)
 	json_object_object_add(o, k, v);
 }
 
-/* The counters of s as members of o. */
-static void jstats(json_object *o, const struct kv_layer_stats *s)
+/* The counters of s as members of o; pages per head (and as a fraction of quest's) only with
+ * retrieval steps. */
+static void jstats(json_object *o, const struct kv_layer_stats *s, int n_kv,
+		   const struct kv_policy_opts *k)
 {
 	jset(o, "correction_rate", s->head_checks ?
 		json_object_new_double(kv_correction_rate(s)) : NULL);
@@ -383,7 +425,19 @@ static void jstats(json_object *o, const struct kv_layer_stats *s)
 	jset(o, "ms_recall_wait", json_object_new_double(ns_ms(s->ns_recall_wait)));
 	jset(o, "ms_recall_hidden", json_object_new_double(ns_ms(s->ns_recall_hidden)));
 	jset(o, "ms_attend", json_object_new_double(ns_ms(s->ns_attend)));
-	jset(o, "rows_fetched", json_object_new_int64(s->rows_fetched));
+	/* refreshkv keeps tokens, specache rows, not pages */
+	const bool pages = s->steps && !s->full_steps && s->pages_selected;
+	jset(o, "pages_per_head", pages ? json_object_new_double(pages_per_head(s, n_kv)) : NULL);
+	jset(o, "pages_fraction_of_quest", pages ?
+		json_object_new_double(pages_vs_quest(s, n_kv, k)) : NULL);
+	jset(o, "pages_max_per_head", json_object_new_int64(s->pages_max));
+	jset(o, "calibrations", json_object_new_int64(s->calibrations));
+	jset(o, "ms_calibrate", json_object_new_double(ns_ms(s->ns_calibrate)));
+	jset(o, "full_step_rate", s->full_steps ?
+		json_object_new_double(kv_full_step_rate(s)) : NULL);
+	jset(o, "full_steps", json_object_new_int64(s->full_steps));
+	jset(o, "tokens_fetched", json_object_new_int64(s->tokens_fetched));
+	jset(o, "ms_full", json_object_new_double(ns_ms(s->ns_full)));
 }
 
 static int print_json(const struct eval_args *a, const struct eval_run *runs, double b16)
@@ -407,6 +461,14 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs, do
 	snprintf(tau, sizeof tau, "%g", (double)k->tau);
 	jset(ret, "tau", json_object_new_double_s(k->tau, tau));
 	jset(ret, "full_layers", json_object_new_int(k->full_layers));
+	char tp[32]; /* as given; 0: each policy's default */
+	snprintf(tp, sizeof tp, "%g", (double)k->top_p);
+	jset(ret, "kv_top_p", json_object_new_double_s(k->top_p, tp));
+	jset(ret, "recalibrate", json_object_new_int(k->recalibrate ? k->recalibrate : 128));
+	jset(ret, "refresh_stride", json_object_new_int(k->refresh_stride));
+	char thr[32];
+	snprintf(thr, sizeof thr, "%g", (double)k->refresh_threshold);
+	jset(ret, "refresh_threshold", json_object_new_double_s(k->refresh_threshold, thr));
 	jset(ret, "kv_bits", json_object_new_int(k->kv_bits));
 	jset(ret, "spec_topk", json_object_new_int(k->spec_topk));
 	jset(doc, "retrieval", ret);
@@ -423,7 +485,7 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs, do
 		jset(p, "perplexity", json_object_new_double(ppl(r)));
 		jset(p, "agree", json_object_new_int64(r->agree));
 		jset(p, "agreement", json_object_new_double((double)r->agree / (double)r->scored));
-		jstats(p, &r->st);
+		jstats(p, &r->st, r->n_kv, k);
 		jset(p, "ms_total", json_object_new_double(r->ms));
 		jset(p, "device_bytes_per_token", r->dev_tokens ?
 		     json_object_new_double(dev_per_token(r)) : NULL);
@@ -440,7 +502,7 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs, do
 			if (!lo)
 				goto oom;
 			json_object_array_add(layers, lo);
-			jstats(lo, &r->layer[l]);
+			jstats(lo, &r->layer[l], r->n_kv, k);
 		}
 	}
 	jset(doc, "policies", arr);
@@ -466,6 +528,7 @@ static int eval_all(const struct fkv_model *m, struct backend *be, struct hostkv
 		runs[i].policy = a->policies[i];
 		runs[i].argmax = malloc((size_t)cap * sizeof *runs[i].argmax);
 		runs[i].n_layers = m->cfg.n_layers;
+		runs[i].n_kv = m->cfg.n_kv_heads;
 		runs[i].layer = calloc((size_t)m->cfg.n_layers, sizeof *runs[i].layer);
 		if (!runs[i].argmax || !runs[i].layer) {
 			fprintf(stderr, "kvworker eval: out of memory\n");
@@ -533,10 +596,20 @@ int cmd_eval(int argc, char **argv)
 	}
 	for (long i = 0; i < nt; i++)
 		toks[i] = ids[i];
-	if (policy_opts_finalize(&a.po, (int)a.ctx, stderr, err, sizeof err)) {
-		fprintf(stderr, "kvworker eval: %s\n", err);
-		ret = CMD_USAGE;
-		goto out;
+	/* The settings are checked for every listed policy but `full` (which reads none of them
+	 * unless it runs alone): refreshkv's budget rules differ from the paged policies'. The
+	 * scaling does not depend on the policy, so every check gives the same values. */
+	for (int i = a.n_policies > 1; i < a.n_policies; i++) {
+		struct policy_opts po = a.po;
+		snprintf(po.policy, sizeof po.policy, "%s", a.policies[i]);
+		if (policy_opts_finalize(&po, (int)a.ctx, i == (a.n_policies > 1) ? stderr : NULL, err,
+					 sizeof err)) {
+			fprintf(stderr, "kvworker eval: %s: %s\n", a.policies[i], err);
+			ret = CMD_USAGE;
+			goto out;
+		}
+		if (i + 1 == a.n_policies)
+			a.po = po;
 	}
 	const char *bname = a.backend;
 	for (int i = 0; i < a.n_policies; i++) {

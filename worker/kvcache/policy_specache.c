@@ -326,7 +326,7 @@ static int settle_fetch(struct specache *s, struct spec_layer *L, int layer)
 {
 	struct sfetch_done dn;
 	int ret = sfetch_wait(s->fetch, layer, &dn);
-	L->st.rows_fetched += dn.rows;
+	L->st.tokens_fetched += dn.rows;
 	L->st.bytes_recalled += dn.bytes;
 	L->st.ns_recall_wait += dn.ns_waited;
 	L->st.ns_recall_hidden += dn.ns_hidden;
@@ -668,7 +668,7 @@ static void spec_stats(void *st, struct kv_stats *out)
 		b->steps += a->steps;
 		b->pages_selected += a->pages_selected;
 		b->bytes_recalled += a->bytes_recalled;
-		b->rows_fetched += a->rows_fetched;
+		b->tokens_fetched += a->tokens_fetched;
 		b->ns_select += a->ns_select;
 		b->ns_recall_wait += a->ns_recall_wait;
 		b->ns_recall_hidden += a->ns_recall_hidden;
