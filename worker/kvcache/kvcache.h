@@ -4,8 +4,9 @@
  * RoPE) and decides which cached positions attention reads: `full` reads all of them; the
  * retrieval policies (streaming, quest, freekv: policy_paged.h) keep a budget of B tokens per
  * layer on the device and recall the rest from the host copy; refreshkv (policy_refresh.h)
- * keeps B token slots per KV head, refreshed by full-attention steps over the host copy. The engine drives every policy
- * the same way and never learns which one runs:
+ * keeps B token slots per KV head, refreshed by full-attention steps over the host copy;
+ * specache (specache.h) keeps a low-bit copy of every position plus exact rows fetched per
+ * step. The engine drives every policy the same way and never learns which one runs:
  *
  *   step_begin(n)                      a forward pass will add n tokens
  *     for each layer: layer_begin, append(k, v, n), attend(q, n) -> out, layer_end
