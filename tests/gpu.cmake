@@ -1,5 +1,5 @@
 # tests/gpu.cmake — one test per kernel file (tests/gpu/test_kernel_<op>.c), each against a CPU
-# twin (the CPU backend, worker/kvcache/select.c, common/layout.c). Label gpu; they exit 77 (skip) on a
+# twin (the CPU backend, worker/backend/select.c, common/layout.c). Label gpu; they exit 77 (skip) on a
 # machine without a CUDA device, so CI only compiles them.
 if(FREEKV_HAVE_CUDA)
   foreach(op embedding rope silu_mul kv_append page_summary page_score topk qcos
@@ -15,6 +15,9 @@ if(FREEKV_HAVE_CUDA)
   # attn_decode_slots (split-K over slot lists) and recall_units on the recall streams (ordering
   # with compute, pageable and page-locked units, a second thread) vs the CPU backend.
   freekv_add_test(test_backend_cuda_slots SOURCES gpu/test_backend_cuda_slots.c
+    LIBS freekv_runtime CUDA::cudart LABELS gpu)
+  # page_summary, select_pages, group_cosine and download_async's fences vs the CPU backend.
+  freekv_add_test(test_backend_cuda_select SOURCES gpu/test_backend_cuda_select.c
     LIBS freekv_runtime CUDA::cudart LABELS gpu)
   # streaming / quest / freekv on the CUDA backend (paged slots, recall_units) vs the CPU.
   freekv_add_test(test_policies_cuda SOURCES gpu/test_policies_cuda.c

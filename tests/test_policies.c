@@ -558,6 +558,31 @@ static int dm_round_to(void *c, float *x, int64_t n, enum fkv_dtype dt)
 	return real_ops->round_to(c, dv(x), n, dt);
 }
 
+static int dm_page_summary(void *c, float *mn, float *mx, int stride, int page,
+			   const void *slot, enum fkv_dtype dt, int p, int n_kv, int d)
+{
+	return real_ops->page_summary(c, dv(mn), dv(mx), stride, page, dv(slot), dt, p, n_kv, d);
+}
+
+static int dm_select_pages(void *c, const struct backend_select *g, const float *q,
+			   const float *mn, const float *mx, const uint8_t *res, int32_t *pages,
+			   int32_t *chg, int32_t *nchg)
+{
+	return real_ops->select_pages(c, g, dv(q), dv(mn), dv(mx), dv(res), dv(pages), dv(chg),
+				      dv(nchg));
+}
+
+static int dm_group_cosine(void *c, float *o, const float *a, const float *b, int n_q, int n_kv,
+			   int d)
+{
+	return real_ops->group_cosine(c, dv(o), dv(a), dv(b), n_q, n_kv, d);
+}
+
+static int dm_download_async(void *c, void *d, const void *s, size_t n, void *f)
+{
+	return real_ops->download_async(c, d, dv(s), n, f);
+}
+
 /* ---- an offload that lands late ----
  * store_rows as a device runs it: the rows are taken at the call (later ops may overwrite
  * them), the host blocks written only at the next sync(), poison until then. A path that reads
@@ -661,6 +686,10 @@ static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 	ops->recall_units = dm_recall_units;
 	ops->store_rows = dm_store_rows;
 	ops->round_to = dm_round_to;
+	ops->page_summary = dm_page_summary;
+	ops->select_pages = dm_select_pages;
+	ops->group_cosine = dm_group_cosine;
+	ops->download_async = dm_download_async;
 	return (struct backend){ .ops = ops, .ctx = cpu->ctx };
 }
 

@@ -62,6 +62,15 @@ struct backend_attn {
 			 * included; 0 = all. Decode reads what the spans hold. */
 };
 
+/* The geometry of a select_pages call: candidates [cand_begin, cand_begin + n_cand) of the
+ * page_stride pages a head's summaries hold, k kept per KV head (0 <= k <= n_cand). */
+struct backend_select {
+	int n_q, n_kv, d;
+	int page_stride;
+	int cand_begin, n_cand;
+	int k;
+};
+
 struct backend_ops {
 	const char *name;
 	void (*free)(void *ctx);
@@ -162,6 +171,46 @@ struct backend_ops {
 	/* (optional) Rounds x (n) f32 in place to dtype dt and back (round to nearest even, like
 	 * dtype.c), so a slot holds exactly what a block of dt holds. */
 	int (*round_to)(void *ctx, float *x, int64_t n, enum fkv_dtype dt);
+
+	/* Selection on the backend (docs/design.md §5 "Selection" and "The GPU decode step"): the
+	 * paged policies keep page summaries, queries and the selection's outputs in backend
+	 * buffers, so a decode step downloads no query and no page. The CPU backend's ops call
+	 * select.c; the CUDA backend's are the kernels page_summary, page_score,
+	 * topk_pages_changed and qcos. All pointers but the geometry are backend buffers. */
+
+	/* (optional) Min and max over the p keys of one NHD slot (2, p, n_kv, d) in slot_dt (its
+	 * K rows) into page `page` of kmin, kmax (n_kv, page_stride, d) f32, for every KV head:
+	 * select_page_summary head by head, exact. */
+	int (*page_summary)(void *ctx, float *kmin, float *kmax, int page_stride, int page,
+			    const void *slot, enum fkv_dtype slot_dt, int p, int n_kv, int d);
+	/* (optional) select_topk over candidates [g->cand_begin, + g->n_cand): q (n_q, d) f32;
+	 * kmin, kmax (n_kv, page_stride, d) f32; pages (n_kv, k) int32, each head's top k
+	 * ascending (ties to the lower page); resident (n_kv, page_stride) uint8, non-zero where
+	 * the head already holds the page on the device; changed (n_kv, k) int32 the selected
+	 * pages not resident, ascending, padded with -1, and n_changed (n_kv) int32 their counts.
+	 * The page lists equal select_topk's exactly; -EINVAL for a bad geometry. */
+	int (*select_pages)(void *ctx, const struct backend_select *g, const float *q,
+			    const float *kmin, const float *kmax, const uint8_t *resident,
+			    int32_t *pages, int32_t *changed, int32_t *n_changed);
+	/* (optional) FreeKV's correction check: out (n_kv) f32, per KV head the mean over its
+	 * query group of cos(q_t, q_prev), q_t, q_prev (n_q, d) f32; select_group_cosine. */
+	int (*group_cosine)(void *ctx, float *out, const float *q_t, const float *q_prev, int n_q,
+			    int n_kv, int d);
+
+	/* (optional, all five or none) Downloads that do not wait: host_alloc gives host memory a
+	 * device can copy into without staging (page-locked on CUDA), released by host_free;
+	 * download_async queues a copy of src into such memory after every op queued before and
+	 * marks its completion on a fence (fence_new / fence_free; reusable: each call re-arms
+	 * it); fence_wait blocks until the last copy marked on the fence has landed, and may be
+	 * called from any thread (the recall thread waits there for a selection, never the
+	 * compute thread). On the CPU the copy is done on return. */
+	void *(*host_alloc)(void *ctx, size_t bytes);
+	void (*host_free)(void *ctx, void *p);
+	int (*fence_new)(void *ctx, void **fence);
+	void (*fence_free)(void *ctx, void *fence);
+	int (*download_async)(void *ctx, void *host_dst, const void *src, size_t bytes,
+			      void *fence);
+	int (*fence_wait)(void *ctx, void *fence);
 
 	/* (optional) Waits until every queued op has finished (store_rows included). */
 	int (*sync)(void *ctx);

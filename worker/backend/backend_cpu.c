@@ -10,6 +10,7 @@
  * context too (grown on demand, so a decode step allocates nothing once warm). Results do not
  * depend on the thread count. */
 #include "backend.h"
+#include "backend_cpu_priv.h"
 #include "layout.h"
 
 #include <cblas.h>
@@ -894,6 +895,15 @@ static const struct backend_ops cpu_ops = {
 	.recall_units = cpu_recall_units,
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,
+	.page_summary = cpu_page_summary,
+	.select_pages = cpu_select_pages,
+	.group_cosine = cpu_group_cosine,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
+	.fence_new = cpu_fence_new,
+	.fence_free = cpu_fence_free,
+	.download_async = cpu_download_async,
+	.fence_wait = cpu_fence_wait,
 	.sync = NULL,
 	.set_threads = cpu_set_threads,
 	.get_threads = cpu_get_threads,

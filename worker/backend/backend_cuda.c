@@ -15,8 +15,9 @@
  * decode step never waits on the device. host_register page-locks host memory (the kvstored
  * pool mapping) in chunks for DMA.
  *
- * Recall, offload and the pool registration: backend_cuda_xfer.c. The shared state is in
- * backend_cuda_priv.h.
+ * Recall, offload and the pool registration: backend_cuda_xfer.c; selection (page summaries,
+ * scores + top-k, the correction check) and the fences of download_async:
+ * backend_cuda_select.c. The shared state is in backend_cuda_priv.h.
  *
  * Without FREEKV_HAVE_CUDA only the constructor is built, and it reports that no device is
  * available. */
@@ -92,7 +93,7 @@ static void *dev_alloc(struct cuda_ctx *c, size_t bytes)
 /* Grows a workspace of the compute stream to at least bytes. Ops queued before may still read
  * the old one, so it is freed in stream order, or after the compute stream drained where the
  * device has no memory pools. */
-static int ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
+int cuda_ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
 {
 	if (bytes <= *cap)
 		return 0;
@@ -144,6 +145,7 @@ static void cuda_free(void *ctx)
 	(void)cuda_drain(c);
 	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
 	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
+	ws_release(c, &c->sel_ws, &c->sel_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
 		cudaFree(c->bufs[i]);
 	free(c->bufs);
@@ -264,7 +266,7 @@ static void cuda_weight_release(void *ctx, struct backend_mat *w)
 static int cuda_matmul(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	struct cuda_ctx *c = ctx;
-	int ret = ws_reserve(c, &c->gemm_ws, &c->gemm_ws_bytes,
+	int ret = cuda_ws_reserve(c, &c->gemm_ws, &c->gemm_ws_bytes,
 			     gemm_workspace_bytes(w->dtype, n, w->cols));
 	if (ret)
 		return ret;
@@ -365,8 +367,8 @@ static int cuda_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q,
 }
 
 /* Takes the next ring slot, with room for bytes; the caller fills its host copy, then
- * stage_push() queues the copy to the device. */
-static int stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
+ * cuda_stage_push() queues the copy to the device. */
+int cuda_stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 {
 	struct stage_slot *s = &c->ring[c->ring_next];
 	c->ring_next = (c->ring_next + 1) % CUDA_STAGE_RING;
@@ -379,7 +381,7 @@ static int stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 		cudaFreeHost(s->host); /* its last copy has run */
 		s->host = NULL;
 		s->cap = 0;
-		int ret = ws_reserve(c, &s->dev, &dcap, cap);
+		int ret = cuda_ws_reserve(c, &s->dev, &dcap, cap);
 		if (ret)
 			return ret;
 		CUDA_CHECK(cudaMallocHost(&s->host, cap));
@@ -389,7 +391,7 @@ static int stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 	return 0;
 }
 
-static int stage_push(struct cuda_ctx *c, struct stage_slot *s, size_t bytes)
+int cuda_stage_push(struct cuda_ctx *c, struct stage_slot *s, size_t bytes)
 {
 	CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, c->stream));
 	s->used = 1;
@@ -406,7 +408,7 @@ static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, 
 	size_t span_bytes = (size_t)n_spans * sizeof(struct span_desc);
 	size_t bytes = span_bytes + (size_t)(n_kv + 1) * sizeof(int32_t);
 	struct stage_slot *s;
-	int ret = stage_take(c, bytes, &s);
+	int ret = cuda_stage_take(c, bytes, &s);
 	if (ret)
 		return ret;
 	struct span_desc *hs = s->host;
@@ -415,7 +417,7 @@ static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, 
 	int32_t *hf = (int32_t *)((char *)s->host + span_bytes);
 	for (int i = 0; i <= n_kv; i++)
 		hf[i] = first ? first[i] : (i ? n_spans : 0);
-	if ((ret = stage_push(c, s, bytes)))
+	if ((ret = cuda_stage_push(c, s, bytes)))
 		return ret;
 	*dspans = s->dev;
 	*dfirst = (const int32_t *)((char *)s->dev + span_bytes);
@@ -534,19 +536,19 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 		return ret;
 	const int n_kv = a->n_kv_heads;
 	const size_t n_list = (size_t)n_kv * max_pages;
-	ret = ws_reserve(c, &c->dec_ws, &c->dec_ws_bytes,
+	ret = cuda_ws_reserve(c, &c->dec_ws, &c->dec_ws_bytes,
 			 decode_attention_workspace_bytes(1, a->n_heads, n_kv, a->head_dim,
 							  max_pages));
 	if (ret)
 		return ret;
 	struct stage_slot *s;
 	const size_t bytes = (n_list + 1) * sizeof(int32_t);
-	if ((ret = stage_take(c, bytes, &s)))
+	if ((ret = cuda_stage_take(c, bytes, &s)))
 		return ret;
 	int32_t *hl = s->host;
 	memcpy(hl, list, n_list * sizeof *hl);
 	hl[n_list] = (int32_t)n_tok;
-	if ((ret = stage_push(c, s, bytes)))
+	if ((ret = cuda_stage_push(c, s, bytes)))
 		return ret;
 	const int32_t *dl = s->dev;
 	cudaError_t e = decode_attention(out, q, slots, FKV_F32, dl, dl + n_list, 1, a->n_heads,
@@ -609,6 +611,15 @@ static const struct backend_ops cuda_ops = {
 	.recall_units = cuda_recall_units,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,
+	.page_summary = cuda_page_summary,
+	.select_pages = cuda_select_pages,
+	.group_cosine = cuda_group_cosine,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.fence_new = cuda_fence_new,
+	.fence_free = cuda_fence_free,
+	.download_async = cuda_download_async,
+	.fence_wait = cuda_fence_wait,
 	.sync = cuda_sync,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,

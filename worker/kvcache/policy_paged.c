@@ -35,15 +35,23 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 {
 	if (L->slots)
 		s->p.be->ops->buf_free(s->p.be->ctx, L->slots);
+	struct backend *be = s->p.be;
+	void *bufs[] = { L->kmin, L->kmax, L->resident, L->dq, L->dsel, L->dcos };
+	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+		if (bufs[i])
+			be->ops->buf_free(be->ctx, bufs[i]);
+	if (L->fence)
+		be->ops->fence_free(be->ctx, L->fence);
+	if (L->hsel && L->fence)
+		be->ops->host_free(be->ctx, L->hsel);
+	else
+		free(L->hsel);
 	free(L->res);
 	free(L->target);
 	free(L->fresh);
-	free(L->kmin);
-	free(L->kmax);
+	free(L->res_mask);
 	free(L->q_last);
-	free(L->q_spec);
 	free(L->scratch_c);
-	free(L->scratch_r);
 	free(L->att);
 	free(L->units_c);
 	free(L->units_r);
@@ -79,38 +87,50 @@ void paged_destroy(void *st)
 	free(s);
 }
 
-/* Grows every summary array (and the selection scratch that scales with it) to hold need pages.
- * Called on the compute thread with no speculative job in flight for the layer. */
+/* Grows the summaries, the resident mask (backend buffers) and the host scratch that scales
+ * with them to hold need pages. Called on the compute thread with no speculative job in flight
+ * for the layer; the old buffers are copied head by head on the backend, in stream order. */
 static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 {
 	if (need <= L->page_cap)
 		return 0;
+	struct backend *be = s->p.be;
 	int cap = L->page_cap ? L->page_cap : 2 * s->n_slots;
 	while (cap < need)
 		cap *= 2;
 	size_t d = (size_t)s->g.d, H = (size_t)s->g.n_kv, old = (size_t)L->page_cap;
-	float *mn = calloc(H * cap * d, sizeof *mn), *mx = calloc(H * cap * d, sizeof *mx);
-	size_t sf = select_scratch_floats(&s->g, cap);
-	float *sc = malloc(sf * sizeof *sc), *sr = malloc(sf * sizeof *sr);
-	if (!mn || !mx || !sc || !sr) {
-		free(mn);
-		free(mx);
+	size_t fb = H * cap * d * sizeof(float);
+	float *mn = be->ops->buf_alloc(be->ctx, fb), *mx = be->ops->buf_alloc(be->ctx, fb);
+	uint8_t *rd = be->ops->buf_alloc(be->ctx, H * cap);
+	uint8_t *rm = calloc(H * cap, 1);
+	float *sc = malloc(select_scratch_floats(&s->g, cap) * sizeof *sc);
+	int ret = mn && mx && rd && rm && sc ? 0 : -ENOMEM;
+	for (size_t h = 0; old && h < H && !ret; h++)
+		ret = be->ops->copy(be->ctx, mn + h * cap * d, L->kmin + h * old * d,
+				    old * d * sizeof *mn)
+		   ?: be->ops->copy(be->ctx, mx + h * cap * d, L->kmax + h * old * d,
+				    old * d * sizeof *mx);
+	if (ret) {
+		void *bufs[] = { mn, mx, rd };
+		for (size_t i = 0; i < 3; i++)
+			if (bufs[i])
+				be->ops->buf_free(be->ctx, bufs[i]);
+		free(rm);
 		free(sc);
-		free(sr);
-		return -ENOMEM;
+		return ret;
 	}
-	for (size_t h = 0; old && h < H; h++) {
-		memcpy(mn + h * cap * d, L->kmin + h * old * d, old * d * sizeof *mn);
-		memcpy(mx + h * cap * d, L->kmax + h * old * d, old * d * sizeof *mx);
+	if (L->kmin) {
+		be->ops->buf_free(be->ctx, L->kmin);
+		be->ops->buf_free(be->ctx, L->kmax);
+		be->ops->buf_free(be->ctx, L->resident);
 	}
-	free(L->kmin);
-	free(L->kmax);
+	free(L->res_mask);
 	free(L->scratch_c);
-	free(L->scratch_r);
 	L->kmin = mn;
 	L->kmax = mx;
+	L->resident = rd;
+	L->res_mask = rm;
 	L->scratch_c = sc;
-	L->scratch_r = sr;
 	L->page_cap = cap;
 	return 0;
 }
@@ -127,13 +147,23 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	L->fresh = calloc(H * K, sizeof *L->fresh);
 	L->att = calloc(H * K, sizeof *L->att);
 	L->q_last = calloc(QD, sizeof *L->q_last);
-	L->q_spec = calloc(QD, sizeof *L->q_spec);
+	L->dq = be->ops->buf_alloc(be->ctx, QD * sizeof(float));
+	L->dcos = be->ops->buf_alloc(be->ctx, H * sizeof(float));
+	const size_t sel_bytes = (2 * H * K + H) * sizeof(int32_t);
+	L->dsel = be->ops->buf_alloc(be->ctx, sel_bytes);
+	/* The selection's result lands in memory the device can write without staging, so the
+	 * speculative path's download need not wait (docs/design.md "The GPU decode step"). */
+	if (be->ops->download_async && be->ops->fence_new(be->ctx, &L->fence) == 0)
+		L->hsel = be->ops->host_alloc(be->ctx, sel_bytes);
+	else
+		L->hsel = malloc(sel_bytes);
 	L->units_c = calloc(H * K, sizeof *L->units_c);
 	L->units_r = calloc(H * K, sizeof *L->units_r);
 	L->spec_heads = calloc(H, 1);
 	L->att_now = calloc(H, 1);
 	if (!L->slots || !L->res || !L->target || !L->fresh || !L->att || !L->q_last ||
-	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads || !L->att_now)
+	    !L->dq || !L->dcos || !L->dsel || !L->hsel || !L->units_c || !L->units_r ||
+	    !L->spec_heads || !L->att_now)
 		return -ENOMEM;
 	for (size_t i = 0; i < K * H; i++)
 		L->res[i] = -1;
@@ -148,7 +178,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	    p->max_tokens > INT32_MAX)
 		return -EINVAL;
 	const struct backend_ops *ops = be->ops;
-	if (!ops->attn_decode_heads || (strat->recalls && !ops->recall_units))
+	if (!ops->attn_decode_heads || !ops->page_summary ||
+	    (strat->recalls && (!ops->recall_units || !ops->select_pages || !ops->group_cosine)))
 		return -EOPNOTSUPP;
 	if (strat->recalls && !p->host)
 		return -EINVAL;
@@ -298,17 +329,13 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 			   ?: be->ops->upload(be->ctx, dv, v + i * row, bytes);
 		if (ret)
 			return ret;
-		if (off + m == P) {
-			ret = grow_summaries(s, L, page + 1)
-			   ?: be->ops->download(be->ctx, s->hslot, sl, (size_t)P * row * sizeof(float));
-			if (ret)
-				return ret;
-			for (int h = 0; h < H; h++) {
-				size_t at = ((size_t)h * L->page_cap + page) * d;
-				select_page_summary(P, d, s->hslot + (size_t)h * d, row, L->kmin + at,
-						    L->kmax + at);
-			}
-		}
+		/* Summarised on the backend from the slot's bytes, so the summaries are those of
+		 * what attention reads, and no page is downloaded (docs/design.md §3). */
+		if (off + m == P &&
+		    ((ret = grow_summaries(s, L, page + 1)) ||
+		     (ret = be->ops->page_summary(be->ctx, L->kmin, L->kmax, L->page_cap, page, sl,
+						  FKV_F32, P, H, d))))
+			return ret;
 		i += m;
 	}
 	return 0;
@@ -524,16 +551,40 @@ static bool spans_fit_slots(const struct paged *s, int64_t *n_tok)
 	return true;
 }
 
-/* Debug: every full page's min/max summary equals one recomputed from the host copy. */
+/* Debug: the layer's summaries downloaded into *mn, *mx (n_kv, page_cap, d), malloc'd. */
+static int summaries_host(struct paged *s, struct paged_layer *L, float **mn, float **mx)
+{
+	struct backend *be = s->p.be;
+	size_t bytes = (size_t)s->g.n_kv * L->page_cap * s->g.d * sizeof(float);
+	*mn = malloc(bytes);
+	*mx = malloc(bytes);
+	int ret = *mn && *mx ? 0 : -ENOMEM;
+	if (!ret)
+		ret = be->ops->download(be->ctx, *mn, L->kmin, bytes)
+		   ?: be->ops->download(be->ctx, *mx, L->kmax, bytes);
+	if (ret) {
+		free(*mn);
+		free(*mx);
+		*mn = *mx = NULL;
+	}
+	return ret;
+}
+
+/* Debug: every full page's min/max summary (made by the backend's page_summary) equals one
+ * recomputed by select_page_summary from the host copy. */
 static int check_summaries(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
 {
 	const int P = s->g.p, d = s->g.d;
-	float *k = malloc((size_t)(2 * P + 2) * d * sizeof *k);
+	float *k = malloc((size_t)(2 * P + 2) * d * sizeof *k), *hmn, *hmx;
 	if (!k)
 		return -ENOMEM;
+	int ret = summaries_host(s, L, &hmn, &hmx);
+	if (ret) {
+		free(k);
+		return ret;
+	}
 	float *v = k + (size_t)P * d, *mn = v + (size_t)P * d, *mx = mn + d;
 	char err[256];
-	int ret = 0;
 	for (int j = 0; j < lay->n_full && !ret; j++) {
 		const void *block;
 		ret = hostkv_block_ro_pin(s->p.host, L->layer, j, &block, err, sizeof err);
@@ -543,8 +594,8 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 			layout_load_head(&s->wt.g, block, h, 0, P, k, v);
 			select_page_summary(P, d, k, (size_t)d, mn, mx);
 			size_t at = ((size_t)h * L->page_cap + j) * d;
-			if (memcmp(mn, L->kmin + at, d * sizeof *mn) ||
-			    memcmp(mx, L->kmax + at, d * sizeof *mx)) {
+			if (memcmp(mn, hmn + at, d * sizeof *mn) ||
+			    memcmp(mx, hmx + at, d * sizeof *mx)) {
 				fprintf(stderr, "policy %s: layer %d head %d: summary of page %d is "
 					"stale\n", s->strat->name, L->layer, h, j);
 				ret = -EIO;
@@ -554,10 +605,13 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 		ret = ret ? ret : r2;
 	}
 	free(k);
+	free(hmn);
+	free(hmx);
 	return ret;
 }
 
-/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_topk: a head
+/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_topk
+ * on the host from downloaded summaries and queries: a head
  * whose pages were selected with this step's query attends exactly the top-k of q_t at this
  * layout; the others (freekv's unflagged heads) exactly the top-k of the previous query at the
  * previous step's layout. Every query head of a group reads its KV head's pages (spans are per
@@ -566,13 +620,21 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 {
 	const int H = s->g.n_kv, K = s->k_sel;
 	int *now = malloc((size_t)2 * H * K * sizeof *now), *prev = now + (size_t)H * K;
+	float *mn, *mx;
 	if (!now)
 		return -ENOMEM;
-	select_topk(&s->g, lay, s->hq, L->kmin, L->kmax, L->page_cap, now, L->scratch_c);
+	int ret = summaries_host(s, L, &mn, &mx);
+	if (ret) {
+		free(now);
+		return ret;
+	}
+	/* select.c on the host, independent of the backend's select_pages the step ran. */
+	select_topk(&s->g, lay, s->hq, mn, mx, L->page_cap, now, L->scratch_c);
 	if (L->prev_valid)
-		select_topk(&s->g, &L->prev_lay, L->q_last, L->kmin, L->kmax, L->page_cap, prev,
+		select_topk(&s->g, &L->prev_lay, L->q_last, mn, mx, L->page_cap, prev,
 			    L->scratch_c);
-	int ret = 0;
+	free(mn);
+	free(mx);
 	for (int h = 0; h < H && !ret; h++) {
 		const int *want = L->att_now[h] ? now : L->prev_valid ? prev : NULL;
 		if (want && memcmp(L->att + h * K, want + h * K, (size_t)K * sizeof *want)) {
@@ -679,24 +741,28 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		return kv_policy_full.attend(s->full, layer, out, q, n);
 	struct paged_layer *L = &s->L[layer];
 	const size_t qd = (size_t)s->g.n_q * s->g.d;
+	const bool dbg = s->p.opts.debug_invariants;
 	if (n > 1) {
 		L->prev_valid = false;
-		int ret = attend_dense(s, out, q, n);
-		if (!ret)
-			ret = be->ops->download(be->ctx, L->q_last, q + (size_t)(n - 1) * qd,
-						qd * sizeof(float));
+		const float *last = q + (size_t)(n - 1) * qd;
+		int ret = attend_dense(s, out, q, n)
+		       ?: be->ops->copy(be->ctx, L->dq, last, qd * sizeof(float));
+		if (!ret && dbg)
+			ret = be->ops->download(be->ctx, L->q_last, last, qd * sizeof(float));
 		L->have_q = !ret;
 		return ret;
 	}
 	const int len = (int)(s->len + 1);
 	struct select_layout lay;
 	select_layout_of(&s->g, len, &lay);
-	int ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float));
-	if (ret)
+	int ret = 0;
+	/* Only the debug checks read the query on the host; decode itself keeps it on the
+	 * backend (docs/design.md "The GPU decode step"). */
+	if (dbg && (ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float))))
 		return ret;
 	if (lay.compressed) {
 		L->st.steps++;
-		ret = s->strat->before_attend(s, L, s->hq, &lay);
+		ret = s->strat->before_attend(s, L, q, &lay);
 		if (ret)
 			return ret;
 		L->st.pages_selected += (int64_t)lay.k * s->g.n_kv;
@@ -718,9 +784,12 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
 	L->st.ns_attend += paged_now_ns() - t0;
 	if (!ret && lay.compressed && s->strat->after_attend)
-		ret = s->strat->after_attend(s, L, s->hq, &lay);
-	memcpy(L->q_last, s->hq, qd * sizeof(float));
-	L->have_q = true;
+		ret = s->strat->after_attend(s, L, q, &lay);
+	if (!ret)
+		ret = be->ops->copy(be->ctx, L->dq, q, qd * sizeof(float));
+	if (dbg)
+		memcpy(L->q_last, s->hq, qd * sizeof(float));
+	L->have_q = !ret;
 	/* Once the layer's recall has landed, every head holds the top-k of this query here. */
 	L->prev_valid = !ret && lay.compressed && s->strat->recalls;
 	L->prev_lay = lay;
@@ -814,14 +883,6 @@ int paged_restore(void *st, int64_t len)
 	if (!ret)
 		s->len = len;
 	return ret;
-}
-
-void paged_select(const struct paged *s, const struct paged_layer *L, const float *q,
-		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns)
-{
-	int64_t t0 = paged_now_ns();
-	select_topk(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, pages, scratch);
-	*ns += paged_now_ns() - t0;
 }
 
 int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,

@@ -9,16 +9,17 @@
  * while there is room (the sequence still fits the budget, so every policy attends to
  * everything), and afterwards only when the strategy keeps recent pages (streaming); otherwise
  * it stays in the host copy until selected. Also per layer: min/max key summaries of every full
- * page (host memory, from a download of the page's keys: selection runs on the host, select.c),
- * the last query, and the counters.
+ * page, the resident mask and the last query (backend buffers: summaries are built by the
+ * page_summary op when a page fills, selection and the correction check are the select_pages
+ * and group_cosine ops, so no page or query is downloaded in decode), and the counters.
  *
  * Dense prefill reads the past from the slots while everything fits, else from the host copy.
  * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (f32 on
  * every backend, whatever the KV dtype: the host copy keeps the dtype, the slots hold its values
  * exactly) touched only through backend ops — upload (appended prefill rows), copy and
  * round_to (appended decode rows, where the backend has round_to), copy (pages leaving the
- * window, dense prefill), download (page summaries, debug checks), recall_units (recall) and
- * decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
+ * window, dense prefill), page_summary, select_pages, group_cosine (selection), download (the
+ * selection's page lists, the debug checks), recall_units (recall) and decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
  * each KV head's pages to attn_decode_slots as a slot list (sink, selected, window pages in
  * ascending page order, the partial tail last) when the backend has that op; attn_decode_heads
  * over the same pages as spans is the fallback (a backend without the op, or a page list that
@@ -43,13 +44,20 @@ struct paged_layer {
 	int *target;	       /* (n_kv, k_sel): pages the last selection chose, ascending */
 	int *fresh;	       /* (n_kv, k_sel): a selection not yet applied to every head */
 	bool have_target;
-	float *kmin, *kmax;    /* (n_kv, page_cap, d) summaries of full pages */
+	float *kmin, *kmax;    /* backend buffers: (n_kv, page_cap, d) summaries of full pages */
+	uint8_t *resident;     /* backend buffer: (n_kv, page_cap) select_pages' resident mask */
+	uint8_t *res_mask;     /* (n_kv, page_cap) its host image, rebuilt from res per selection */
 	int page_cap;	       /* pages the summaries hold (grown by doubling) */
-	float *q_last;	       /* (n_q, d): the previous decode query at this layer */
+	float *dq;	       /* backend buffer: (n_q, d) the previous query at this layer */
 	bool have_q;
-	float *q_spec;	       /* (n_q, d): the query the copy thread selects with */
-	float *scratch_c;      /* selection scratch of the compute thread */
-	float *scratch_r;      /* ... and of the copy thread */
+	int32_t *dsel;	       /* backend buffer: select_pages' pages, changed (n_kv, k_sel) each,
+				* then n_changed (n_kv) */
+	int32_t *hsel;	       /* host_alloc'd (or malloc'd) image of dsel */
+	void *fence;	       /* download_async of dsel into hsel (NULL: downloads wait) */
+	float *dcos;	       /* backend buffer: (n_kv) group_cosine's output */
+	/* Debug checks only: host copies of the previous query and the selection scratch. */
+	float *q_last;	       /* (n_q, d) */
+	float *scratch_c;
 	int *att;	       /* (n_kv, k_sel): pages the current step attends to */
 	/* For the debug checks, set by the strategy at each compressed decode step: */
 	uint8_t *att_now;      /* (n_kv): att of the head was selected with this step's query */
@@ -59,9 +67,8 @@ struct paged_layer {
 	struct recall_unit *units_r; /* (n_kv * k_sel) speculative recall plan */
 	uint64_t ticket;       /* pending speculative recall of this layer (0: none) */
 	/* Set by the compute thread before submitting a speculative job, read by the copy thread. */
-	bool spec_select;      /* the copy thread selects with q_spec first */
+	bool spec_select;      /* the copy thread takes paged_select_start's selection first */
 	uint8_t *spec_heads;   /* (n_kv): heads whose changed pages the job recalls */
-	struct select_layout spec_lay; /* the layout that selection lays pages out for */
 	int64_t spec_ns_select; /* written by the copy thread, folded in after the wait */
 	struct paged *owner;
 	int layer;
@@ -75,7 +82,9 @@ struct paged_strategy {
 	bool keep_recent; /* pages leaving the window stay in the selected slots, oldest out */
 	/* A compressed decode step at a retrieval layer: fill L->att with the pages each head
 	 * attends besides sink and window (n_kv rows of k_sel, ascending) and make them resident.
-	 * q (n_q, d) host copy of the query; lay the layout at the current length. */
+	 * q (n_q, d) is the step's query, a backend buffer (docs/design.md "The GPU decode step":
+	 * no query download in decode; select with paged_select); lay the layout at the current
+	 * length. */
 	int (*before_attend)(struct paged *s, struct paged_layer *L, const float *q,
 			     const struct select_layout *lay);
 	/* (optional) After the step's attention at that layer. */
@@ -95,7 +104,7 @@ struct paged {
 	struct paged_layer *L;	/* n_layers; entries below full_layers unused */
 	struct kv_wt wt;
 	struct recall *rc;	/* recall stream (strategies that recall) */
-	float *hq;		/* (n_q, d) host copy of the step's query */
+	float *hq;		/* (n_q, d) host copy of the step's query (debug checks only) */
 	struct backend_kv_span *spans; /* (n_kv * n_slots) */
 	int *span_page;		/* (n_kv * n_slots): the page each span holds */
 	int *first;		/* (n_kv + 1) */
@@ -121,10 +130,20 @@ int paged_restore(void *st, int64_t len);
 /* Helpers for strategies. */
 /* NHD slot s of a layer. */
 float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
-/* Top-k selection with q for every head at layout lay into pages (n_kv, k_sel); the time is
- * added to *ns. scratch: L->scratch_c on the compute thread, L->scratch_r on the copy thread. */
-void paged_select(const struct paged *s, const struct paged_layer *L, const float *q,
-		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns);
+/* Top-k selection with q (n_q, d), a backend buffer, for every head at layout lay, on the
+ * backend (select_pages, with L->res as the resident mask): pages (n_kv, k_sel) host memory
+ * gets the result, downloaded (a wait for the device: the blocking paths); the time is added
+ * to *ns. With debug_invariants, -EIO unless the op's changed lists are exactly the selected
+ * pages L->res does not hold. Compute thread. */
+int paged_select(struct paged *s, struct paged_layer *L, const float *q,
+		 const struct select_layout *lay, int *pages, int64_t *ns);
+/* The same selection without a wait (freekv's speculative path): paged_select_start queues it
+ * and the download of its result on the compute thread (L->res must not change until
+ * paged_select_finish); paged_select_finish, on the recall thread, waits for the download's
+ * fence and copies the pages out. */
+int paged_select_start(struct paged *s, struct paged_layer *L, const float *q,
+		       const struct select_layout *lay, int64_t *ns);
+int paged_select_finish(struct paged *s, struct paged_layer *L, int *pages, int64_t *ns);
 /* Makes head h's selected slots hold pages[0..k_sel) (ascending): pages already resident stay,
  * the others take the slots of pages no longer wanted; appends one unit per page to recall to
  * units at *n and updates L->res. With debug_invariants, -EIO unless exactly the changed pages
