@@ -527,7 +527,7 @@ static int dm_attn_decode_heads(void *c, float *o, const float *q,
 	return ret;
 }
 
-static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+static int dm_attn_decode_slots(void *c, float *o, const float *q, const void *slots,
 				int n_slots, const int32_t *list, int max_pages, int64_t n_tok, int p,
 				const struct backend_attn *a)
 {
@@ -536,13 +536,13 @@ static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *
 }
 
 static int dm_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
-			   int p, int n_kv, int d, enum fkv_dtype dt)
+			   int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
 {
 	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
 	assert_non_null(t);
 	for (int i = 0; i < n; i++)
 		t[i] = dv(slots[i]);
-	int ret = real_ops->recall_units(c, t, heads, units, n, p, n_kv, d, dt);
+	int ret = real_ops->recall_units(c, t, heads, units, n, p, n_kv, d, dt, sdt);
 	free(t);
 	return ret;
 }
@@ -863,7 +863,7 @@ static void test_offload_paths(void **state)
 static const struct backend_ops *cnt_real;
 static int64_t cnt_slots, cnt_heads;
 
-static int cnt_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+static int cnt_attn_decode_slots(void *c, float *o, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
 				 int p, const struct backend_attn *a)
 {

@@ -12,7 +12,9 @@
  *     runs through group_cosine once per step, its speculative selections go through
  *     download_async (tau 0) and none do when every head is corrected (tau 2); the
  *     decode downloads nothing but logits, cosines and selections (no query, no page), with
- *     the same tokens and logits as the unwrapped backend. */
+ *     the same tokens and logits as the unwrapped backend;
+ *   - slots in the KV dtype (bf16, f16: the CUDA backend's slot_dtype) on the CPU backend give
+ *     every paged policy exactly the tokens and logits of f32 slots, in half the memory. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -294,10 +296,14 @@ static int argmax(const float *x)
 }
 
 /* Greedy: PROMPT ids, then STEPS decode steps on be; logits (STEPS + 1, VOCAB). */
+static enum fkv_dtype gen_kv_dtype; /* with gen_kv_dtype_set, the sequences' KV dtype */
+static bool gen_kv_dtype_set;
+
 static void gen(struct backend *be, const char *policy, struct kv_policy_opts kv, float *logits,
 		struct kv_stats *st)
 {
-	struct engine_opts o = { .max_ctx = 512, .policy = policy, .kv = kv };
+	struct engine_opts o = { .max_ctx = 512, .policy = policy, .kv = kv,
+				 .kv_dtype = gen_kv_dtype, .kv_dtype_set = gen_kv_dtype_set };
 	struct engine *e;
 	char err[256], name[64];
 	if (engine_new(&e, &model, be, &o, err, sizeof err))
@@ -400,12 +406,63 @@ static void test_policies_use_ops(void **state)
 	free(got);
 }
 
+static enum fkv_dtype kv_slot_dtype(void *ctx, enum fkv_dtype kv)
+{
+	(void)ctx;
+	return kv;
+}
+
+/* Slots in the KV dtype, as the CUDA backend keeps them, on the CPU backend: every paged
+ * policy's tokens and logits equal those of f32 slots bit for bit (the slots hold the same
+ * values; attention accumulates in f32 either way), with the debug invariants comparing every
+ * attended slot (converted) with the host copy each step, and half the slot memory. */
+static void test_slots_in_kv_dtype(void **state)
+{
+	(void)state;
+	if (!have_model)
+		skip();
+	struct backend_ops ops = *cpu->ops;
+	ops.name = "slots16";
+	ops.slot_dtype = kv_slot_dtype;
+	struct backend b16 = { .ops = &ops, .ctx = cpu->ctx };
+	const enum fkv_dtype dts[] = { FKV_BF16, FKV_F16 };
+	static const char *const pols[] = { "streaming", "quest", "freekv" };
+	float *ref = malloc((size_t)(STEPS + 1) * VOCAB * sizeof *ref);
+	float *got = malloc((size_t)(STEPS + 1) * VOCAB * sizeof *got);
+	assert_non_null(ref);
+	assert_non_null(got);
+	for (size_t t = 0; t < 2; t++)
+		for (size_t i = 0; i < 3; i++) {
+			struct kv_policy_opts kv = { .page = 8, .budget = 64, .sink = 8, .window = 16,
+						     .full_layers = 1, .tau = 0.9f,
+						     .debug_invariants = true };
+			struct kv_stats a, b;
+			gen_kv_dtype = dts[t];
+			gen_kv_dtype_set = true;
+			gen(cpu, pols[i], kv, ref, &a);
+			gen(&b16, pols[i], kv, got, &b);
+			gen_kv_dtype_set = false;
+			if (memcmp(got, ref, (size_t)(STEPS + 1) * VOCAB * sizeof *got))
+				fail_msg("%s, %s slots: logits differ from f32 slots", pols[i],
+					 dtype_name(dts[t]));
+			assert_true(b.sum.steps > 0);
+			assert_int_equal(b.sum.pages_recalled, a.sum.pages_recalled);
+			/* the retrieval layers' 8 slots of (2, 8, n_kv, d): 4 bytes an element, then 2 */
+			const int64_t f32_slots = (int64_t)(model.cfg.n_layers - 1) * 8 * 2 * 8 *
+						  model.cfg.n_kv_heads * model.cfg.head_dim * 4;
+			assert_int_equal(a.device_bytes - b.device_bytes, f32_slots / 2);
+		}
+	free(ref);
+	free(got);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_select_pages_cpu),
 		cmocka_unit_test(test_summary_and_cosine_cpu),
 		cmocka_unit_test(test_policies_use_ops),
+		cmocka_unit_test(test_slots_in_kv_dtype),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -88,7 +88,7 @@ static int random_units(uint64_t *seed, float *slots, struct recall_unit *u, int
 static void expect_units(float *ref, const float *slots, const struct recall_unit *u, int n)
 {
 	for (int i = 0; i < n; i++) {
-		size_t off = (size_t)(u[i].slot - slots);
+		size_t off = (size_t)((const float *)u[i].slot - slots);
 		const char *unit = (const char *)blocks[u[i].layer][u[i].page] +
 				   (size_t)u[i].head * layout_unit_bytes(&geom);
 		layout_scatter_unit(&geom, ref + off, u[i].head, unit);
@@ -265,12 +265,12 @@ static int be_units, be_fail;
 
 static int counting_recall_units(void *ctx, void *const *slots, const int *heads,
 				 const void *units, int n, int p, int n_kv, int d,
-				 enum fkv_dtype dt)
+				 enum fkv_dtype dt, enum fkv_dtype sdt)
 {
 	be_units += n;
 	if (be_fail)
 		return -EIO;
-	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt);
+	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt, sdt);
 }
 
 static void test_backend_recall_units(void **state)

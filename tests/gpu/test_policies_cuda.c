@@ -4,7 +4,8 @@
  * on cuda (f32 KV) equal the CPU backend's for a run well past a small budget, with the
  * debug invariants on (slots equal the host copy, summaries fresh, recall plans exact); and a
  * synthetic Llama-3.1-8B-geometry model (2 layers, small vocab, bf16 weights and KV) fed the
- * same tokens on both backends gives logits within tolerance at every step past the budget.
+ * same tokens on both backends gives logits within tolerance at every step past the budget
+ * (bf16 slots on cuda, f32 slots holding the same values on the cpu).
  * Both runs check that retrieval engaged (pages recalled). Skips (77) without a CUDA device. */
 #include "gpu_test.h"
 

@@ -132,29 +132,37 @@ struct backend_ops {
 				 const struct backend_attn *a);
 
 	/* (optional) Decode attention of one token over whole pages of a slot buffer, the device
-	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
-	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads the
+	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv,
+	 * d) NHD in a->kv_dtype (f32, f16 or bf16; each slot a page's K rows, then its V rows) is
+	 * a backend buffer; KV head h reads the
 	 * slots list[h * max_pages + i] for i < ceil(n_tok / p), in that order — every page full
 	 * (p tokens) but the last, which holds the remaining n_tok - (pages - 1) * p tokens — and
 	 * every query head of its group reads the same pages. list (n_kv, max_pages) is host
 	 * memory, each entry in [0, n_slots). Equals attn_decode_heads over the same rows (on CUDA
-	 * the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d); a->kv_dtype must be
-	 * FKV_F32. -EINVAL for a bad geometry or slot index. */
-	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const float *slots,
+	 * the split-K flash-decoding kernel, reading 16-bit K/V and accumulating in f32). q
+	 * (n_heads, d), out (n_heads, d). -EINVAL for a bad geometry, dtype or slot index. */
+	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
 				 int p, const struct backend_attn *a);
 
 	/* (optional) The device half of a recall (docs/design.md §3, §5): n recall units in host memory,
 	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a
-	 * head of a block), each scattered into head heads[i] of the NHD f32 slot slots[i]
-	 * (2, p, n_kv, d), a backend address. May be called from one thread besides the one
+	 * head of a block), each scattered into head heads[i] of the NHD slot slots[i]
+	 * (2, p, n_kv, d) in slot_dt, a backend address. May be called from one thread besides the one
 	 * queueing the other ops (the recall thread); the units are consumed before it returns,
 	 * so the caller may reuse them at once. The scatter is ordered after every op queued
 	 * before the call and before every op queued after it returns (on CUDA: by events between
 	 * the recall streams and the compute stream; on the CPU: done on return). No two units
 	 * may name the same (slot, head). */
 	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
-			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt);
+			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+			    enum fkv_dtype slot_dt);
+	/* (optional) The dtype of the paged policies' slots for a sequence whose KV dtype is kv
+	 * (docs/design.md §3 "Device slots"): the CUDA backend keeps the KV dtype itself (half the
+	 * bytes of f32 in slot memory, recall scatter and attention); NULL means f32 (the CPU
+	 * backend, whose f32 slots hold the KV dtype's values exactly). Either way a slot holds
+	 * exactly the values of the host copy. */
+	enum fkv_dtype (*slot_dtype)(void *ctx, enum fkv_dtype kv);
 
 	/* (optional) The offload half of a write-through (docs/design.md §3, §5): backend rows k, v
 	 * (n_tok, n_kv, d) f32 into host page blocks (HND, dt), token i to block (t0 + i) / p,

@@ -77,6 +77,11 @@ static float *scratch_get(struct cpu_ctx *c, size_t n)
 }
 
 /* Element i of a dtype-typed array, as f32. */
+static bool kv_dtype_ok(enum fkv_dtype dt)
+{
+	return dt == FKV_F32 || dt == FKV_F16 || dt == FKV_BF16;
+}
+
 static inline float ld(const void *p, enum fkv_dtype t, int64_t i)
 {
 	switch (t) {
@@ -759,7 +764,7 @@ static int slot_tables(struct cpu_ctx *c, size_t n_spans, int n_kv)
 /* The slot list becomes one span per page (the slot's K rows, then its V rows, rows n_kv * d
  * apart) and one source per KV head, exactly the spans and sources attn_decode_heads would get
  * for the same rows: the same attn_run, so the same bits. */
-static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
+static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
 				 int p, const struct backend_attn *a)
 {
@@ -767,7 +772,7 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 	int ret = check_attn(a);
 	if (ret)
 		return ret;
-	if (a->kv_dtype != FKV_F32 || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
+	if (!kv_dtype_ok(a->kv_dtype) || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
 	    p <= 0 || n_tok <= 0 || n_tok > (int64_t)max_pages * p)
 		return -EINVAL;
 	const int KV = a->n_kv_heads;
@@ -781,14 +786,14 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 	if ((ret = slot_tables(c, (size_t)KV * pages, KV)))
 		return ret;
 	const int64_t row = (int64_t)KV * a->head_dim;
-	const size_t slot_floats = (size_t)(2 * p) * (size_t)row;
+	const size_t es = dtype_size(a->kv_dtype), slot_bytes = (size_t)(2 * p) * (size_t)row * es;
 	for (int h = 0; h < KV; h++) {
 		struct backend_kv_span *sp = c->slot_spans + (size_t)h * pages;
 		const int32_t *lh = list + (size_t)h * max_pages;
 		for (int i = 0; i < pages; i++) {
-			const float *sl = slots + (size_t)lh[i] * slot_floats;
+			const char *sl = (const char *)slots + (size_t)lh[i] * slot_bytes;
 			sp[i] = (struct backend_kv_span){
-				.k = sl, .v = sl + (size_t)p * row,
+				.k = sl, .v = sl + (size_t)p * row * es,
 				.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
 				.row_stride = row,
 			};
@@ -823,22 +828,33 @@ static int cpu_get_threads(void *ctx)
 	return omp_get_max_threads();
 }
 
-/* Recall units land in host slots: layout_scatter_unit, the reference of the recall_scatter
- * kernel. */
+/* Recall units land in host slots: layout_scatter_unit (f32 slots), the reference of the
+ * recall_scatter kernel, or row by row through f32 into slots of another dtype (exact: the
+ * slots of a sequence hold its KV dtype). */
 static int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
-			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
+			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+			    enum fkv_dtype slot_dt)
 {
 	(void)ctx;
+	if (!kv_dtype_ok(unit_dt) || !kv_dtype_ok(slot_dt) || d > CPU_MAX_HEAD_DIM)
+		return -EINVAL;
 	const struct kv_geom g = { .n_kv = n_kv, .p = p, .d = d, .dtype = unit_dt };
-	const size_t ub = layout_unit_bytes(&g);
-	for (int i = 0; i < n; i++)
-		layout_scatter_unit(&g, slots[i], heads[i], (const char *)units + (size_t)i * ub);
+	const size_t ub = layout_unit_bytes(&g), ue = dtype_size(unit_dt);
+	const size_t se = dtype_size(slot_dt);
+	float tmp[CPU_MAX_HEAD_DIM];
+	for (int i = 0; i < n; i++) {
+		const char *unit = (const char *)units + (size_t)i * ub;
+		if (slot_dt == FKV_F32) {
+			layout_scatter_unit(&g, slots[i], heads[i], unit);
+			continue;
+		}
+		for (size_t r = 0; r < (size_t)2 * p; r++) {
+			char *dst = (char *)slots[i] + ((r * n_kv + heads[i]) * d) * se;
+			dtype_to_f32(tmp, unit + r * d * ue, unit_dt, (size_t)d);
+			dtype_from_f32(dst, tmp, slot_dt, (size_t)d);
+		}
+	}
 	return 0;
-}
-
-static bool kv_dtype_ok(enum fkv_dtype dt)
-{
-	return dt == FKV_F32 || dt == FKV_F16 || dt == FKV_BF16;
 }
 
 /* Backend rows are host memory, so the write-through is layout_store_tokens block by block:

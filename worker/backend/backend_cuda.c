@@ -469,12 +469,14 @@ static int cuda_attn_decode_heads(void *ctx, float *out, const float *q,
 
 /* The arguments of attn_decode_slots, checked on the host before anything is queued: the
  * geometry (what the kernel takes, in int) and every slot index a KV head reads. */
-static int check_slots(const float *slots, int n_slots, const int32_t *list, int max_pages,
+static int check_slots(const void *slots, int n_slots, const int32_t *list, int max_pages,
 		       int64_t n_tok, int p, const struct backend_attn *a)
 {
 	const int n_kv = a->n_kv_heads;
+	const enum fkv_dtype dt = a->kv_dtype;
 	if (!slots || !list || a->n_heads <= 0 || n_kv <= 0 || n_kv > 65535 ||
-	    a->n_heads % n_kv || a->head_dim <= 0 || a->window < 0 || a->kv_dtype != FKV_F32 ||
+	    a->n_heads % n_kv || a->head_dim <= 0 || a->window < 0 ||
+	    (dt != FKV_F32 && dt != FKV_F16 && dt != FKV_BF16) ||
 	    n_slots <= 0 || max_pages <= 0 || p <= 0 || n_tok <= 0 ||
 	    n_tok > (int64_t)max_pages * p || (int64_t)max_pages * p > INT32_MAX ||
 	    (int64_t)n_kv * max_pages > INT32_MAX - 1)
@@ -492,12 +494,13 @@ static int check_slots(const float *slots, int n_slots, const int32_t *list, int
 /* attn_decode_slots as what it equals, attn_decode_heads over the same rows (one span per page,
  * as the CPU backend builds them): for pages too large for the split-K kernel's shared memory
  * (p * (2d + 1) floats a block, so p > ~220 at d = 128), which span_attention walks in tiles. */
-static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const float *slots,
+static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const void *slots,
 			  const int32_t *list, int max_pages, int64_t n_tok, int p,
 			  const struct backend_attn *a)
 {
 	const int n_kv = a->n_kv_heads, pages = (int)((n_tok + p - 1) / p);
-	const size_t row = (size_t)n_kv * a->head_dim, slot_floats = 2 * (size_t)p * row;
+	const size_t es = dtype_size(a->kv_dtype), row = (size_t)n_kv * a->head_dim;
+	const size_t slot_bytes = 2 * (size_t)p * row * es;
 	struct backend_kv_span *spans = malloc((size_t)n_kv * pages * sizeof *spans);
 	int *first = malloc((size_t)(n_kv + 1) * sizeof *first);
 	int ret = -ENOMEM;
@@ -505,10 +508,10 @@ static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const 
 		for (int h = 0; h < n_kv; h++) {
 			first[h] = h * pages;
 			for (int i = 0; i < pages; i++) {
-				const float *k = slots + (size_t)list[(size_t)h * max_pages + i] *
-								 slot_floats;
+				const char *k = (const char *)slots +
+						(size_t)list[(size_t)h * max_pages + i] * slot_bytes;
 				spans[(size_t)h * pages + i] = (struct backend_kv_span){
-					.k = k, .v = k + (size_t)p * row,
+					.k = k, .v = k + (size_t)p * row * es,
 					.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
 					.row_stride = (int64_t)row,
 				};
@@ -526,7 +529,7 @@ static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const 
 /* Batch 1 of kernels/decode_attention: the list and n_tok go through the staging ring (one copy),
  * the split-K partials into dec_ws, sized for max_pages so that it settles after the first
  * steps of a run. */
-static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
+static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const void *slots,
 				  int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
 				  int p, const struct backend_attn *a)
 {
@@ -551,7 +554,7 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 	if ((ret = cuda_stage_push(c, s, bytes)))
 		return ret;
 	const int32_t *dl = s->dev;
-	cudaError_t e = decode_attention(out, q, slots, FKV_F32, dl, dl + n_list, 1, a->n_heads,
+	cudaError_t e = decode_attention(out, q, slots, a->kv_dtype, dl, dl + n_list, 1, a->n_heads,
 					 n_kv, a->head_dim, p, max_pages, a->scale, c->dec_ws,
 					 c->dec_ws_bytes, c->stream);
 	/* check_slots ruled out every other cause of an invalid value (geometry, workspace), so
@@ -565,6 +568,14 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 
 
 
+
+/* Slots in the KV dtype (docs/design.md §3 "Device slots"): 16-bit K/V in slot memory, recall
+ * scatter and attention, which accumulates in f32. */
+static enum fkv_dtype cuda_slot_dtype(void *ctx, enum fkv_dtype kv)
+{
+	(void)ctx;
+	return kv;
+}
 
 static int cuda_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
 {
@@ -611,6 +622,7 @@ static const struct backend_ops cuda_ops = {
 	.recall_units = cuda_recall_units,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,
+	.slot_dtype = cuda_slot_dtype,
 	.page_summary = cuda_page_summary,
 	.select_pages = cuda_select_pages,
 	.group_cosine = cuda_group_cosine,

@@ -97,10 +97,11 @@ static int recall_take(struct cuda_ctx *c, size_t bytes, struct recall_set **out
  * address when every slot lies a whole number of slots from it (one layer's slot buffer: one
  * launch); otherwise each unit is its own launch with its slot as the base. */
 static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
-			 const void *units, int n, int p, int n_kv, int d, enum fkv_dtype dt)
+			 const void *units, int n, int p, int n_kv, int d, enum fkv_dtype dt,
+			 enum fkv_dtype sdt)
 {
 	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
-	const size_t sb = (size_t)2 * p * n_kv * d * sizeof(float);
+	const size_t sb = (size_t)2 * p * n_kv * d * dtype_size(sdt);
 	const size_t ubytes = (size_t)n * ub;
 	const size_t toff = (ubytes + CUDA_RECALL_ALIGN - 1) / CUDA_RECALL_ALIGN * CUDA_RECALL_ALIGN;
 	const size_t tbytes = (size_t)n * 2 * sizeof(int32_t);
@@ -151,9 +152,9 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	const int32_t *dtab = (const int32_t *)(s->dev + toff);
 	cudaError_t se = cudaSuccess;
 	if (one)
-		se = recall_scatter(base, FKV_F32, s->dev, dt, dtab, n, n_kv, p, d, c->rc_stream);
+		se = recall_scatter(base, sdt, s->dev, dt, dtab, n, n_kv, p, d, c->rc_stream);
 	for (int i = 0; !one && i < n && se == cudaSuccess; i++)
-		se = recall_scatter(slots[i], FKV_F32, s->dev + i * ub, dt, dtab + 2 * i, 1, n_kv,
+		se = recall_scatter(slots[i], sdt, s->dev + i * ub, dt, dtab + 2 * i, 1, n_kv,
 				    p, d, c->rc_stream);
 	/* Recorded and waited for after a failed launch too: the launches before it still read
 	 * the staging (the set's next use waits for them) and write slots (later ops wait). */
@@ -167,11 +168,13 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 }
 
 int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
-			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
+			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+			     enum fkv_dtype slot_dt)
 {
 	struct cuda_ctx *c = ctx;
 	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
-	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16))
+	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16) ||
+	    (slot_dt != FKV_F32 && slot_dt != FKV_F16 && slot_dt != FKV_BF16))
 		return -EINVAL;
 	for (int i = 0; i < n; i++)
 		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i])
@@ -179,7 +182,7 @@ int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const voi
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, units, n, p, n_kv, d, unit_dt);
+	int ret = recall_locked(c, slots, heads, units, n, p, n_kv, d, unit_dt, slot_dt);
 	pthread_mutex_unlock(&c->recall_mu);
 	return ret;
 }

@@ -16,9 +16,25 @@ int64_t paged_now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot)
+void *paged_slot(const struct paged *s, const struct paged_layer *L, int slot)
 {
-	return L->slots + (size_t)slot * s->slot_floats;
+	return L->slots + (size_t)slot * s->slot_bytes;
+}
+
+/* Uploads n f32 values (already rounded to the KV dtype) as the slot dtype: converted on the
+ * host (exact), so the backend receives the bytes it keeps. */
+static int upload_as_slot(struct paged *s, void *dst, const float *src, size_t n)
+{
+	struct backend *be = s->p.be;
+	if (s->sdt == FKV_F32)
+		return be->ops->upload(be->ctx, dst, src, n * sizeof *src);
+	void *tmp = malloc(n * s->es);
+	if (!tmp)
+		return -ENOMEM;
+	dtype_from_f32(tmp, src, s->sdt, n);
+	int ret = be->ops->upload(be->ctx, dst, tmp, n * s->es);
+	free(tmp);
+	return ret;
 }
 
 static int win_slot(const struct paged *s, int page)
@@ -84,6 +100,7 @@ void paged_destroy(void *st)
 	free(s->slot_list);
 	free(s->chk);
 	free(s->hslot);
+	free(s->hraw);
 	free(s);
 }
 
@@ -141,7 +158,7 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	size_t H = (size_t)s->g.n_kv, K = (size_t)s->k_sel, QD = (size_t)s->g.n_q * s->g.d;
 	L->owner = s;
 	L->layer = l;
-	L->slots = be->ops->buf_alloc(be->ctx, (size_t)s->n_slots * s->slot_floats * sizeof(float));
+	L->slots = be->ops->buf_alloc(be->ctx, (size_t)s->n_slots * s->slot_bytes);
 	L->res = malloc(K * H * sizeof *L->res);
 	L->target = calloc(H * K, sizeof *L->target);
 	L->fresh = calloc(H * K, sizeof *L->fresh);
@@ -207,6 +224,9 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->k_sel = (o->budget - o->sink - o->window) / o->page;
 	s->n_slots = o->budget / o->page;
 	s->slot_floats = (size_t)2 * o->page * s->g.n_kv * s->g.d;
+	s->sdt = ops->slot_dtype ? ops->slot_dtype(be->ctx, p->attn.kv_dtype) : FKV_F32;
+	s->es = dtype_size(s->sdt);
+	s->slot_bytes = s->slot_floats * s->es;
 	s->full_layers = o->full_layers < p->n_layers ? o->full_layers : p->n_layers;
 	ret = kv_wt_init(&s->wt, be, p->host, &p->attn, o->page);
 	if (ret) {
@@ -221,8 +241,9 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->slot_list = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->slot_list);
 	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
 	s->hslot = malloc(s->slot_floats * sizeof *s->hslot);
+	s->hraw = malloc(s->slot_bytes);
 	bool ok = s->L && s->hq && s->spans && s->span_page && s->first && s->slot_list &&
-		  s->chk && s->hslot;
+		  s->chk && s->hslot && s->hraw;
 	ret = ok ? 0 : -ENOMEM;
 	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
 		ret = layer_init(s, &s->L[l], l);
@@ -234,7 +255,7 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	if (!ret && strat->recalls) {
 		/* A layer's speculative job stays unwaited until the next step reaches the layer;
 		 * meanwhile every layer submits at most one blocking and one speculative job. */
-		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be,
+		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be, .slot_dt = s->sdt,
 					  .max_jobs = 2 * p->n_layers + 2 };
 		ret = recall_new(&ro, &s->rc);
 	}
@@ -306,8 +327,7 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 			if (!moved && (s->strat->keep_recent || gone - s->n_sink < s->k_sel)) {
 				ret = be->ops->copy(be->ctx,
 						    paged_slot(s, L, s->n_sink + s->n_win + si),
-						    paged_slot(s, L, win_slot(s, gone)),
-						    s->slot_floats * sizeof(float));
+						    paged_slot(s, L, win_slot(s, gone)), s->slot_bytes);
 				if (ret)
 					return ret;
 				for (int h = 0; h < H; h++)
@@ -315,18 +335,21 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 			}
 		}
 		int slot = page < s->n_sink ? page : win_slot(s, page);
-		float *sl = paged_slot(s, L, slot);
-		size_t bytes = (size_t)m * row * sizeof(float);
-		float *dk = sl + (size_t)off * row, *dv = sl + ((size_t)P + off) * row;
+		char *sl = paged_slot(s, L, slot);
+		const size_t cnt = (size_t)m * row, es = s->es;
+		char *dk = sl + (size_t)off * row * es, *dv = sl + ((size_t)P + off) * row * es;
 		enum fkv_dtype kt = s->p.attn.kv_dtype;
-		if (dev)
-			ret = be->ops->copy(be->ctx, dk, k + i * row, bytes)
-			   ?: be->ops->copy(be->ctx, dv, v + i * row, bytes)
-			   ?: be->ops->round_to(be->ctx, dk, m * (int64_t)row, kt)
-			   ?: be->ops->round_to(be->ctx, dv, m * (int64_t)row, kt);
+		if (dev && s->sdt != FKV_F32) /* f32 rows into 16-bit slots: rounded on the way */
+			ret = be->ops->convert(be->ctx, dk, s->sdt, k + i * row, (int64_t)cnt)
+			   ?: be->ops->convert(be->ctx, dv, s->sdt, v + i * row, (int64_t)cnt);
+		else if (dev)
+			ret = be->ops->copy(be->ctx, dk, k + i * row, cnt * sizeof(float))
+			   ?: be->ops->copy(be->ctx, dv, v + i * row, cnt * sizeof(float))
+			   ?: be->ops->round_to(be->ctx, (float *)dk, (int64_t)cnt, kt)
+			   ?: be->ops->round_to(be->ctx, (float *)dv, (int64_t)cnt, kt);
 		else
-			ret = be->ops->upload(be->ctx, dk, k + i * row, bytes)
-			   ?: be->ops->upload(be->ctx, dv, v + i * row, bytes);
+			ret = upload_as_slot(s, dk, k + i * row, cnt)
+			   ?: upload_as_slot(s, dv, v + i * row, cnt);
 		if (ret)
 			return ret;
 		/* Summarised on the backend from the slot's bytes, so the summaries are those of
@@ -334,7 +357,7 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 		if (off + m == P &&
 		    ((ret = grow_summaries(s, L, page + 1)) ||
 		     (ret = be->ops->page_summary(be->ctx, L->kmin, L->kmax, L->page_cap, page, sl,
-						  FKV_F32, P, H, d))))
+						  s->sdt, P, H, d))))
 			return ret;
 		i += m;
 	}
@@ -366,8 +389,8 @@ static int grow_dense(struct paged *s, int64_t need)
 	int64_t cap = s->dense_cap ? s->dense_cap : 256;
 	while (cap < need)
 		cap *= 2;
-	size_t bytes = (size_t)cap * s->g.n_kv * s->g.d * sizeof(float);
-	float *k = be->ops->buf_alloc(be->ctx, bytes), *v = be->ops->buf_alloc(be->ctx, bytes);
+	size_t bytes = (size_t)cap * s->g.n_kv * s->g.d * s->es;
+	char *k = be->ops->buf_alloc(be->ctx, bytes), *v = be->ops->buf_alloc(be->ctx, bytes);
 	if (!k || !v) {
 		if (k)
 			be->ops->buf_free(be->ctx, k);
@@ -403,12 +426,12 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 	if (s->len > s->g.budget) {
 		if (!s->p.host)
 			return -EOPNOTSUPP;
-		size_t bytes = (size_t)s->len * row * sizeof(float);
-		float *hk = malloc(bytes), *hv = malloc(bytes);
+		size_t cnt = (size_t)s->len * row;
+		float *hk = malloc(cnt * sizeof *hk), *hv = malloc(cnt * sizeof *hv);
 		ret = hk && hv ? kv_wt_load(&s->wt, L->layer, 0, s->len, hk, hv) : -ENOMEM;
 		if (!ret)
-			ret = be->ops->upload(be->ctx, s->dense_k, hk, bytes)
-			   ?: be->ops->upload(be->ctx, s->dense_v, hv, bytes);
+			ret = upload_as_slot(s, s->dense_k, hk, cnt)
+			   ?: upload_as_slot(s, s->dense_v, hv, cnt);
 		free(hk);
 		free(hv);
 		if (ret)
@@ -420,28 +443,29 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 			int slot = find_slot(s, L, &lay, (int)(t / P), 0);
 			if (slot < 0)
 				return -EIO;
-			const float *sl = paged_slot(s, L, slot);
+			const char *sl = paged_slot(s, L, slot);
+			const size_t es = s->es;
 			int off = (int)(t % P);
 			int64_t m = s->len - t < P - off ? s->len - t : P - off;
-			size_t bytes = (size_t)m * row * sizeof(float);
-			ret = be->ops->copy(be->ctx, s->dense_k + t * row, sl + (size_t)off * row, bytes)
-			   ?: be->ops->copy(be->ctx, s->dense_v + t * row,
-					    sl + ((size_t)P + off) * row, bytes);
+			size_t bytes = (size_t)m * row * es;
+			ret = be->ops->copy(be->ctx, s->dense_k + t * row * es,
+					    sl + (size_t)off * row * es, bytes)
+			   ?: be->ops->copy(be->ctx, s->dense_v + t * row * es,
+					    sl + ((size_t)P + off) * row * es, bytes);
 			if (ret)
 				return ret;
 			t += m;
 		}
 	}
-	size_t bytes = (size_t)n * row * sizeof(float);
-	return be->ops->upload(be->ctx, s->dense_k + s->len * row, k, bytes)
-	    ?: be->ops->upload(be->ctx, s->dense_v + s->len * row, v, bytes);
+	return upload_as_slot(s, s->dense_k + s->len * row * s->es, k, (size_t)n * row)
+	    ?: upload_as_slot(s, s->dense_v + s->len * row * s->es, v, (size_t)n * row);
 }
 
 static int attend_dense(struct paged *s, float *out, const float *q, int64_t n)
 {
 	const int64_t ctx = s->len + n;
 	struct backend_attn a = s->p.attn;
-	a.kv_dtype = FKV_F32;
+	a.kv_dtype = s->sdt;
 	s->attended += ctx;
 	return s->p.be->ops->attn_prefill(s->p.be->ctx, out, q, n, s->dense_k, s->dense_v, ctx, &a);
 }
@@ -460,7 +484,7 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 		return ret;
 	/* Decode: the rows stay on the backend (offload op, device copy and rounding). Prefill
 	 * needs them on the host anyway for the dense context, so it downloads them once. */
-	if (n == 1 && s->p.be->ops->round_to)
+	if (n == 1 && (s->p.be->ops->round_to || s->sdt != FKV_F32))
 		return kv_wt_put(&s->wt, layer, s->len, k, v, n)
 		    ?: place_tokens(s, L, s->len, k, v, n, true);
 	const float *hk, *hv;
@@ -504,11 +528,11 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 					"resident\n", s->strat->name, L->layer, h, j);
 				return -EIO;
 			}
-			const float *sl = paged_slot(s, L, slot);
+			const char *sl = paged_slot(s, L, slot);
 			s->slot_list[(size_t)h * s->n_slots + (ns - s->first[h])] = slot;
 			s->span_page[ns] = j;
 			s->spans[ns++] = (struct backend_kv_span){
-				.k = sl, .v = sl + (size_t)P * H * s->g.d,
+				.k = sl, .v = sl + (size_t)P * H * s->g.d * s->es,
 				.n = j * P + P <= len ? P : len - j * P,
 				.row_stride = (int64_t)H * s->g.d,
 			};
@@ -711,10 +735,10 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 				return ret;
 			memcpy(host, (const char *)block + (size_t)h * ub, ub);
 			ret = hostkv_unpin(s->p.host, L->layer, page, err, sizeof err)
-			   ?: be->ops->download(be->ctx, s->hslot, at,
-						s->slot_floats * sizeof(float));
+			   ?: be->ops->download(be->ctx, s->hraw, at, s->slot_bytes);
 			if (ret)
 				return ret;
+			dtype_to_f32(s->hslot, s->hraw, s->sdt, s->slot_floats);
 			layout_gather_unit(g, mine, h, s->hslot);
 			int n = !use_slots ? (int)s->spans[sp].n
 			      : sp + 1 < s->first[h + 1] ? s->g.p
@@ -775,7 +799,7 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	if (ret)
 		return ret;
 	struct backend_attn a = s->p.attn;
-	a.kv_dtype = FKV_F32;
+	a.kv_dtype = s->sdt;
 	int64_t t0 = paged_now_ns();
 	if (use_slots)
 		ret = be->ops->attn_decode_slots(be->ctx, out, q, L->slots, s->n_slots,
@@ -829,7 +853,7 @@ void paged_stats(void *st, struct kv_stats *out)
 		.tokens = s->len,
 		.capacity = (int64_t)s->n_slots * s->g.p,
 		.device_bytes = f.device_bytes +
-				(int64_t)retr * s->n_slots * (int64_t)(s->slot_floats * sizeof(float)),
+				(int64_t)retr * s->n_slots * (int64_t)s->slot_bytes,
 		.attended = f.attended + s->attended,
 	};
 	for (int l = s->full_layers; l < s->p.n_layers; l++) {

@@ -2,7 +2,8 @@
  * freekv; docs/design.md §3, §5), and the seam through which each of them decides what a compressed
  * decode step attends to.
  *
- * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) f32 — S/p sink slots
+ * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) in the slot dtype
+ * (the backend's slot_dtype: the KV dtype on CUDA, f32 on the CPU) — S/p sink slots
  * (pages 0..S/p-1), W/p window slots (a ring: page j >= S/p lives in ring slot (j - S/p) % (W/p)
  * while it is in the window) and k = (B-S-W)/p selected slots, each head's slice of which may
  * hold a different host page (res). A page leaving the window moves into the selected slots
@@ -14,10 +15,11 @@
  * and group_cosine ops, so no page or query is downloaded in decode), and the counters.
  *
  * Dense prefill reads the past from the slots while everything fits, else from the host copy.
- * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (f32 on
- * every backend, whatever the KV dtype: the host copy keeps the dtype, the slots hold its values
- * exactly) touched only through backend ops — upload (appended prefill rows), copy and
- * round_to (appended decode rows, where the backend has round_to), copy (pages leaving the
+ * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (in the
+ * KV dtype on CUDA, f32 on the CPU: either way they hold the host copy's values exactly)
+ * touched only through backend ops — upload (appended prefill rows, converted on the host),
+ * copy and round_to (appended decode rows into f32 slots, where the backend has round_to) or
+ * convert (into 16-bit slots), copy (pages leaving the
  * window, dense prefill), page_summary, select_pages, group_cosine (selection), download (the
  * selection's page lists, the debug checks), recall_units (recall) and decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
  * each KV head's pages to attn_decode_slots as a slot list (sink, selected, window pages in
@@ -39,7 +41,7 @@
 struct paged;
 
 struct paged_layer {
-	float *slots;	       /* backend buffer: (n_slots, 2, p, n_kv, d) f32 */
+	char *slots;	       /* backend buffer: (n_slots, 2, p, n_kv, d) in the slot dtype */
 	int *res;	       /* (k_sel, n_kv): host page held by selected slot s for head h, -1 */
 	int *target;	       /* (n_kv, k_sel): pages the last selection chose, ascending */
 	int *fresh;	       /* (n_kv, k_sel): a selection not yet applied to every head */
@@ -97,7 +99,10 @@ struct paged {
 	const struct paged_strategy *strat;
 	struct select_geom g;
 	int n_sink, n_win, k_sel, n_slots; /* pages / slots */
-	size_t slot_floats;	/* 2 * p * n_kv * d */
+	size_t slot_floats;	/* elements of a slot: 2 * p * n_kv * d */
+	enum fkv_dtype sdt;	/* the slots' dtype: the backend's slot_dtype, else f32 */
+	size_t es;		/* bytes of an sdt element */
+	size_t slot_bytes;	/* slot_floats elements of sdt */
 	int64_t len, pending;
 	int full_layers;
 	void *full;		/* nested `full` state for layers < full_layers, or NULL */
@@ -109,10 +114,11 @@ struct paged {
 	int *span_page;		/* (n_kv * n_slots): the page each span holds */
 	int *first;		/* (n_kv + 1) */
 	int32_t *slot_list;	/* (n_kv, n_slots): head h's i-th span is slot_list[h][i] */
-	float *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) f32 */
+	char *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) in sdt */
 	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
 	float *hslot;		/* host scratch: one slot downloaded, (2, p, n_kv, d) f32 */
+	void *hraw;		/* ... as the backend holds it, slot_bytes */
 	int64_t attended;
 };
 
@@ -129,7 +135,7 @@ int paged_restore(void *st, int64_t len);
 
 /* Helpers for strategies. */
 /* NHD slot s of a layer. */
-float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
+void *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
 /* Top-k selection with q (n_q, d), a backend buffer, for every head at layout lay, on the
  * backend (select_pages, with L->res as the resident mask): pages (n_kv, k_sel) host memory
  * gets the result, downloaded (a wait for the device: the blocking paths); the time is added

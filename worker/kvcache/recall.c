@@ -219,7 +219,7 @@ static int scatter(struct recall *r, struct staging *s)
 		s->heads[j] = s->dst[j].head;
 	}
 	return be->ops->recall_units(be->ctx, s->slots, s->heads, s->buf, s->n, r->o.g.p,
-				     r->o.g.n_kv, r->o.g.d, r->o.g.dtype);
+				     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
 }
 
 /* Convert thread: HND units of a full staging buffer into their NHD slots, then frees it. */
@@ -293,7 +293,7 @@ void recall_free(struct recall *r)
 int recall_new(const struct recall_opts *o, struct recall **out)
 {
 	if (o->g.n_kv <= 0 || o->g.p <= 0 || o->g.d <= 0 || (!o->host && !o->src) ||
-	    o->units_per_buffer < 0 || o->max_jobs < 0)
+	    o->units_per_buffer < 0 || o->max_jobs < 0 || (!o->be && o->slot_dt != FKV_F32))
 		return -EINVAL;
 	if (o->be && !o->be->ops->recall_units)
 		return -EOPNOTSUPP;

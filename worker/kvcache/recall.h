@@ -32,7 +32,8 @@ struct recall_unit {
 	int layer;
 	int page;
 	int head;
-	float *slot; /* NHD (2, p, n_kv, d) f32: a backend address when recall_opts.be is set */
+	void *slot; /* NHD (2, p, n_kv, d) in recall_opts.slot_dt: a backend address when
+		     * recall_opts.be is set */
 };
 
 /* Runs on the copy thread before the job's units are copied; sets *units / *n (may be 0).
@@ -56,6 +57,7 @@ struct recall_opts {
 	void *src_arg;
 	bool poison;		  /* fill a staging buffer with NaN bytes once converted (tests) */
 	struct backend *be;	  /* borrowed: its recall_units op writes the slots; NULL: host */
+	enum fkv_dtype slot_dt;	  /* the slots' dtype (backend slot_dtype); f32 without be */
 };
 
 struct recall_done {
