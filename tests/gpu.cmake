@@ -3,7 +3,7 @@
 # machine without a CUDA device, so CI only compiles them.
 if(FREEKV_HAVE_CUDA)
   foreach(op embedding rope silu_mul kv_append page_summary page_score topk qcos
-             recall_scatter offload_gather decode_attention prefill_attention gemm)
+             recall_scatter offload_gather decode_attention flash_decode prefill_attention gemm)
     freekv_add_test(test_kernel_${op} SOURCES gpu/test_kernel_${op}.c
       LIBS freekv_kernels freekv_runtime CUDA::cudart CUDA::cublas LABELS gpu)
   endforeach()

@@ -7,8 +7,9 @@
  * through gemm_xwt (cublasGemmEx, f32 accumulation) with a workspace grown on demand; the
  * workspaces of the compute stream (GEMM, split-K decode attention) are replaced in stream
  * order (cudaFreeAsync/cudaMallocAsync where the device has memory pools, else after the
- * compute stream drained), never by waiting for the device. Decode attention over span lists
- * (the `full` policy's dense caches) and over slot lists (attn_decode_slots, the paged
+ * compute stream drained), never by waiting for the device. Decode attention over one dense
+ * span (the `full` policy's cache) is kernels/flash_decode, split-K over the whole context;
+ * over span lists and over slot lists (attn_decode_slots, the paged
  * policies: kernels/decode_attention, split-K flash decoding with per-head slot indirection;
  * pages too large for its shared memory go to the span kernel as spans) stages its small host
  * tables in a ring of pinned buffers, each reused only after the event of its last copy, so a
@@ -37,6 +38,7 @@
 #include "cuda_check.h"
 #include "decode_attention.cuh"
 #include "embedding.cuh"
+#include "flash_decode.cuh"
 #include "gather_rows.cuh"
 #include "gemm.cuh"
 #include "prefill_attention.cuh"
@@ -146,6 +148,7 @@ static void cuda_free(void *ctx)
 	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
 	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
 	ws_release(c, &c->sel_ws, &c->sel_ws_bytes);
+	ws_release(c, &c->fd_ws, &c->fd_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
 		cudaFree(c->bufs[i]);
 	free(c->bufs);
@@ -451,11 +454,31 @@ static int attn_spans(struct cuda_ctx *c, float *out, const float *q,
 	return 0;
 }
 
+/* One dense span (the `full` policy's cache) goes to the flash-decoding kernel, split-K over
+ * the whole context with a fixed-size workspace; span lists, and geometries past that kernel's
+ * limits, to the span kernel. */
 static int cuda_attn_decode(void *ctx, float *out, const float *q,
 			    const struct backend_kv_span *spans, int n_spans,
 			    const struct backend_attn *a)
 {
-	return attn_spans(ctx, out, q, spans, n_spans, NULL, a);
+	struct cuda_ctx *c = ctx;
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	if (n_spans == 1 && spans[0].n > 0 && a->head_dim <= FLASH_DECODE_MAX_D &&
+	    a->n_heads / a->n_kv_heads <= FLASH_DECODE_MAX_GROUP &&
+	    spans[0].row_stride >= (int64_t)a->n_kv_heads * a->head_dim) {
+		ret = cuda_ws_reserve(c, &c->fd_ws, &c->fd_ws_bytes,
+				      flash_decode_workspace_bytes(a->n_heads, a->head_dim));
+		if (ret)
+			return ret;
+		CUDA_CHECK(flash_decode(out, q, spans[0].k, spans[0].v, a->kv_dtype, spans[0].n,
+					spans[0].row_stride, a->n_heads, a->n_kv_heads,
+					a->head_dim, a->scale, c->fd_ws, c->fd_ws_bytes,
+					c->stream));
+		return 0;
+	}
+	return attn_spans(c, out, q, spans, n_spans, NULL, a);
 }
 
 static int cuda_attn_decode_heads(void *ctx, float *out, const float *q,

@@ -85,6 +85,8 @@ struct cuda_ctx {
 	size_t dec_ws_bytes;
 	void *sel_ws;		/* select_pages: group scores and per-head raw scores */
 	size_t sel_ws_bytes;
+	void *fd_ws;		/* flash-decoding partials of attn_decode over one span */
+	size_t fd_ws_bytes;
 	void **bufs;		/* live buf_alloc/weight_load allocations */
 	size_t n_bufs, cap_bufs;
 	struct stage_slot ring[CUDA_STAGE_RING];
