@@ -90,6 +90,14 @@ struct backend_ops {
 	/* Weights: make a model tensor resident / release it. */
 	int (*weight_load)(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst);
 	void (*weight_release)(void *ctx, struct backend_mat *w);
+	/* (optional) Makes n model tensors of one dtype and one column count resident as one
+	 * weight, stacked by rows (the fused QKV and gate/up GEMMs of docs/design.md "The GPU
+	 * decode step": one matmul gives a token's [q | k | v] row). The backend owns the copy
+	 * until weight_release; the caller may view part i as the rows at its offset (a
+	 * backend_mat with priv NULL, which weight_release frees nothing of). -EINVAL when the
+	 * parts do not stack. */
+	int (*weight_concat)(void *ctx, const struct fkv_tensor *const *parts, int n,
+			     struct backend_mat *dst);
 
 	/* y (n, w.rows) = x (n, w.cols) · wᵀ, w in its dtype. */
 	int (*matmul)(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n);

@@ -258,10 +258,41 @@ static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backe
 	return 0;
 }
 
+/* A concatenation is the one weight the CPU backend copies (priv: its buffer); loaded weights
+ * borrow the model's mapping (priv NULL). */
 static void cpu_weight_release(void *ctx, struct backend_mat *w)
 {
 	(void)ctx;
+	free(w->priv);
 	memset(w, 0, sizeof *w);
+}
+
+static int cpu_weight_concat(void *ctx, const struct fkv_tensor *const *parts, int n,
+			     struct backend_mat *dst)
+{
+	(void)ctx;
+	if (n <= 0)
+		return -EINVAL;
+	const int64_t cols = parts[0]->n_dims == 2 ? parts[0]->shape[1] : 1;
+	int64_t rows = 0;
+	for (int i = 0; i < n; i++) {
+		if (!parts[i]->data || parts[i]->dtype != parts[0]->dtype ||
+		    (parts[i]->n_dims == 2 ? parts[i]->shape[1] : 1) != cols)
+			return -EINVAL;
+		rows += parts[i]->shape[0];
+	}
+	const size_t row_bytes = (size_t)cols * dtype_size(parts[0]->dtype);
+	char *buf = malloc((size_t)rows * row_bytes);
+	if (!buf)
+		return -ENOMEM;
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(buf + off, parts[i]->data, (size_t)parts[i]->shape[0] * row_bytes);
+		off += (size_t)parts[i]->shape[0] * row_bytes;
+	}
+	*dst = (struct backend_mat){ .data = buf, .dtype = parts[0]->dtype, .rows = rows,
+				     .cols = cols, .priv = buf };
+	return 0;
 }
 
 /* Rows [r0, r1) of y (rows) = w · x for 16-bit w of dtype t, x (cols): each weight element
@@ -896,6 +927,7 @@ static const struct backend_ops cpu_ops = {
 	.gather_rows = cpu_gather_rows,
 	.weight_load = cpu_weight_load,
 	.weight_release = cpu_weight_release,
+	.weight_concat = cpu_weight_concat,
 	.matmul = cpu_matmul,
 	.rmsnorm = cpu_rmsnorm,
 	.rope = cpu_rope,

@@ -258,6 +258,46 @@ static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct back
 	return 0;
 }
 
+/* The parts copied back to back into one device allocation, in stream order, then waited
+ * for (the parts may be page-locked: nothing of them is read after return). */
+static int cuda_weight_concat(void *ctx, const struct fkv_tensor *const *parts, int n,
+			      struct backend_mat *dst)
+{
+	struct cuda_ctx *c = ctx;
+	if (n <= 0)
+		return -EINVAL;
+	const int64_t cols = parts[0]->n_dims == 2 ? parts[0]->shape[1] : 1;
+	int64_t rows = 0;
+	for (int i = 0; i < n; i++) {
+		if (!parts[i]->data || parts[i]->dtype != parts[0]->dtype ||
+		    (parts[i]->n_dims == 2 ? parts[i]->shape[1] : 1) != cols)
+			return -EINVAL;
+		rows += parts[i]->shape[0];
+	}
+	const size_t row_bytes = (size_t)cols * dtype_size(parts[0]->dtype);
+	char *p = dev_alloc(c, (size_t)rows * row_bytes);
+	if (!p)
+		return -ENOMEM;
+	cudaError_t e = cudaSuccess;
+	size_t off = 0;
+	for (int i = 0; i < n && e == cudaSuccess; i++) {
+		size_t b = (size_t)parts[i]->shape[0] * row_bytes;
+		e = cudaMemcpyAsync(p + off, parts[i]->data, b, cudaMemcpyHostToDevice, c->stream);
+		off += b;
+	}
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(c->stream);
+	if (e != cudaSuccess) {
+		track_del(c, p);
+		cudaFree(p);
+		return cuda_check_fail(e, "cudaMemcpyAsync(weight part)", __func__, __FILE__,
+				       __LINE__);
+	}
+	*dst = (struct backend_mat){ .data = p, .dtype = parts[0]->dtype, .rows = rows,
+				     .cols = cols, .priv = p };
+	return 0;
+}
+
 static void cuda_weight_release(void *ctx, struct backend_mat *w)
 {
 	struct cuda_ctx *c = ctx;
@@ -630,6 +670,7 @@ static const struct backend_ops cuda_ops = {
 	.gather_rows = cuda_gather_rows,
 	.weight_load = cuda_weight_load,
 	.weight_release = cuda_weight_release,
+	.weight_concat = cuda_weight_concat,
 	.matmul = cuda_matmul,
 	.rmsnorm = cuda_rmsnorm,
 	.rope = cuda_rope,
