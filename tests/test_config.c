@@ -51,6 +51,12 @@ static void test_set_types_and_bounds(void **state)
 	assert_int_equal(cfg_set(&c, "dram_bytes", "1K", false, err, sizeof err), -EINVAL);
 	assert_non_null(strstr(err, "dram_bytes"));
 	assert_int_equal(c.dram_bytes, 512ull << 20); /* unchanged on error */
+	/* The table's lower bound is the real one: one 2 MiB slab unit (the daemon refused 1M at
+	 * start although the key accepted it). */
+	assert_int_equal(cfg_set(&c, "dram_bytes", "1M", false, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "dram_bytes"));
+	assert_int_equal(cfg_set(&c, "dram_bytes", "2M", false, err, sizeof err), 0);
+	assert_int_equal(c.dram_bytes, 2ull << 20);
 	assert_int_equal(cfg_set(&c, "lock_memory", "false", false, err, sizeof err), 0);
 	assert_false(c.lock_memory);
 	assert_int_equal(cfg_set(&c, "lock_memory", "maybe", false, err, sizeof err), -EINVAL);

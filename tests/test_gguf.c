@@ -1,7 +1,8 @@
 /* Tests worker/model/gguf.c: the real stories260K.gguf (metadata of every kind the tokenizer needs,
  * tensor table, tensor bytes checked against the independent llama2.c checkpoint), GGUF files
  * built here byte by byte (every metadata type, alignment, F16/BF16), and broken variants:
- * bad magic/version, unsupported tensor type, lying counts and offsets, every truncation of
+ * bad magic/version, quantized tensors (sized by block, described but without a dtype), unknown
+ * tensor types, lying counts and offsets, every truncation of
  * the header and a sample of the data, and a random mutation/truncation fuzz loop (run it under
  * ASan: no crash, no over-read, no leak). */
 #include "test_buf.h"
@@ -43,12 +44,13 @@ static void pad_to(struct test_buf *b, size_t align)
 struct mk {
 	uint32_t magic, version;
 	uint32_t tensor_type;	/* of tensor "b" */
+	uint64_t b_ne0;		/* elements of tensor "b" */
 	uint64_t b_offset;	/* data offset of tensor "b" */
 	uint64_t kv_count_delta;
 	bool dup_key;
 };
 
-#define MK_DEFAULT { .magic = 0x46554747u, .version = 3, .tensor_type = 1, .b_offset = 64 }
+#define MK_DEFAULT { .magic = 0x46554747u, .version = 3, .tensor_type = 1, .b_offset = 64, .b_ne0 = 4 }
 
 /* 15 metadata entries of every type, alignment 64, tensors: "a" f32 (3, 2), "b" (type opt) (4), "c" bf16 (2, 2). */
 static struct test_buf make_gguf(const struct mk *o)
@@ -122,7 +124,7 @@ static struct test_buf make_gguf(const struct mk *o)
 	put_u64(&b, 0);
 	put_str(&b, "b");
 	put_u32(&b, 1);
-	put_u64(&b, 4);
+	put_u64(&b, o->b_ne0);
 	put_u32(&b, o->tensor_type);
 	put_u64(&b, o->b_offset);
 	put_str(&b, "c");
@@ -274,6 +276,31 @@ static void expect_error(const struct mk *o, int want, const char *needle)
 		fail_msg("want %d containing '%s', got %d: %s", want, needle, ret, err);
 }
 
+/* A quantized tensor is described and sized by its blocks, without a dtype. */
+static void test_quantized_described(void **state)
+{
+	(void)state;
+	struct mk o = MK_DEFAULT;
+	o.tensor_type = 3; /* Q4_1: one block of 32 in 20 bytes */
+	o.b_ne0 = 32;
+	struct test_buf b = make_gguf(&o);
+	struct gguf_ctx *g;
+	char err[256];
+	assert_int_equal(gguf_open_buf(b.p, b.n, &g, err, sizeof err), 0);
+	const struct gguf_tensor_info *t = gguf_tensor(g, gguf_find_tensor(g, "b"));
+	assert_int_equal(t->type, 3);
+	assert_string_equal(t->type_name, "Q4_1");
+	assert_false(t->has_dtype);
+	assert_int_equal(t->n_elements, 32);
+	assert_int_equal(t->size, 20);
+	t = gguf_tensor(g, gguf_find_tensor(g, "c"));
+	assert_true(t->has_dtype);
+	assert_string_equal(t->type_name, "BF16");
+	assert_int_equal(t->size, 8);
+	gguf_close(g);
+	free(b.p);
+}
+
 static void test_bad_files(void **state)
 {
 	(void)state;
@@ -293,12 +320,17 @@ static void test_bad_files(void **state)
 	o.version = 0x03000000u;
 	expect_error(&o, -EPROTO, "big-endian");
 	o = (struct mk)MK_DEFAULT;
-	o.tensor_type = 2; /* Q4_0 */
-	expect_error(&o, -EPROTO, "tensor 'b' has type Q4_0");
+	o.tensor_type = 2; /* Q4_0: blocks of 32 cannot hold a row of 4 */
+	expect_error(&o, -EINVAL, "tensor 'b' of type Q4_0 has rows of 4 elements, not a multiple of its block of 32");
 	o.tensor_type = 12;
-	expect_error(&o, -EPROTO, "Q4_K");
+	expect_error(&o, -EINVAL, "Q4_K");
+	o.tensor_type = 8; /* Q8_0: 2 blocks of 34 bytes at 64 run into "c" at 128 */
+	o.b_ne0 = 64;
+	expect_error(&o, -EINVAL, "overlap");
 	o.tensor_type = 999;
-	expect_error(&o, -EPROTO, "'b'");
+	expect_error(&o, -EPROTO, "tensor 'b' has unknown type 999");
+	o.tensor_type = 31; /* retired by ggml: size unknown */
+	expect_error(&o, -EPROTO, "unknown type 31");
 	o = (struct mk)MK_DEFAULT;
 	o.b_offset = 96; /* not a multiple of 64 */
 	expect_error(&o, -EINVAL, "'b' offset 96 is not aligned");
@@ -512,6 +544,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_synthetic_all_types),
+		cmocka_unit_test(test_quantized_described),
 		cmocka_unit_test(test_bad_files),
 		cmocka_unit_test(test_synthetic_truncations),
 		cmocka_unit_test(test_stories_metadata),

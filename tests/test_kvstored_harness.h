@@ -62,6 +62,10 @@ static inline void harness_start_env(struct harness *h, const char *const *extra
 	snprintf(h->endpoint, sizeof h->endpoint, "ipc://%s/kvstored.sock", h->dir);
 	snprintf(h->shm, sizeof h->shm, "/fkv-t%d-%d", (int)getpid(), counter++);
 	snprintf(h->nvme, sizeof h->nvme, "%s/tier.bin", h->dir);
+	/* An endpoint among the extra settings replaces the default one (they come later). */
+	for (int i = 0; extra && extra[i]; i++)
+		if (strncmp(extra[i], "endpoint=", 9) == 0)
+			snprintf(h->endpoint, sizeof h->endpoint, "%s", extra[i] + 9);
 
 	char sets[8][300];
 	snprintf(sets[0], 300, "endpoint=%s", h->endpoint);
@@ -171,7 +175,8 @@ static inline int h_teardown(void **state)
 	kill(h->pid, SIGKILL);
 	waitpid(h->pid, NULL, 0);
 	char p[1024];
-	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s /dev/shm%s-ring-*", h->dir, h->shm, h->shm);
+	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s /dev/shm%s.lock /dev/shm%s-ring-*", h->dir, h->shm,
+		 h->shm, h->shm);
 	if (system(p) != 0)
 		fprintf(stderr, "cleanup of %s failed\n", h->dir);
 	return 0;

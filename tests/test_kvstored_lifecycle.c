@@ -183,6 +183,108 @@ static void test_second_daemon_refused(void **state)
 	harness_stop(&h);
 }
 
+/* A second daemon on the same pool name (another endpoint) or the same NVMe file refuses and names
+ * the owner's pid, touching nothing: the first daemon's committed blocks read back exact. */
+static void test_same_pool_refused(void **state)
+{
+	(void)state;
+	struct harness h;
+	uint64_t seq;
+	char cmd[8192], expect[128];
+	harness_start(&h, NULL);
+	struct kvs *k = h_worker(&h, "owned", &seq);
+	assert_non_null(k);
+	assert_int_equal(h_write_pages(k, seq, 77, 0, 8), 0);
+
+	snprintf(expect, sizeof expect, "is owned by kvstored pid %d", (int)h.pid);
+	const char *const clash[2][2] = {
+		{ "shm_name", h.shm },	  /* same pool, other endpoint, no tier */
+		{ "nvme_path", h.nvme },  /* same tier, other pool and endpoint */
+	};
+	for (int i = 0; i < 2; i++) {
+		snprintf(cmd, sizeof cmd,
+			 "timeout 10 %s --set endpoint=ipc://%s/other%d.sock --set lock_memory=false "
+			 "--set dram_bytes=32M --set shm_name=%s --set nvme_path=%s 2>&1 | tee /dev/stderr | "
+			 "grep -q '%s %s %s'",
+			 h_kvstored_path(), h.dir, i, i == 0 ? h.shm : "/fkv-other-pool",
+			 i == 0 ? "" : h.nvme, clash[i][0], clash[i][1], expect);
+		assert_int_equal(WEXITSTATUS(system(cmd)), 0);
+	}
+	assert_true(harness_alive(&h));
+	assert_true(shm_exists(h.shm));
+	assert_int_equal(h_read_pages(k, seq, 77, 0, 8), 0);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
+/* What a kill -9 leaves (the pool segment, a ring segment, the lock files) is removed by the next
+ * daemon on that name, which says so; a look-alike name is left alone. */
+static void test_stale_segments_cleaned(void **state)
+{
+	(void)state;
+	struct harness h;
+	harness_start(&h, NULL);
+	struct kvs *k;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "w"), 0);
+	kill(h.pid, SIGKILL);
+	waitpid(h.pid, NULL, 0);
+	h_active = false;
+	kvs_close(k);
+	char ring[96], other[96], p[160];
+	snprintf(ring, sizeof ring, "%s-ring-1", h.shm);
+	snprintf(other, sizeof other, "%s-ring-x", h.shm);
+	assert_true(shm_exists(h.shm));
+	assert_true(shm_exists(ring));
+	snprintf(p, sizeof p, "/dev/shm%s", other);
+	int fd = open(p, O_CREAT | O_WRONLY, 0600);
+	assert_true(fd >= 0);
+	close(fd);
+
+	char cmd[8192];
+	snprintf(cmd, sizeof cmd,
+		 "timeout 5 %s --set endpoint=%s --set shm_name=%s --set lock_memory=false "
+		 "--set dram_bytes=32M --set nvme_path=%s --set nvme_bytes=32M 2>&1 | tee /dev/stderr | "
+		 "grep -c 'removed the stale' | grep -qx 2",
+		 h_kvstored_path(), h.endpoint, h.shm, h.nvme);
+	/* timeout stops the daemon (SIGTERM) once it has served for 5 s: its log is complete. */
+	assert_int_equal(WEXITSTATUS(system(cmd)), 0);
+	assert_false(shm_exists(ring));
+	assert_false(shm_exists(h.shm)); /* the second daemon's own pool, unlinked at its stop */
+	assert_true(shm_exists(other));
+	unlink(p);
+	snprintf(p, sizeof p, "/dev/shm%s.lock", h.shm);
+	assert_int_equal(access(p, F_OK), -1); /* released and removed at the clean stop */
+	unlink(h.nvme);
+	assert_int_equal(rmdir(h.dir), 0); /* nothing else left: the NVMe lock file is gone too */
+}
+
+/* Loopback tcp endpoints by name and over IPv6 bind and answer (ZeroMQ reads a bind host as an
+ * interface name, so "localhost" failed with ENODEV; [::1] needs ZMQ_IPV6); the smallest pool the
+ * dram_bytes key accepts really starts. */
+static void test_tcp_loopback_names(void **state)
+{
+	(void)state;
+	const char *hosts[] = { "localhost", "[::1]", "127.0.0.1" };
+	for (int i = 0; i < 3; i++) {
+		if (i == 1 && access("/proc/net/if_inet6", F_OK) != 0) {
+			fprintf(stderr, "no IPv6 here: [::1] not checked\n");
+			continue;
+		}
+		char ep[96], set[128];
+		snprintf(ep, sizeof ep, "tcp://%s:%d", hosts[i], 20000 + (int)(getpid() % 20000) + i);
+		snprintf(set, sizeof set, "endpoint=%s", ep);
+		const char *const extra[] = { "--set", set, "--set", "dram_bytes=2M", NULL };
+		struct harness h;
+		harness_start(&h, extra); /* ready means a Stats round trip over ep succeeded */
+		struct kvs *k;
+		assert_int_equal(kvs_connect(ep, 5000, &k), 0);
+		assert_int_equal(kvs_stats(k, NULL), 0);
+		kvs_close(k);
+		harness_stop(&h);
+	}
+}
+
 /* The trust boundary: pool, ring and socket are mode 0660 and owned by the configured group. */
 static void test_group_and_modes(void **state)
 {
@@ -260,6 +362,9 @@ int main(void)
 		cmocka_unit_test_teardown(test_notify_and_sigterm, h_teardown),
 		cmocka_unit_test_teardown(test_sighup_and_config, h_teardown),
 		cmocka_unit_test_teardown(test_second_daemon_refused, h_teardown),
+		cmocka_unit_test_teardown(test_same_pool_refused, h_teardown),
+		cmocka_unit_test_teardown(test_stale_segments_cleaned, h_teardown),
+		cmocka_unit_test_teardown(test_tcp_loopback_names, h_teardown),
 		cmocka_unit_test_teardown(test_group_and_modes, h_teardown),
 		cmocka_unit_test_teardown(test_bad_config_refused, h_teardown),
 	};

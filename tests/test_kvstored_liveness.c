@@ -49,6 +49,45 @@ static int victim(const struct harness *h, int ready_fd)
 		pause();
 }
 
+/* The client tells "nothing there" and "the daemon died" from a slow reply (a socket monitor),
+ * so neither waits for a request timeout: a request to an endpoint with no daemon fails with
+ * ECONNREFUSED, and after a kill -9 of the daemon a worker waiting on its ring and its next
+ * request fail with ECONNRESET, each naming the endpoint. Timeouts here are 10 s; every answer
+ * must come well before. */
+static void test_daemon_gone_detected(void **state)
+{
+	(void)state;
+	struct kvs *k;
+	char none[128];
+	snprintf(none, sizeof none, "ipc:///tmp/fkv-none-%d.sock", (int)getpid());
+	assert_int_equal(kvs_connect(none, 10000, &k), 0);
+	uint64_t t0 = clock_ms();
+	assert_int_equal(kvs_stats(k, NULL), -ECONNREFUSED);
+	assert_true(clock_ms() - t0 < 3000);
+	assert_non_null(strstr(kvs_error(k), "no kvstored answers at"));
+	assert_non_null(strstr(kvs_error(k), none));
+	kvs_close(k);
+
+	struct harness h;
+	uint64_t seq;
+	harness_start(&h, NULL);
+	k = h_worker(&h, "gone", &seq);
+	assert_non_null(k);
+	assert_int_equal(h_write_pages(k, seq, 5, 0, 4), 0);
+	kill(h.pid, SIGKILL);
+	waitpid(h.pid, NULL, 0);
+	t0 = clock_ms();
+	struct ring_entry c;
+	assert_int_equal(kvs_ring_complete(k, &c, 1, 10000), -ECONNRESET);
+	assert_true(clock_ms() - t0 < 3000);
+	assert_non_null(strstr(kvs_error(k), "is gone"));
+	t0 = clock_ms();
+	assert_int_equal(kvs_stats(k, NULL), -ECONNRESET);
+	assert_true(clock_ms() - t0 < 3000);
+	kvs_close(k);
+	h_teardown(NULL);
+}
+
 /* Loops alloc/commit/recall/release on its own sequence until SIGTERM, counting finished rounds
  * in *rounds (shared with the parent); exits with 0 when every operation succeeded. */
 static volatile sig_atomic_t stop_flag;
@@ -250,6 +289,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_kill9_orphans_within_1s, h_teardown),
 		cmocka_unit_test_teardown(test_silent_worker_times_out, h_teardown),
 		cmocka_unit_test_teardown(test_goodbye_detaches, h_teardown),
+		cmocka_unit_test_teardown(test_daemon_gone_detected, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

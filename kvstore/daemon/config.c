@@ -1,5 +1,6 @@
 /* config — the key table and its parser. See config.h. */
 #include "config.h"
+#include "slab.h"
 
 #include "errmsg.h"
 
@@ -30,8 +31,8 @@ static const struct cfg_key keys[] = {
 	  "ZeroMQ ROUTER endpoint: ipc://PATH, or tcp:// on a loopback address only" },
 	{ "shm_name", CFG_T_STRING, F(shm_name), 2, 200, "/freekv-pool", false,
 	  "POSIX shared-memory name of the DRAM pool (rings are <shm_name>-ring-<worker>)" },
-	{ "dram_bytes", CFG_T_BYTES, F(dram_bytes), 1ull << 20, 1ull << 46, "1G", false,
-	  "size of the DRAM pool (K/M/G/T suffixes)" },
+	{ "dram_bytes", CFG_T_BYTES, F(dram_bytes), SLAB_UNIT_DEFAULT, 1ull << 46, "1G", false,
+	  "size of the DRAM pool (K/M/G/T suffixes; whole 2 MiB slab units are used)" },
 	{ "hugetlbfs_path", CFG_T_STRING, F(hugetlbfs_path), 0, CFG_STR_MAX - 1, "", false,
 	  "hugetlbfs mount to back the pool with huge pages (empty: /dev/shm)" },
 	{ "lock_memory", CFG_T_BOOL, F(lock_memory), 0, 1, "true", false,

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "dataplane.h"
 #include "freekv_store.h"
+#include "owner.h"
 #include "rpc.h"
 #include "sdnotify.h"
 #include "seq.h"
@@ -44,6 +45,7 @@ struct daemon_state {
 	struct dp *dp;
 	struct rpc_server rpc;
 	struct sdn sdn;
+	struct owner owner;
 	void *zctx;
 	int sigfd;
 };
@@ -240,9 +242,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: another kvstored already serves %s\n", d.cfg.endpoint);
 		goto out_sig;
 	}
+	if ((ret = owner_take(&d.owner, &d.cfg, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		goto out_sig;
+	}
+	owner_clean_stale(&d.owner, &d.cfg);
 	if ((ret = sdn_init(&d.sdn))) {
 		fprintf(stderr, "kvstored: NOTIFY_SOCKET: %s\n", strerror(-ret));
-		goto out_sig;
+		goto out_owner;
 	}
 	if ((ret = seq_table_init(&d.seqs, d.cfg.max_sequences)))
 		goto out_sdn;
@@ -296,6 +303,8 @@ out_seq:
 	seq_table_shutdown(&d.seqs);
 out_sdn:
 	sdn_shutdown(&d.sdn);
+out_owner:
+	owner_release(&d.owner);
 out_sig:
 	close(d.sigfd);
 	return rc;

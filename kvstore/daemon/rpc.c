@@ -1,5 +1,6 @@
 /* rpc — control plane: socket, codec, handler table. See rpc.h. */
 #include "rpc.h"
+#include "freekv_store.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -725,8 +726,10 @@ int rpc_init(struct rpc_server *s, void *zctx, const struct rpc_ctx *ctx, char *
 	int linger = 500;
 	zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
 	const char *ep = ctx->cfg->endpoint;
-	if (zmq_bind(s->sock, ep) != 0) {
-		int e = errno;
+	char addr[512];
+	int pr = kvs_endpoint_prepare(s->sock, ep, addr, sizeof addr);
+	if (pr || zmq_bind(s->sock, addr) != 0) {
+		int e = pr ? -pr : errno;
 		snprintf(err, errlen, "bind %s: %s", ep, zmq_strerror(e));
 		zmq_close(s->sock);
 		s->sock = NULL;

@@ -27,6 +27,9 @@ struct kvs {
 	struct pool_map pool;
 	bool pool_mapped;
 	struct ring *ring;
+	void *mon;		/* PAIR socket receiving the control socket's connection events */
+	enum { LINK_PENDING, LINK_UP, LINK_REFUSED, LINK_LOST } link;
+	char endpoint[256];
 	char err[KVS_ERR_MAX];
 	char notice[KVS_ERR_MAX];	/* the daemon's shutdown message, kept for later calls */
 };
@@ -38,6 +41,81 @@ static int seterr(struct kvs *k, int ret, const char *fmt, ...)
 	vsnprintf(k->err, sizeof k->err, fmt, ap);
 	va_end(ap);
 	return ret;
+}
+
+/* Connection events of the control socket (a ZeroMQ socket monitor), read without blocking:
+ * they tell "no daemon at this endpoint" (a connect refused before any succeeded) and "the
+ * daemon went away" (a disconnect after a connect) apart from a slow reply, so a request fails
+ * at once instead of at its timeout. ZeroMQ keeps reconnecting underneath: a daemon that comes
+ * back puts the link up again. */
+static void drain_monitor(struct kvs *k)
+{
+	for (;;) {
+		zmq_msg_t ev, addr;
+		zmq_msg_init(&ev);
+		if (zmq_msg_recv(&ev, k->mon, ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&ev);
+			return;
+		}
+		uint16_t id = 0;
+		if (zmq_msg_size(&ev) >= sizeof id)
+			memcpy(&id, zmq_msg_data(&ev), sizeof id);
+		zmq_msg_close(&ev);
+		zmq_msg_init(&addr); /* the second frame: the endpoint */
+		if (zmq_msg_recv(&addr, k->mon, ZMQ_DONTWAIT) >= 0)
+			zmq_msg_close(&addr);
+		if (id == ZMQ_EVENT_CONNECTED)
+			k->link = LINK_UP;
+		else if (id == ZMQ_EVENT_DISCONNECTED && k->link == LINK_UP)
+			k->link = LINK_LOST;
+		else if (id == ZMQ_EVENT_CONNECT_RETRIED && k->link != LINK_UP)
+			k->link = k->link == LINK_LOST ? LINK_LOST : LINK_REFUSED;
+	}
+}
+
+/* 0 while the link may still answer; else the error a waiting request should end with. */
+static int link_error(struct kvs *k)
+{
+	if (!k->mon)
+		return 0;
+	drain_monitor(k);
+	if (k->link == LINK_REFUSED)
+		return seterr(k, -ECONNREFUSED, "no kvstored answers at %s (connection refused)",
+			      k->endpoint);
+	if (k->link == LINK_LOST)
+		return seterr(k, -ECONNRESET, "kvstored at %s is gone (connection lost)", k->endpoint);
+	return 0;
+}
+
+static void monitor_start(struct kvs *k)
+{
+	char name[64];
+	snprintf(name, sizeof name, "inproc://kvs-monitor-%p", (void *)k);
+	if (zmq_socket_monitor(k->sock, name, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
+						      ZMQ_EVENT_DISCONNECTED) != 0)
+		return; /* without events, requests still end at their timeout */
+	k->mon = zmq_socket(k->zctx, ZMQ_PAIR);
+	if (k->mon && zmq_connect(k->mon, name) != 0) {
+		zmq_close(k->mon);
+		k->mon = NULL;
+	}
+}
+
+int kvs_endpoint_prepare(void *sock, const char *endpoint, char *out, size_t outlen)
+{
+	static const char local[] = "tcp://localhost:";
+	int n;
+	if (strncmp(endpoint, local, sizeof local - 1) == 0)
+		n = snprintf(out, outlen, "tcp://127.0.0.1:%s", endpoint + sizeof local - 1);
+	else
+		n = snprintf(out, outlen, "%s", endpoint);
+	if (n < 0 || (size_t)n >= outlen)
+		return -ENAMETOOLONG;
+	if (strncmp(out, "tcp://[", 7) == 0) {
+		int on = 1;
+		zmq_setsockopt(sock, ZMQ_IPV6, &on, sizeof on);
+	}
+	return 0;
 }
 
 int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out)
@@ -63,8 +141,14 @@ int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out)
 	}
 	zmq_setsockopt(k->sock, ZMQ_LINGER, &linger, sizeof linger);
 	zmq_setsockopt(k->sock, ZMQ_SNDTIMEO, &k->timeout_ms, sizeof k->timeout_ms);
-	if (zmq_connect(k->sock, endpoint) != 0) {
-		int e = errno;
+	char ep[512];
+	snprintf(k->endpoint, sizeof k->endpoint, "%s", endpoint);
+	monitor_start(k);
+	int ret = kvs_endpoint_prepare(k->sock, endpoint, ep, sizeof ep);
+	if (ret || zmq_connect(k->sock, ep) != 0) {
+		int e = ret ? -ret : errno;
+		if (k->mon)
+			zmq_close(k->mon);
 		zmq_close(k->sock);
 		zmq_ctx_term(k->zctx);
 		free(k);
@@ -91,6 +175,11 @@ void kvs_close(struct kvs *k)
 		ring_close(k->ring);
 	if (k->pool_mapped)
 		pool_unmap(&k->pool);
+	if (k->mon) {
+		zmq_socket_monitor(k->sock, NULL, 0);
+		zmq_setsockopt(k->mon, ZMQ_LINGER, &(int){ 0 }, sizeof(int));
+		zmq_close(k->mon);
+	}
 	zmq_close(k->sock);
 	zmq_ctx_term(k->zctx);
 	free(k);
@@ -185,15 +274,21 @@ int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 	for (;;) {
 		uint64_t t = clock_ms();
 		if (t >= deadline)
-			return seterr(k, -ETIMEDOUT, "no reply from kvstored within %d ms", k->timeout_ms);
-		zmq_pollitem_t it = { .socket = k->sock, .events = ZMQ_POLLIN };
-		if (zmq_poll(&it, 1, (long)(deadline - t)) < 0) {
+			return seterr(k, -ETIMEDOUT, "no reply from kvstored at %s within %d ms",
+				      k->endpoint, k->timeout_ms);
+		zmq_pollitem_t it[2] = { { .socket = k->sock, .events = ZMQ_POLLIN },
+					 { .socket = k->mon, .events = ZMQ_POLLIN } };
+		if (zmq_poll(it, k->mon ? 2 : 1, (long)(deadline - t)) < 0) {
 			if (errno == EINTR)
 				continue;
 			return seterr(k, -errno, "poll: %s", zmq_strerror(errno));
 		}
-		if (!(it.revents & ZMQ_POLLIN))
+		if (!(it[0].revents & ZMQ_POLLIN)) {
+			int le = link_error(k);
+			if (le)
+				return le;
 			continue;
+		}
 		zmq_msg_t m;
 		zmq_msg_init(&m);
 		if (zmq_msg_recv(&m, k->sock, ZMQ_DONTWAIT) < 0) {
@@ -485,6 +580,9 @@ int kvs_ring_complete(struct kvs *k, struct ring_entry *out, unsigned max, int t
 			poll_notices(k);
 			if (k->shutdown)
 				return seterr(k, -ESHUTDOWN, "%s", k->notice);
+			int le = link_error(k);
+			if (le)
+				return le;
 		}
 		uint64_t t = clock_ms();
 		if (t >= deadline)

@@ -37,6 +37,11 @@ struct kvs_geometry {
 
 struct kvs;
 
+/* Prepares a ZeroMQ socket for endpoint and writes the address to bind or connect to into out:
+ * tcp://localhost:P becomes tcp://127.0.0.1:P (ZeroMQ reads a bind host as an interface name)
+ * and a bracketed IPv6 host turns ZMQ_IPV6 on. Other endpoints are copied. 0 or -ENAMETOOLONG. */
+int kvs_endpoint_prepare(void *sock, const char *endpoint, char *out, size_t outlen);
+
 /* Connects (lazily, as ZeroMQ does) to endpoint; timeout_ms bounds every later request. */
 int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out);
 void kvs_close(struct kvs *k);

@@ -32,7 +32,7 @@ static int r_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_l
 {
 	struct remote *r = st;
 	int ret = kvs_open_sequence(r->k, name, fp, fp_len, g, NULL, 0, create, id);
-	return ret ? kerr(r, ret, err, errlen, "kvstored refused to open the sequence") : 0;
+	return ret ? kerr(r, ret, err, errlen, "opening the sequence in kvstored") : 0;
 }
 
 static int r_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, size_t *n_ids,
@@ -42,7 +42,7 @@ static int r_attach(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, 
 	Freekv__Reply *rep = NULL;
 	int ret = kvs_attach(r->k, id, &rep);
 	if (ret)
-		return kerr(r, ret, err, errlen, "kvstored refused to attach the sequence");
+		return kerr(r, ret, err, errlen, "attaching the sequence in kvstored");
 	if (!rep || rep->body_case != FREEKV__REPLY__BODY_SEQUENCE) {
 		kvs_reply_free(rep);
 		return errmsg(err, errlen, -EPROTO,
@@ -67,14 +67,14 @@ static int r_commit_tokens(void *st, uint64_t id, uint64_t committed, uint64_t f
 {
 	struct remote *r = st;
 	int ret = kvs_commit_tokens(r->k, id, committed, first, ids, n);
-	return ret ? kerr(r, ret, err, errlen, "kvstored refused the token ids") : 0;
+	return ret ? kerr(r, ret, err, errlen, "committing the token ids to kvstored") : 0;
 }
 
 static int r_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errlen)
 {
 	struct remote *r = st;
 	int ret = kvs_close_sequence(r->k, id, drop);
-	return ret ? kerr(r, ret, err, errlen, "kvstored refused to close the sequence") : 0;
+	return ret ? kerr(r, ret, err, errlen, "closing the sequence in kvstored") : 0;
 }
 
 /* Pushes the batch (all of it fits: HOSTKV_RING_BATCH is below the smallest ring) and collects

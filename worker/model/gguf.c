@@ -5,6 +5,7 @@
 
 #include "errmsg.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -19,15 +20,17 @@
 #define GGUF_MAX_ARRAY_DEPTH 4
 #define GGUF_MAX_NAME 65535 /* GGUF limits key and tensor names far lower; this bounds allocation */
 
+/* The names arena and the string-array table grow (and move) while the file is parsed, so a
+ * key/value keeps offsets and indices into them, never pointers: accessors resolve them on
+ * each call. Only the tensor names, which callers read as plain pointers, are resolved, once,
+ * after the last append (ctx->sealed). */
 struct gguf_kv {
-	size_t key_off;		/* into ctx->names until fix-up */
-	const char *key;
+	size_t key_off;		/* NUL-terminated key in ctx->names */
 	enum gguf_type type;
-	const uint8_t *val;	/* scalar value bytes in the buffer */
+	const uint8_t *val;	/* scalar value bytes in the buffer (which never moves) */
 	size_t str_off;		/* string values: NUL-terminated copy in ctx->names */
-	const char *str;
 	uint64_t str_len;
-	struct gguf_arr arr;
+	struct gguf_arr arr;	/* strs is NULL here; see arr_str_first */
 	size_t arr_str_first;	/* string arrays: index of the first element in ctx->strs */
 };
 
@@ -46,6 +49,7 @@ struct gguf_ctx {
 	size_t names_len, names_cap;
 	struct gguf_str *strs;	/* elements of every string array */
 	size_t strs_len, strs_cap;
+	bool sealed;		/* names and strs are final: pointers into them may be handed out */
 };
 
 struct rd {
@@ -71,22 +75,31 @@ static const char *const type_names[GGUF_TYPE_COUNT] = {
 	[GGUF_TYPE_FLOAT64] = "f64",
 };
 
-/* ggml tensor types: the three we load, and names of the rest for error messages. */
-static const struct {
+/* ggml tensor types: id, name, elements per block and bytes per block (ggml's type traits), and
+ * the freekv dtype for the three the backends compute on (-1 for the rest). Ids missing here
+ * (31-33 and 36-38 were retired by ggml) are refused: their sizes are unknown. */
+static const struct gguf_ttype {
 	uint32_t id;
 	const char *name;
-	int dtype; /* enum fkv_dtype, or -1 when unsupported */
+	uint32_t blck, bytes;
+	int dtype;
 } tensor_types[] = {
-	{ 0, "F32", FKV_F32 },	  { 1, "F16", FKV_F16 },      { 30, "BF16", FKV_BF16 },
-	{ 2, "Q4_0", -1 },	  { 3, "Q4_1", -1 },	      { 6, "Q5_0", -1 },
-	{ 7, "Q5_1", -1 },	  { 8, "Q8_0", -1 },	      { 9, "Q8_1", -1 },
-	{ 10, "Q2_K", -1 },	  { 11, "Q3_K", -1 },	      { 12, "Q4_K", -1 },
-	{ 13, "Q5_K", -1 },	  { 14, "Q6_K", -1 },	      { 15, "Q8_K", -1 },
-	{ 16, "IQ2_XXS", -1 },	  { 17, "IQ2_XS", -1 },	      { 18, "IQ3_XXS", -1 },
-	{ 19, "IQ1_S", -1 },	  { 20, "IQ4_NL", -1 },	      { 21, "IQ3_S", -1 },
-	{ 22, "IQ2_S", -1 },	  { 23, "IQ4_XS", -1 },	      { 24, "I8", -1 },
-	{ 25, "I16", -1 },	  { 26, "I32", -1 },	      { 27, "I64", -1 },
-	{ 28, "F64", -1 },	  { 29, "IQ1_M", -1 },
+	{ 0, "F32", 1, 4, FKV_F32 },	    { 1, "F16", 1, 2, FKV_F16 },
+	{ 30, "BF16", 1, 2, FKV_BF16 },	    { 2, "Q4_0", 32, 18, -1 },
+	{ 3, "Q4_1", 32, 20, -1 },	    { 6, "Q5_0", 32, 22, -1 },
+	{ 7, "Q5_1", 32, 24, -1 },	    { 8, "Q8_0", 32, 34, -1 },
+	{ 9, "Q8_1", 32, 36, -1 },	    { 10, "Q2_K", 256, 84, -1 },
+	{ 11, "Q3_K", 256, 110, -1 },	    { 12, "Q4_K", 256, 144, -1 },
+	{ 13, "Q5_K", 256, 176, -1 },	    { 14, "Q6_K", 256, 210, -1 },
+	{ 15, "Q8_K", 256, 292, -1 },	    { 16, "IQ2_XXS", 256, 66, -1 },
+	{ 17, "IQ2_XS", 256, 74, -1 },	    { 18, "IQ3_XXS", 256, 98, -1 },
+	{ 19, "IQ1_S", 256, 50, -1 },	    { 20, "IQ4_NL", 32, 18, -1 },
+	{ 21, "IQ3_S", 256, 110, -1 },	    { 22, "IQ2_S", 256, 82, -1 },
+	{ 23, "IQ4_XS", 256, 136, -1 },	    { 24, "I8", 1, 1, -1 },
+	{ 25, "I16", 1, 2, -1 },	    { 26, "I32", 1, 4, -1 },
+	{ 27, "I64", 1, 8, -1 },	    { 28, "F64", 1, 8, -1 },
+	{ 29, "IQ1_M", 256, 56, -1 },	    { 34, "TQ1_0", 256, 54, -1 },
+	{ 35, "TQ2_0", 256, 66, -1 },	    { 39, "MXFP4", 32, 17, -1 },
 };
 
 static bool rd_left(const struct rd *r, size_t n)
@@ -124,9 +137,11 @@ static bool rd_str(struct rd *r, struct gguf_str *s)
 	return true;
 }
 
-/* Appends a NUL-terminated copy of s to the names arena; returns its offset or SIZE_MAX. */
+/* Appends a NUL-terminated copy of s to the names arena; returns its offset or SIZE_MAX.
+ * The arena may move: keep the offset, not a pointer. */
 static size_t names_add(struct gguf_ctx *g, const char *s, size_t len)
 {
+	assert(!g->sealed);
 	if (g->names_len + len + 1 > g->names_cap) {
 		size_t cap = g->names_cap ? g->names_cap : 4096;
 		while (cap < g->names_len + len + 1)
@@ -146,6 +161,7 @@ static size_t names_add(struct gguf_ctx *g, const char *s, size_t len)
 
 static int strs_reserve(struct gguf_ctx *g, uint64_t n)
 {
+	assert(!g->sealed);
 	if (g->strs_len + n <= g->strs_cap)
 		return 0;
 	size_t cap = g->strs_cap ? g->strs_cap : 256;
@@ -194,6 +210,11 @@ static int skip_array(struct rd *r, int depth)
 	return 0;
 }
 
+/* Error messages name keys and tensors from the file buffer (%.*s): it never moves, while a
+ * copy in the names arena may be moved by the next append. */
+#define NAME_FMT "%.*s"
+#define NAME_ARG(str) (int)((str).len < 200 ? (str).len : 200), (str).s
+
 static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size_t errlen)
 {
 	struct gguf_kv *kv = &g->kv[i];
@@ -206,17 +227,18 @@ static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size
 	kv->key_off = names_add(g, key.s, key.len);
 	if (kv->key_off == SIZE_MAX)
 		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
-	const char *kname = g->names + kv->key_off;
 	if (!rd_u32(r, &t))
-		return errmsg(err, errlen, -EINVAL, "gguf: truncated type of key '%s'", kname);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated type of key '" NAME_FMT "'", NAME_ARG(key));
 	if (t >= GGUF_TYPE_COUNT)
-		return errmsg(err, errlen, -EPROTO, "gguf: key '%s' has unknown value type %u", kname, t);
+		return errmsg(err, errlen, -EPROTO, "gguf: key '" NAME_FMT "' has unknown value type %u",
+			    NAME_ARG(key), t);
 	kv->type = t;
 	kv->str_off = SIZE_MAX;
 	if (t == GGUF_TYPE_STRING) {
 		struct gguf_str s;
 		if (!rd_str(r, &s))
-			return errmsg(err, errlen, -EINVAL, "gguf: truncated string value of key '%s'", kname);
+			return errmsg(err, errlen, -EINVAL, "gguf: truncated string value of key '" NAME_FMT "'",
+				    NAME_ARG(key));
 		kv->str_len = s.len;
 		kv->str_off = names_add(g, s.s, s.len);
 		if (kv->str_off == SIZE_MAX)
@@ -225,7 +247,7 @@ static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size
 	}
 	if (t != GGUF_TYPE_ARRAY) {
 		if (!rd_left(r, type_size[t]))
-			return errmsg(err, errlen, -EINVAL, "gguf: truncated value of key '%s'", kname);
+			return errmsg(err, errlen, -EINVAL, "gguf: truncated value of key '" NAME_FMT "'", NAME_ARG(key));
 		kv->val = r->p + r->off;
 		r->off += type_size[t];
 		return 0;
@@ -233,57 +255,60 @@ static int parse_kv(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size
 	uint32_t et;
 	uint64_t n;
 	if (!rd_u32(r, &et) || !rd_u64(r, &n))
-		return errmsg(err, errlen, -EINVAL, "gguf: truncated array header of key '%s'", kname);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated array header of key '" NAME_FMT "'",
+			    NAME_ARG(key));
 	if (et >= GGUF_TYPE_COUNT)
-		return errmsg(err, errlen, -EPROTO, "gguf: array '%s' has unknown element type %u", kname, et);
+		return errmsg(err, errlen, -EPROTO, "gguf: array '" NAME_FMT "' has unknown element type %u",
+			    NAME_ARG(key), et);
 	kv->arr.type = et;
 	kv->arr.n = n;
 	if (et == GGUF_TYPE_STRING) {
 		/* each element takes at least its 8-byte length */
 		if (n > (r->size - r->off) / 8)
 			return errmsg(err, errlen, -EINVAL,
-				    "gguf: string array '%s' claims %" PRIu64 " elements, more than the file holds",
-				    kname, n);
+				    "gguf: string array '" NAME_FMT "' claims %" PRIu64
+				    " elements, more than the file holds", NAME_ARG(key), n);
 		if (strs_reserve(g, n))
 			return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
 		kv->arr_str_first = g->strs_len;
 		for (uint64_t j = 0; j < n; j++) {
 			if (!rd_str(r, &g->strs[g->strs_len + j]))
 				return errmsg(err, errlen, -EINVAL,
-					    "gguf: truncated element %" PRIu64 " of string array '%s'", j, kname);
+					    "gguf: truncated element %" PRIu64 " of string array '" NAME_FMT "'", j,
+					    NAME_ARG(key));
 		}
 		g->strs_len += n;
 		return 0;
 	}
 	if (et == GGUF_TYPE_ARRAY) {
 		if (n > (r->size - r->off) / 12)
-			return errmsg(err, errlen, -EINVAL, "gguf: array '%s' claims %" PRIu64 " nested arrays, more than the file holds", kname, n);
+			return errmsg(err, errlen, -EINVAL,
+				    "gguf: array '" NAME_FMT "' claims %" PRIu64 " nested arrays, more than the file holds",
+				    NAME_ARG(key), n);
 		for (uint64_t j = 0; j < n; j++) {
 			int ret = skip_array(r, 1);
 			if (ret)
-				return errmsg(err, errlen, ret, "gguf: bad nested array %" PRIu64 " of key '%s'", j, kname);
+				return errmsg(err, errlen, ret, "gguf: bad nested array %" PRIu64 " of key '" NAME_FMT "'",
+					    j, NAME_ARG(key));
 		}
 		return 0;
 	}
 	if (n > (r->size - r->off) / type_size[et])
 		return errmsg(err, errlen, -EINVAL,
-			    "gguf: array '%s' claims %" PRIu64 " elements of %s, more than the file holds", kname,
-			    n, type_names[et]);
+			    "gguf: array '" NAME_FMT "' claims %" PRIu64 " elements of %s, more than the file holds",
+			    NAME_ARG(key), n, type_names[et]);
 	kv->arr.data = r->p + r->off;
 	r->off += n * type_size[et];
 	return 0;
 }
 
-static int tensor_type(uint32_t id, const char **name)
+static const struct gguf_ttype *tensor_type(uint32_t id)
 {
 	for (size_t i = 0; i < sizeof tensor_types / sizeof tensor_types[0]; i++) {
-		if (tensor_types[i].id == id) {
-			*name = tensor_types[i].name;
-			return tensor_types[i].dtype;
-		}
+		if (tensor_types[i].id == id)
+			return &tensor_types[i];
 	}
-	*name = "unknown";
-	return -1;
+	return NULL;
 }
 
 static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, size_t errlen)
@@ -298,12 +323,11 @@ static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, 
 	g->ti_name_off[i] = names_add(g, name.s, name.len);
 	if (g->ti_name_off[i] == SIZE_MAX)
 		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
-	const char *tname = g->names + g->ti_name_off[i];
 	if (!rd_u32(r, &nd))
-		return errmsg(err, errlen, -EINVAL, "gguf: truncated info of tensor '%s'", tname);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated info of tensor '" NAME_FMT "'", NAME_ARG(name));
 	if (nd < 1 || nd > GGUF_MAX_DIMS)
-		return errmsg(err, errlen, -EINVAL, "gguf: tensor '%s' has %u dimensions (1..%d allowed)", tname,
-			    nd, GGUF_MAX_DIMS);
+		return errmsg(err, errlen, -EINVAL, "gguf: tensor '" NAME_FMT "' has %u dimensions (1..%d allowed)",
+			    NAME_ARG(name), nd, GGUF_MAX_DIMS);
 	ti->n_dims = (int)nd;
 	uint64_t nel = 1;
 	for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++)
@@ -311,24 +335,34 @@ static int parse_tensor(struct gguf_ctx *g, struct rd *r, int64_t i, char *err, 
 	for (uint32_t d = 0; d < nd; d++) {
 		uint64_t ne;
 		if (!rd_u64(r, &ne))
-			return errmsg(err, errlen, -EINVAL, "gguf: truncated shape of tensor '%s'", tname);
+			return errmsg(err, errlen, -EINVAL, "gguf: truncated shape of tensor '" NAME_FMT "'",
+				    NAME_ARG(name));
 		/* 2^40 elements per dim and 2^50 in all are far past any real model */
 		if (ne == 0 || ne > (1ull << 40) || nel > (1ull << 50) / ne)
-			return errmsg(err, errlen, -EINVAL, "gguf: tensor '%s' has an impossible shape (dim %u = %" PRIu64 ")",
-				    tname, d, ne);
+			return errmsg(err, errlen, -EINVAL,
+				    "gguf: tensor '" NAME_FMT "' has an impossible shape (dim %u = %" PRIu64 ")",
+				    NAME_ARG(name), d, ne);
 		ti->ne[d] = (int64_t)ne;
 		nel *= ne;
 	}
 	if (!rd_u32(r, &type) || !rd_u64(r, &ti->offset))
-		return errmsg(err, errlen, -EINVAL, "gguf: truncated info of tensor '%s'", tname);
-	const char *type_name;
-	int dt = tensor_type(type, &type_name);
-	if (dt < 0)
-		return errmsg(err, errlen, -EPROTO,
-			    "gguf: tensor '%s' has type %s (%u); only F32, F16 and BF16 are supported", tname,
-			    type_name, type);
-	ti->dtype = (enum fkv_dtype)dt;
-	ti->size = nel * dtype_size(ti->dtype);
+		return errmsg(err, errlen, -EINVAL, "gguf: truncated info of tensor '" NAME_FMT "'", NAME_ARG(name));
+	const struct gguf_ttype *tt = tensor_type(type);
+	if (!tt)
+		return errmsg(err, errlen, -EPROTO, "gguf: tensor '" NAME_FMT "' has unknown type %u",
+			    NAME_ARG(name), type);
+	/* a block never straddles rows */
+	if ((uint64_t)ti->ne[0] % tt->blck)
+		return errmsg(err, errlen, -EINVAL,
+			    "gguf: tensor '" NAME_FMT "' of type %s has rows of %" PRId64
+			    " elements, not a multiple of its block of %u",
+			    NAME_ARG(name), tt->name, ti->ne[0], tt->blck);
+	ti->type = type;
+	ti->type_name = tt->name;
+	ti->has_dtype = tt->dtype >= 0;
+	ti->dtype = ti->has_dtype ? (enum fkv_dtype)tt->dtype : FKV_F32;
+	ti->n_elements = nel;
+	ti->size = nel / tt->blck * tt->bytes;
 	return 0;
 }
 
@@ -436,19 +470,11 @@ static int parse(struct gguf_ctx *g, char *err, size_t errlen)
 		if ((ret = parse_kv(g, &r, i, err, errlen)))
 			return ret;
 	}
-	/* the names arena may have moved: resolve offsets to pointers now */
 	const char **keys = malloc((size_t)(g->n_kv ? g->n_kv : 1) * sizeof *keys);
 	if (!keys)
 		return errmsg(err, errlen, -ENOMEM, "gguf: out of memory");
-	for (int64_t i = 0; i < g->n_kv; i++) {
-		struct gguf_kv *kv = &g->kv[i];
-		kv->key = g->names + kv->key_off;
-		if (kv->str_off != SIZE_MAX)
-			kv->str = g->names + kv->str_off;
-		if (kv->type == GGUF_TYPE_ARRAY && kv->arr.type == GGUF_TYPE_STRING && kv->arr.n)
-			kv->arr.strs = g->strs + kv->arr_str_first;
-		keys[i] = kv->key;
-	}
+	for (int64_t i = 0; i < g->n_kv; i++)
+		keys[i] = gguf_key(g, i); /* used and freed before the next append */
 	const char *dup = first_dup(keys, (size_t)g->n_kv);
 	ret = dup ? errmsg(err, errlen, -EINVAL, "gguf: key '%s' appears twice", dup) : 0;
 	free(keys);
@@ -466,6 +492,8 @@ static int parse(struct gguf_ctx *g, char *err, size_t errlen)
 		if ((ret = parse_tensor(g, &r, i, err, errlen)))
 			return ret;
 	}
+	/* the last append is done: pointers into the arena stay valid from here on */
+	g->sealed = true;
 	for (int64_t i = 0; i < g->n_tensors; i++)
 		g->ti[i].name = g->names + g->ti_name_off[i];
 	g->data_off = (r.off + g->alignment - 1) / g->alignment * g->alignment;
@@ -545,8 +573,7 @@ int64_t gguf_n_tensors(const struct gguf_ctx *g) { return g->n_tensors; }
 int64_t gguf_find_key(const struct gguf_ctx *g, const char *key)
 {
 	for (int64_t i = 0; i < g->n_kv; i++) {
-		const char *k = g->kv[i].key ? g->kv[i].key : g->names + g->kv[i].key_off;
-		if (!strcmp(k, key))
+		if (!strcmp(g->names + g->kv[i].key_off, key))
 			return i;
 	}
 	return -1;
@@ -554,7 +581,7 @@ int64_t gguf_find_key(const struct gguf_ctx *g, const char *key)
 
 const char *gguf_key(const struct gguf_ctx *g, int64_t i)
 {
-	return (i >= 0 && i < g->n_kv) ? g->kv[i].key : NULL;
+	return (i >= 0 && i < g->n_kv) ? g->names + g->kv[i].key_off : NULL;
 }
 
 enum gguf_type gguf_kv_type(const struct gguf_ctx *g, int64_t i)
@@ -623,7 +650,7 @@ int gguf_get_str(const struct gguf_ctx *g, const char *key, const char **s, size
 		return -ENOENT;
 	if (kv->type != GGUF_TYPE_STRING)
 		return -EINVAL;
-	*s = kv->str;
+	*s = g->names + kv->str_off;
 	if (len)
 		*len = kv->str_len;
 	return 0;
@@ -705,6 +732,8 @@ int gguf_get_arr(const struct gguf_ctx *g, const char *key, struct gguf_arr *out
 	if (kv->type != GGUF_TYPE_ARRAY)
 		return -EINVAL;
 	*out = kv->arr;
+	if (kv->arr.type == GGUF_TYPE_STRING && kv->arr.n)
+		out->strs = g->strs + kv->arr_str_first;
 	return 0;
 }
 

@@ -5,11 +5,15 @@
  * (borrowed: it must outlive the context). Every length, count and offset is checked against the
  * mapping, so a truncated or lying file gets -EINVAL (malformed: cut short, impossible counts,
  * offsets outside the file) or -EPROTO (well-formed but unsupported: bad magic, version, type)
- * with a message naming the key or tensor, never an over-read. Only tensors of type F32, F16 and
- * BF16 are accepted; any other type is an error naming the tensor and the type.
+ * with a message naming the key or tensor, never an over-read. Tensors of every ggml type whose
+ * block size is known (F32, F16, BF16, the Q*, IQ*, TQ* and integer types) are described, sized
+ * and bounds-checked, so a quantized file can be inspected; only F32, F16 and BF16 carry an
+ * fkv_dtype (has_dtype), and loading the others is the caller's decision. A tensor of an
+ * unknown type id is -EPROTO naming the tensor and the id.
  *
  * Ownership: the context owns the mapping and every table; all pointers handed out (key names,
- * strings, array data, tensor data) borrow from it and stay valid until gguf_close(). Strings
+ * strings, array data, tensor names and data, type names) borrow from it (or are static) and
+ * stay valid until gguf_close(). Strings
  * from the file (struct gguf_str) are NOT NUL-terminated — use the length; key names, scalar
  * string values (gguf_get_str) and tensor names are NUL-terminated copies. Multi-byte values are
  * little-endian and may be unaligned in the file: read array elements with the gguf_arr_*
@@ -64,11 +68,15 @@ struct gguf_arr {
 
 struct gguf_tensor_info {
 	const char *name;		/* NUL-terminated */
-	enum fkv_dtype dtype;		/* F32, F16 or BF16 (others were rejected at open) */
+	uint32_t type;			/* ggml type id, as in the file */
+	const char *type_name;		/* "F32", "Q4_1", ... (static) */
+	bool has_dtype;			/* type is F32, F16 or BF16 */
+	enum fkv_dtype dtype;		/* that type when has_dtype; meaningless otherwise */
 	int n_dims;			/* 1..GGUF_MAX_DIMS */
 	int64_t ne[GGUF_MAX_DIMS];	/* ggml order: ne[0] is the contiguous (innermost) dim */
+	uint64_t n_elements;		/* product of ne */
 	uint64_t offset;		/* relative to the data section */
-	uint64_t size;			/* bytes */
+	uint64_t size;			/* bytes (whole blocks for the block-quantized types) */
 	const void *data;		/* into the mapping, aligned to the file's alignment */
 };
 

@@ -274,6 +274,19 @@ static int check_claimed(const struct fkv_model *m, const struct model_priv *p, 
 	return 0;
 }
 
+/* gguf_open() describes tensors of every ggml type; the backends compute on three. */
+static int gguf_check_types(const struct gguf_ctx *g, char *err, size_t errlen)
+{
+	for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor_info *t = gguf_tensor(g, i);
+		if (!t->has_dtype)
+			return errmsg(err, errlen, -EPROTO,
+				    "gguf: tensor '%s' has type %s (%u); only F32, F16 and BF16 are supported "
+				    "(a quantized file cannot be loaded yet)", t->name, t->type_name, t->type);
+	}
+	return 0;
+}
+
 /* GGUF metadata -> config. Keys are "<arch>.<name>". */
 static int gguf_config(struct gguf_ctx *g, struct fkv_model_config *c, char *err, size_t errlen)
 {
@@ -651,7 +664,8 @@ static int load(const char *path, struct fkv_model *m, struct model_priv *p, cha
 			return ret;
 	} else if (S_ISREG(st.st_mode) && has_suffix(path, ".gguf")) {
 		m->is_gguf = true;
-		if ((ret = gguf_open(path, &p->gguf, err, errlen)))
+		if ((ret = gguf_open(path, &p->gguf, err, errlen)) ||
+		    (ret = gguf_check_types(p->gguf, err, errlen)))
 			return ret;
 		if ((ret = gguf_config(p->gguf, &m->cfg, err, errlen)))
 			return ret;
