@@ -16,6 +16,9 @@ if(FREEKV_HAVE_CUDA)
   # with compute, pageable and page-locked units, a second thread) vs the CPU backend.
   freekv_add_test(test_backend_cuda_slots SOURCES gpu/test_backend_cuda_slots.c
     LIBS freekv_runtime CUDA::cudart LABELS gpu)
+  # recall_direct (DMA from where each unit lies, pageable and registered) vs the CPU backend.
+  freekv_add_test(test_backend_cuda_recall SOURCES gpu/test_backend_cuda_recall.c
+    LIBS freekv_runtime CUDA::cudart LABELS gpu)
   # 16-bit slots: recall_units and attn_decode_slots in f16/bf16 vs the CPU backend.
   freekv_add_test(test_backend_cuda_slots16 SOURCES gpu/test_backend_cuda_slots16.c
     LIBS freekv_runtime CUDA::cudart LABELS gpu)

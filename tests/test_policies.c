@@ -547,6 +547,19 @@ static int dm_recall_units(void *c, void *const *slots, const int *heads, const 
 	return ret;
 }
 
+static int dm_recall_direct(void *c, void *const *slots, const int *heads,
+			    const void *const *srcs, int n, int p, int n_kv, int d, enum fkv_dtype dt,
+			    enum fkv_dtype sdt)
+{
+	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
+	assert_non_null(t);
+	for (int i = 0; i < n; i++)
+		t[i] = dv(slots[i]);
+	int ret = real_ops->recall_direct(c, t, heads, srcs, n, p, n_kv, d, dt, sdt);
+	free(t);
+	return ret;
+}
+
 static int dm_store_rows(void *c, void *const *blocks, int t0, const float *k, const float *v,
 			 int n, int p, int n_kv, int d, enum fkv_dtype dt)
 {
@@ -684,6 +697,7 @@ static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 	ops->attn_decode_heads = dm_attn_decode_heads;
 	ops->attn_decode_slots = real_ops->attn_decode_slots ? dm_attn_decode_slots : NULL;
 	ops->recall_units = dm_recall_units;
+	ops->recall_direct = dm_recall_direct;
 	ops->store_rows = dm_store_rows;
 	ops->round_to = dm_round_to;
 	ops->page_summary = dm_page_summary;

@@ -11,8 +11,9 @@
  *     through select_pages, every filled page is summarised by page_summary, freekv's check
  *     runs through group_cosine once per step, its speculative selections go through
  *     download_async (tau 0) and none do when every head is corrected (tau 2); the
- *     decode downloads nothing but logits, cosines and selections (no query, no page), with
- *     the same tokens and logits as the unwrapped backend;
+ *     decode downloads nothing but logits, cosines and selections (no query, no page), every
+ *     recalled unit goes through recall_direct (read in the pool, no host copy), with the same
+ *     tokens and logits as the unwrapped backend;
  *   - slots in the KV dtype (bf16, f16: the CUDA backend's slot_dtype) on the CPU backend give
  *     every paged policy exactly the tokens and logits of f32 slots, in half the memory. */
 #include "test_util.h"
@@ -239,6 +240,22 @@ static int c_group_cosine(void *c, float *o, const float *a, const float *b, int
 	return real->group_cosine(c, o, a, b, n_q, n_kv, d);
 }
 
+static int64_t n_direct, n_staged;
+
+static int c_recall_direct(void *c, void *const *slots, const int *heads, const void *const *srcs,
+			   int n, int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
+{
+	n_direct += n;
+	return real->recall_direct(c, slots, heads, srcs, n, p, n_kv, d, dt, sdt);
+}
+
+static int c_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
+			  int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
+{
+	n_staged += n;
+	return real->recall_units(c, slots, heads, units, n, p, n_kv, d, dt, sdt);
+}
+
 static int c_download_async(void *c, void *d, const void *s, size_t n, void *f)
 {
 	n_async++;
@@ -352,6 +369,8 @@ static void test_policies_use_ops(void **state)
 	ops.group_cosine = c_group_cosine;
 	ops.download_async = c_download_async;
 	ops.download = c_download;
+	ops.recall_direct = c_recall_direct;
+	ops.recall_units = c_recall_units;
 	struct backend counted = { .ops = &ops, .ctx = cpu->ctx };
 	const int P = 8, FL = 1, B = 64, K = (B - 8 - 16) / P;
 	const int H = model.cfg.n_kv_heads, retr = model.cfg.n_layers - FL;
@@ -371,6 +390,7 @@ static void test_policies_use_ops(void **state)
 		struct kv_stats st, st_ref;
 		gen(cpu, runs[i].pol, kv, ref, &st_ref);
 		n_select = n_summary = n_cosine = n_async = n_bad_download = 0;
+		n_direct = n_staged = 0;
 		gen(&counted, runs[i].pol, kv, got, &st);
 		char what[64];
 		snprintf(what, sizeof what, "%s tau %.1f", runs[i].pol, runs[i].tau);
@@ -380,6 +400,11 @@ static void test_policies_use_ops(void **state)
 		/* Every page that filled, at every retrieval layer. */
 		assert_int_equal(n_summary, (int64_t)retr * ((PROMPT + STEPS) / P));
 		assert_int_equal(n_bad_download, 0);
+		/* every recalled unit read where it lies in the pool, none copied on the host (the
+		 * last step's speculative jobs ran, but are counted only once waited for) */
+		assert_true(n_direct >= st.sum.pages_recalled);
+		assert_int_equal(n_staged, 0);
+		assert_true(n_direct > 0);
 		if (!strcmp(runs[i].pol, "quest")) {
 			assert_int_equal(n_select, st.sum.steps);
 			assert_int_equal(n_cosine, 0);

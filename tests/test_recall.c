@@ -258,10 +258,12 @@ static void test_accounting_excludes_prepare(void **state)
 	free(slots);
 }
 
-/* A CPU backend whose recall_units counts units and fails on demand: the convert thread hands
- * whole staging buffers to the backend op, whose failure fails the job. */
+/* A CPU backend whose recall ops count units and fail on demand: the convert thread hands
+ * whole staging buffers to the backend op — recall_units with the units copied (staged), or
+ * recall_direct with where each unit lies (the default when the backend has it) — whose
+ * failure fails the job. */
 static const struct backend_ops *cpu_ops;
-static int be_units, be_fail;
+static int be_units, be_direct, be_fail;
 
 static int counting_recall_units(void *ctx, void *const *slots, const int *heads,
 				 const void *units, int n, int p, int n_kv, int d,
@@ -273,6 +275,16 @@ static int counting_recall_units(void *ctx, void *const *slots, const int *heads
 	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt, sdt);
 }
 
+static int counting_recall_direct(void *ctx, void *const *slots, const int *heads,
+				  const void *const *srcs, int n, int p, int n_kv, int d,
+				  enum fkv_dtype dt, enum fkv_dtype sdt)
+{
+	be_direct += n;
+	if (be_fail)
+		return -EIO;
+	return cpu_ops->recall_direct(ctx, slots, heads, srcs, n, p, n_kv, d, dt, sdt);
+}
+
 static void test_backend_recall_units(void **state)
 {
 	(void)state;
@@ -280,33 +292,41 @@ static void test_backend_recall_units(void **state)
 	assert_int_equal(backend_cpu_new(&cpu, 1), 0);
 	cpu_ops = cpu->ops;
 	assert_non_null(cpu_ops->recall_units);
+	assert_non_null(cpu_ops->recall_direct);
 	struct backend_ops ops = *cpu_ops;
 	ops.recall_units = counting_recall_units;
+	ops.recall_direct = counting_recall_direct;
 	struct backend be = { .ops = &ops, .ctx = cpu->ctx };
-	struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src, .poison = true,
-				 .be = &be };
+	for (int staged = 0; staged < 2; staged++) {
+		struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src,
+					 .poison = true, .be = &be, .staged = staged };
+		struct recall *r;
+		assert_int_equal(recall_new(&o, &r), 0);
+		size_t nf = SLOTS * slot_floats();
+		float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
+		struct recall_unit units[SLOTS * N_KV];
+		uint64_t seed = 99, ticket;
+		int n = random_units(&seed, slots, units, SLOTS * N_KV);
+		expect_units(ref, slots, units, n);
+		be_units = be_direct = 0;
+		assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+		assert_int_equal(recall_wait(r, ticket, NULL), 0);
+		assert_int_equal(staged ? be_units : be_direct, n);
+		assert_int_equal(staged ? be_direct : be_units, 0);
+		assert_memory_equal(slots, ref, nf * sizeof(float));
+		be_fail = 1;
+		assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+		assert_int_equal(recall_wait(r, ticket, NULL), -EIO);
+		be_fail = 0;
+		recall_free(r);
+		free(slots);
+		free(ref);
+	}
+	/* A backend without recall_units cannot carry a recall stream. */
+	struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src, .be = &be };
 	struct recall *r;
-	assert_int_equal(recall_new(&o, &r), 0);
-	size_t nf = SLOTS * slot_floats();
-	float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
-	struct recall_unit units[SLOTS * N_KV];
-	uint64_t seed = 99, ticket;
-	int n = random_units(&seed, slots, units, SLOTS * N_KV);
-	expect_units(ref, slots, units, n);
-	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
-	assert_int_equal(recall_wait(r, ticket, NULL), 0);
-	assert_int_equal(be_units, n);
-	assert_memory_equal(slots, ref, nf * sizeof(float));
-	be_fail = 1;
-	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
-	assert_int_equal(recall_wait(r, ticket, NULL), -EIO);
-	be_fail = 0;
-	recall_free(r);
-	/* A backend without the op cannot carry a recall stream. */
 	ops.recall_units = NULL;
 	assert_int_equal(recall_new(&o, &r), -EOPNOTSUPP);
-	free(slots);
-	free(ref);
 	backend_free(cpu);
 }
 

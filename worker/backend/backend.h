@@ -165,6 +165,17 @@ struct backend_ops {
 	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
 			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
 			    enum fkv_dtype slot_dt);
+	/* (optional) recall_units with every unit read where it lies, no copy on the host
+	 * (docs/design.md "The GPU decode step": recall straight from the registered pool):
+	 * srcs[i] is unit i (2, p, d) in unit_dt in host memory (a pinned block of the kvstored
+	 * pool's mapping; on CUDA a DMA source when host_register covers it, else staged by the
+	 * driver), DMA'd into the device staging (cudaMemcpyBatchAsync where the toolkit has it,
+	 * else a run of cudaMemcpyAsync) and scattered as recall_units does. Ordered as
+	 * recall_units; every source has been read when the call returns, so the caller may
+	 * unpin them then. */
+	int (*recall_direct)(void *ctx, void *const *slots, const int *heads,
+			     const void *const *srcs, int n, int p, int n_kv, int d,
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt);
 	/* (optional) The dtype of the paged policies' slots for a sequence whose KV dtype is kv
 	 * (docs/design.md §3 "Device slots"): the CUDA backend keeps the KV dtype itself (half the
 	 * bytes of f32 in slot memory, recall scatter and attention); NULL means f32 (the CPU

@@ -30,8 +30,6 @@
 /* Below this many multiply-adds (or elements) an op runs on one thread: waking the pool costs
  * more than it saves. */
 #define CPU_PAR_MIN (1 << 18)
-/* Largest head_dim the stack buffers accept. */
-#define CPU_MAX_HEAD_DIM 1024
 /* Weight rows per task of the direct dot loop. */
 #define CPU_DOT_ROWS 64
 /* Most query rows one attention unit takes, and the most scores (floats) a unit's scratch may
@@ -77,11 +75,6 @@ static float *scratch_get(struct cpu_ctx *c, size_t n)
 }
 
 /* Element i of a dtype-typed array, as f32. */
-static bool kv_dtype_ok(enum fkv_dtype dt)
-{
-	return dt == FKV_F32 || dt == FKV_F16 || dt == FKV_BF16;
-}
-
 static inline float ld(const void *p, enum fkv_dtype t, int64_t i)
 {
 	switch (t) {
@@ -803,7 +796,7 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const vo
 	int ret = check_attn(a);
 	if (ret)
 		return ret;
-	if (!kv_dtype_ok(a->kv_dtype) || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
+	if (!cpu_kv_dtype_ok(a->kv_dtype) || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
 	    p <= 0 || n_tok <= 0 || n_tok > (int64_t)max_pages * p)
 		return -EINVAL;
 	const int KV = a->n_kv_heads;
@@ -859,62 +852,6 @@ static int cpu_get_threads(void *ctx)
 	return omp_get_max_threads();
 }
 
-/* Recall units land in host slots: layout_scatter_unit (f32 slots), the reference of the
- * recall_scatter kernel, or row by row through f32 into slots of another dtype (exact: the
- * slots of a sequence hold its KV dtype). */
-static int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
-			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-			    enum fkv_dtype slot_dt)
-{
-	(void)ctx;
-	if (!kv_dtype_ok(unit_dt) || !kv_dtype_ok(slot_dt) || d > CPU_MAX_HEAD_DIM)
-		return -EINVAL;
-	const struct kv_geom g = { .n_kv = n_kv, .p = p, .d = d, .dtype = unit_dt };
-	const size_t ub = layout_unit_bytes(&g), ue = dtype_size(unit_dt);
-	const size_t se = dtype_size(slot_dt);
-	float tmp[CPU_MAX_HEAD_DIM];
-	for (int i = 0; i < n; i++) {
-		const char *unit = (const char *)units + (size_t)i * ub;
-		if (slot_dt == FKV_F32) {
-			layout_scatter_unit(&g, slots[i], heads[i], unit);
-			continue;
-		}
-		for (size_t r = 0; r < (size_t)2 * p; r++) {
-			char *dst = (char *)slots[i] + ((r * n_kv + heads[i]) * d) * se;
-			dtype_to_f32(tmp, unit + r * d * ue, unit_dt, (size_t)d);
-			dtype_from_f32(dst, tmp, slot_dt, (size_t)d);
-		}
-	}
-	return 0;
-}
-
-/* Backend rows are host memory, so the write-through is layout_store_tokens block by block:
- * the same bytes as a download followed by a host store. */
-static int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
-			  int n_tok, int p, int n_kv, int d, enum fkv_dtype dt)
-{
-	(void)ctx;
-	if (t0 < 0 || t0 >= p || n_tok < 0 || n_kv <= 0 || d <= 0 || !kv_dtype_ok(dt))
-		return -EINVAL;
-	const struct kv_geom g = { .n_kv = n_kv, .p = p, .d = d, .dtype = dt };
-	const size_t row = (size_t)n_kv * d;
-	for (int i = 0, b = 0; i < n_tok; b++) {
-		int r0 = b ? 0 : t0, r1 = r0 + (n_tok - i) < p ? r0 + (n_tok - i) : p;
-		layout_store_tokens(&g, blocks[b], r0, r1, k + (size_t)i * row, v + (size_t)i * row);
-		i += r1 - r0;
-	}
-	return 0;
-}
-
-static int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
-{
-	(void)ctx;
-	if (!kv_dtype_ok(dt) || n < 0)
-		return -EINVAL;
-	dtype_round(x, dt, (size_t)n);
-	return 0;
-}
-
 static const struct backend_ops cpu_ops = {
 	.name = "cpu",
 	.free = cpu_free,
@@ -941,6 +878,7 @@ static const struct backend_ops cpu_ops = {
 	.attn_decode_heads = cpu_attn_decode_heads,
 	.attn_decode_slots = cpu_attn_decode_slots,
 	.recall_units = cpu_recall_units,
+	.recall_direct = cpu_recall_direct,
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,
 	.page_summary = cpu_page_summary,

@@ -684,6 +684,7 @@ static const struct backend_ops cuda_ops = {
 	.attn_decode_heads = cuda_attn_decode_heads,
 	.attn_decode_slots = cuda_attn_decode_slots,
 	.recall_units = cuda_recall_units,
+	.recall_direct = cuda_recall_direct,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,
 	.slot_dtype = cuda_slot_dtype,

@@ -1,5 +1,7 @@
 /* backend_cuda_xfer — the CUDA backend's transfers between the host and the device: recall
- * (recall_units), offload (store_rows) and the page-locking of the kvstored pool mapping
+ * (recall_units; recall_direct, which DMAs each unit from where it lies in the registered pool
+ * into the device staging — cudaMemcpyBatchAsync, else a run of cudaMemcpyAsync — with no
+ * host copy, then steps 2-4 below as for page-locked units), offload (store_rows) and the page-locking of the kvstored pool mapping
  * (host_register, in CUDA_REGISTER_CHUNK chunks). The ops table and compute are in
  * backend_cuda.c; the shared state in backend_cuda_priv.h.
  *
@@ -93,12 +95,53 @@ static int recall_take(struct cuda_ctx *c, size_t bytes, struct recall_set **out
 	return 0;
 }
 
+/* The n units at srcs[i] (ub bytes each, where they lie in host memory) into dev, unit i at
+ * i * ub, on stream: one batched call where the toolkit has cudaMemcpyBatchAsync (the sources
+ * read in stream order), else a run of cudaMemcpyAsync. */
+static int dma_units(char *dev, const void *const *srcs, int n, size_t ub, cudaStream_t stream)
+{
+#if CUDART_VERSION >= 12080
+	void **dsts = malloc((size_t)n * sizeof *dsts);
+	size_t *sizes = malloc((size_t)n * sizeof *sizes);
+	if (!dsts || !sizes) {
+		free(dsts);
+		free(sizes);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < n; i++) {
+		dsts[i] = dev + (size_t)i * ub;
+		sizes[i] = ub;
+	}
+	struct cudaMemcpyAttributes attr = { .srcAccessOrder = cudaMemcpySrcAccessOrderStream };
+	size_t first = 0;
+#if CUDART_VERSION >= 13000
+	cudaError_t e = cudaMemcpyBatchAsync(dsts, srcs, sizes, (size_t)n, &attr, &first, 1,
+					     stream);
+#else
+	size_t fail = 0;
+	cudaError_t e = cudaMemcpyBatchAsync(dsts, (void **)srcs, sizes, (size_t)n, &attr, &first,
+					     1, &fail, stream);
+#endif
+	free(dsts);
+	free(sizes);
+	if (e != cudaSuccess)
+		return cuda_check_fail(e, "cudaMemcpyBatchAsync", __func__, __FILE__, __LINE__);
+#else
+	for (int i = 0; i < n; i++)
+		CUDA_CHECK(cudaMemcpyAsync(dev + (size_t)i * ub, srcs[i], ub,
+					   cudaMemcpyHostToDevice, stream));
+#endif
+	return 0;
+}
+
 /* With recall_mu held; the steps of the header comment. Slot indices count from the lowest slot
  * address when every slot lies a whole number of slots from it (one layer's slot buffer: one
- * launch); otherwise each unit is its own launch with its slot as the base. */
+ * launch); otherwise each unit is its own launch with its slot as the base. The units are
+ * units[0..n) back to back, or (recall_direct, srcs not NULL) each where srcs[i] says, DMA'd
+ * from there: no host copy, and the call waits for "copied" like page-locked units. */
 static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
-			 const void *units, int n, int p, int n_kv, int d, enum fkv_dtype dt,
-			 enum fkv_dtype sdt)
+			 const void *units, const void *const *srcs, int n, int p, int n_kv, int d,
+			 enum fkv_dtype dt, enum fkv_dtype sdt)
 {
 	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
 	const size_t sb = (size_t)2 * p * n_kv * d * dtype_size(sdt);
@@ -107,8 +150,8 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	const size_t tbytes = (size_t)n * 2 * sizeof(int32_t);
 	CUDA_CHECK(cudaSetDevice(c->device));
 	struct cudaPointerAttributes at;
-	const bool locked = cudaPointerGetAttributes(&at, units) == cudaSuccess &&
-			    at.type == cudaMemoryTypeHost;
+	const bool locked = srcs || (cudaPointerGetAttributes(&at, units) == cudaSuccess &&
+				     at.type == cudaMemoryTypeHost);
 	(void)cudaGetLastError();
 	struct recall_set *s;
 	int ret = recall_take(c, toff + tbytes, &s);
@@ -135,7 +178,13 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	if (s->used)
 		CUDA_CHECK(cudaStreamWaitEvent(c->rc_copy, s->scattered, 0));
 	s->used = 1;
-	if (locked) {
+	if (srcs) {
+		int r2 = dma_units(s->dev, srcs, n, ub, c->rc_copy);
+		if (r2)
+			return r2;
+		CUDA_CHECK(cudaMemcpyAsync(s->dev + toff, tab, tbytes, cudaMemcpyHostToDevice,
+					   c->rc_copy));
+	} else if (locked) {
 		CUDA_CHECK(cudaMemcpyAsync(s->dev, units, ubytes, cudaMemcpyHostToDevice,
 					   c->rc_copy));
 		CUDA_CHECK(cudaMemcpyAsync(s->dev + toff, tab, tbytes, cudaMemcpyHostToDevice,
@@ -182,7 +231,27 @@ int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const voi
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, units, n, p, n_kv, d, unit_dt, slot_dt);
+	int ret = recall_locked(c, slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt);
+	pthread_mutex_unlock(&c->recall_mu);
+	return ret;
+}
+
+int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
+		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		       enum fkv_dtype slot_dt)
+{
+	struct cuda_ctx *c = ctx;
+	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
+	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16) ||
+	    (slot_dt != FKV_F32 && slot_dt != FKV_F16 && slot_dt != FKV_BF16))
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i] || !srcs[i])
+			return -EINVAL;
+	if (!n)
+		return 0;
+	pthread_mutex_lock(&c->recall_mu);
+	int ret = recall_locked(c, slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt);
 	pthread_mutex_unlock(&c->recall_mu);
 	return ret;
 }

@@ -3,7 +3,9 @@
  * staging buffer is converted HND -> NHD into the device slots (a convert thread): with a
  * backend, by its recall_units op (CPU: layout_scatter_unit; CUDA: an H2D copy and the
  * recall_scatter kernel queued on the backend's stream), else by layout_scatter_unit on host
- * slots (tests). The two threads hand the two buffers back
+ * slots (tests). With a backend that has recall_direct (unless recall_opts.staged), the copy
+ * thread copies nothing: a staging buffer holds where each pinned unit lies, and the convert
+ * thread has the backend read it there (on CUDA a DMA from the registered pool). The two threads hand the two buffers back
  * and forth with explicit full/empty flags, so no buffer is written while it is being read.
  *
  * Work arrives as jobs in FIFO order; each job gets a ticket, and recall_wait(ticket) is the
@@ -58,6 +60,9 @@ struct recall_opts {
 	bool poison;		  /* fill a staging buffer with NaN bytes once converted (tests) */
 	struct backend *be;	  /* borrowed: its recall_units op writes the slots; NULL: host */
 	enum fkv_dtype slot_dt;	  /* the slots' dtype (backend slot_dtype); f32 without be */
+	/* Copy units into the staging buffers even when the backend has recall_direct (which
+	 * reads them where they lie in the pool, with no host copy: the default). */
+	bool staged;
 };
 
 struct recall_done {
