@@ -12,8 +12,9 @@
  *     runs through group_cosine once per step, its speculative selections go through
  *     download_async (tau 0) and none do when every head is corrected (tau 2); the
  *     decode downloads nothing but logits, cosines and selections (no query, no page), every
- *     recalled unit goes through recall_direct (read in the pool, no host copy), with the same
- *     tokens and logits as the unwrapped backend;
+ *     recalled unit goes through the recall path asked for (recall_direct by default: read in
+ *     the pool, no host copy; recall_mapped; or recall_units, staged), with the same tokens and
+ *     logits as the unwrapped backend;
  *   - slots in the KV dtype (bf16, f16: the CUDA backend's slot_dtype) on the CPU backend give
  *     every paged policy exactly the tokens and logits of f32 slots, in half the memory. */
 #include "test_util.h"
@@ -25,6 +26,7 @@
 
 #include "engine.h"
 #include "hostkv.h"
+#include "recall.h"
 #include "select.h"
 
 static uint64_t rng = 0x5e1ec7;
@@ -249,6 +251,15 @@ static int c_recall_direct(void *c, void *const *slots, const int *heads, const 
 	return real->recall_direct(c, slots, heads, srcs, n, p, n_kv, d, dt, sdt);
 }
 
+static int64_t n_mapped;
+
+static int c_recall_mapped(void *c, void *const *slots, const int *heads, const void *const *srcs,
+			   int n, int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
+{
+	n_mapped += n;
+	return real->recall_mapped(c, slots, heads, srcs, n, p, n_kv, d, dt, sdt);
+}
+
 static int c_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
 			  int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
 {
@@ -371,14 +382,17 @@ static void test_policies_use_ops(void **state)
 	ops.download = c_download;
 	ops.recall_direct = c_recall_direct;
 	ops.recall_units = c_recall_units;
+	ops.recall_mapped = c_recall_mapped;
 	struct backend counted = { .ops = &ops, .ctx = cpu->ctx };
 	const int P = 8, FL = 1, B = 64, K = (B - 8 - 16) / P;
 	const int H = model.cfg.n_kv_heads, retr = model.cfg.n_layers - FL;
 	ok_sizes[0] = (size_t)VOCAB * sizeof(float);
 	ok_sizes[1] = (size_t)H * sizeof(float);
 	ok_sizes[2] = (2 * (size_t)H * K + H) * sizeof(int32_t);
-	const struct { const char *pol; float tau; } runs[] = {
-		{ "quest", 0.9f }, { "freekv", 0.0f }, { "freekv", 0.9f }, { "freekv", 2.0f },
+	const struct { const char *pol; float tau; int path; } runs[] = {
+		{ "quest", 0.9f, RECALL_DMA },	  { "freekv", 0.0f, RECALL_DMA },
+		{ "freekv", 0.9f, RECALL_DMA },	  { "freekv", 2.0f, RECALL_DMA },
+		{ "quest", 0.9f, RECALL_MAPPED }, { "freekv", 0.9f, RECALL_STAGED },
 	};
 	float *ref = malloc((size_t)(STEPS + 1) * VOCAB * sizeof *ref);
 	float *got = malloc((size_t)(STEPS + 1) * VOCAB * sizeof *got);
@@ -386,11 +400,12 @@ static void test_policies_use_ops(void **state)
 	assert_non_null(got);
 	for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
 		struct kv_policy_opts kv = { .page = P, .budget = B, .sink = 8, .window = 16,
-					     .full_layers = FL, .tau = runs[i].tau };
+					     .full_layers = FL, .tau = runs[i].tau,
+					     .recall_path = runs[i].path };
 		struct kv_stats st, st_ref;
 		gen(cpu, runs[i].pol, kv, ref, &st_ref);
 		n_select = n_summary = n_cosine = n_async = n_bad_download = 0;
-		n_direct = n_staged = 0;
+		n_direct = n_staged = n_mapped = 0;
 		gen(&counted, runs[i].pol, kv, got, &st);
 		char what[64];
 		snprintf(what, sizeof what, "%s tau %.1f", runs[i].pol, runs[i].tau);
@@ -400,11 +415,15 @@ static void test_policies_use_ops(void **state)
 		/* Every page that filled, at every retrieval layer. */
 		assert_int_equal(n_summary, (int64_t)retr * ((PROMPT + STEPS) / P));
 		assert_int_equal(n_bad_download, 0);
-		/* every recalled unit read where it lies in the pool, none copied on the host (the
-		 * last step's speculative jobs ran, but are counted only once waited for) */
-		assert_true(n_direct >= st.sum.pages_recalled);
-		assert_int_equal(n_staged, 0);
-		assert_true(n_direct > 0);
+		/* every recalled unit through the path asked for: read where it lies in the pool by
+		 * DMA (the default) or by the device itself (mapped), or copied (staged); the last
+		 * step's speculative jobs ran, but are counted only once waited for */
+		const int64_t by[3] = { n_direct, n_staged, n_mapped };
+		for (int k = 0; k < 3; k++)
+			if (k == runs[i].path)
+				assert_true(by[k] >= st.sum.pages_recalled && by[k] > 0);
+			else
+				assert_int_equal(by[k], 0);
 		if (!strcmp(runs[i].pol, "quest")) {
 			assert_int_equal(n_select, st.sum.steps);
 			assert_int_equal(n_cosine, 0);

@@ -299,7 +299,8 @@ static void test_backend_recall_units(void **state)
 	struct backend be = { .ops = &ops, .ctx = cpu->ctx };
 	for (int staged = 0; staged < 2; staged++) {
 		struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src,
-					 .poison = true, .be = &be, .staged = staged };
+					 .poison = true, .be = &be,
+					 .path = staged ? RECALL_STAGED : RECALL_DMA };
 		struct recall *r;
 		assert_int_equal(recall_new(&o, &r), 0);
 		size_t nf = SLOTS * slot_floats();

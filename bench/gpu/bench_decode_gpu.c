@@ -25,7 +25,11 @@
  * skipped with the time it needed, so every printed row is complete.
  *
  * usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|both] [--batch LIST]
- *                         [--policies LIST] [--gen N] [--ctx N] [--layers N] [--budget S]
+ *                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--layers N]
+ *                         [--budget S]
+ *   --recall  how the retrieval policies' recalls reach the device, a row each: dma (from the
+ *   registered pool, no host copy; the default until measured otherwise), mapped (zero-copy
+ *   gather kernel), staged (host copies first)
  *   defaults: both shapes (long-input: 32768 prompt, 256 generated; long-gen: 600 prompt,
  *   4096 generated), batch 1, policies full,streaming,quest,freekv;
  *   --gen / --ctx replace every chosen shape's generated / prompt length;
@@ -54,9 +58,13 @@ struct shape {
 	int prompt, gen;
 };
 
+static const char *const recall_names[] = { "dma", "staged", "mapped" }; /* enum recall_path */
+
 struct args {
 	int layers, vocab;
 	double budget_s;
+	int recalls[3];		/* enum recall_path values to run the retrieval policies with */
+	int n_recalls;
 	const char *policies[MAX_LIST];
 	int n_policies;
 	int batches[MAX_LIST];
@@ -192,8 +200,8 @@ struct result {
  * would not finish by deadline (clock_ms_f). The retrieval policies get a host copy per
  * sequence in an embedded store sized for the run. */
 static int run(const struct fkv_model *m, struct backend *be, const struct shape *sh,
-	       const char *policy, int batch, double deadline, struct result *r, char *err,
-	       size_t errlen)
+	       const char *policy, int recall, int batch, double deadline, struct result *r,
+	       char *err, size_t errlen)
 {
 	struct engine *e = NULL;
 	struct hostkv *hk = NULL;
@@ -201,7 +209,7 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 	struct engine_opts o = { .max_ctx = sh->prompt + sh->gen + 1, .max_seqs = batch,
 				 .policy = policy,
 				 .kv = { .page = 32, .budget = 2048, .sink = 512, .window = 512,
-					 .full_layers = 1, .tau = 0.9f } };
+					 .full_layers = 1, .tau = 0.9f, .recall_path = recall } };
 	int ret = engine_new(&e, m, be, &o, err, errlen);
 	if (ret)
 		return ret;
@@ -327,7 +335,8 @@ static int parse_len(const char *v, int *out)
 static int parse(int argc, char **argv, struct args *a)
 {
 	static char pol[256];
-	*a = (struct args){ .layers = 32, .vocab = 128256, .budget_s = 480, .n_policies = 4,
+	*a = (struct args){ .layers = 32, .vocab = 128256, .budget_s = 480, .n_recalls = 1,
+			    .recalls = { 0 }, .n_policies = 4,
 			    .policies = { "full", "streaming", "quest", "freekv" },
 			    .n_batches = 1, .batches = { 1 }, .n_shapes = 2,
 			    .shapes = { { "long-input", 32768, 256 }, { "long-gen", 600, 4096 } } };
@@ -374,6 +383,20 @@ static int parse(int argc, char **argv, struct args *a)
 			a->budget_s = atof(v);
 			if (!(a->budget_s > 0))
 				return -1;
+		} else if (!strcmp(argv[i - 1], "--recall")) {
+			static char rl[64];
+			snprintf(rl, sizeof rl, "%s", v);
+			a->n_recalls = 0;
+			for (char *sv, *p = strtok_r(rl, ",", &sv); p; p = strtok_r(NULL, ",", &sv)) {
+				int k = 0;
+				while (k < 3 && strcmp(p, recall_names[k]))
+					k++;
+				if (k == 3 || a->n_recalls == 3)
+					return -1;
+				a->recalls[a->n_recalls++] = k;
+			}
+			if (!a->n_recalls)
+				return -1;
 		} else if (!strcmp(argv[i - 1], "--policies")) {
 			snprintf(pol, sizeof pol, "%s", v);
 			a->n_policies = 0;
@@ -402,8 +425,8 @@ int main(int argc, char **argv)
 	struct args a;
 	if (parse(argc, argv, &a)) {
 		fprintf(stderr, "usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|"
-				"both] [--batch LIST] [--policies LIST] [--gen N >= 8] [--ctx N] "
-				"[--layers N] [--budget S]\n");
+				"both] [--batch LIST] [--policies LIST] [--recall dma,mapped,staged] "
+				"[--gen N >= 8] [--ctx N] [--layers N] [--budget S]\n");
 		return 2;
 	}
 	const double deadline = clock_ms_f() + a.budget_s * 1e3;
@@ -428,9 +451,9 @@ int main(int argc, char **argv)
 	printf("device: %s; d2d bandwidth %.0f GB/s; Llama-3.1-8B geometry, %d layers, vocab %d, "
 	       "bf16 (%.2f GB of weights); B=2048 S=W=512 p=32\n",
 	       prop.name, bw / 1e9, a.layers, a.vocab, wbytes / 1e9);
-	printf("%-12s %6s %6s %-10s %5s %9s %9s %9s %10s %7s %6s\n", "shape", "ctx", "gen",
-	       "policy", "batch", "mean_ms", "median_ms", "floor_ms", "recall_MB", "hidden",
-	       "corr");
+	printf("%-12s %6s %6s %-10s %-6s %5s %9s %9s %9s %10s %7s %6s\n", "shape", "ctx", "gen",
+	       "policy", "recall", "batch", "mean_ms", "median_ms", "floor_ms", "recall_MB",
+	       "hidden", "corr");
 	int status = 0;
 	for (int si = 0; si < a.n_shapes; si++)
 		for (int bi = 0; bi < a.n_batches; bi++) {
@@ -439,38 +462,48 @@ int main(int argc, char **argv)
 			double med[MAX_LIST];
 			for (int pi = 0; pi < a.n_policies; pi++) {
 				const char *pol = a.policies[pi];
-				struct result r = { 0 };
+				const bool full = !strcmp(pol, "full");
 				med[pi] = NAN;
-				int ret = run(&m, be, sh, pol, batch, deadline, &r, err, sizeof err);
-				if (ret == -ETIME) {
-					if (r.need_s > 0)
-						printf("%-12s %6d %6d %-10s %5d skipped: needs about "
-						       "%.0f s, past the time budget\n", sh->name,
-						       sh->prompt, sh->gen, pol, batch, r.need_s);
-					else
-						printf("%-12s %6d %6d %-10s %5d skipped: the time budget "
-						       "is spent\n", sh->name, sh->prompt, sh->gen, pol,
-						       batch);
+				for (int ri = 0; ri < (full ? 1 : a.n_recalls); ri++) {
+					const int rp = a.recalls[ri];
+					const char *rn = full ? "-" : recall_names[rp];
+					struct result r = { 0 };
+					int ret = run(&m, be, sh, pol, rp, batch, deadline, &r, err,
+						      sizeof err);
+					if (ret == -ETIME) {
+						if (r.need_s > 0)
+							printf("%-12s %6d %6d %-10s %-6s %5d skipped: needs "
+							       "about %.0f s, past the time budget\n",
+							       sh->name, sh->prompt, sh->gen, pol, rn, batch,
+							       r.need_s);
+						else
+							printf("%-12s %6d %6d %-10s %-6s %5d skipped: the "
+							       "time budget is spent\n", sh->name,
+							       sh->prompt, sh->gen, pol, rn, batch);
+						fflush(stdout);
+						continue;
+					}
+					if (ret) {
+						printf("%-12s %6d %6d %-10s %-6s %5d not run: %s\n",
+						       sh->name, sh->prompt, sh->gen, pol, rn, batch, err);
+						if (full)
+							status = 1;
+						continue;
+					}
+					/* KV read per step at mid-run: full reads the whole context,
+					 * the others the budget. */
+					double toks = full ? sh->prompt + sh->gen / 2.0 : 2048;
+					double kvb = 2.0 * a.layers * toks * KVD * 2 * batch;
+					double floor_ms = bw > 0 ? (wbytes + kvb) / bw * 1e3 : NAN;
+					/* the ratios use the first recall path that ran */
+					if (isnan(med[pi]))
+						med[pi] = r.median;
+					printf("%-12s %6d %6d %-10s %-6s %5d %9.3f %9.3f %9.3f %10.3f "
+					       "%7.3f %6.3f\n", sh->name, sh->prompt, sh->gen, pol, rn,
+					       batch, r.mean, r.median, floor_ms, r.recall_mb, r.hidden,
+					       r.corr);
 					fflush(stdout);
-					continue;
 				}
-				if (ret) {
-					printf("%-12s %6d %6d %-10s %5d not run: %s\n", sh->name,
-					       sh->prompt, sh->gen, pol, batch, err);
-					if (!strcmp(pol, "full"))
-						status = 1;
-					continue;
-				}
-				/* KV read per step at mid-run: full reads the whole context, the
-				 * others the budget. */
-				double toks = !strcmp(pol, "full") ? sh->prompt + sh->gen / 2.0 : 2048;
-				double kvb = 2.0 * a.layers * toks * KVD * 2 * batch;
-				double floor_ms = bw > 0 ? (wbytes + kvb) / bw * 1e3 : NAN;
-				med[pi] = r.median;
-				printf("%-12s %6d %6d %-10s %5d %9.3f %9.3f %9.3f %10.3f %7.3f %6.3f\n",
-				       sh->name, sh->prompt, sh->gen, pol, batch, r.mean, r.median,
-				       floor_ms, r.recall_mb, r.hidden, r.corr);
-				fflush(stdout);
 			}
 			double fk = NAN, st = NAN, qu = NAN;
 			for (int pi = 0; pi < a.n_policies; pi++) {

@@ -20,15 +20,19 @@
 #   bench_decode   bench_decode_gpu (Llama-3.1-8B geometry, per policy); its rows: step time
 #              (mean, median), the floor (weights + KV read over measured HBM bandwidth), recall
 #              MB per step, the hidden fraction of recall and the correction rate. Picked with
-#              --shape long-input|long-gen|both, --batch LIST, --policies LIST, --gen N,
-#              --ctx N and --budget S (seconds of runs: a run that would overrun is skipped and
-#              said so, every printed row is complete; default BENCH_TIMEOUT - 60, or what
-#              --deadline leaves, less 60). Defaults: both shapes (32768 + 256 generated,
-#              600 + 4096), batch 1, full,streaming,quest,freekv — as many rows as fit in 480 s.
-#              DECODE_ARGS adds raw flags, e.g. DECODE_ARGS=--quick.
+#              --shape long-input|long-gen|both, --batch LIST, --policies LIST, --recall LIST
+#              (dma: from the registered pool, the default; mapped: the zero-copy gather
+#              kernel; staged: host copies first; a row each), --gen N, --ctx N and --budget S
+#              (seconds of runs: a run that would overrun is skipped and said so, every printed
+#              row is complete; default BENCH_TIMEOUT - 60, or what --deadline leaves, less
+#              60). Defaults: both shapes (32768 + 256 generated, 600 + 4096), batch 1,
+#              full,streaming,quest,freekv, dma: as many rows as fit in 480 s. DECODE_ARGS
+#              adds raw flags, e.g. DECODE_ARGS=--quick.
 #              Not measured yet: this build's decode step (device-side selection, 16-bit slots,
-#              flash_decode for full, fused QKV/gate-up) has never run on a GPU; CUDA Graphs,
-#              device prefill, the zero-copy recall gather and batched DMA are not built.
+#              flash_decode for full, fused QKV/gate-up, recall from the pool by DMA or by the
+#              gather kernel) has never run on a GPU, so which recall path is faster is not
+#              known; CUDA Graphs, device prefill, per-layer recall events and a priority path
+#              for corrections are not built.
 #   Aliases: sanitize = memcheck,racecheck; bench = bench_kernels,bench_decode.
 # Splitting across calls that must each end in a few minutes: --steps picks steps, --only REGEX
 # keeps the runs whose name (step:target, e.g. racecheck:test_kernel_topk) matches, and
@@ -42,7 +46,7 @@
 # usage or setup error.
 # Usage: bench/gpu/run.sh [--pack DIR | --build DIR | BUILD_DIR] [--steps LIST] [--only REGEX]
 #                         [--deadline S] [--work DIR] [--shape S] [--batch LIST]
-#                         [--policies LIST] [--gen N] [--ctx N] [--budget S]
+#                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--budget S]
 #        bench/gpu/run.sh --list-binaries   (what gpu_pack.sh must pack, relative to the build)
 set -uo pipefail
 
@@ -82,7 +86,7 @@ while [ $# -gt 0 ]; do
   --only) only=${2:?--only needs a regex}; shift ;;
   --deadline) deadline=${2:?--deadline needs seconds}; shift ;;
   --work) WORK=${2:?--work needs a directory}; shift ;;
-  --shape | --batch | --policies | --gen | --ctx)
+  --shape | --batch | --policies | --gen | --ctx | --recall)
     BENCH_FLAGS+=("$1" "${2:?$1 needs a value}"); shift ;;
   --budget) budget=${2:?--budget needs seconds}; shift ;;
   -h | --help) usage ;;

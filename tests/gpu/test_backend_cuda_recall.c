@@ -1,6 +1,8 @@
 /* test_backend_cuda_recall — recall_direct (worker/backend/backend_cuda_xfer.c: each unit DMA'd
  * from where it lies, cudaMemcpyBatchAsync or a run of cudaMemcpyAsync, then recall_scatter)
- * against the CPU backend's recall_units over the same units, the reference: units scattered
+ * and recall_mapped (the zero-copy variant: kernels/recall_gather reads each unit through the
+ * registered pool's device alias; a pool not registered is refused with -EOPNOTSUPP and
+ * nothing written) against the CPU backend's recall_units over the same units, the reference: units scattered
  * from a pool-like host buffer (pageable, and page-locked with host_register as the kvstored
  * pool is), in a shuffled order, f16 and bf16 units into slots of the KV dtype and into f32
  * slots, with the compute stream kept busy first (adds over 64 MiB) so that the scatter is
@@ -10,6 +12,7 @@
  * a CUDA device. */
 #include "gpu_test.h"
 
+#include <errno.h>
 #include <string.h>
 
 #include "backend.h"
@@ -27,6 +30,7 @@ static void test_recall_direct(void **state)
 	float *zero = calloc(LAG_FLOATS, sizeof *zero);
 	float *lag = put(gpu, zero, LAG_FLOATS * 4);
 	free(zero);
+	for (int mapped = 0; mapped < 2; mapped++)
 	for (int locked = 0; locked < 2; locked++)
 		for (int ut = 1; ut < 3; ut++)
 			for (int st = 0; st < 2; st++) {
@@ -66,15 +70,31 @@ static void test_recall_direct(void **state)
 				for (int i = 0; i < 16; i++)
 					assert_int_equal(gpu->ops->add(gpu->ctx, lag, lag,
 								       (int64_t)LAG_FLOATS), 0);
-				assert_int_equal(gpu->ops->recall_direct(gpu->ctx, gslots, heads, srcs, n,
-									 P, KV, d, udt, sdt), 0);
-				memset(pool, 0xff, (size_t)POOL_UNITS * ub); /* read by now */
 				char *a = malloc(NS * sb), *b = malloc(NS * sb);
-				get(cpu, a, cs, NS * sb);
-				get(gpu, b, gs, NS * sb);
+				if (mapped && !locked) {
+					/* outside every mapping: refused, nothing written */
+					assert_int_equal(gpu->ops->recall_mapped(gpu->ctx, gslots, heads,
+										 srcs, n, P, KV, d,
+										 udt, sdt),
+							 -EOPNOTSUPP);
+					get(gpu, b, gs, NS * sb);
+					for (size_t i = 0; i < NS * sb; i++)
+						assert_int_equal((unsigned char)b[i], 0xff);
+					memset(a, 0xff, NS * sb);
+				} else {
+					int (*op)(void *, void *const *, const int *, const void *const *,
+						  int, int, int, int, enum fkv_dtype, enum fkv_dtype) =
+						mapped ? gpu->ops->recall_mapped : gpu->ops->recall_direct;
+					assert_int_equal(op(gpu->ctx, gslots, heads, srcs, n, P, KV, d, udt,
+							    sdt), 0);
+					memset(pool, 0xff, (size_t)POOL_UNITS * ub); /* read by now */
+					get(cpu, a, cs, NS * sb);
+					get(gpu, b, gs, NS * sb);
+				}
 				if (memcmp(a, b, NS * sb))
-					fail_msg("recall_direct (%s, %s units into %s slots) differs from "
-						 "the CPU", locked ? "page-locked" : "pageable",
+					fail_msg("recall_%s (%s, %s units into %s slots) differs from "
+						 "the CPU", mapped ? "mapped" : "direct",
+						 locked ? "page-locked" : "pageable",
 						 dtype_name(udt), dtype_name(sdt));
 				if (locked)
 					assert_int_equal(gpu->ops->host_unregister(gpu->ctx, pool), 0);

@@ -176,6 +176,13 @@ struct backend_ops {
 	int (*recall_direct)(void *ctx, void *const *slots, const int *heads,
 			     const void *const *srcs, int n, int p, int n_kv, int d,
 			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt);
+	/* (optional) recall_direct's zero-copy variant: the device reads every unit itself
+	 * through the mapped pool (on CUDA kernels/recall_gather over the aliases host_register
+	 * keeps), with no staging and no DMA call per unit. -EOPNOTSUPP, nothing queued, when a
+	 * unit lies outside what the backend mapped. The CPU backend's is recall_direct. */
+	int (*recall_mapped)(void *ctx, void *const *slots, const int *heads,
+			     const void *const *srcs, int n, int p, int n_kv, int d,
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt);
 	/* (optional) The dtype of the paged policies' slots for a sequence whose KV dtype is kv
 	 * (docs/design.md §3 "Device slots"): the CUDA backend keeps the KV dtype itself (half the
 	 * bytes of f32 in slot memory, recall scatter and attention); NULL means f32 (the CPU

@@ -879,6 +879,7 @@ static const struct backend_ops cpu_ops = {
 	.attn_decode_slots = cpu_attn_decode_slots,
 	.recall_units = cpu_recall_units,
 	.recall_direct = cpu_recall_direct,
+	.recall_mapped = cpu_recall_direct, /* host memory is the device's: read where it lies */
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,
 	.page_summary = cpu_page_summary,

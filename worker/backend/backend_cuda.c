@@ -685,6 +685,7 @@ static const struct backend_ops cuda_ops = {
 	.attn_decode_slots = cuda_attn_decode_slots,
 	.recall_units = cuda_recall_units,
 	.recall_direct = cuda_recall_direct,
+	.recall_mapped = cuda_recall_mapped,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,
 	.slot_dtype = cuda_slot_dtype,

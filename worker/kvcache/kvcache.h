@@ -42,6 +42,7 @@ struct kv_policy_opts {
 	int full_layers; /* first layers that keep full attention */
 	float tau;	 /* correction threshold on the cosine of adjacent queries */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
+	int recall_path; /* enum recall_path (recall.h): 0 DMA from the pool, 1 staged, 2 mapped */
 };
 
 struct kv_seq_params {

@@ -215,7 +215,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 		.n_q = p->attn.n_heads, .n_kv = p->attn.n_kv_heads, .d = p->attn.head_dim,
 		.p = o->page, .sink = o->sink, .window = o->window, .budget = o->budget,
 	};
-	if (select_geom_check(&s->g) || o->budget < o->sink + o->window + o->page) {
+	if (select_geom_check(&s->g) || o->budget < o->sink + o->window + o->page ||
+	    o->recall_path < RECALL_DMA || o->recall_path > RECALL_MAPPED) {
 		free(s);
 		return -EINVAL;
 	}
@@ -256,6 +257,7 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 		/* A layer's speculative job stays unwaited until the next step reaches the layer;
 		 * meanwhile every layer submits at most one blocking and one speculative job. */
 		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be, .slot_dt = s->sdt,
+					  .path = (enum recall_path)o->recall_path,
 					  .max_jobs = 2 * p->n_layers + 2 };
 		ret = recall_new(&ro, &s->rc);
 	}

@@ -65,6 +65,7 @@ struct recall {
 	uint64_t copied;	/* last ticket the copy thread took */
 	struct staging st[2];
 	bool direct;		/* units read where they lie (recall_direct), no host copy */
+	bool mapped;		/* ... by the device itself (recall_mapped) */
 	bool stop;
 	bool copy_exited; /* the copy thread will fill no more buffers */
 	bool threads_up;
@@ -231,8 +232,13 @@ static int scatter(struct recall *r, struct staging *s)
 		return be->ops->recall_units(be->ctx, s->slots, s->heads, s->buf, s->n, r->o.g.p,
 					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
 	/* Read where they lie; every source has been read when the op returns. */
-	int ret = be->ops->recall_direct(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
-					 r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
+	int ret = -EOPNOTSUPP;
+	if (r->mapped)
+		ret = be->ops->recall_mapped(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
+	if (ret == -EOPNOTSUPP) /* not mapped (or not asked for): DMA */
+		ret = be->ops->recall_direct(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
 	int r2 = unpin_units(r, &s->pin, s->dst, s->n);
 	return ret ? ret : r2;
 }
@@ -323,7 +329,9 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 	r->n_jobs = o->max_jobs ? o->max_jobs : 64;
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
-	r->direct = o->be && o->be->ops->recall_direct && !o->staged;
+	const struct backend_ops *bo = o->be ? o->be->ops : NULL;
+	r->direct = bo && bo->recall_direct && o->path != RECALL_STAGED;
+	r->mapped = r->direct && bo->recall_mapped && o->path == RECALL_MAPPED;
 	r->jobs = calloc((size_t)r->n_jobs, sizeof *r->jobs);
 	if (!r->jobs) {
 		recall_free(r);

@@ -29,6 +29,14 @@ struct backend;
 struct hostkv_seq;
 struct recall;
 
+/* How the units of a staging buffer reach a backend (docs/design.md "The GPU decode step"):
+ * RECALL_DMA, the default: read where they lie in the pool, no host copy (recall_direct: on
+ * CUDA a batched DMA into the device staging); RECALL_MAPPED: the same, the device reading
+ * through the mapped pool itself (recall_mapped: a gather kernel; recall_direct for a buffer
+ * it cannot map); RECALL_STAGED: copied into a host staging buffer first (recall_units). A
+ * backend without the op a path needs takes the next one down (mapped, dma, staged). */
+enum recall_path { RECALL_DMA = 0, RECALL_STAGED = 1, RECALL_MAPPED = 2 };
+
 /* One recall unit: head `head` of host page `page` of `layer` into head `head` of `slot`. */
 struct recall_unit {
 	int layer;
@@ -60,9 +68,7 @@ struct recall_opts {
 	bool poison;		  /* fill a staging buffer with NaN bytes once converted (tests) */
 	struct backend *be;	  /* borrowed: its recall_units op writes the slots; NULL: host */
 	enum fkv_dtype slot_dt;	  /* the slots' dtype (backend slot_dtype); f32 without be */
-	/* Copy units into the staging buffers even when the backend has recall_direct (which
-	 * reads them where they lie in the pool, with no host copy: the default). */
-	bool staged;
+	enum recall_path path;	  /* how units reach the backend (below) */
 };
 
 struct recall_done {
