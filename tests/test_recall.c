@@ -4,7 +4,8 @@
  * poisoned staging (a buffer reused while read would leave NaN bytes in a slot), many jobs in
  * flight, a prepare step on the copy thread, a failing source, and the backend path (the
  * recall_units op the paged policies use, here the CPU backend's, counted and made to fail), and
- * a real host copy under a lease budget, pinned a staging buffer's worth at a time. */
+ * a real host copy under a lease budget, pinned a staging buffer's worth at a time; an urgent
+ * job (a correction's recall) goes before the queued ones. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -331,6 +332,79 @@ static void test_backend_recall_units(void **state)
 	backend_free(cpu);
 }
 
+/* The copy thread's fetch log: the layer of every unit's block, in fetch order; layer 0's
+ * fetches are slow, so the jobs submitted after it are all queued while it runs. */
+static int fetch_log[256], n_fetch;
+
+static int slow_src(void *arg, int layer, int page, const void **block)
+{
+	(void)arg;
+	if (n_fetch < 256)
+		fetch_log[n_fetch++] = layer;
+	if (layer == 0)
+		usleep(3000);
+	*block = blocks[layer][page];
+	return 0;
+}
+
+/* Four units of one layer into distinct (slot, head) pairs of one slot row. */
+static void layer_units(struct recall_unit *u, float *slots, int layer, int slot0)
+{
+	for (int i = 0; i < 4; i++)
+		u[i] = (struct recall_unit){ .layer = layer, .page = 3 * i + layer, .head = i,
+					     .slot = slots + (size_t)(slot0 + i % 2) * slot_floats() };
+}
+
+/* An urgent job (a correction's blocking recall) goes before every job not yet started: with a
+ * slow job A (layer 0) being copied and jobs B, C (layer 1) queued behind it, an urgent job U
+ * (layer 2) submitted last is fetched right after A, before B and C; every slot still lands
+ * right, and the tickets of both kinds complete. */
+static void test_urgent_first(void **state)
+{
+	(void)state;
+	struct recall_opts o = { .g = geom, .units_per_buffer = 2, .src = slow_src };
+	struct recall *r;
+	assert_int_equal(recall_new(&o, &r), 0);
+	size_t nf = SLOTS * slot_floats();
+	float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
+	struct recall_unit a[4], b[4], c[4], u[4];
+	layer_units(a, slots, 0, 0);
+	layer_units(b, slots, 1, 2);
+	layer_units(c, slots, 1, 4);
+	layer_units(u, slots, 2, 6);
+	n_fetch = 0;
+	uint64_t ta, tb, tc, tu;
+	assert_int_equal(recall_submit(r, a, 4, NULL, NULL, &ta), 0);
+	assert_int_equal(recall_submit(r, b, 4, NULL, NULL, &tb), 0);
+	assert_int_equal(recall_submit(r, c, 4, NULL, NULL, &tc), 0);
+	assert_int_equal(recall_submit_urgent(r, u, 4, &tu), 0);
+	assert_int_equal(recall_wait(r, tu, NULL), 0);
+	assert_int_equal(recall_wait(r, ta, NULL), 0);
+	assert_int_equal(recall_wait(r, tb, NULL), 0);
+	assert_int_equal(recall_wait(r, tc, NULL), 0);
+	assert_int_equal(recall_wait(r, tu, NULL), -EINVAL); /* waited once */
+	assert_int_equal(n_fetch, 16);
+	int first2 = -1, first1 = -1;
+	for (int i = 0; i < n_fetch; i++) {
+		if (fetch_log[i] == 2 && first2 < 0)
+			first2 = i;
+		if (fetch_log[i] == 1 && first1 < 0)
+			first1 = i;
+	}
+	assert_true(first2 >= 0 && first1 >= 0);
+	if (first2 > first1)
+		fail_msg("the urgent job was fetched at %d, after a queued job at %d", first2,
+			 first1);
+	expect_units(ref, slots, a, 4);
+	expect_units(ref, slots, b, 4);
+	expect_units(ref, slots, c, 4);
+	expect_units(ref, slots, u, 4);
+	assert_memory_equal(slots, ref, nf * sizeof(float));
+	recall_free(r);
+	free(slots);
+	free(ref);
+}
+
 /* Units from a real host copy (hostkv's embedded store with a lease budget of 2 blocks, so most
  * blocks are released): a staging buffer's units, of several layers and with repeated pages,
  * are pinned a layer at a time — no more RECALL entries than (buffer, layer) groups, where a
@@ -412,6 +486,7 @@ int main(void)
 		cmocka_unit_test(test_accounting_excludes_prepare),
 		cmocka_unit_test(test_backend_recall_units),
 		cmocka_unit_test(test_host_pins),
+		cmocka_unit_test(test_urgent_first),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

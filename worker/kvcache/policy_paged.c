@@ -983,7 +983,8 @@ int paged_recall_now(struct paged *s, struct paged_layer *L, struct recall_unit 
 		return 0;
 	uint64_t ticket;
 	struct recall_done dn;
-	int ret = recall_submit(s->rc, units, n, NULL, NULL, &ticket);
+	/* Urgent: the step waits for it, so it goes before other layers' speculative jobs. */
+	int ret = recall_submit_urgent(s->rc, units, n, &ticket);
 	if (ret)
 		return ret;
 	ret = recall_wait(s->rc, ticket, &dn);

@@ -156,7 +156,8 @@ int paged_select_finish(struct paged *s, struct paged_layer *L, int *pages, int6
  * were planned. */
 int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,
 		    struct recall_unit *units, int *n);
-/* Recalls units on the stream and waits for them (recall on the critical path). */
+/* Recalls units on the stream as an urgent job (ahead of queued speculative jobs) and waits
+ * for them (recall on the critical path). */
 int paged_recall_now(struct paged *s, struct paged_layer *L, struct recall_unit *units, int n);
 /* Forgets the selection of a layer after a failed recall: every selected slot counts as empty. */
 void paged_drop_selection(struct paged *s, struct paged_layer *L);

@@ -53,6 +53,10 @@ struct staging {
 	struct recall_job *job;
 };
 
+/* Urgent jobs (recall_submit_urgent) in a ring of their own; their tickets carry this bit. */
+#define RECALL_URGENT_JOBS 4
+#define RECALL_URGENT_BIT ((uint64_t)1 << 62)
+
 struct recall {
 	struct recall_opts o;
 	size_t unit_bytes;
@@ -63,6 +67,8 @@ struct recall {
 	int n_jobs;
 	uint64_t submitted;	/* last ticket handed out */
 	uint64_t copied;	/* last ticket the copy thread took */
+	struct recall_job ujobs[RECALL_URGENT_JOBS]; /* ring indexed by urgent seq % its size */
+	uint64_t usubmitted, ucopied; /* the same counters for urgent jobs (seq, no bit) */
 	struct staging st[2];
 	bool direct;		/* units read where they lie (recall_direct), no host copy */
 	bool mapped;		/* ... by the device itself (recall_mapped) */
@@ -144,18 +150,23 @@ static int pin_units(struct recall *r, struct recall_pins *pn, const struct reca
 	return 0;
 }
 
-/* Copy thread: takes jobs in order, runs their prepare step, fills the staging buffers in turn. */
+/* Copy thread: takes jobs in order — an urgent one before any other not yet started — runs
+ * their prepare step, fills the staging buffers in turn. */
 static void *copy_main(void *arg)
 {
 	struct recall *r = arg;
 	int b = 0;
 	pthread_mutex_lock(&r->mu);
 	for (;;) {
-		while (!r->stop && r->copied == r->submitted)
+		while (!r->stop && r->copied == r->submitted && r->ucopied == r->usubmitted)
 			pthread_cond_wait(&r->cv, &r->mu);
-		if (r->copied == r->submitted)
+		struct recall_job *job;
+		if (r->ucopied != r->usubmitted)
+			job = &r->ujobs[++r->ucopied % RECALL_URGENT_JOBS];
+		else if (r->copied != r->submitted)
+			job = &r->jobs[++r->copied % (uint64_t)r->n_jobs];
+		else
 			break;
-		struct recall_job *job = &r->jobs[++r->copied % (uint64_t)r->n_jobs];
 		pthread_mutex_unlock(&r->mu);
 
 		int err = job->prepare ? job->prepare(job->arg, &job->units, &job->n) : 0;
@@ -404,8 +415,12 @@ int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done)
 		return 0;
 	int64_t t0 = now_ns();
 	pthread_mutex_lock(&r->mu);
-	struct recall_job *job = &r->jobs[ticket % (uint64_t)r->n_jobs];
-	if (ticket > r->submitted || !job->in_use || job->ticket != ticket) {
+	const bool urgent = ticket & RECALL_URGENT_BIT;
+	const uint64_t seq = ticket & ~RECALL_URGENT_BIT;
+	struct recall_job *job = urgent ? &r->ujobs[seq % RECALL_URGENT_JOBS]
+					: &r->jobs[ticket % (uint64_t)r->n_jobs];
+	if (seq > (urgent ? r->usubmitted : r->submitted) || !job->in_use ||
+	    job->ticket != ticket) {
 		pthread_mutex_unlock(&r->mu);
 		return -EINVAL;
 	}
@@ -424,4 +439,23 @@ int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done)
 	pthread_cond_broadcast(&r->cv);
 	pthread_mutex_unlock(&r->mu);
 	return err;
+}
+
+int recall_submit_urgent(struct recall *r, struct recall_unit *units, int n, uint64_t *ticket)
+{
+	if (n < 0 || (n && !units))
+		return -EINVAL;
+	pthread_mutex_lock(&r->mu);
+	struct recall_job *job = &r->ujobs[(r->usubmitted + 1) % RECALL_URGENT_JOBS];
+	while (job->in_use)
+		pthread_cond_wait(&r->cv, &r->mu);
+	*job = (struct recall_job){
+		.ticket = RECALL_URGENT_BIT | (r->usubmitted + 1), .units = units, .n = n,
+		.in_use = true,
+	};
+	*ticket = job->ticket;
+	r->usubmitted++;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	return 0;
 }
