@@ -536,26 +536,26 @@ static int dm_attn_decode_slots(void *c, float *o, const float *q, const void *s
 }
 
 static int dm_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
-			   int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
+			   int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
 {
 	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
 	assert_non_null(t);
 	for (int i = 0; i < n; i++)
 		t[i] = dv(slots[i]);
-	int ret = real_ops->recall_units(c, t, heads, units, n, p, n_kv, d, dt, sdt);
+	int ret = real_ops->recall_units(c, t, heads, units, n, p, n_kv, d, dt, sdt, done);
 	free(t);
 	return ret;
 }
 
 static int dm_recall_direct(void *c, void *const *slots, const int *heads,
 			    const void *const *srcs, int n, int p, int n_kv, int d, enum fkv_dtype dt,
-			    enum fkv_dtype sdt)
+			    enum fkv_dtype sdt, void *done)
 {
 	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
 	assert_non_null(t);
 	for (int i = 0; i < n; i++)
 		t[i] = dv(slots[i]);
-	int ret = real_ops->recall_direct(c, t, heads, srcs, n, p, n_kv, d, dt, sdt);
+	int ret = real_ops->recall_direct(c, t, heads, srcs, n, p, n_kv, d, dt, sdt, done);
 	free(t);
 	return ret;
 }

@@ -10,7 +10,9 @@
  *   - quest and freekv on the CPU backend wrapped by counters: every compressed step selects
  *     through select_pages, every filled page is summarised by page_summary, freekv's check
  *     runs through group_cosine once per step, its speculative selections go through
- *     download_async (tau 0) and none do when every head is corrected (tau 2); the
+ *     download_async (tau 0) and each of their recalls is ordered by its layer's event
+ *     (fence_stream_wait) when the next step reaches the layer, and none do when every head is
+ *     corrected (tau 2); the
  *     decode downloads nothing but logits, cosines and selections (no query, no page), every
  *     recalled unit goes through the recall path asked for (recall_direct by default: read in
  *     the pool, no host copy; recall_mapped; or recall_units, staged), with the same tokens and
@@ -245,26 +247,34 @@ static int c_group_cosine(void *c, float *o, const float *a, const float *b, int
 static int64_t n_direct, n_staged;
 
 static int c_recall_direct(void *c, void *const *slots, const int *heads, const void *const *srcs,
-			   int n, int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
+			   int n, int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt,
+			   void *done)
 {
 	n_direct += n;
-	return real->recall_direct(c, slots, heads, srcs, n, p, n_kv, d, dt, sdt);
+	return real->recall_direct(c, slots, heads, srcs, n, p, n_kv, d, dt, sdt, done);
 }
 
-static int64_t n_mapped;
+static int64_t n_mapped, n_fsw;
+
+static int c_fence_stream_wait(void *c, void *f)
+{
+	n_fsw++;
+	return real->fence_stream_wait(c, f);
+}
 
 static int c_recall_mapped(void *c, void *const *slots, const int *heads, const void *const *srcs,
-			   int n, int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
+			   int n, int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt,
+			   void *done)
 {
 	n_mapped += n;
-	return real->recall_mapped(c, slots, heads, srcs, n, p, n_kv, d, dt, sdt);
+	return real->recall_mapped(c, slots, heads, srcs, n, p, n_kv, d, dt, sdt, done);
 }
 
 static int c_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
-			  int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt)
+			  int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
 {
 	n_staged += n;
-	return real->recall_units(c, slots, heads, units, n, p, n_kv, d, dt, sdt);
+	return real->recall_units(c, slots, heads, units, n, p, n_kv, d, dt, sdt, done);
 }
 
 static int c_download_async(void *c, void *d, const void *s, size_t n, void *f)
@@ -383,6 +393,7 @@ static void test_policies_use_ops(void **state)
 	ops.recall_direct = c_recall_direct;
 	ops.recall_units = c_recall_units;
 	ops.recall_mapped = c_recall_mapped;
+	ops.fence_stream_wait = c_fence_stream_wait;
 	struct backend counted = { .ops = &ops, .ctx = cpu->ctx };
 	const int P = 8, FL = 1, B = 64, K = (B - 8 - 16) / P;
 	const int H = model.cfg.n_kv_heads, retr = model.cfg.n_layers - FL;
@@ -405,7 +416,7 @@ static void test_policies_use_ops(void **state)
 		struct kv_stats st, st_ref;
 		gen(cpu, runs[i].pol, kv, ref, &st_ref);
 		n_select = n_summary = n_cosine = n_async = n_bad_download = 0;
-		n_direct = n_staged = n_mapped = 0;
+		n_direct = n_staged = n_mapped = n_fsw = 0;
 		gen(&counted, runs[i].pol, kv, got, &st);
 		char what[64];
 		snprintf(what, sizeof what, "%s tau %.1f", runs[i].pol, runs[i].tau);
@@ -425,6 +436,7 @@ static void test_policies_use_ops(void **state)
 			else
 				assert_int_equal(by[k], 0);
 		if (!strcmp(runs[i].pol, "quest")) {
+			assert_int_equal(n_fsw, 0); /* blocking recalls order at once */
 			assert_int_equal(n_select, st.sum.steps);
 			assert_int_equal(n_cosine, 0);
 			assert_int_equal(n_async, 0);
@@ -437,6 +449,9 @@ static void test_policies_use_ops(void **state)
 			/* the first step blocking, every later one speculative, behind a fence */
 			assert_int_equal(n_select, st.sum.steps);
 			assert_int_equal(n_async, st.sum.steps - retr);
+			/* each speculative recall ordered by its per-layer event when the next step
+			 * reaches the layer (the last step's are never reached) */
+			assert_int_equal(n_fsw, n_async - retr);
 		} else if (runs[i].tau > 1.0f) {
 			assert_int_equal(n_select, st.sum.steps);
 			assert_int_equal(n_async, 0);

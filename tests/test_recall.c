@@ -268,22 +268,22 @@ static int be_units, be_direct, be_fail;
 
 static int counting_recall_units(void *ctx, void *const *slots, const int *heads,
 				 const void *units, int n, int p, int n_kv, int d,
-				 enum fkv_dtype dt, enum fkv_dtype sdt)
+				 enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
 {
 	be_units += n;
 	if (be_fail)
 		return -EIO;
-	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt, sdt);
+	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt, sdt, done);
 }
 
 static int counting_recall_direct(void *ctx, void *const *slots, const int *heads,
 				  const void *const *srcs, int n, int p, int n_kv, int d,
-				  enum fkv_dtype dt, enum fkv_dtype sdt)
+				  enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
 {
 	be_direct += n;
 	if (be_fail)
 		return -EIO;
-	return cpu_ops->recall_direct(ctx, slots, heads, srcs, n, p, n_kv, d, dt, sdt);
+	return cpu_ops->recall_direct(ctx, slots, heads, srcs, n, p, n_kv, d, dt, sdt, done);
 }
 
 static void test_backend_recall_units(void **state)

@@ -31,7 +31,7 @@
 #              Not measured yet: this build's decode step (device-side selection, 16-bit slots,
 #              flash_decode for full, fused QKV/gate-up, recall from the pool by DMA or by the
 #              gather kernel) has never run on a GPU, so which recall path is faster is not
-#              known; CUDA Graphs, device prefill and per-layer recall events are not built.
+#              known; CUDA Graphs and device prefill are not built.
 #   Aliases: sanitize = memcheck,racecheck; bench = bench_kernels,bench_decode.
 # Splitting across calls that must each end in a few minutes: --steps picks steps, --only REGEX
 # keeps the runs whose name (step:target, e.g. racecheck:test_kernel_topk) matches, and

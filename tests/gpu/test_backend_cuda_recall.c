@@ -8,7 +8,9 @@
  * slots, with the compute stream kept busy first (adds over 64 MiB) so that the scatter is
  * queued behind it and the sources are read late; each source is poisoned right after the
  * call returns (the op promises they were read by then), and the download queued after the
- * call (compute stream) sees the recalled slots. Slots start poisoned; bytes must equal exactly. Skips (77) without
+ * call (compute stream) sees the recalled slots — for the registered DMA case ordered only by
+ * the per-layer fence (`done`, then fence_stream_wait), as the paged policies' speculative
+ * recalls are. Slots start poisoned; bytes must equal exactly. Skips (77) without
  * a CUDA device. */
 #include "gpu_test.h"
 
@@ -30,6 +32,8 @@ static void test_recall_direct(void **state)
 	float *zero = calloc(LAG_FLOATS, sizeof *zero);
 	float *lag = put(gpu, zero, LAG_FLOATS * 4);
 	free(zero);
+	void *fence;
+	assert_int_equal(gpu->ops->fence_new(gpu->ctx, &fence), 0);
 	for (int mapped = 0; mapped < 2; mapped++)
 	for (int locked = 0; locked < 2; locked++)
 		for (int ut = 1; ut < 3; ut++)
@@ -66,7 +70,7 @@ static void test_recall_direct(void **state)
 				for (int i = 0; i < n; i++)
 					memcpy(staged + (size_t)i * ub, srcs[i], ub);
 				assert_int_equal(cpu->ops->recall_units(cpu->ctx, cslots, heads, staged, n,
-									P, KV, d, udt, sdt), 0);
+									P, KV, d, udt, sdt, NULL), 0);
 				for (int i = 0; i < 16; i++)
 					assert_int_equal(gpu->ops->add(gpu->ctx, lag, lag,
 								       (int64_t)LAG_FLOATS), 0);
@@ -75,7 +79,7 @@ static void test_recall_direct(void **state)
 					/* outside every mapping: refused, nothing written */
 					assert_int_equal(gpu->ops->recall_mapped(gpu->ctx, gslots, heads,
 										 srcs, n, P, KV, d,
-										 udt, sdt),
+										 udt, sdt, NULL),
 							 -EOPNOTSUPP);
 					get(gpu, b, gs, NS * sb);
 					for (size_t i = 0; i < NS * sb; i++)
@@ -83,10 +87,18 @@ static void test_recall_direct(void **state)
 					memset(a, 0xff, NS * sb);
 				} else {
 					int (*op)(void *, void *const *, const int *, const void *const *,
-						  int, int, int, int, enum fkv_dtype, enum fkv_dtype) =
+						  int, int, int, int, enum fkv_dtype, enum fkv_dtype,
+						  void *) =
 						mapped ? gpu->ops->recall_mapped : gpu->ops->recall_direct;
+					/* The registered DMA case through a per-layer fence: the
+					 * compute stream is ordered after the scatter only by
+					 * fence_stream_wait, before the download below. */
+					void *done = locked && !mapped ? fence : NULL;
 					assert_int_equal(op(gpu->ctx, gslots, heads, srcs, n, P, KV, d, udt,
-							    sdt), 0);
+							    sdt, done), 0);
+					if (done)
+						assert_int_equal(gpu->ops->fence_stream_wait(gpu->ctx,
+											     done), 0);
 					memset(pool, 0xff, (size_t)POOL_UNITS * ub); /* read by now */
 					get(cpu, a, cs, NS * sb);
 					get(gpu, b, gs, NS * sb);
@@ -107,6 +119,7 @@ static void test_recall_direct(void **state)
 				free(vals);
 				free(typed);
 			}
+	gpu->ops->fence_free(gpu->ctx, fence);
 	drop(gpu, lag);
 }
 

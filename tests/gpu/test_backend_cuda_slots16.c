@@ -39,7 +39,7 @@ static void test_recall_units16(void **state)
 				}
 				assert_int_equal(bes[b]->ops->recall_units(bes[b]->ctx, ptrs, heads,
 									   units, n, P, KV, d, udt,
-									   sdt), 0);
+									   sdt, NULL), 0);
 				out[b] = malloc(NS * sb);
 				get(bes[b], out[b], slots, NS * sb);
 				drop(bes[b], slots);

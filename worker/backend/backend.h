@@ -160,11 +160,14 @@ struct backend_ops {
 	 * queueing the other ops (the recall thread); the units are consumed before it returns,
 	 * so the caller may reuse them at once. The scatter is ordered after every op queued
 	 * before the call and before every op queued after it returns (on CUDA: by events between
-	 * the recall streams and the compute stream; on the CPU: done on return). No two units
-	 * may name the same (slot, head). */
+	 * the recall streams and the compute stream; on the CPU: done on return) — or, with a
+	 * fence `done` (fence_new), only before the ops queued after a fence_stream_wait on it:
+	 * the per-layer event of docs/design.md §5 step 6, so a speculative recall of layer l
+	 * holds up nothing until step t+1 reaches layer l. No two units may name the same (slot,
+	 * head). */
 	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
 			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-			    enum fkv_dtype slot_dt);
+			    enum fkv_dtype slot_dt, void *done);
 	/* (optional) recall_units with every unit read where it lies, no copy on the host
 	 * (docs/design.md "The GPU decode step": recall straight from the registered pool):
 	 * srcs[i] is unit i (2, p, d) in unit_dt in host memory (a pinned block of the kvstored
@@ -175,14 +178,14 @@ struct backend_ops {
 	 * unpin them then. */
 	int (*recall_direct)(void *ctx, void *const *slots, const int *heads,
 			     const void *const *srcs, int n, int p, int n_kv, int d,
-			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt);
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
 	/* (optional) recall_direct's zero-copy variant: the device reads every unit itself
 	 * through the mapped pool (on CUDA kernels/recall_gather over the aliases host_register
 	 * keeps), with no staging and no DMA call per unit. -EOPNOTSUPP, nothing queued, when a
 	 * unit lies outside what the backend mapped. The CPU backend's is recall_direct. */
 	int (*recall_mapped)(void *ctx, void *const *slots, const int *heads,
 			     const void *const *srcs, int n, int p, int n_kv, int d,
-			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt);
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
 	/* (optional) The dtype of the paged policies' slots for a sequence whose KV dtype is kv
 	 * (docs/design.md §3 "Device slots"): the CUDA backend keeps the KV dtype itself (half the
 	 * bytes of f32 in slot memory, recall scatter and attention); NULL means f32 (the CPU
@@ -245,6 +248,10 @@ struct backend_ops {
 	int (*download_async)(void *ctx, void *host_dst, const void *src, size_t bytes,
 			      void *fence);
 	int (*fence_wait)(void *ctx, void *fence);
+	/* (optional, with the recall ops' `done`) Orders every op queued after the call after
+	 * the last work marked on fence (on CUDA the compute stream waits on its event; nothing
+	 * waits on the host). The CPU backend has nothing to order. */
+	int (*fence_stream_wait)(void *ctx, void *fence);
 
 	/* (optional) Waits until every queued op has finished (store_rows included). */
 	int (*sync)(void *ctx);

@@ -891,6 +891,7 @@ static const struct backend_ops cpu_ops = {
 	.fence_free = cpu_fence_free,
 	.download_async = cpu_download_async,
 	.fence_wait = cpu_fence_wait,
+	.fence_stream_wait = cpu_fence_stream_wait,
 	.sync = NULL,
 	.set_threads = cpu_set_threads,
 	.get_threads = cpu_get_threads,

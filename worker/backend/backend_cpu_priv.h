@@ -32,10 +32,12 @@ int cpu_download_async(void *ctx, void *host_dst, const void *src, size_t bytes,
 int cpu_fence_wait(void *ctx, void *fence);
 
 int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
-		     int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt);
+		     int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt,
+		     void *done);
 int cpu_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		      int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-		      enum fkv_dtype slot_dt);
+		      enum fkv_dtype slot_dt, void *done);
+int cpu_fence_stream_wait(void *ctx, void *fence);
 int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
 		   int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
 int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt);

@@ -133,3 +133,10 @@ int cpu_fence_wait(void *ctx, void *fence)
 	(void)fence;
 	return 0;
 }
+
+int cpu_fence_stream_wait(void *ctx, void *fence)
+{
+	(void)ctx;
+	(void)fence;
+	return 0;
+}

@@ -41,17 +41,19 @@ static int cpu_scatter_units(void *const *slots, const int *heads, const void *u
 
 int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
 			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-			    enum fkv_dtype slot_dt)
+			    enum fkv_dtype slot_dt, void *done)
 {
 	(void)ctx;
+	(void)done; /* done on return: nothing to mark */
 	return cpu_scatter_units(slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt);
 }
 
 int cpu_recall_direct(void *ctx, void *const *slots, const int *heads,
 			     const void *const *srcs, int n, int p, int n_kv, int d,
-			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt)
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done)
 {
 	(void)ctx;
+	(void)done;
 	return cpu_scatter_units(slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt);
 }
 

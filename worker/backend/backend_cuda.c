@@ -698,6 +698,7 @@ static const struct backend_ops cuda_ops = {
 	.fence_free = cuda_fence_free,
 	.download_async = cuda_download_async,
 	.fence_wait = cuda_fence_wait,
+	.fence_stream_wait = cuda_fence_stream_wait,
 	.sync = cuda_sync,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,

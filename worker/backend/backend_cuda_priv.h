@@ -131,16 +131,18 @@ int cuda_fence_new(void *ctx, void **fence);
 void cuda_fence_free(void *ctx, void *fence);
 int cuda_download_async(void *ctx, void *host_dst, const void *src, size_t bytes, void *fence);
 int cuda_fence_wait(void *ctx, void *fence);
+int cuda_fence_stream_wait(void *ctx, void *fence);
 
 /* backend_cuda_xfer.c: the ops of the table that move data between host and device. */
 int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
-		      int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt);
+		      int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt,
+		      void *done);
 int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-		       enum fkv_dtype slot_dt);
+		       enum fkv_dtype slot_dt, void *done);
 int cuda_recall_mapped(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-		       enum fkv_dtype slot_dt);
+		       enum fkv_dtype slot_dt, void *done);
 int cuda_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
 		    int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
 int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen);

@@ -123,6 +123,14 @@ int cuda_download_async(void *ctx, void *host_dst, const void *src, size_t bytes
 	return 0;
 }
 
+/* The compute stream waits on the fence's event (a recall's per-layer "scattered"). */
+int cuda_fence_stream_wait(void *ctx, void *fence)
+{
+	struct cuda_ctx *c = ctx;
+	CUDA_CHECK(cudaStreamWaitEvent(c->stream, (cudaEvent_t)fence, 0));
+	return 0;
+}
+
 /* The recall thread's wait: the device is made current on the calling thread first. */
 int cuda_fence_wait(void *ctx, void *fence)
 {

@@ -97,6 +97,16 @@ static int recall_take(struct cuda_ctx *c, size_t bytes, struct recall_set **out
 	return 0;
 }
 
+/* Step 3's last act: the compute stream waits for "scattered" now, or (a per-layer fence
+ * `done`) the scatter's completion is marked on done for a later fence_stream_wait, and the
+ * compute stream runs on meanwhile (docs/design.md §5 step 6). */
+static cudaError_t order_after(struct cuda_ctx *c, cudaEvent_t scattered, cudaEvent_t done)
+{
+	if (!done)
+		return cudaStreamWaitEvent(c->stream, scattered, 0);
+	return cudaEventRecord(done, c->rc_stream);
+}
+
 /* The n units at srcs[i] (ub bytes each, where they lie in host memory) into dev, unit i at
  * i * ub, on stream: one batched call where the toolkit has cudaMemcpyBatchAsync (the sources
  * read in stream order), else a run of cudaMemcpyAsync. */
@@ -143,7 +153,7 @@ static int dma_units(char *dev, const void *const *srcs, int n, size_t ub, cudaS
  * from there: no host copy, and the call waits for "copied" like page-locked units. */
 static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
 			 const void *units, const void *const *srcs, int n, int p, int n_kv, int d,
-			 enum fkv_dtype dt, enum fkv_dtype sdt)
+			 enum fkv_dtype dt, enum fkv_dtype sdt, cudaEvent_t done)
 {
 	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
 	const size_t sb = (size_t)2 * p * n_kv * d * dtype_size(sdt);
@@ -210,7 +220,7 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	/* Recorded and waited for after a failed launch too: the launches before it still read
 	 * the staging (the set's next use waits for them) and write slots (later ops wait). */
 	CUDA_CHECK(cudaEventRecord(s->scattered, c->rc_stream));
-	CUDA_CHECK(cudaStreamWaitEvent(c->stream, s->scattered, 0));
+	CUDA_CHECK(order_after(c, s->scattered, done));
 	if (locked)
 		CUDA_CHECK(cudaEventSynchronize(s->copied));
 	if (se != cudaSuccess)
@@ -220,7 +230,7 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 
 int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
 			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-			     enum fkv_dtype slot_dt)
+			     enum fkv_dtype slot_dt, void *done)
 {
 	struct cuda_ctx *c = ctx;
 	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
@@ -233,14 +243,15 @@ int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const voi
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt);
+	int ret = recall_locked(c, slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt,
+				(cudaEvent_t)done);
 	pthread_mutex_unlock(&c->recall_mu);
 	return ret;
 }
 
 int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-		       enum fkv_dtype slot_dt)
+		       enum fkv_dtype slot_dt, void *done)
 {
 	struct cuda_ctx *c = ctx;
 	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
@@ -253,7 +264,8 @@ int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const vo
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt);
+	int ret = recall_locked(c, slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt,
+				(cudaEvent_t)done);
 	pthread_mutex_unlock(&c->recall_mu);
 	return ret;
 }
@@ -280,7 +292,7 @@ static char *alias_of(const struct cuda_ctx *c, const char *p, size_t bytes)
  * kernel, so the call waits on the host for "scattered" (the caller unpins them on return). */
 static int mapped_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
 			 char *const *alias, bool aligned, int n, int p, int n_kv, int d,
-			 enum fkv_dtype dt, enum fkv_dtype sdt)
+			 enum fkv_dtype dt, enum fkv_dtype sdt, cudaEvent_t done)
 {
 	const size_t sb = (size_t)2 * p * n_kv * d * dtype_size(sdt);
 	const size_t pbytes = (size_t)n * sizeof(void *), tbytes = (size_t)n * 2 * sizeof(int32_t);
@@ -321,7 +333,7 @@ static int mapped_locked(struct cuda_ctx *c, void *const *slots, const int *head
 		ge = recall_gather(slots[i], sdt, dsrc + i, aligned, dt, dtab + 2 * i, 1, n_kv, p,
 				   d, c->rc_stream);
 	CUDA_CHECK(cudaEventRecord(s->scattered, c->rc_stream));
-	CUDA_CHECK(cudaStreamWaitEvent(c->stream, s->scattered, 0));
+	CUDA_CHECK(order_after(c, s->scattered, done));
 	CUDA_CHECK(cudaEventSynchronize(s->scattered));
 	if (ge != cudaSuccess)
 		return cuda_check_fail(ge, "recall_gather", __func__, __FILE__, __LINE__);
@@ -330,7 +342,7 @@ static int mapped_locked(struct cuda_ctx *c, void *const *slots, const int *head
 
 int cuda_recall_mapped(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-		       enum fkv_dtype slot_dt)
+		       enum fkv_dtype slot_dt, void *done)
 {
 	struct cuda_ctx *c = ctx;
 	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
@@ -358,7 +370,7 @@ int cuda_recall_mapped(void *ctx, void *const *slots, const int *heads, const vo
 	}
 	if (!ret)
 		ret = mapped_locked(c, slots, heads, alias, aligned, n, p, n_kv, d, unit_dt,
-				    slot_dt);
+				    slot_dt, (cudaEvent_t)done);
 	pthread_mutex_unlock(&c->recall_mu);
 	free(alias);
 	return ret;

@@ -112,7 +112,7 @@ static int freekv_after(struct paged *s, struct paged_layer *L, const float *q,
 		if (ret)
 			return ret;
 	}
-	return recall_submit(s->rc, NULL, 0, freekv_prepare, L, &L->ticket);
+	return recall_submit_fenced(s->rc, NULL, 0, freekv_prepare, L, L->rc_done, &L->ticket);
 }
 
 static const struct paged_strategy freekv = {

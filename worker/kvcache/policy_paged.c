@@ -58,6 +58,8 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 			be->ops->buf_free(be->ctx, bufs[i]);
 	if (L->fence)
 		be->ops->fence_free(be->ctx, L->fence);
+	if (L->rc_done)
+		be->ops->fence_free(be->ctx, L->rc_done);
 	if (L->hsel && L->fence)
 		be->ops->host_free(be->ctx, L->hsel);
 	else
@@ -174,6 +176,10 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 		L->hsel = be->ops->host_alloc(be->ctx, sel_bytes);
 	else
 		L->hsel = malloc(sel_bytes);
+	/* The speculative recall's per-layer event (docs/design.md §5 step 6), where the backend
+	 * can order its compute after one; else each scatter orders it when queued. */
+	if (be->ops->fence_stream_wait && be->ops->fence_new(be->ctx, &L->rc_done))
+		L->rc_done = NULL;
 	L->units_c = calloc(H * K, sizeof *L->units_c);
 	L->units_r = calloc(H * K, sizeof *L->units_r);
 	L->spec_heads = calloc(H, 1);
@@ -293,6 +299,11 @@ static int settle_layer(struct paged *s, struct paged_layer *L)
 	struct recall_done dn;
 	int ret = recall_wait(s->rc, L->ticket, &dn);
 	L->ticket = 0;
+	/* Everything from here on touches the layer's slots: after the recall's scatters. */
+	if (L->rc_done) {
+		int r2 = s->p.be->ops->fence_stream_wait(s->p.be->ctx, L->rc_done);
+		ret = ret ? ret : r2;
+	}
 	L->st.ns_recall_wait += dn.ns_waited;
 	L->st.ns_recall_hidden += dn.ns_hidden;
 	L->st.pages_recalled += dn.units;

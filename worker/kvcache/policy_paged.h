@@ -68,6 +68,7 @@ struct paged_layer {
 	struct recall_unit *units_c; /* (n_kv * k_sel) blocking recall plan */
 	struct recall_unit *units_r; /* (n_kv * k_sel) speculative recall plan */
 	uint64_t ticket;       /* pending speculative recall of this layer (0: none) */
+	void *rc_done;	       /* its per-layer recall event (a backend fence), or NULL */
 	/* Set by the compute thread before submitting a speculative job, read by the copy thread. */
 	bool spec_select;      /* the copy thread takes paged_select_start's selection first */
 	uint8_t *spec_heads;   /* (n_kv): heads whose changed pages the job recalls */

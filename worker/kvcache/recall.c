@@ -23,6 +23,7 @@ struct recall_job {
 	int n;
 	recall_prepare_fn prepare;
 	void *arg;
+	void *fence;	/* backend fence the job's recall ops mark (NULL: ordered at once) */
 	int err;
 	bool in_use; /* submitted and not yet waited for */
 	bool done;
@@ -241,15 +242,18 @@ static int scatter(struct recall *r, struct staging *s)
 	}
 	if (!r->direct)
 		return be->ops->recall_units(be->ctx, s->slots, s->heads, s->buf, s->n, r->o.g.p,
-					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
+					     s->job->fence);
 	/* Read where they lie; every source has been read when the op returns. */
 	int ret = -EOPNOTSUPP;
 	if (r->mapped)
 		ret = be->ops->recall_mapped(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
-					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
+					     s->job->fence);
 	if (ret == -EOPNOTSUPP) /* not mapped (or not asked for): DMA */
 		ret = be->ops->recall_direct(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
-					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt);
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
+					     s->job->fence);
 	int r2 = unpin_units(r, &s->pin, s->dst, s->n);
 	return ret ? ret : r2;
 }
@@ -391,7 +395,13 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_prepare_fn prepare,
 		  void *arg, uint64_t *ticket)
 {
-	if (n < 0 || (n && !units))
+	return recall_submit_fenced(r, units, n, prepare, arg, NULL, ticket);
+}
+
+int recall_submit_fenced(struct recall *r, struct recall_unit *units, int n,
+			 recall_prepare_fn prepare, void *arg, void *done, uint64_t *ticket)
+{
+	if (n < 0 || (n && !units) || (done && (!r->o.be || !r->o.be->ops->fence_stream_wait)))
 		return -EINVAL;
 	pthread_mutex_lock(&r->mu);
 	struct recall_job *job = &r->jobs[(r->submitted + 1) % (uint64_t)r->n_jobs];
@@ -399,7 +409,7 @@ int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_pre
 		pthread_cond_wait(&r->cv, &r->mu);
 	*job = (struct recall_job){
 		.ticket = r->submitted + 1, .units = units, .n = n, .prepare = prepare,
-		.arg = arg, .in_use = true,
+		.arg = arg, .fence = done, .in_use = true,
 	};
 	*ticket = ++r->submitted;
 	pthread_cond_broadcast(&r->cv);

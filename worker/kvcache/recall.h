@@ -89,6 +89,13 @@ void recall_free(struct recall *r);
 /* Queues a job: units[0..n) or, with prepare, whatever it produces. *ticket identifies it. */
 int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_prepare_fn prepare,
 		  void *arg, uint64_t *ticket);
+/* recall_submit whose backend scatters do not order the backend's later ops at once: their
+ * completion is marked on `done`, a fence of the backend's (fence_new), and the caller orders
+ * what touches the job's slots after it with fence_stream_wait once the job is waited for
+ * (docs/design.md §5 step 6: the per-layer recall event step t+1 waits on at layer l). The
+ * fence is the job's until then. -EINVAL without a backend that has fence_stream_wait. */
+int recall_submit_fenced(struct recall *r, struct recall_unit *units, int n,
+			 recall_prepare_fn prepare, void *arg, void *done, uint64_t *ticket);
 /* Queues a job that must not wait behind others (docs/design.md §5 step 3: a correction's
  * blocking recall): the copy thread takes it before any job not yet started (a job already
  * being copied finishes first); urgent jobs keep their own order. No prepare step. At most 4
