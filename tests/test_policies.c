@@ -581,8 +581,8 @@ static int dm_select_pages(void *c, const struct backend_select *g, const float 
 			   const float *mn, const float *mx, const uint8_t *res, int32_t *pages,
 			   int32_t *chg, int32_t *nchg)
 {
-	return real_ops->select_pages(c, g, dv(q), dv(mn), dv(mx), dv(res), dv(pages), dv(chg),
-				      dv(nchg));
+	return real_ops->select_pages(c, g, dv(q), dv(mn), dv(mx), res, dv(pages), dv(chg),
+				      dv(nchg)); /* the resident mask is host memory */
 }
 
 static int dm_group_cosine(void *c, float *o, const float *a, const float *b, int n_q, int n_kv,

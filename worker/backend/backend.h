@@ -213,7 +213,8 @@ struct backend_ops {
 	 * paged policies keep page summaries, queries and the selection's outputs in backend
 	 * buffers, so a decode step downloads no query and no page. The CPU backend's ops call
 	 * select.c; the CUDA backend's are the kernels page_summary, page_score,
-	 * topk_pages_changed and qcos. All pointers but the geometry are backend buffers. */
+	 * topk_pages_changed and qcos. All pointers but the geometry (and select_pages' resident
+	 * mask) are backend buffers. */
 
 	/* (optional) Min and max over the p keys of one NHD slot (2, p, n_kv, d) in slot_dt (its
 	 * K rows) into page `page` of kmin, kmax (n_kv, page_stride, d) f32, for every KV head:
@@ -222,10 +223,12 @@ struct backend_ops {
 			    const void *slot, enum fkv_dtype slot_dt, int p, int n_kv, int d);
 	/* (optional) select_topk over candidates [g->cand_begin, + g->n_cand): q (n_q, d) f32;
 	 * kmin, kmax (n_kv, page_stride, d) f32; pages (n_kv, k) int32, each head's top k
-	 * ascending (ties to the lower page); resident (n_kv, page_stride) uint8, non-zero where
-	 * the head already holds the page on the device; changed (n_kv, k) int32 the selected
-	 * pages not resident, ascending, padded with -1, and n_changed (n_kv) int32 their counts.
-	 * The page lists equal select_topk's exactly; -EINVAL for a bad geometry. */
+	 * ascending (ties to the lower page); resident (n_kv, page_stride) uint8 — HOST memory,
+	 * read before the call returns (staged like attn_decode_slots' list, so the host never
+	 * waits for a copy) — non-zero where the head already holds the page on the device;
+	 * changed (n_kv, k) int32 the selected pages not resident, ascending, padded with -1, and
+	 * n_changed (n_kv) int32 their counts. The page lists equal select_topk's exactly;
+	 * -EINVAL for a bad geometry. */
 	int (*select_pages)(void *ctx, const struct backend_select *g, const float *q,
 			    const float *kmin, const float *kmax, const uint8_t *resident,
 			    int32_t *pages, int32_t *changed, int32_t *n_changed);

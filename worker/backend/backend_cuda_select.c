@@ -11,6 +11,7 @@
 #ifdef FREEKV_HAVE_CUDA
 
 #include <errno.h>
+#include <string.h>
 
 #include "cuda_check.h"
 #include "page_score.cuh"
@@ -62,9 +63,17 @@ int cuda_select_pages(void *ctx, const struct backend_select *g, const float *q,
 	if (ret)
 		return ret;
 	float *scores = c->sel_ws, *raw = scores + n_sc;
+	/* The mask through the staging ring: no host wait (a pageable upload may synchronise). */
+	const size_t mb = (size_t)g->n_kv * g->page_stride;
+	struct stage_slot *st;
+	if ((ret = cuda_stage_take(c, mb, &st)))
+		return ret;
+	memcpy(st->host, resident, mb);
+	if ((ret = cuda_stage_push(c, st, mb)))
+		return ret;
 	CUDA_CHECK(page_score(scores, raw, q, kmin, kmax, g->page_stride, g->cand_begin,
 			      g->n_cand, g->n_q, g->n_kv, g->d, c->stream));
-	CUDA_CHECK(topk_pages_changed(pages, changed, n_changed, scores, resident,
+	CUDA_CHECK(topk_pages_changed(pages, changed, n_changed, scores, (const uint8_t *)st->dev,
 				      g->page_stride, g->n_kv, g->n_cand, g->cand_begin, g->k,
 				      c->stream));
 	return 0;

@@ -52,7 +52,7 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 	if (L->slots)
 		s->p.be->ops->buf_free(s->p.be->ctx, L->slots);
 	struct backend *be = s->p.be;
-	void *bufs[] = { L->kmin, L->kmax, L->resident, L->dq, L->dsel, L->dcos };
+	void *bufs[] = { L->kmin, L->kmax, L->dq, L->dsel, L->dcos };
 	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
 		if (bufs[i])
 			be->ops->buf_free(be->ctx, bufs[i]);
@@ -106,7 +106,7 @@ void paged_destroy(void *st)
 	free(s);
 }
 
-/* Grows the summaries, the resident mask (backend buffers) and the host scratch that scales
+/* Grows the summaries (backend buffers), the resident mask and the host scratch that scale
  * with them to hold need pages. Called on the compute thread with no speculative job in flight
  * for the layer; the old buffers are copied head by head on the backend, in stream order. */
 static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
@@ -120,18 +120,17 @@ static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 	size_t d = (size_t)s->g.d, H = (size_t)s->g.n_kv, old = (size_t)L->page_cap;
 	size_t fb = H * cap * d * sizeof(float);
 	float *mn = be->ops->buf_alloc(be->ctx, fb), *mx = be->ops->buf_alloc(be->ctx, fb);
-	uint8_t *rd = be->ops->buf_alloc(be->ctx, H * cap);
 	uint8_t *rm = calloc(H * cap, 1);
 	float *sc = malloc(select_scratch_floats(&s->g, cap) * sizeof *sc);
-	int ret = mn && mx && rd && rm && sc ? 0 : -ENOMEM;
+	int ret = mn && mx && rm && sc ? 0 : -ENOMEM;
 	for (size_t h = 0; old && h < H && !ret; h++)
 		ret = be->ops->copy(be->ctx, mn + h * cap * d, L->kmin + h * old * d,
 				    old * d * sizeof *mn)
 		   ?: be->ops->copy(be->ctx, mx + h * cap * d, L->kmax + h * old * d,
 				    old * d * sizeof *mx);
 	if (ret) {
-		void *bufs[] = { mn, mx, rd };
-		for (size_t i = 0; i < 3; i++)
+		void *bufs[] = { mn, mx };
+		for (size_t i = 0; i < 2; i++)
 			if (bufs[i])
 				be->ops->buf_free(be->ctx, bufs[i]);
 		free(rm);
@@ -141,13 +140,11 @@ static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 	if (L->kmin) {
 		be->ops->buf_free(be->ctx, L->kmin);
 		be->ops->buf_free(be->ctx, L->kmax);
-		be->ops->buf_free(be->ctx, L->resident);
 	}
 	free(L->res_mask);
 	free(L->scratch_c);
 	L->kmin = mn;
 	L->kmax = mx;
-	L->resident = rd;
 	L->res_mask = rm;
 	L->scratch_c = sc;
 	L->page_cap = cap;

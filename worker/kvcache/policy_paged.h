@@ -10,7 +10,7 @@
  * while there is room (the sequence still fits the budget, so every policy attends to
  * everything), and afterwards only when the strategy keeps recent pages (streaming); otherwise
  * it stays in the host copy until selected. Also per layer: min/max key summaries of every full
- * page, the resident mask and the last query (backend buffers: summaries are built by the
+ * page and the last query (backend buffers: summaries are built by the
  * page_summary op when a page fills, selection and the correction check are the select_pages
  * and group_cosine ops, so no page or query is downloaded in decode), and the counters.
  *
@@ -47,8 +47,7 @@ struct paged_layer {
 	int *fresh;	       /* (n_kv, k_sel): a selection not yet applied to every head */
 	bool have_target;
 	float *kmin, *kmax;    /* backend buffers: (n_kv, page_cap, d) summaries of full pages */
-	uint8_t *resident;     /* backend buffer: (n_kv, page_cap) select_pages' resident mask */
-	uint8_t *res_mask;     /* (n_kv, page_cap) its host image, rebuilt from res per selection */
+	uint8_t *res_mask;     /* (n_kv, page_cap) select_pages' resident mask, rebuilt from res */
 	int page_cap;	       /* pages the summaries hold (grown by doubling) */
 	float *dq;	       /* backend buffer: (n_q, d) the previous query at this layer */
 	bool have_q;

@@ -1,6 +1,6 @@
 /* policy_paged_select — the paged state's selection through the backend's select ops
- * (docs/design.md §5 "Selection", "The GPU decode step"): the query, the summaries and the
- * resident mask stay on the backend; only the selection's page lists come back, waited for on
+ * (docs/design.md §5 "Selection", "The GPU decode step"): the query and the summaries stay on
+ * the backend (the resident mask goes with the call, staged without a wait); only the selection's page lists come back, waited for on
  * the blocking paths (quest, freekv's corrections: recall is on the critical path there
  * anyway) and through a fence on the recall thread on freekv's speculative path, so the
  * compute thread never waits for a speculative selection. See policy_paged.h. */
@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Uploads the resident mask of L->res (which page each head already holds in a selected slot)
- * and queues select_pages into L->dsel. */
+/* Builds the resident mask of L->res (which page each head already holds in a selected slot;
+ * host memory, which the op reads before it returns) and queues select_pages into L->dsel. */
 static int select_queue(struct paged *s, struct paged_layer *L, const float *q,
 			const struct select_layout *lay)
 {
@@ -32,8 +32,7 @@ static int select_queue(struct paged *s, struct paged_layer *L, const float *q,
 	};
 	if (lay->k != K || g.cand_begin + g.n_cand > L->page_cap)
 		return -EINVAL; /* a compressed layout always keeps k_sel summarised candidates */
-	return be->ops->upload(be->ctx, L->resident, L->res_mask, mask)
-	    ?: be->ops->select_pages(be->ctx, &g, q, L->kmin, L->kmax, L->resident, L->dsel,
+	return be->ops->select_pages(be->ctx, &g, q, L->kmin, L->kmax, L->res_mask, L->dsel,
 				     L->dsel + (size_t)H * K, L->dsel + (size_t)2 * H * K);
 }
 
