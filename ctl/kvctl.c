@@ -18,6 +18,7 @@ enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 
 struct opts {
 	const char *endpoint;
+	const char *token_file;	/* tcp endpoints: the daemon's auth token ($FREEKV_TOKEN_FILE too) */
 	int timeout_ms;
 	bool json, tokens, detached, demote;
 	const char *worker;
@@ -182,6 +183,8 @@ static int v_workers(struct kvs *k, const struct opts *o)
 		       "HB_AGO_MS", "STATS");
 	for (size_t i = 0; i < r->workers->n_workers; i++) {
 		const Freekv__WorkerInfo *w = r->workers->workers[i];
+		if (w->worker_id == kvs_worker_id(k))
+			continue; /* this kvctl's own control session */
 		const char *role = w->role == FREEKV__CLIENT_ROLE__CLIENT_ROLE_WORKER ? "worker" : "control";
 		if (o->json) {
 			json_object *j = json_object_new_object();
@@ -200,14 +203,34 @@ static int v_workers(struct kvs *k, const struct opts *o)
 				json_object_object_add(j, "bytes_recalled", json_object_new_uint64(w->stats->bytes_recalled));
 				json_object_object_add(j, "correction_rate", json_object_new_double(w->stats->correction_rate));
 			}
+			if (w->stats && w->stats->has_full_step_rate) {
+				json_object *lr = json_object_new_array();
+				for (size_t l = 0; l < w->stats->n_layer_full_step_rate; l++)
+					json_object_array_add(lr, json_object_new_double(w->stats->layer_full_step_rate[l]));
+				json_object_object_add(j, "full_step_rate", json_object_new_double(w->stats->full_step_rate));
+				json_object_object_add(j, "tokens_fetched", json_object_new_uint64(w->stats->tokens_fetched));
+				json_object_object_add(j, "full_step_ms", json_object_new_double(w->stats->full_step_ms));
+				json_object_object_add(j, "layer_full_step_rate", lr);
+			}
 			json_object_array_add(arr, j);
 		} else {
-			char st[64] = "-";
-			if (w->stats)
+			char st[160] = "-";
+			if (w->stats && w->stats->has_full_step_rate)
+				snprintf(st, sizeof st, "%.0f tok/s, full steps %.3f (stride %.1f), %" PRIu64 " fetched, %.0f ms full",
+					 w->stats->decode_tok_s, w->stats->full_step_rate,
+					 w->stats->full_step_rate > 0 ? 1.0 / w->stats->full_step_rate : 0.0,
+					 w->stats->tokens_fetched, w->stats->full_step_ms);
+			else if (w->stats)
 				snprintf(st, sizeof st, "%.0f tok/s, %" PRIu64 " recalled, corr %.2f", w->stats->decode_tok_s,
 					 w->stats->pages_recalled, w->stats->correction_rate);
 			printf("%-6u %-8u %-8s %-16s %8" PRIu64 " %5u %10" PRIu64 "  %s\n", w->worker_id, w->pid, role,
 			       w->name ? w->name : "", w->leases, w->sequences, w->last_heartbeat_ms_ago, st);
+			if (w->stats && w->stats->n_layer_full_step_rate) {
+				printf("%-6s full-step rate per layer:", "");
+				for (size_t l = 0; l < w->stats->n_layer_full_step_rate; l++)
+					printf(" %.3f", w->stats->layer_full_step_rate[l]);
+				printf("\n");
+			}
 		}
 	}
 	if (o->json) {
@@ -350,17 +373,19 @@ static json_object *stat_rows(Freekv__CommandStat **v, size_t n, bool print, con
 {
 	json_object *arr = json_object_new_array();
 	if (print)
-		printf("%-16s %10s %8s %10s\n", title, "CALLS", "ERRORS", "AVG_US");
+		printf("%-16s %10s %8s %8s %10s\n", title, "CALLS", "ERRORS", "REFUSED", "AVG_US");
 	for (size_t i = 0; i < n; i++) {
 		double avg = v[i]->calls ? (double)v[i]->total_us / (double)v[i]->calls : 0;
 		if (print) {
-			printf("%-16s %10" PRIu64 " %8" PRIu64 " %10.1f\n", v[i]->name, v[i]->calls, v[i]->errors, avg);
+			printf("%-16s %10" PRIu64 " %8" PRIu64 " %8" PRIu64 " %10.1f\n", v[i]->name,
+			       v[i]->calls, v[i]->errors, v[i]->refused, avg);
 			continue;
 		}
 		json_object *j = json_object_new_object();
 		json_object_object_add(j, "name", json_object_new_string(v[i]->name));
 		json_object_object_add(j, "calls", json_object_new_uint64(v[i]->calls));
 		json_object_object_add(j, "errors", json_object_new_uint64(v[i]->errors));
+		json_object_object_add(j, "refused", json_object_new_uint64(v[i]->refused));
 		json_object_object_add(j, "total_us", json_object_new_uint64(v[i]->total_us));
 		json_object_array_add(arr, j);
 	}
@@ -491,8 +516,9 @@ static const struct verb verbs[] = {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvctl [-e ENDPOINT] [--json] [--timeout MS] VERB ...\n"
-		   "  SEQ is a sequence name, or id:N\n");
+	fprintf(f, "usage: kvctl [-e ENDPOINT] [--token-file PATH] [--json] [--timeout MS] VERB ...\n"
+		   "  SEQ is a sequence name, or id:N\n"
+		   "  evict, demote and config set need admin rights (docs/design.md §4 \"Access\")\n");
 	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
 		fprintf(f, "  kvctl %s\n", verbs[i].usage);
 	fprintf(f, "exit codes: 0 ok, 1 refused by kvstored, 2 usage, 3 kvstored unreachable\n");
@@ -532,6 +558,10 @@ static int parse(int argc, char **argv, struct opts *o, const char **verb)
 		} else if ((t = take(argc, argv, &i, "--timeout", NULL, &val))) {
 			if (t < 0 || (o->timeout_ms = atoi(val)) <= 0)
 				return -1;
+		} else if ((t = take(argc, argv, &i, "--token-file", NULL, &val))) {
+			if (t < 0)
+				return -1;
+			o->token_file = val;
 		} else if ((t = take(argc, argv, &i, "--worker", NULL, &val))) {
 			if (t < 0)
 				return -1;
@@ -593,6 +623,11 @@ int main(int argc, char **argv)
 	if (ret) {
 		fprintf(stderr, "kvctl: cannot connect to %s: %s\n", o.endpoint, strerror(-ret));
 		return ret == -EINVAL || ret == -EPROTONOSUPPORT ? EXIT_USAGE : EXIT_UNREACHABLE;
+	}
+	if (o.token_file && kvs_set_token_file(k, o.token_file)) {
+		fprintf(stderr, "kvctl: %s\n", kvs_error(k));
+		kvs_close(k);
+		return EXIT_USAGE;
 	}
 	int rc = v->fn(k, &o);
 	kvs_close(k);

@@ -98,6 +98,12 @@ static void test_endpoint_and_watermarks(void **state)
 	for (size_t i = 0; i < 4; i++) {
 		cfg_defaults(&c);
 		assert_int_equal(cfg_set(&c, "endpoint", ok[i], false, err, sizeof err), 0);
+		if (i < 3) {
+			/* tcp needs a token file or an explicit tcp_insecure (docs/design.md §4 "Access"). */
+			assert_int_equal(cfg_validate(&c, err, sizeof err), -EINVAL);
+			assert_non_null(strstr(err, "auth_token_file"));
+			assert_int_equal(cfg_set(&c, "tcp_insecure", "true", false, err, sizeof err), 0);
+		}
 		assert_int_equal(cfg_validate(&c, err, sizeof err), 0);
 		cfg_defaults(&c);
 		assert_int_equal(cfg_set(&c, "endpoint", bad[i], false, err, sizeof err), 0);

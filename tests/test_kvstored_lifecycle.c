@@ -274,7 +274,8 @@ static void test_tcp_loopback_names(void **state)
 		char ep[96], set[128];
 		snprintf(ep, sizeof ep, "tcp://%s:%d", hosts[i], 20000 + (int)(getpid() % 20000) + i);
 		snprintf(set, sizeof set, "endpoint=%s", ep);
-		const char *const extra[] = { "--set", set, "--set", "dram_bytes=2M", NULL };
+		const char *const extra[] = { "--set", set, "--set", "dram_bytes=2M", "--set",
+					      "tcp_insecure=true", NULL };
 		struct harness h;
 		harness_start(&h, extra); /* ready means a Stats round trip over ep succeeded */
 		struct kvs *k;

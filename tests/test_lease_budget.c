@@ -36,8 +36,8 @@ static void budget_case(const char *policy)
 	assert_memory_equal(p.ids, ref, (size_t)LB_N * sizeof *ref);
 
 	uint64_t pool, demoted, promoted, dram, nvme, bb;
-	lb_tier_stats(E, &pool, &demoted, &promoted);
 	lb_seq_pages(E, "big", &dram, &nvme, &bb);
+	lb_tier_stats(E, &pool, &demoted, &promoted);
 	fprintf(stderr, "%s: sequence of %llu blocks (%llu on NVMe) in a pool of %llu; demoted "
 		"%llu, promoted %llu; worker: %lld recalls in %lld RECALL entries, %lld releases, %lld "
 		"leases held\n",
@@ -127,8 +127,8 @@ static void test_long_prompt(void **state)
 	assert_memory_equal(p.ids, ref.ids, 8 * sizeof *ref.ids);
 	assert_true(lb_stat(err, "prompt_tokens") > 2000);
 	uint64_t pool, demoted, promoted, dram, nvme, bb;
-	lb_tier_stats(E, &pool, &demoted, &promoted);
 	lb_seq_pages(E, "long", &dram, &nvme, &bb);
+	lb_tier_stats(E, &pool, &demoted, &promoted);
 	fprintf(stderr, "long prompt: %lld tokens, sequence of %llu blocks (%llu on NVMe) in a pool "
 		"of %llu; demoted %llu, promoted %llu\n", lb_stat(err, "prompt_tokens"),
 		(unsigned long long)(dram + nvme), (unsigned long long)nvme,

@@ -35,8 +35,8 @@ static void resume_case(const char *policy)
 	int n_prompt = n_before - LB_SPLIT;
 	assert_true(n_prompt > 0);
 	uint64_t pool, demoted0, promoted0, demoted, promoted, dram, nvme, bb;
-	lb_tier_stats(E, &pool, &demoted0, &promoted0);
 	lb_seq_pages(E, "r", &dram, &nvme, &bb);
+	lb_tier_stats(E, &pool, &demoted0, &promoted0);
 	assert_true(nvme > 0);
 
 	const char *res[] = { "resume", "-m", g_model, "--store", E, "--seq", "r", "-n", n_rest,
@@ -50,8 +50,8 @@ static void resume_case(const char *policy)
 	assert_memory_equal(p.ids, ref + LB_SPLIT, (size_t)(LB_N - LB_SPLIT) * sizeof *ids);
 
 	/* The rebuild read the demoted pages back from NVMe, on demand. */
-	lb_tier_stats(E, &pool, &demoted, &promoted);
 	lb_seq_pages(E, "r", &dram, &nvme, &bb);
+	lb_tier_stats(E, &pool, &demoted, &promoted);
 	fprintf(stderr, "%s: resumed; sequence of %llu blocks (%llu on NVMe) in a pool of %llu; "
 		"promoted %llu during the resume; worker: %lld recalls, %lld releases\n", policy,
 		(unsigned long long)(dram + nvme), (unsigned long long)nvme,

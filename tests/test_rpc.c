@@ -61,7 +61,8 @@ static int env_setup_sized(void **state, bool tier, const char *dram, const char
 		fprintf(stderr, "dp_init: %s\n", err);
 	assert_int_equal(ret, 0);
 	e->zctx = zmq_ctx_new();
-	struct rpc_ctx ctx = { &e->cfg, &e->seqs, &e->workers, e->dp, 0, clock_ms };
+	struct rpc_ctx ctx = { .cfg = &e->cfg, .seqs = &e->seqs, .workers = &e->workers, .dp = e->dp,
+				.now_ms = clock_ms };
 	assert_int_equal(rpc_init(&e->s, e->zctx, &ctx, err, sizeof err), 0);
 	*state = e;
 	return 0;

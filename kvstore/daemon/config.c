@@ -39,6 +39,15 @@ static const struct cfg_key keys[] = {
 	  "mlock the pool (needs LimitMEMLOCK=infinity / ulimit -l unlimited)" },
 	{ "group", CFG_T_STRING, F(group), 0, 64, "", false,
 	  "group owning the pool, rings and ipc socket, mode 0660 (empty: the daemon's group)" },
+	{ "admin_group", CFG_T_STRING, F(admin_group), 0, 64, "", false,
+	  "group whose members may evict, demote, set config and touch any sequence (besides "
+	  "root and the daemon's own user)" },
+	{ "worker_group", CFG_T_STRING, F(worker_group), 0, 64, "freekv", false,
+	  "group whose members may say Hello as workers and use their own sequences" },
+	{ "auth_token_file", CFG_T_STRING, F(auth_token_file), 0, CFG_STR_MAX - 1, "", false,
+	  "tcp endpoints: file (mode 0600) holding the token a client must send in Hello" },
+	{ "tcp_insecure", CFG_T_BOOL, F(tcp_insecure), 0, 1, "false", false,
+	  "serve a tcp endpoint without auth_token_file: every local user is admin" },
 	{ "nvme_path", CFG_T_STRING, F(nvme_path), 0, CFG_STR_MAX - 1, "/var/lib/freekv/tier.bin", false,
 	  "file or block device of the NVMe tier, opened O_DIRECT (empty: no tier)" },
 	{ "nvme_bytes", CFG_T_BYTES, F(nvme_bytes), 0, 1ull << 50, "4G", false,
@@ -63,6 +72,8 @@ static const struct cfg_key keys[] = {
 	  "io_uring queue depth of the NVMe tier" },
 	{ "log_level", CFG_T_LEVEL, F(log_level), CFG_LOG_ERROR, CFG_LOG_DEBUG, "info", true,
 	  "error, warn, info or debug" },
+	{ "metrics_listen", CFG_T_STRING, F(metrics_listen), 0, CFG_STR_MAX - 1, "", false,
+	  "loopback HOST:PORT serving Prometheus /metrics (empty: none)" },
 };
 
 #undef F
@@ -328,6 +339,12 @@ int cfg_validate(const struct cfg *c, char *err, size_t errlen)
 	if (strncmp(c->endpoint, "tcp://", 6) == 0) {
 		if (!tcp_is_loopback(c->endpoint + 6)) {
 			errmsg_set(err, errlen, "endpoint %s: tcp is accepted only on a loopback address", c->endpoint);
+			return -EINVAL;
+		}
+		/* tcp carries no peer credentials: without a token any local user would be admin. */
+		if (!c->auth_token_file[0] && !c->tcp_insecure) {
+			errmsg_set(err, errlen, "endpoint %s: a tcp endpoint needs auth_token_file (or "
+				   "tcp_insecure = true to let every local user in as admin)", c->endpoint);
 			return -EINVAL;
 		}
 	} else if (strncmp(c->endpoint, "ipc://", 6) != 0 || !c->endpoint[6]) {

@@ -26,6 +26,10 @@ struct cfg {
 	char hugetlbfs_path[CFG_STR_MAX];
 	bool lock_memory;
 	char group[CFG_STR_MAX];
+	char admin_group[CFG_STR_MAX];	/* docs/design.md §4 "Access" */
+	char worker_group[CFG_STR_MAX];
+	char auth_token_file[CFG_STR_MAX];
+	bool tcp_insecure;
 	char nvme_path[CFG_STR_MAX];
 	uint64_t nvme_bytes;
 	uint64_t dram_high_watermark;	/* percent of the pool in use that starts demotion */
@@ -38,6 +42,7 @@ struct cfg {
 	uint64_t max_request_bytes;	/* larger control frames are refused undecoded */
 	uint64_t io_queue_depth;
 	uint64_t log_level;		/* enum cfg_log_level */
+	char metrics_listen[CFG_STR_MAX]; /* HOST:PORT of /metrics; empty: not served */
 };
 
 /* Fill every key with its default. */

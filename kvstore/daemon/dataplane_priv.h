@@ -62,6 +62,7 @@ struct dp_worker {
 	uint32_t cap, n_free, n_leases;
 	struct dp_pending *pending;
 	bool corrupt_logged;		/* "ring corrupted" was logged for this worker */
+	uint64_t last_op_ms;		/* when its ring last carried an op (dp_now_us clock) */
 };
 
 struct dp {
@@ -84,6 +85,7 @@ struct dp {
 	size_t n_demote_q;
 	struct dp_swap swaps[DP_SWAP_MAX];
 	uint64_t swapped, swap_failures;
+	uint64_t reclaims;		/* blocks demoted to give a slab unit to another class */
 };
 
 uint64_t dp_now_us(void);

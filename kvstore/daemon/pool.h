@@ -72,6 +72,7 @@ struct pool_block {
 	uint8_t tier;           /* enum pool_tier */
 	bool committed;
 	bool has_crc;
+	bool doomed;            /* its sequence was dropped during its I/O: freed when that ends */
 };
 
 struct pool_usage {
@@ -115,6 +116,11 @@ int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id);
 /* Frees the descriptor and its DRAM slot, if any. The caller frees the NVMe extent (tier.h)
  * first. -EINVAL for an unknown id, -EBUSY for a leased or in-flight block. */
 int pool_block_free(struct pool *p, uint32_t id);
+
+/* For an ALLOC of class cls that found no block while every slab unit is owned: the range of
+ * the other class's slab to empty (see slab_reclaim_pick). -EAGAIN when a unit is free. */
+int pool_reclaim_pick(struct pool *p, unsigned cls, uint64_t *base, uint64_t *bytes,
+		      uint64_t *stride);
 
 /* Descriptor of a live block, or NULL for an unknown / freed id. */
 struct pool_block *pool_block_get(struct pool *p, uint32_t id);

@@ -1,6 +1,9 @@
 /* rpc — control plane: socket, codec, handler table. See rpc.h. */
 #include "rpc.h"
+#include "access.h"
 #include "freekv_store.h"
+#include "pbcheck.h"
+#include "prom.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -33,6 +36,7 @@ struct call {
 	const void *ident;
 	size_t ident_len;
 	const struct rpc_peer *peer;	/* NULL: in-process caller */
+	bool refused;			/* failed for want of rights (counted per verb) */
 	char err[RPC_ERR_MAX];
 	struct arena_chunk *chunks;
 };
@@ -159,6 +163,50 @@ static struct seq *lookup(struct call *c, bool has_id, uint64_t id, const char *
 	return s;
 }
 
+/* ---------------------------------------------------------------- access */
+
+/* A refusal for want of rights (docs/design.md §4 "Access"): counted per verb, and logged the
+ * first time each connection meets one. */
+static int refuse(struct call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refuse(struct call *c, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof c->err, fmt, ap);
+	va_end(ap);
+	c->refused = true;
+	struct rpc_server *s = c->s;
+	uint64_t key = 1469598103934665603ull; /* FNV-1a of the routing identity */
+	for (size_t i = 0; i < c->ident_len; i++)
+		key = (key ^ ((const uint8_t *)c->ident)[i]) * 1099511628211ull;
+	for (size_t i = 0; i < s->n_refused_peers; i++)
+		if (s->refused_peers[i] == key)
+			return -EACCES;
+	if (s->n_refused_peers < RPC_REFUSED_PEERS) {
+		s->refused_peers[s->n_refused_peers++] = key;
+		const char *more = s->n_refused_peers == RPC_REFUSED_PEERS ?
+			" (further peers are not logged)" : "";
+		if (c->peer && c->peer->has_cred)
+			fprintf(stderr, "kvstored: refused pid %u uid %u: %s%s\n", c->peer->pid,
+				c->peer->uid, c->err, more);
+		else
+			fprintf(stderr, "kvstored: refused: %s%s\n", c->err, more);
+	}
+	return -EACCES;
+}
+
+/* Whether the caller may use sequence s: its creator's uid, or an admin. In-process callers and
+ * daemons without an access table (tests) are the daemon itself. */
+static int may_use(struct call *c, const struct seq *s)
+{
+	if (!c->peer || !c->s->ctx.access || !c->w || c->w->rights == ACCESS_ADMIN || !s->has_owner ||
+	    s->owner_uid == c->w->uid)
+		return 0;
+	char hint[CFG_STR_MAX + 128];
+	return refuse(c, "sequence '%s' belongs to uid %u, not uid %u; %s", s->name, s->owner_uid,
+		      c->w->uid, access_admin_hint(c->s->ctx.access, hint, sizeof hint));
+}
+
 /* ---------------------------------------------------------------- handlers */
 
 /* A Hello's pid against the connection's credentials; see rpc.h. */
@@ -192,6 +240,14 @@ static int h_hello(struct call *c)
 	int ret = check_hello_pid(c, h->pid);
 	if (ret)
 		return ret;
+	enum access_right rights = ACCESS_ADMIN;
+	if (c->peer && x->access) {
+		char why[RPC_ERR_MAX - 32];
+		rights = access_of(x->access, c->peer->ipc, c->peer->has_cred, c->peer->uid,
+				   c->peer->gid, h->auth_token, why, sizeof why);
+		if (rights == ACCESS_NONE)
+			return refuse(c, "Hello refused: %s", why);
+	}
 	ret = wk_add(x->workers, h->pid, (enum wk_role)h->role, h->name, c->ident, c->ident_len, x->now_ms(), &w);
 	if (ret == -ESRCH)
 		return fail(c, ret, "pid %u does not exist", h->pid);
@@ -199,6 +255,9 @@ static int h_hello(struct call *c)
 		return fail(c, ret, "max_workers (%zu) clients registered", x->workers->max);
 	if (ret)
 		return fail(c, ret, "cannot register: %s", strerror(-ret));
+	w->rights = (uint8_t)rights;
+	w->pid_verified = c->peer && c->peer->ipc && c->peer->has_cred && c->peer->pid == h->pid;
+	w->uid = c->peer && c->peer->has_cred ? c->peer->uid : 0;
 	Freekv__Welcome *wel = NEW(c, Freekv__Welcome, FREEKV__WELCOME__INIT);
 	char *ring = ca(c, CFG_STR_MAX);
 	if (!wel || !ring) {
@@ -240,6 +299,14 @@ static int h_heartbeat(struct call *c)
 		st->pages_recalled = h->stats->pages_recalled;
 		st->bytes_recalled = h->stats->bytes_recalled;
 		st->correction_rate = h->stats->correction_rate;
+		st->has_refresh = h->stats->has_full_step_rate;
+		st->full_step_rate = h->stats->full_step_rate;
+		st->tokens_fetched = h->stats->tokens_fetched;
+		st->full_step_ms = h->stats->full_step_ms;
+		st->n_layer_rate = h->stats->n_layer_full_step_rate < WK_MAX_LAYER_STATS ?
+				   h->stats->n_layer_full_step_rate : WK_MAX_LAYER_STATS;
+		memcpy(st->layer_rate, h->stats->layer_full_step_rate,
+		       st->n_layer_rate * sizeof *st->layer_rate);
 	}
 	return reply_ack(c);
 }
@@ -259,6 +326,12 @@ static int h_open(struct call *c)
 			   sizeof c->err);
 	if (ret)
 		return ret;
+	if (created) {
+		s->has_owner = c->w != NULL;
+		s->owner_uid = c->w ? c->w->uid : 0;
+	} else if ((ret = may_use(c, s))) {
+		return ret;
+	}
 	return reply_seq(c, s, false);
 }
 
@@ -269,7 +342,10 @@ static int h_attach(struct call *c)
 		return -ENOENT;
 	if (c->w->role != WK_ROLE_WORKER)
 		return fail(c, -EPERM, "only workers attach sequences");
-	int ret = seq_attach(s, c->w->id, c->err, sizeof c->err);
+	int ret = may_use(c, s);
+	if (ret)
+		return ret;
+	ret = seq_attach(s, c->w->id, c->err, sizeof c->err);
 	if (ret)
 		return ret;
 	return reply_seq(c, s, true);
@@ -295,6 +371,9 @@ static int h_close(struct call *c)
 	uint64_t blocks;
 	if (!s)
 		return -ENOENT;
+	int ret = may_use(c, s);
+	if (ret)
+		return ret;
 	if (s->state == SEQ_ATTACHED) {
 		if (!c->w || s->worker_id != c->w->id)
 			return fail(c, -EBUSY, "sequence '%s' is attached to worker %u", s->name, s->worker_id);
@@ -303,7 +382,7 @@ static int h_close(struct call *c)
 	}
 	if (!cl->drop)
 		return reply_ack(c);
-	int ret = dp_drop_seq(x->dp, s, &blocks, c->err, sizeof c->err);
+	ret = dp_drop_seq(x->dp, s, &blocks, c->err, sizeof c->err);
 	if (ret)
 		return ret;
 	seq_remove(x->seqs, s);
@@ -316,9 +395,14 @@ static int h_list_sequences(struct call *c)
 	Freekv__SequenceList *l = NEW(c, Freekv__SequenceList, FREEKV__SEQUENCE_LIST__INIT);
 	if (!l || !(l->sequences = ca(c, (t->n + 1) * sizeof *l->sequences)))
 		return -ENOMEM;
-	for (size_t i = 0; i < t->n; i++)
+	for (size_t i = 0; i < t->n; i++) {
+		/* A worker sees its own sequences; an admin (or the daemon itself) all of them. */
+		if (c->peer && c->s->ctx.access && c->w && c->w->rights != ACCESS_ADMIN &&
+		    t->v[i]->has_owner && t->v[i]->owner_uid != c->w->uid)
+			continue;
 		if (!(l->sequences[l->n_sequences++] = seq_info(c, t->v[i], false)))
 			return -ENOMEM;
+	}
 	c->rep->sequences = l;
 	c->rep->body_case = FREEKV__REPLY__BODY_SEQUENCES;
 	return 0;
@@ -330,7 +414,8 @@ static int h_show_sequence(struct call *c)
 	struct seq *s = lookup(c, sh->has_seq_id, sh->seq_id, sh->name);
 	if (!s)
 		return -ENOENT;
-	return reply_seq(c, s, sh->with_tokens);
+	int ret = may_use(c, s);
+	return ret ? ret : reply_seq(c, s, sh->with_tokens);
 }
 
 static int h_list_workers(struct call *c)
@@ -367,6 +452,15 @@ static int h_list_workers(struct call *c)
 			st->pages_recalled = w->stats.pages_recalled;
 			st->bytes_recalled = w->stats.bytes_recalled;
 			st->correction_rate = w->stats.correction_rate;
+			if (w->stats.has_refresh) {
+				st->has_full_step_rate = st->has_tokens_fetched = true;
+				st->has_full_step_ms = true;
+				st->full_step_rate = w->stats.full_step_rate;
+				st->tokens_fetched = w->stats.tokens_fetched;
+				st->full_step_ms = w->stats.full_step_ms;
+				st->n_layer_full_step_rate = w->stats.n_layer_rate;
+				st->layer_full_step_rate = w->stats.layer_rate;
+			}
 			wi->stats = st;
 		}
 		l->workers[l->n_workers++] = wi;
@@ -445,7 +539,7 @@ static int h_demote(struct call *c)
 }
 
 static Freekv__CommandStat *cmd_stat(struct call *c, const char *name, uint64_t calls, uint64_t errors,
-				     uint64_t us)
+				     uint64_t us, uint64_t refused)
 {
 	Freekv__CommandStat *cs = NEW(c, Freekv__CommandStat, FREEKV__COMMAND_STAT__INIT);
 	if (cs) {
@@ -453,6 +547,8 @@ static Freekv__CommandStat *cmd_stat(struct call *c, const char *name, uint64_t 
 		cs->calls = calls;
 		cs->errors = errors;
 		cs->total_us = us;
+		cs->has_refused = true;
+		cs->refused = refused;
 	}
 	return cs;
 }
@@ -488,14 +584,15 @@ static int h_stats(struct call *c)
 	r->swap_failures = d.swap_failures;
 	for (size_t i = 0; i < nc; i++) {
 		struct rpc_stat *st = &c->s->stats[i];
-		if (!(r->commands[r->n_commands++] = cmd_stat(c, rpc_command_name(i), st->calls, st->errors, st->total_us)))
+		if (!(r->commands[r->n_commands++] = cmd_stat(c, rpc_command_name(i), st->calls, st->errors, st->total_us,
+								     st->refused)))
 			return -ENOMEM;
 	}
-	if (!(r->commands[r->n_commands++] = cmd_stat(c, "malformed", c->s->bad.calls, c->s->bad.errors, 0)))
+	if (!(r->commands[r->n_commands++] = cmd_stat(c, "malformed", c->s->bad.calls, c->s->bad.errors, 0, 0)))
 		return -ENOMEM;
 	for (int k = 0; k < DP_N_OPS; k++)
 		if (!(r->ring_ops[r->n_ring_ops++] = cmd_stat(c, dp_op_name(k), d.ops[k].calls, d.ops[k].errors,
-							     d.ops[k].total_us)))
+							     d.ops[k].total_us, 0)))
 			return -ENOMEM;
 	c->rep->stats = r;
 	c->rep->body_case = FREEKV__REPLY__BODY_STATS;
@@ -579,7 +676,9 @@ static int h_goodbye(struct call *c)
 
 /* ---------------------------------------------------------------- table */
 
-enum { NEED_WORKER = 1 };
+/* NEED_HELLO: refused before a Welcome (only Hello and the read-only Stats are not);
+ * NEED_ADMIN: an admin verb (docs/design.md §4 "Access"). */
+enum { NEED_WORKER = 1, NEED_HELLO = 2, NEED_ADMIN = 4 };
 
 static const struct rpc_cmd {
 	const char *name;
@@ -589,18 +688,18 @@ static const struct rpc_cmd {
 } cmds[] = {
 	{ "Hello", FREEKV__REQUEST__BODY_HELLO, 0, h_hello },
 	{ "Heartbeat", FREEKV__REQUEST__BODY_HEARTBEAT, NEED_WORKER, h_heartbeat },
-	{ "OpenSequence", FREEKV__REQUEST__BODY_OPEN_SEQUENCE, 0, h_open },
+	{ "OpenSequence", FREEKV__REQUEST__BODY_OPEN_SEQUENCE, NEED_HELLO, h_open },
 	{ "Attach", FREEKV__REQUEST__BODY_ATTACH, NEED_WORKER, h_attach },
 	{ "Detach", FREEKV__REQUEST__BODY_DETACH, NEED_WORKER, h_detach },
-	{ "CloseSequence", FREEKV__REQUEST__BODY_CLOSE_SEQUENCE, 0, h_close },
-	{ "ListSequences", FREEKV__REQUEST__BODY_LIST_SEQUENCES, 0, h_list_sequences },
-	{ "ShowSequence", FREEKV__REQUEST__BODY_SHOW_SEQUENCE, 0, h_show_sequence },
-	{ "ListWorkers", FREEKV__REQUEST__BODY_LIST_WORKERS, 0, h_list_workers },
-	{ "Evict", FREEKV__REQUEST__BODY_EVICT, 0, h_evict },
-	{ "Demote", FREEKV__REQUEST__BODY_DEMOTE, 0, h_demote },
+	{ "CloseSequence", FREEKV__REQUEST__BODY_CLOSE_SEQUENCE, NEED_HELLO, h_close },
+	{ "ListSequences", FREEKV__REQUEST__BODY_LIST_SEQUENCES, NEED_HELLO, h_list_sequences },
+	{ "ShowSequence", FREEKV__REQUEST__BODY_SHOW_SEQUENCE, NEED_HELLO, h_show_sequence },
+	{ "ListWorkers", FREEKV__REQUEST__BODY_LIST_WORKERS, NEED_HELLO, h_list_workers },
+	{ "Evict", FREEKV__REQUEST__BODY_EVICT, NEED_HELLO | NEED_ADMIN, h_evict },
+	{ "Demote", FREEKV__REQUEST__BODY_DEMOTE, NEED_HELLO | NEED_ADMIN, h_demote },
 	{ "Stats", FREEKV__REQUEST__BODY_STATS, 0, h_stats },
-	{ "ConfigGet", FREEKV__REQUEST__BODY_CONFIG_GET, 0, h_config_get },
-	{ "ConfigSet", FREEKV__REQUEST__BODY_CONFIG_SET, 0, h_config_set },
+	{ "ConfigGet", FREEKV__REQUEST__BODY_CONFIG_GET, NEED_HELLO, h_config_get },
+	{ "ConfigSet", FREEKV__REQUEST__BODY_CONFIG_SET, NEED_HELLO | NEED_ADMIN, h_config_set },
 	{ "CommitTokens", FREEKV__REQUEST__BODY_COMMIT_TOKENS, NEED_WORKER, h_commit_tokens },
 	{ "Goodbye", FREEKV__REQUEST__BODY_GOODBYE, NEED_WORKER, h_goodbye },
 };
@@ -639,6 +738,17 @@ static int dispatch(struct call *c, size_t *row)
 	}
 	if ((cmds[*row].flags & NEED_WORKER) && !c->w)
 		return fail(c, -EPERM, "%s needs the worker_id of a welcomed client", cmds[*row].name);
+	/* Rights (docs/design.md §4 "Access"); in-process callers are the daemon itself. */
+	if (c->peer && x->access) {
+		if ((cmds[*row].flags & NEED_HELLO) && !c->w)
+			return refuse(c, "%s is refused before Hello: say Hello first", cmds[*row].name);
+		if ((cmds[*row].flags & NEED_ADMIN) && c->w->rights != ACCESS_ADMIN) {
+			char hint[CFG_STR_MAX + 128];
+			return refuse(c, "%s needs admin rights and uid %u has worker rights; %s",
+				      cmds[*row].name, c->w->uid,
+				      access_admin_hint(x->access, hint, sizeof hint));
+		}
+	}
 	int ret = cmds[*row].fn(c);
 	if (ret && !c->err[0])
 		snprintf(c->err, sizeof c->err, "%s: %s", cmds[*row].name, strerror(-ret));
@@ -661,6 +771,9 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 			      s->ctx.cfg->max_request_bytes);
 	} else if (!(req = freekv__request__unpack(NULL, len, data))) {
 		status = fail(&c, -EBADMSG, "undecodable request (%zu bytes)", len);
+	} else if ((status = pbcheck_strings(&freekv__request__descriptor, data, len, c.err,
+					     sizeof c.err))) {
+		rep.id = req->id;
 	} else {
 		c.req = req;
 		rep.id = req->id;
@@ -684,7 +797,11 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 	struct rpc_stat *st = row < N_CMDS ? &s->stats[row] : &s->bad;
 	st->calls++;
 	st->errors += status != 0;
-	st->total_us += now_us() - t0;
+	st->refused += c.refused;
+	uint64_t us = now_us() - t0;
+	st->total_us += us;
+	if (s->latency)
+		prom_hist_observe(s->latency, (double)us / 1e6);
 	return ret;
 }
 

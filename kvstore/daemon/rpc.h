@@ -18,6 +18,11 @@
  * without credentials, is refused with -EPERM naming both pids. tcp:// (loopback only) carries
  * no credentials: the pid is accepted unverified and the daemon logs that it is.
  *
+ * Rights (access.h, docs/design.md §4 "Access"): Hello decides a client's rights from its
+ * credentials or token; before a Welcome only Hello and Stats are answered; admin verbs and other
+ * uids' sequences are refused to workers (-EACCES, counted per verb, logged once per
+ * connection). Every string field is checked whole (pbcheck.h) before dispatch.
+ *
  * Ownership: struct rpc_ctx holds borrowed pointers to the modules the handlers act on (all
  * owned by kvstored's main). rpc_init opens the socket in the caller's ZeroMQ context;
  * rpc_shutdown closes it (the ipc socket file is removed). Replies returned by rpc_process are
@@ -29,10 +34,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "access.h"
 #include "config.h"
 #include "dataplane.h"
 #include "seq.h"
 #include "workers.h"
+
+struct prom_hist;
 
 #define RPC_ERR_MAX 256
 
@@ -41,6 +49,7 @@ struct rpc_ctx {
 	struct seq_table *seqs;
 	struct wk_registry *workers;
 	struct dp *dp;
+	const struct access *access;	/* rights; NULL: every caller is trusted (tests) */
 	uint64_t start_ms;
 	uint64_t (*now_ms)(void);
 };
@@ -53,8 +62,10 @@ struct rpc_peer {
 };
 
 struct rpc_stat {
-	uint64_t calls, errors, total_us;
+	uint64_t calls, errors, refused, total_us;
 };
+
+#define RPC_REFUSED_PEERS 256	/* connections whose first refusal is logged */
 
 struct rpc_server {
 	void *sock;
@@ -63,6 +74,9 @@ struct rpc_server {
 	struct rpc_stat bad;		/* undecodable / malformed frames */
 	char ipc_path[CFG_STR_MAX];
 	uint64_t hello_refused;		/* Hellos refused for a pid mismatch (logged: the first 10) */
+	uint64_t refused_peers[RPC_REFUSED_PEERS]; /* identity hashes already logged */
+	size_t n_refused_peers;
+	struct prom_hist *latency;	/* (optional, borrowed) seconds per request, for /metrics */
 };
 
 /* Binds a ROUTER socket at ctx->cfg->endpoint (an ipc socket file gets mode 0660 and the

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uthash.h>
+
 #define SEQ_NAME_MAX 128	/* bytes including the NUL */
 #define SEQ_FP_MAX 64
 #define SEQ_NO_BLOCK UINT32_MAX
@@ -39,18 +41,25 @@ struct seq {
 	uint64_t block_bytes;		/* one page of one layer: [n_kv][2][p][d] */
 	enum seq_state state;
 	uint32_t worker_id;		/* attached (or last attached, when orphaned) worker; 0 none */
+	bool has_owner;			/* created by a welcomed client ... */
+	uint32_t owner_uid;		/* ... of this uid: only it and admins may use it */
 	uint64_t committed_tokens;
 	uint32_t *tokens;		/* (n_tokens,) */
 	size_t n_tokens, cap_tokens;
 	uint32_t *blocks;		/* (n_layers, pages_cap) pool block ids */
 	uint32_t pages_cap;
 	uint32_t n_pages;		/* 1 + highest page with a block in any layer, 0 when none */
+	size_t slot;			/* index in seq_table.v */
+	UT_hash_handle hh_id, hh_name;	/* the table's indexes by id and by name */
 };
 
+/* Sequences in a dense array (for listing and scans) plus hash indexes by id and by name, so a
+ * lookup stays O(1) at max_sequences (a million by the key's bounds). */
 struct seq_table {
 	struct seq **v;	/* (n,) owned */
 	size_t n, cap, max;
 	uint64_t next_id;
+	struct seq *by_id, *by_name;	/* uthash heads */
 };
 
 int seq_table_init(struct seq_table *t, size_t max_sequences);

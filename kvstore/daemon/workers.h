@@ -14,16 +14,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uthash.h>
+
 #define WK_IDENT_MAX 256
 #define WK_NAME_MAX 64
 
 /* Values match freekv.ClientRole. */
 enum wk_role { WK_ROLE_WORKER = 1, WK_ROLE_CONTROL = 2 };
 
+#define WK_MAX_LAYER_STATS 256
+
 struct wk_stats {
 	bool has;
 	double decode_tok_s, correction_rate;
 	uint64_t tokens_decoded, pages_recalled, bytes_recalled;
+	bool has_refresh; /* refreshkv's counters, as a worker last reported them */
+	double full_step_rate, full_step_ms;
+	uint64_t tokens_fetched;
+	size_t n_layer_rate;
+	double layer_rate[WK_MAX_LAYER_STATS];
 };
 
 struct wk_worker {
@@ -31,18 +40,29 @@ struct wk_worker {
 	uint32_t pid;
 	int pidfd;			/* -1 when pidfd_open is unavailable (heartbeat only) */
 	enum wk_role role;
+	uint8_t rights;			/* enum access_right, decided at Hello */
+	uint32_t uid;			/* the connection's uid (ipc), 0 when unknown */
 	char name[WK_NAME_MAX];
 	uint8_t ident[WK_IDENT_MAX];	/* ZeroMQ routing identity */
 	size_t ident_len;
 	uint64_t last_heartbeat_ms;
 	bool dead;
+	bool pid_verified;		/* pid checked against the ipc peer's credentials */
+	bool fenced;			/* SIGKILL sent; its blocks wait for the exit */
 	struct wk_stats stats;
+	bool in_ident;			/* indexed by ident (a newer Hello from it replaces it) */
+	UT_hash_handle hh_id, hh_ident;	/* the registry's indexes */
 };
 
+/* Fixed slots plus hash indexes by id and by routing identity and a stack of free slots: every
+ * lookup, registration and removal is O(1) at max_workers. */
 struct wk_registry {
 	struct wk_worker *v;	/* (max,) owned; slots with id 0 are free */
 	size_t max, n;
 	uint32_t next_id;
+	struct wk_worker *by_id, *by_ident;	/* uthash heads */
+	uint32_t *free_slots;	/* (max,) stack of free slot indexes */
+	size_t n_free;
 };
 
 int wk_init(struct wk_registry *r, size_t max_workers);
@@ -62,6 +82,9 @@ struct wk_worker *wk_check(struct wk_registry *r, uint32_t id, const void *ident
 struct wk_worker *wk_find_ident(struct wk_registry *r, const void *ident, size_t ident_len);
 
 void wk_heartbeat(struct wk_worker *w, uint64_t now_ms);
+
+/* Whether the worker's process has exited (its pidfd is readable); false without a pidfd. */
+bool wk_exited(const struct wk_worker *w);
 
 /* Fill up to `max` pollable pidfds into fds[] (with the matching worker ids in ids[]); returns
  * how many. */

@@ -30,6 +30,7 @@ struct kvs {
 	void *mon;		/* PAIR socket receiving the control socket's connection events */
 	enum { LINK_PENDING, LINK_UP, LINK_REFUSED, LINK_LOST } link;
 	char endpoint[256];
+	char token[256];	/* sent in Hello: tcp endpoints with an auth_token_file */
 	char err[KVS_ERR_MAX];
 	char notice[KVS_ERR_MAX];	/* the daemon's shutdown message, kept for later calls */
 };
@@ -143,6 +144,9 @@ int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out)
 	zmq_setsockopt(k->sock, ZMQ_SNDTIMEO, &k->timeout_ms, sizeof k->timeout_ms);
 	char ep[512];
 	snprintf(k->endpoint, sizeof k->endpoint, "%s", endpoint);
+	const char *tf = getenv("FREEKV_TOKEN_FILE");
+	if (tf && *tf && kvs_set_token_file(k, tf))
+		fprintf(stderr, "libfreekv_store: FREEKV_TOKEN_FILE: %s\n", k->err);
 	monitor_start(k);
 	int ret = kvs_endpoint_prepare(k->sock, endpoint, ep, sizeof ep);
 	if (ret || zmq_connect(k->sock, ep) != 0) {
@@ -245,10 +249,33 @@ static void poll_notices(struct kvs *k)
 	}
 }
 
+int kvs_set_token_file(struct kvs *k, const char *path)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return seterr(k, -errno, "token file %s: %s", path, strerror(errno));
+	char line[sizeof k->token];
+	bool ok = fgets(line, sizeof line, f) != NULL;
+	fclose(f);
+	line[ok ? strcspn(line, "\r\n") : 0] = '\0';
+	if (!line[0])
+		return seterr(k, -EINVAL, "token file %s: empty", path);
+	memcpy(k->token, line, sizeof line);
+	return 0;
+}
+
 int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 {
 	if (out)
 		*out = NULL;
+	/* Everything but Hello and Stats needs a Welcome (docs/design.md §4 "Access"): a client
+	 * that has not said Hello says it now, as a control session. */
+	if (!k->worker_id && !k->shutdown && req->body_case != FREEKV__REQUEST__BODY_HELLO &&
+	    req->body_case != FREEKV__REQUEST__BODY_STATS) {
+		int ret = kvs_hello(k, KVS_ROLE_CONTROL, "kvs");
+		if (ret)
+			return ret;
+	}
 	poll_notices(k); /* late replies of timed-out requests are dropped here too */
 	if (k->shutdown)
 		return seterr(k, -ESHUTDOWN, "%s", k->notice);
@@ -329,6 +356,8 @@ int kvs_hello(struct kvs *k, enum kvs_role role, const char *name)
 	h.role = (Freekv__ClientRole)role;
 	h.pid = (uint32_t)getpid();
 	h.name = (char *)name;
+	if (k->token[0])
+		h.auth_token = k->token;
 	q.body_case = FREEKV__REQUEST__BODY_HELLO;
 	q.hello = &h;
 	int ret = kvs_call(k, &q, &r);

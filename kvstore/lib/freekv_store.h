@@ -42,13 +42,18 @@ struct kvs;
  * and a bracketed IPv6 host turns ZMQ_IPV6 on. Other endpoints are copied. 0 or -ENAMETOOLONG. */
 int kvs_endpoint_prepare(void *sock, const char *endpoint, char *out, size_t outlen);
 
-/* Connects (lazily, as ZeroMQ does) to endpoint; timeout_ms bounds every later request. */
+/* Connects (lazily, as ZeroMQ does) to endpoint; timeout_ms bounds every later request. The
+ * token of $FREEKV_TOKEN_FILE, when set, goes into Hello (tcp endpoints). Every request but Hello
+ * and Stats needs a Welcome: a client that has not said Hello says it, as a control session,
+ * before its first such request. */
 int kvs_connect(const char *endpoint, int timeout_ms, struct kvs **out);
 void kvs_close(struct kvs *k);
 const char *kvs_error(const struct kvs *k);
 
 /* Hello/Welcome. A worker also maps the pool and its ring. name is shown by `kvctl workers`. */
 int kvs_hello(struct kvs *k, enum kvs_role role, const char *name);
+/* Reads the token a tcp endpoint needs (first line of path) for the next Hello. */
+int kvs_set_token_file(struct kvs *k, const char *path);
 uint32_t kvs_worker_id(const struct kvs *k);
 void *kvs_pool_base(const struct kvs *k);	/* NULL before a worker Hello */
 uint64_t kvs_pool_bytes(const struct kvs *k);

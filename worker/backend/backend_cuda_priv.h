@@ -87,6 +87,8 @@ struct cuda_ctx {
 	size_t sel_ws_bytes;
 	void *fd_ws;		/* flash-decoding partials of attn_decode over one span */
 	size_t fd_ws_bytes;
+	void *pool_ws;		/* pool_topk: pooled scores, then positions and their scores */
+	size_t pool_ws_bytes;
 	void **bufs;		/* live buf_alloc/weight_load allocations */
 	size_t n_bufs, cap_bufs;
 	struct stage_slot ring[CUDA_STAGE_RING];

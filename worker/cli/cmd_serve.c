@@ -23,17 +23,21 @@
 #include <zmq.h>
 
 #include "clock.h"
+#include "conffile.h"
 #include "backend.h"
+#include "chat_source.h"
 #include "cmd_common.h"
+#include "prom_http.h"
 #include "sdnotify.h"
 #include "serve_batch.h"
+#include "serve_metrics.h"
 #include "tokenizer.h"
 
 #define SERVE_DEFAULT_LISTEN "ipc:///run/freekv/kvworker-%d.sock"
 #define SERVE_DEFAULT_STORE "ipc:///run/freekv/kvstored.sock"
 
 struct serve_opts {
-	const char *model, *store, *listen, *config, *name, *backend;
+	const char *model, *store, *listen, *config, *name, *backend, *metrics;
 	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch, lease_budget;
 	bool print_config;
 	struct policy_opts po;
@@ -78,6 +82,7 @@ static void usage(FILE *f)
 		"      --ubatch N            tokens per forward chunk (default 256)\n"
 		"      --max-request-bytes N larger request frames are refused (default 1048576)\n"
 		"      --name NAME           worker name shown by `kvctl workers`\n"
+		"      --metrics HOST:PORT   serve Prometheus /metrics there (loopback only)\n"
 		"      --print-config        print the effective settings (config file, then\n"
 		"                            flags) as a config file and exit\n"
 		"  retrieval: %s\n"
@@ -87,7 +92,7 @@ static void usage(FILE *f)
 }
 
 enum { F_MODEL, F_STORE, F_LISTEN, F_GPU, F_CONFIG, F_THREADS, F_MAXSEQS, F_CTX, F_UBATCH,
-       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE };
+       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS };
 
 static const struct {
 	const char *flag, *brief;
@@ -107,6 +112,7 @@ static const struct {
 	[F_BACKEND] = { "--backend", NULL, 0, 0 },
 	[F_MAXQUEUE] = { "--max-queue", NULL, 0, 65536 },
 	[F_LEASE] = { "--lease-budget", NULL, 0, HOSTKV_MAX_BUDGET },
+	[F_METRICS] = { "--metrics", NULL, 0, 0 },
 };
 
 /* Consumes argv[*i] (and its value): 1 consumed, 0 not ours, -EINVAL after printing why. */
@@ -147,6 +153,7 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 		case F_LISTEN: o->listen = v; break;
 		case F_CONFIG: o->config = v; break;
 		case F_NAME: o->name = v; break;
+		case F_METRICS: o->metrics = v; break;
 		case F_BACKEND:
 			if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
 				fprintf(stderr, "kvworker serve: %s--backend: need cuda, cpu or auto\n",
@@ -169,86 +176,32 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 	return 0;
 }
 
-static char *trim(char *s)
+/* Config file: each `key = value` line is the flag `--key value` (common/conffile.h). The
+ * strings stay allocated (in *cf) for as long as the options point into them. 0 or -errno
+ * after printing why. */
+static int load_config(struct serve_opts *o, const char *path, struct conffile *cf)
 {
-	while (*s == ' ' || *s == '\t')
-		s++;
-	char *e = s + strlen(s);
-	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
-		*--e = '\0';
-	return s;
-}
-
-/* Config file: each `key = value` line is the flag `--key value`. The strings stay allocated
- * (in *keep) for as long as the options point into them. 0 or -errno after printing why. */
-static int load_config(struct serve_opts *o, const char *path, char **keep)
-{
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		int e = errno;
-		fprintf(stderr, "kvworker serve: cannot read config %s: %s\n", path, strerror(e));
-		return -e;
+	char err[512];
+	int ret = conffile_read(path, cf, err, sizeof err);
+	if (ret) {
+		fprintf(stderr, "kvworker serve: config %s\n", err);
+		return ret;
 	}
-	size_t cap = 16384, len = 0;
-	char *store = malloc(cap), line[1024];
-	int lineno = 0, ret = 0;
-	while (store && fgets(line, sizeof line, f)) {
+	for (int k = 0; k < cf->n; k++) {
 		char where[300];
-		snprintf(where, sizeof where, "%s:%d: ", path, ++lineno);
-		if (!strchr(line, '\n') && !feof(f)) {
-			fprintf(stderr, "kvworker serve: %sline too long\n", where);
-			ret = -EINVAL;
-			break;
-		}
-		char *hash = strchr(line, '#');
-		if (hash)
-			*hash = '\0';
-		char *s = trim(line), *eq = strchr(s, '=');
-		if (!*s)
-			continue;
-		if (!eq) {
-			fprintf(stderr, "kvworker serve: %sexpected 'key = value'\n", where);
-			ret = -EINVAL;
-			break;
-		}
-		*eq = '\0';
-		char *key = trim(s), *val = trim(eq + 1);
-		size_t need = strlen(key) + strlen(val) + 4;
-		if (len + need > cap) {
-			/* Earlier values are pointed to by o: the buffer never moves. */
-			fprintf(stderr, "kvworker serve: %sconfig file too large\n", where);
-			ret = -E2BIG;
-			break;
-		}
-		char *flag = store + len;
-		snprintf(flag, need, "--%s", key);
-		char *value = flag + strlen(flag) + 1;
-		strcpy(value, val);
-		len += need;
-		if (!strcmp(key, "config")) {
-			fprintf(stderr, "kvworker serve: %sa config file cannot name another\n", where);
-			ret = -EINVAL;
-			break;
-		}
-		char *argv[2] = { flag, value };
-		int i = 0, r = parse_flag(o, 2, argv, &i, where);
+		const char *key = cf->argv[2 * k] + 2;
+		snprintf(where, sizeof where, "%s:%d: ", path, cf->line[k]);
+		int i = 0, r = parse_flag(o, 2, cf->argv + 2 * k, &i, where);
 		if (r == 0)
 			fprintf(stderr, "kvworker serve: %sunknown key '%s'\n", where, key);
-		if (r <= 0) {
-			ret = r ? r : -ENOENT;
-			break;
-		}
+		if (r <= 0)
+			return r ? r : -ENOENT;
 		if (i != 1) {
 			fprintf(stderr, "kvworker serve: %s'%s' takes no value here\n", where, key);
-			ret = -EINVAL;
-			break;
+			return -EINVAL;
 		}
 	}
-	if (!store)
-		ret = -ENOMEM;
-	fclose(f);
-	*keep = store;
-	return ret;
+	return 0;
 }
 
 /* The effective settings as `key = value` lines that load_config reads back; 0 = default. */
@@ -259,6 +212,8 @@ static void print_config(const struct serve_opts *o)
 		printf("gpu = %ld\n", o->gpu);
 	if (o->name)
 		printf("name = %s\n", o->name);
+	if (o->metrics)
+		printf("metrics = %s\n", o->metrics);
 	printf("backend = %s\n", o->backend ? o->backend : "auto");
 	if (o->threads)
 		printf("threads = %ld\n", o->threads);
@@ -279,15 +234,16 @@ static void print_config(const struct serve_opts *o)
 	if (o->po.set_window)
 		printf("window = %d\n", o->po.kv.window);
 	printf("full-layers = %d\ntau = %g\n", o->po.kv.full_layers, (double)o->po.kv.tau);
+	printf("refresh-stride = %d\nrefresh-threshold = %g\n", o->po.kv.refresh_stride,
+	       (double)o->po.kv.refresh_threshold);
 }
 
 /* 0 parsed, -1 help or config shown, CMD_USAGE. */
-static int parse(int argc, char **argv, struct serve_opts *o, char **cfg_store)
+static int parse(int argc, char **argv, struct serve_opts *o, struct conffile *cfg_store)
 {
 	*o = (struct serve_opts){ .gpu = -1, .max_seqs = 8, .max_queue = 64,
 				  .max_request_bytes = 1 << 20 };
 	policy_opts_default(&o->po);
-	*cfg_store = NULL;
 	/* The config file first, wherever --config stands, so that flags override it. */
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -362,6 +318,10 @@ struct service {
 	struct sdn sdn;
 	struct serve srv;
 	bool srv_init, m_loaded;
+	char *chat_template;		/* for kvgate's Status (docs/design.md §6) */
+	struct serve_metrics sm;	/* --metrics */
+	struct prom_http *metrics;
+	bool sm_init;
 };
 
 /* cuda on --gpu when asked for (or auto with a device), else the CPU backend, saying why. */
@@ -397,6 +357,8 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	if (ret)
 		return ret;
 	v->m_loaded = true;
+	if ((ret = model_chat_template(o->model, &v->chat_template, err, sizeof err)))
+		fprintf(stderr, "kvworker serve: no chat template: %s\n", err);
 	struct policy_opts po = o->po;
 	int64_t ctx = o->ctx ? o->ctx : (v->m.cfg.ctx_len > 0 ? v->m.cfg.ctx_len : 2048);
 	FILE *notice = strcmp(po.policy, "full") ? stderr : NULL;
@@ -446,6 +408,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		fprintf(stderr, "kvworker serve: chmod %s: %s\n", o->listen + 6, strerror(errno));
 	v->srv = (struct serve){ .m = &v->m, .tok = v->tok, .e = v->e, .hk = v->hk, .sock = v->sock,
 				 .model_path = o->model, .backend_name = v->be->ops->name,
+				 .chat_template = v->chat_template,
 				 .gpu = (int)o->gpu,
 				 .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
 				 .max_request_bytes = (size_t)o->max_request_bytes };
@@ -454,11 +417,28 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		return ret;
 	}
 	v->srv_init = true;
+	if (o->metrics) {
+		if ((ret = serve_metrics_init(&v->sm))) {
+			fprintf(stderr, "kvworker serve: out of memory\n");
+			return ret;
+		}
+		v->sm_init = true;
+		v->srv.metrics = &v->sm;
+		if ((ret = prom_http_start(o->metrics, false, serve_metrics_collect, &v->sm,
+					   &v->metrics, err, sizeof err))) {
+			fprintf(stderr, "kvworker serve: --metrics: %s\n", err);
+			return ret;
+		}
+		fprintf(stderr, "kvworker serve: metrics on http://%s/metrics\n", o->metrics);
+	}
 	return 0;
 }
 
 static void service_close(struct service *v)
 {
+	prom_http_stop(v->metrics); /* its scrapes read v->sm */
+	if (v->sm_init)
+		serve_metrics_free(&v->sm);
 	if (v->srv_init)
 		serve_free(&v->srv);
 	if (v->sock) {
@@ -478,6 +458,7 @@ static void service_close(struct service *v)
 	tokenizer_free(v->tok);
 	if (v->m_loaded)
 		model_free(&v->m);
+	free(v->chat_template);
 }
 
 static void report(struct service *v)
@@ -523,6 +504,10 @@ static int loop(struct service *v)
 		if (g_stop)
 			break;
 		serve_step(s);
+		if (s->metrics) {
+			atomic_store(&s->metrics->active, s->n_active);
+			atomic_store(&s->metrics->queued, s->n_wait);
+		}
 		double now = clock_ms_f();
 		if (s->n_active != last_active) {
 			sdn_send(&v->sdn, "STATUS=serving: %d active sequences, %llu requests done",
@@ -544,16 +529,16 @@ static int loop(struct service *v)
 int cmd_serve(int argc, char **argv)
 {
 	struct serve_opts o;
-	char *cfg_store = NULL;
+	struct conffile cfg_store = { 0 };
 	int ret = parse(argc, argv, &o, &cfg_store);
 	if (ret) {
-		free(cfg_store);
+		conffile_free(&cfg_store);
 		return ret < 0 ? CMD_OK : ret;
 	}
 	struct service v = { 0 };
 	if ((ret = sdn_init(&v.sdn))) {
 		fprintf(stderr, "kvworker serve: NOTIFY_SOCKET: %s\n", strerror(-ret));
-		free(cfg_store);
+		conffile_free(&cfg_store);
 		return CMD_FAIL;
 	}
 	struct sigaction sa = { .sa_handler = on_stop };
@@ -579,6 +564,6 @@ int cmd_serve(int argc, char **argv)
 	}
 	service_close(&v);
 	sdn_shutdown(&v.sdn);
-	free(cfg_store);
+	conffile_free(&cfg_store);
 	return rc;
 }

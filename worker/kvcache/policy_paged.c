@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "hostkv.h"
+#include "topp.h"
 
 int64_t paged_now_ns(void)
 {
@@ -68,13 +69,19 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 	free(L->target);
 	free(L->fresh);
 	free(L->res_mask);
+	free(L->hkmin);
+	free(L->hkmax);
 	free(L->q_last);
+	free(L->q_spec);
 	free(L->scratch_c);
+	free(L->scratch_r);
 	free(L->att);
 	free(L->units_c);
 	free(L->units_r);
 	free(L->spec_heads);
 	free(L->att_now);
+	free(L->theta_k);
+	free(L->theta_k_prev);
 }
 
 void paged_destroy(void *st)
@@ -100,6 +107,7 @@ void paged_destroy(void *st)
 	free(s->span_page);
 	free(s->first);
 	free(s->slot_list);
+	free(s->head_tok);
 	free(s->chk);
 	free(s->hslot);
 	free(s->hraw);
@@ -121,19 +129,33 @@ static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 	size_t fb = H * cap * d * sizeof(float);
 	float *mn = be->ops->buf_alloc(be->ctx, fb), *mx = be->ops->buf_alloc(be->ctx, fb);
 	uint8_t *rm = calloc(H * cap, 1);
-	float *sc = malloc(select_scratch_floats(&s->g, cap) * sizeof *sc);
-	int ret = mn && mx && rm && sc ? 0 : -ENOMEM;
+	/* top-p selection reads the scratch as doubles (topp.h), on both threads, and the
+	 * summaries from their host copies */
+	const bool tp = s->top_p > 0.0;
+	size_t sf = select_scratch_floats(&s->g, cap), tf = 2 * topp_scratch_doubles(&s->g, cap);
+	sf = tp && tf > sf ? tf : sf;
+	float *sc = malloc(sf * sizeof *sc), *sr = tp ? malloc(sf * sizeof *sr) : NULL;
+	float *hmn = tp ? calloc(H * cap * d, sizeof *hmn) : NULL;
+	float *hmx = tp ? calloc(H * cap * d, sizeof *hmx) : NULL;
+	int ret = mn && mx && rm && sc && (!tp || (sr && hmn && hmx)) ? 0 : -ENOMEM;
 	for (size_t h = 0; old && h < H && !ret; h++)
 		ret = be->ops->copy(be->ctx, mn + h * cap * d, L->kmin + h * old * d,
 				    old * d * sizeof *mn)
 		   ?: be->ops->copy(be->ctx, mx + h * cap * d, L->kmax + h * old * d,
 				    old * d * sizeof *mx);
+	for (size_t h = 0; old && tp && h < H && !ret; h++) {
+		memcpy(hmn + h * cap * d, L->hkmin + h * old * d, old * d * sizeof *hmn);
+		memcpy(hmx + h * cap * d, L->hkmax + h * old * d, old * d * sizeof *hmx);
+	}
 	if (ret) {
 		void *bufs[] = { mn, mx };
 		for (size_t i = 0; i < 2; i++)
 			if (bufs[i])
 				be->ops->buf_free(be->ctx, bufs[i]);
 		free(rm);
+		free(sr);
+		free(hmn);
+		free(hmx);
 		free(sc);
 		return ret;
 	}
@@ -143,10 +165,16 @@ static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 	}
 	free(L->res_mask);
 	free(L->scratch_c);
+	free(L->scratch_r);
+	free(L->hkmin);
+	free(L->hkmax);
 	L->kmin = mn;
 	L->kmax = mx;
 	L->res_mask = rm;
 	L->scratch_c = sc;
+	L->scratch_r = sr;
+	L->hkmin = hmn;
+	L->hkmax = hmx;
 	L->page_cap = cap;
 	return 0;
 }
@@ -163,6 +191,8 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	L->fresh = calloc(H * K, sizeof *L->fresh);
 	L->att = calloc(H * K, sizeof *L->att);
 	L->q_last = calloc(QD, sizeof *L->q_last);
+	if (s->top_p > 0.0) /* the copy thread's top-p selection reads a host copy of q_t */
+		L->q_spec = calloc(QD, sizeof *L->q_spec);
 	L->dq = be->ops->buf_alloc(be->ctx, QD * sizeof(float));
 	L->dcos = be->ops->buf_alloc(be->ctx, H * sizeof(float));
 	const size_t sel_bytes = (2 * H * K + H) * sizeof(int32_t);
@@ -181,9 +211,13 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	L->units_r = calloc(H * K, sizeof *L->units_r);
 	L->spec_heads = calloc(H, 1);
 	L->att_now = calloc(H, 1);
+	L->theta_k = calloc(H, sizeof *L->theta_k);
+	L->theta_k_prev = calloc(H, sizeof *L->theta_k_prev);
+	L->since_cal = -1;
 	if (!L->slots || !L->res || !L->target || !L->fresh || !L->att || !L->q_last ||
 	    !L->dq || !L->dcos || !L->dsel || !L->hsel || !L->units_c || !L->units_r ||
-	    !L->spec_heads || !L->att_now)
+	    !L->spec_heads || !L->att_now || !L->theta_k || !L->theta_k_prev ||
+	    (s->top_p > 0.0 && !L->q_spec))
 		return -ENOMEM;
 	for (size_t i = 0; i < K * H; i++)
 		L->res[i] = -1;
@@ -232,6 +266,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->es = dtype_size(s->sdt);
 	s->slot_bytes = s->slot_floats * s->es;
 	s->full_layers = o->full_layers < p->n_layers ? o->full_layers : p->n_layers;
+	s->top_p = !strat->top_p ? 0.0 : o->top_p > 0.0f ? o->top_p : strat->top_p_default;
+	s->recal = o->recalibrate > 0 ? o->recalibrate : 128;
 	ret = kv_wt_init(&s->wt, be, p->host, &p->attn, o->page);
 	if (ret) {
 		free(s);
@@ -243,11 +279,12 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->span_page = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->span_page);
 	s->first = calloc((size_t)s->g.n_kv + 1, sizeof *s->first);
 	s->slot_list = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->slot_list);
+	s->head_tok = calloc((size_t)s->g.n_kv, sizeof *s->head_tok);
 	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
 	s->hslot = malloc(s->slot_floats * sizeof *s->hslot);
 	s->hraw = malloc(s->slot_bytes);
 	bool ok = s->L && s->hq && s->spans && s->span_page && s->first && s->slot_list &&
-		  s->chk && s->hslot && s->hraw;
+		  s->head_tok && s->chk && s->hslot && s->hraw;
 	ret = ok ? 0 : -ENOMEM;
 	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
 		ret = layer_init(s, &s->L[l], l);
@@ -312,6 +349,22 @@ static int settle_layer(struct paged *s, struct paged_layer *L)
 	return ret;
 }
 
+/* Top-p selection and calibration run on the host (topp.c): they read a host copy of the
+ * summaries, which takes page's rows of every head from the backend once page_summary has
+ * made them (the same bits on every backend). Nothing under top-k. */
+static int summary_to_host(struct paged *s, struct paged_layer *L, int page)
+{
+	struct backend *be = s->p.be;
+	const size_t d = (size_t)s->g.d, bytes = d * sizeof(float);
+	int ret = 0;
+	for (int h = 0; s->top_p > 0.0 && h < s->g.n_kv && !ret; h++) {
+		size_t at = ((size_t)h * L->page_cap + page) * d;
+		ret = be->ops->download(be->ctx, L->hkmin + at, L->kmin + at, bytes)
+		   ?: be->ops->download(be->ctx, L->hkmax + at, L->kmax + at, bytes);
+	}
+	return ret;
+}
+
 /* Places rows k, v (n, n_kv, d) f32 of positions [pos, pos + n) into the slots, one run of
  * rows per page: window ring or sink, moving pages that leave the window (a backend copy),
  * summarising pages that fill (from a download of the page's keys, so the summaries are those
@@ -367,7 +420,8 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 		if (off + m == P &&
 		    ((ret = grow_summaries(s, L, page + 1)) ||
 		     (ret = be->ops->page_summary(be->ctx, L->kmin, L->kmax, L->page_cap, page, sl,
-						  s->sdt, P, H, d))))
+						  s->sdt, P, H, d)) ||
+		     (ret = summary_to_host(s, L, page))))
 			return ret;
 		i += m;
 	}
@@ -559,29 +613,24 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 	return 0;
 }
 
-/* Whether the spans fit attn_decode_slots: every head the same number of pages holding the same
- * number of tokens (*n_tok), every page full but each head's last. build_spans meets this in
- * every phase (the partial tail page is the last page and never a candidate; each head attends
- * the sink, lay->k distinct candidates and the window); a false here means a strategy broke
- * the selection, and the step falls back to attn_decode_heads over the spans as they are. */
-static bool spans_fit_slots(const struct paged *s, int64_t *n_tok)
+/* Whether the spans fit attn_decode_slots: every page full but each head's last, at least one
+ * page a head; the tokens of each head go to s->head_tok. build_spans meets this in every phase
+ * (the partial tail page is the last page and never a candidate; each head attends the sink,
+ * its distinct candidates and the window); a false here means a strategy broke the selection,
+ * and the step falls back to attn_decode_heads over the spans as they are. */
+static bool spans_fit_slots(const struct paged *s)
 {
-	const int H = s->g.n_kv, pages = s->first[1] - s->first[0];
-	int64_t tok = -1;
-	for (int h = 0; h < H; h++) {
+	for (int h = 0; h < s->g.n_kv; h++) {
 		int64_t t = 0;
-		if (s->first[h + 1] - s->first[h] != pages || pages <= 0)
+		if (s->first[h + 1] <= s->first[h])
 			return false;
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++) {
 			if (sp + 1 < s->first[h + 1] && s->spans[sp].n != s->g.p)
 				return false;
 			t += s->spans[sp].n;
 		}
-		if (tok >= 0 && t != tok)
-			return false;
-		tok = t;
+		s->head_tok[h] = (int32_t)t;
 	}
-	*n_tok = tok;
 	return true;
 }
 
@@ -644,12 +693,25 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_topk
- * on the host from downloaded summaries and queries: a head
- * whose pages were selected with this step's query attends exactly the top-k of q_t at this
- * layout; the others (freekv's unflagged heads) exactly the top-k of the previous query at the
- * previous step's layout. Every query head of a group reads its KV head's pages (spans are per
- * KV head), so the group shares one selection. */
+/* Selected pages head h attends at a compressed step: its row of L->att up to the first -1. */
+static int att_count(const struct paged *s, const struct paged_layer *L, int h,
+		     const struct select_layout *lay)
+{
+	const int *row = L->att + (size_t)h * s->k_sel;
+	int c = 0;
+	while (c < lay->k && row[c] >= 0)
+		c++;
+	return c;
+}
+
+/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by
+ * paged_select_host
+ * from downloaded summaries and host queries (independent of the backend's select_pages the
+ * step ran): a head whose pages were selected with this step's query attends exactly the
+ * selection of q_t at this layout (with the current temperatures); the others (freekv's
+ * unflagged heads) exactly the selection of the previous query at the previous step's layout
+ * and temperatures. Every query head of a group reads its KV head's pages (spans are per KV
+ * head), so the group shares one selection. */
 static int check_selection(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
 {
 	const int H = s->g.n_kv, K = s->k_sel;
@@ -662,18 +724,17 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 		free(now);
 		return ret;
 	}
-	/* select.c on the host, independent of the backend's select_pages the step ran. */
-	select_topk(&s->g, lay, s->hq, mn, mx, L->page_cap, now, L->scratch_c);
+	paged_select_host(s, L, s->hq, lay, mn, mx, L->theta_k, now, L->scratch_c);
 	if (L->prev_valid)
-		select_topk(&s->g, &L->prev_lay, L->q_last, mn, mx, L->page_cap, prev,
-			    L->scratch_c);
+		paged_select_host(s, L, L->q_last, &L->prev_lay, mn, mx, L->theta_k_prev, prev,
+				  L->scratch_c);
 	free(mn);
 	free(mx);
 	for (int h = 0; h < H && !ret; h++) {
 		const int *want = L->att_now[h] ? now : L->prev_valid ? prev : NULL;
 		if (want && memcmp(L->att + h * K, want + h * K, (size_t)K * sizeof *want)) {
-			fprintf(stderr, "policy %s: layer %d head %d: pages are not the top-%d of the "
-				"%s query\n", s->strat->name, L->layer, h, K,
+			fprintf(stderr, "policy %s: layer %d head %d: pages are not the selection of "
+				"the %s query\n", s->strat->name, L->layer, h,
 				L->att_now[h] ? "current" : "previous");
 			ret = -EIO;
 		}
@@ -682,43 +743,46 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: the selection is lay->k distinct candidates per head (the top-k docs/design.md §5 defines, for
- * the strategies that select), every page the step attends equals its page in the host copy
- * — read where the attention op will read it: slot_list with the op's row counts when
- * use_slots (n_tok tokens per head), else the spans — and the summaries are current. */
+/* Debug: the selection is lay->k distinct candidates per head — between 1 and lay->k under
+ * top-p, the row -1 past them — (the selection docs/design.md §5 defines, for the strategies
+ * that select), every page the step attends equals its page in the host copy — read where the
+ * attention op will read it: slot_list with the op's row counts (s->head_tok) when use_slots,
+ * else the spans — and the summaries are current. */
 static int check_invariants(struct paged *s, struct paged_layer *L,
-			    const struct select_layout *lay, int len, bool use_slots, int64_t n_tok)
+			    const struct select_layout *lay, int len, bool use_slots)
 {
 	const int H = s->g.n_kv;
-	if (lay->compressed) {
-		for (int h = 0; h < H; h++)
-			for (int i = 0; i < lay->k; i++) {
-				int pg = L->att[h * s->k_sel + i];
-				if (pg < lay->cand_begin || pg >= lay->cand_end ||
-				    (i && pg <= L->att[h * s->k_sel + i - 1])) {
-					fprintf(stderr, "policy %s: layer %d head %d: selection is not "
-						"%d distinct candidates\n", s->strat->name, L->layer, h,
-						lay->k);
-					return -EIO;
-				}
-			}
+	for (int h = 0; h < H && lay->compressed; h++) {
+		const int *row = L->att + (size_t)h * s->k_sel, c = att_count(s, L, h, lay);
+		bool bad = c < 1 || (s->top_p == 0.0 && c != lay->k);
+		for (int i = 0; i < lay->k && !bad; i++)
+			bad = i >= c ? row[i] != -1
+			      : row[i] < lay->cand_begin || row[i] >= lay->cand_end ||
+					(i && row[i] <= row[i - 1]);
+		if (bad) {
+			fprintf(stderr, "policy %s: layer %d head %d: selection is not %s%d distinct "
+				"candidates\n", s->strat->name, L->layer, h,
+				s->top_p > 0.0 ? "1 to " : "", lay->k);
+			return -EIO;
+		}
 	}
 	if (lay->compressed && s->strat->recalls) {
 		int ret = check_selection(s, L, lay);
 		if (ret)
 			return ret;
 	}
-	/* Every head attends all of the sequence but the unselected candidates. */
-	const int64_t want = len - (int64_t)(lay->compressed ? lay->cand_end - lay->cand_begin -
-								lay->k : 0) * s->g.p;
+	/* Every head attends all of the sequence but its unselected candidates. */
 	for (int h = 0; h < H; h++) {
+		const int64_t want = len - (int64_t)(lay->compressed ? lay->cand_end - lay->cand_begin -
+									 att_count(s, L, h, lay)
+								      : 0) * s->g.p;
 		int64_t keys = 0;
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++)
 			keys += s->spans[sp].n;
-		if (keys != want || (use_slots && n_tok != want)) {
+		if (keys != want || (use_slots && s->head_tok[h] != want)) {
 			fprintf(stderr, "policy %s: layer %d head %d attends %lld keys, not %lld\n",
-				s->strat->name, L->layer, h, (long long)(use_slots ? n_tok : keys),
-				(long long)want);
+				s->strat->name, L->layer, h,
+				(long long)(use_slots ? s->head_tok[h] : keys), (long long)want);
 			return -EIO;
 		}
 	}
@@ -752,7 +816,7 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 			layout_gather_unit(g, mine, h, s->hslot);
 			int n = !use_slots ? (int)s->spans[sp].n
 			      : sp + 1 < s->first[h + 1] ? s->g.p
-							 : (int)(n_tok - (int64_t)i * s->g.p);
+							 : s->head_tok[h] - i * s->g.p;
 			size_t rb = (size_t)g->d * dtype_size(g->dtype);
 			if (memcmp(mine, host, n * rb) ||
 			    memcmp(mine + (size_t)g->p * rb, host + (size_t)g->p * rb, n * rb)) {
@@ -790,22 +854,26 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	struct select_layout lay;
 	select_layout_of(&s->g, len, &lay);
 	int ret = 0;
-	/* Only the debug checks read the query on the host; decode itself keeps it on the
-	 * backend (docs/design.md "The GPU decode step"). */
-	if (dbg && (ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float))))
+	/* Only top-p selection (topp.c, on the host) and the debug checks read the query on the
+	 * host; top-k decode keeps it on the backend (docs/design.md "The GPU decode step"). */
+	if ((dbg || (lay.compressed && s->top_p > 0.0)) &&
+	    (ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float))))
 		return ret;
 	if (lay.compressed) {
 		L->st.steps++;
 		ret = s->strat->before_attend(s, L, q, &lay);
 		if (ret)
 			return ret;
-		L->st.pages_selected += (int64_t)lay.k * s->g.n_kv;
+		for (int h = 0; h < s->g.n_kv; h++) {
+			int c = att_count(s, L, h, &lay);
+			L->st.pages_selected += c;
+			L->st.pages_max = c > L->st.pages_max ? c : L->st.pages_max;
+		}
 	}
 	ret = build_spans(s, L, &lay, len);
-	int64_t n_tok = 0;
-	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s, &n_tok);
+	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s);
 	if (!ret && s->p.opts.debug_invariants)
-		ret = check_invariants(s, L, &lay, len, use_slots, n_tok);
+		ret = check_invariants(s, L, &lay, len, use_slots);
 	if (ret)
 		return ret;
 	struct backend_attn a = s->p.attn;
@@ -813,7 +881,7 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	int64_t t0 = paged_now_ns();
 	if (use_slots)
 		ret = be->ops->attn_decode_slots(be->ctx, out, q, L->slots, s->n_slots,
-						 s->slot_list, s->n_slots, n_tok, s->g.p, &a);
+						 s->slot_list, s->n_slots, s->head_tok, s->g.p, &a);
 	else
 		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
 	L->st.ns_attend += paged_now_ns() - t0;
@@ -823,8 +891,9 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		ret = be->ops->copy(be->ctx, L->dq, q, qd * sizeof(float));
 	if (dbg)
 		memcpy(L->q_last, s->hq, qd * sizeof(float));
+	memcpy(L->theta_k_prev, L->theta_k, (size_t)s->g.n_kv * sizeof *L->theta_k);
 	L->have_q = !ret;
-	/* Once the layer's recall has landed, every head holds the top-k of this query here. */
+	/* Once the layer's recall has landed, every head holds the selection of this query here. */
 	L->prev_valid = !ret && lay.compressed && s->strat->recalls;
 	L->prev_lay = lay;
 	return ret;
@@ -879,6 +948,9 @@ void paged_stats(void *st, struct kv_stats *out)
 		b->ns_recall_wait += a->ns_recall_wait;
 		b->ns_recall_hidden += a->ns_recall_hidden;
 		b->ns_attend += a->ns_attend;
+		b->pages_max = a->pages_max > b->pages_max ? a->pages_max : b->pages_max;
+		b->calibrations += a->calibrations;
+		b->ns_calibrate += a->ns_calibrate;
 	}
 }
 
@@ -923,24 +995,31 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 		    struct recall_unit *units, int *n)
 {
 	const int H = s->g.n_kv, K = s->k_sel, n0 = *n;
+	int np = 0; /* wanted pages: the row up to its first -1 */
+	while (np < K && pages[np] >= 0)
+		np++;
 	bool keep[K];
 	int old[K];
 	for (int i = 0; i < K; i++)
 		old[i] = L->res[i * H + h];
 	for (int i = 0; i < K; i++) {
 		keep[i] = false;
-		for (int j = 0; j < K && !keep[i]; j++)
-			keep[i] = L->res[i * H + h] == pages[j];
+		for (int j = 0; j < np && !keep[i]; j++)
+			keep[i] = old[i] == pages[j];
 	}
-	int next = 0;
-	for (int j = 0; j < K; j++) {
+	for (int j = 0; j < np; j++) {
 		bool resident = false;
 		for (int i = 0; i < K && !resident; i++)
 			resident = L->res[i * H + h] == pages[j];
 		if (resident)
 			continue;
-		while (keep[next])
-			next++;
+		/* An empty slot first: under top-p a slot no page wants still holds its page for a
+		 * later step that wants it again. */
+		int next = -1;
+		for (int i = 0; i < K && next < 0; i++)
+			next = !keep[i] && old[i] < 0 ? i : -1;
+		for (int i = 0; i < K && next < 0; i++)
+			next = !keep[i] ? i : -1;
 		keep[next] = true;
 		L->res[next * H + h] = pages[j];
 		units[(*n)++] = (struct recall_unit){
@@ -952,9 +1031,11 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 		return 0;
 	/* Checked against the residency before planning: the units are exactly the pages that were
 	 * not resident, once each; pages that were resident stay in their slots; the head now holds
-	 * exactly pages, ascending. */
-	bool ok = true;
-	for (int j = 0; j < K; j++) {
+	 * every wanted page once, ascending, and the row is -1 past them. */
+	bool ok = np > 0 || K == 0;
+	for (int j = np; j < K; j++)
+		ok &= pages[j] == -1;
+	for (int j = 0; j < np; j++) {
 		int held = 0, was = 0, planned = 0;
 		for (int i = 0; i < K; i++) {
 			held += L->res[i * H + h] == pages[j];
@@ -966,12 +1047,12 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 	}
 	for (int i = 0; i < K; i++) {
 		bool wanted = false;
-		for (int j = 0; j < K; j++)
+		for (int j = 0; j < np; j++)
 			wanted |= old[i] == pages[j];
 		ok &= !wanted || L->res[i * H + h] == old[i];
 	}
 	int fresh = 0;
-	for (int j = 0; j < K; j++) {
+	for (int j = 0; j < np; j++) {
 		bool was = false;
 		for (int i = 0; i < K; i++)
 			was |= old[i] == pages[j];

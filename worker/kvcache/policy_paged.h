@@ -1,6 +1,6 @@
 /* policy_paged — the device-side paged KV state the retrieval policies share (streaming, quest,
- * freekv; docs/design.md §3, §5), and the seam through which each of them decides what a compressed
- * decode step attends to.
+ * freekv, hardkv; docs/design.md §3, §5), and the seam through which each of them decides what a
+ * compressed decode step attends to.
  *
  * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) in the slot dtype
  * (the backend's slot_dtype: the KV dtype on CUDA, f32 on the CPU) — S/p sink slots
@@ -12,7 +12,10 @@
  * it stays in the host copy until selected. Also per layer: min/max key summaries of every full
  * page and the last query (backend buffers: summaries are built by the
  * page_summary op when a page fills, selection and the correction check are the select_pages
- * and group_cosine ops, so no page or query is downloaded in decode), and the counters.
+ * and group_cosine ops, so no page or query is downloaded in decode under top-k selection;
+ * top-p selection and its calibration run topp.c on the host, so those runs also keep a host
+ * copy of the summaries, downloaded page by page, and download the query at compressed
+ * steps), and the counters.
  *
  * Dense prefill reads the past from the slots while everything fits, else from the host copy.
  * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (in the
@@ -23,7 +26,9 @@
  * window, dense prefill), page_summary, select_pages, group_cosine (selection), download (the
  * selection's page lists, the debug checks), recall_units (recall) and decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
  * each KV head's pages to attn_decode_slots as a slot list (sink, selected, window pages in
- * ascending page order, the partial tail last) when the backend has that op; attn_decode_heads
+ * ascending page order, the partial tail last) and a token count per head (a head attends
+ * between 1 and k selected pages under top-p selection, exactly k otherwise: rows of selected
+ * pages are -1 past a head's count) when the backend has that op; attn_decode_heads
  * over the same pages as spans is the fallback (a backend without the op, or a page list that
  * breaks the op's contract, which the paged layout never produces).
  * Everything here is owned by the paged state (paged_create / destroy); strategies borrow it. */
@@ -56,9 +61,16 @@ struct paged_layer {
 	int32_t *hsel;	       /* host_alloc'd (or malloc'd) image of dsel */
 	void *fence;	       /* download_async of dsel into hsel (NULL: downloads wait) */
 	float *dcos;	       /* backend buffer: (n_kv) group_cosine's output */
-	/* Debug checks only: host copies of the previous query and the selection scratch. */
+	/* Debug checks only: the previous query on the host. */
 	float *q_last;	       /* (n_q, d) */
-	float *scratch_c;
+	/* Host selection scratch (debug checks, top-p): of the compute thread, and of the copy
+	 * thread (top-p only); floats, or doubles under top-p (topp_scratch_doubles). */
+	float *scratch_c, *scratch_r;
+	/* Top-p only (NULL under top-k): host copies of the summaries, (n_kv, page_cap, d) each,
+	 * and the query and layout the copy thread selects with (paged_select_start). */
+	float *hkmin, *hkmax;
+	float *q_spec;	       /* (n_q, d) */
+	struct select_layout spec_lay;
 	int *att;	       /* (n_kv, k_sel): pages the current step attends to */
 	/* For the debug checks, set by the strategy at each compressed decode step: */
 	uint8_t *att_now;      /* (n_kv): att of the head was selected with this step's query */
@@ -75,9 +87,13 @@ struct paged_layer {
 	struct paged *owner;
 	int layer;
 	struct kv_layer_stats st;
+	/* Top-p selection on calibrated scores (policy_hardkv.c, docs/design.md §5 "hardkv"): */
+	int8_t *theta_k;       /* (n_kv): head h's temperature is 2^(theta_k[h] / 2) */
+	int8_t *theta_k_prev;  /* (n_kv): theta_k as the previous step's selections saw it */
+	int since_cal;	       /* compressed steps since the last calibration; -1: none yet */
 };
 
-/* What makes streaming, quest and freekv differ. */
+/* What makes streaming, quest, freekv and hardkv differ. */
 struct paged_strategy {
 	const char *name;
 	bool recalls;	  /* selects and recalls from the host copy (needs host) */
@@ -85,13 +101,15 @@ struct paged_strategy {
 	/* A compressed decode step at a retrieval layer: fill L->att with the pages each head
 	 * attends besides sink and window (n_kv rows of k_sel, ascending) and make them resident.
 	 * q (n_q, d) is the step's query, a backend buffer (docs/design.md "The GPU decode step":
-	 * no query download in decode; select with paged_select); lay the layout at the current
-	 * length. */
+	 * no query download in decode under top-k; select with paged_select; under top-p s->hq
+	 * holds its host copy); lay the layout at the current length. */
 	int (*before_attend)(struct paged *s, struct paged_layer *L, const float *q,
 			     const struct select_layout *lay);
 	/* (optional) After the step's attention at that layer. */
 	int (*after_attend)(struct paged *s, struct paged_layer *L, const float *q,
 			    const struct select_layout *lay);
+	bool top_p;	      /* --kv-top-p applies: selection by calibrated mass (policy_hardkv.c) */
+	float top_p_default;  /* P when --kv-top-p is not given; 0: top-k */
 };
 
 struct paged {
@@ -107,13 +125,16 @@ struct paged {
 	int full_layers;
 	void *full;		/* nested `full` state for layers < full_layers, or NULL */
 	struct paged_layer *L;	/* n_layers; entries below full_layers unused */
+	double top_p;		/* P of top-p selection; 0: top-k */
+	int recal;		/* R: compressed steps between calibrations */
 	struct kv_wt wt;
 	struct recall *rc;	/* recall stream (strategies that recall) */
-	float *hq;		/* (n_q, d) host copy of the step's query (debug checks only) */
+	float *hq;		/* (n_q, d) host copy of the step's query (debug checks, top-p) */
 	struct backend_kv_span *spans; /* (n_kv * n_slots) */
 	int *span_page;		/* (n_kv * n_slots): the page each span holds */
 	int *first;		/* (n_kv + 1) */
 	int32_t *slot_list;	/* (n_kv, n_slots): head h's i-th span is slot_list[h][i] */
+	int32_t *head_tok;	/* (n_kv): tokens head h's slot list holds */
 	char *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) in sdt */
 	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
@@ -136,24 +157,35 @@ int paged_restore(void *st, int64_t len);
 /* Helpers for strategies. */
 /* NHD slot s of a layer. */
 void *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
-/* Top-k selection with q (n_q, d), a backend buffer, for every head at layout lay, on the
- * backend (select_pages, with L->res as the resident mask): pages (n_kv, k_sel) host memory
- * gets the result, downloaded (a wait for the device: the blocking paths); the time is added
- * to *ns. With debug_invariants, -EIO unless the op's changed lists are exactly the selected
- * pages L->res does not hold. Compute thread. */
+/* The strategy's selection with q (n_q, d), the step's query (a backend buffer), for every head
+ * at layout lay into pages (n_kv, k_sel) host memory; the time is added to *ns. Compute thread.
+ * Top-k runs on the backend (select_pages, with L->res as the resident mask) and the result is
+ * downloaded (a wait for the device: the blocking paths); with debug_invariants, -EIO unless
+ * the op's changed lists are exactly the selected pages L->res does not hold. Top-p (s->top_p
+ * > 0) runs topp.c on the host over s->hq (the step's query, which paged_attend downloads
+ * then) and the host summaries, with the temperatures L->theta_k: rows -1 past each head's
+ * count. */
 int paged_select(struct paged *s, struct paged_layer *L, const float *q,
 		 const struct select_layout *lay, int *pages, int64_t *ns);
 /* The same selection without a wait (freekv's speculative path): paged_select_start queues it
- * and the download of its result on the compute thread (L->res must not change until
- * paged_select_finish); paged_select_finish, on the recall thread, waits for the download's
- * fence and copies the pages out. */
+ * on the compute thread (top-k: the op and the download of its result; top-p: a copy of s->hq
+ * and lay for the recall thread; L->res must not change until paged_select_finish);
+ * paged_select_finish, on the recall thread, waits for the download's fence and copies the
+ * pages out (top-k), or selects on the host (top-p, with L->scratch_r). */
 int paged_select_start(struct paged *s, struct paged_layer *L, const float *q,
 		       const struct select_layout *lay, int64_t *ns);
 int paged_select_finish(struct paged *s, struct paged_layer *L, int *pages, int64_t *ns);
-/* Makes head h's selected slots hold pages[0..k_sel) (ascending): pages already resident stay,
- * the others take the slots of pages no longer wanted; appends one unit per page to recall to
- * units at *n and updates L->res. With debug_invariants, -EIO unless exactly the changed pages
- * were planned. */
+/* The strategy's selection on the host (select.c's top-k, or topp.c's top-p with temperatures
+ * theta_k (n_kv)): q (n_q, d), kmin, kmax (n_kv, L->page_cap, d) host memory; pages as for
+ * paged_select; scratch L->scratch_c on the compute thread, L->scratch_r on the recall thread.
+ * The top-p paths and the debug checks. */
+void paged_select_host(const struct paged *s, const struct paged_layer *L, const float *q,
+		       const struct select_layout *lay, const float *kmin, const float *kmax,
+		       const int8_t *theta_k, int *pages, float *scratch);
+/* Makes head h's selected slots hold pages[0..k_sel) (ascending, -1 past its count): pages
+ * already resident stay, the others take empty slots first, then those of pages no longer
+ * wanted; appends one unit per page to recall to units at *n and updates L->res. With
+ * debug_invariants, -EIO unless exactly the changed pages were planned. */
 int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,
 		    struct recall_unit *units, int *n);
 /* Recalls units on the stream as an urgent job (ahead of queued speculative jobs) and waits
@@ -164,6 +196,14 @@ void paged_drop_selection(struct paged *s, struct paged_layer *L);
 
 int64_t paged_now_ns(void);
 
+/* policy_hardkv.c: calibrates the temperatures of a layer with q (n_q, d), host memory (s->hq),
+ * at lay when it is due (the first compressed step, the first after a resume, then every R
+ * steps), over the host summaries; 0 or -errno. */
+int paged_calibrate(struct paged *s, struct paged_layer *L, const float *q,
+		    const struct select_layout *lay);
+/* kv_policy_ops.layer_select of the paged policies. */
+int paged_layer_select(void *st, int layer, int *pages, float *theta);
+
 /* The kv_policy_ops of a paged policy: every op but create is the shared paged_* one. */
 #define PAGED_POLICY_OPS(NAME, CREATE)                                                        \
 	{                                                                                       \
@@ -171,7 +211,7 @@ int64_t paged_now_ns(void);
 		.step_begin = paged_step_begin, .layer_begin = NULL, .append = paged_append,   \
 		.attend = paged_attend, .layer_end = NULL, .step_end = paged_step_end,         \
 		.length = paged_length, .stats = paged_stats, .layer_stats = paged_layer_stats, \
-		.restore = paged_restore,                                                      \
+		.restore = paged_restore, .layer_select = paged_layer_select,                  \
 	}
 
 #endif

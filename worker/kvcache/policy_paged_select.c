@@ -1,14 +1,40 @@
-/* policy_paged_select — the paged state's selection through the backend's select ops
- * (docs/design.md §5 "Selection", "The GPU decode step"): the query and the summaries stay on
- * the backend (the resident mask goes with the call, staged without a wait); only the selection's page lists come back, waited for on
- * the blocking paths (quest, freekv's corrections: recall is on the critical path there
- * anyway) and through a fence on the recall thread on freekv's speculative path, so the
- * compute thread never waits for a speculative selection. See policy_paged.h. */
+/* policy_paged_select — the paged state's selection (docs/design.md §5 "Selection", "The GPU
+ * decode step"). Top-k goes through the backend's select ops: the query and the summaries stay
+ * on the backend (the resident mask goes with the call, staged without a wait); only the
+ * selection's page lists come back, waited for on the blocking paths (quest, freekv's
+ * corrections: recall is on the critical path there anyway) and through a fence on the recall
+ * thread on freekv's speculative path, so the compute thread never waits for a speculative
+ * selection. Top-p (hardkv, freekv --kv-top-p) has no backend op: it runs topp.c on the host
+ * over the query's host copy and the host summaries, freekv's speculative one on the recall
+ * thread. See policy_paged.h. */
 #include "policy_paged.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "topp.h"
+
+void paged_select_host(const struct paged *s, const struct paged_layer *L, const float *q,
+		       const struct select_layout *lay, const float *kmin, const float *kmax,
+		       const int8_t *theta_k, int *pages, float *scratch)
+{
+	if (s->top_p > 0.0)
+		/* the scratch holds doubles here: grow_summaries sized it for both */
+		topp_select(&s->g, lay, q, kmin, kmax, L->page_cap, theta_k, s->top_p, pages,
+			    (double *)(void *)scratch);
+	else
+		select_topk(&s->g, lay, q, kmin, kmax, L->page_cap, pages, scratch);
+}
+
+/* Top-p on the host over the host summaries, timed into *ns. */
+static void select_topp(struct paged *s, struct paged_layer *L, const float *q,
+			const struct select_layout *lay, int *pages, float *scratch, int64_t *ns)
+{
+	int64_t t0 = paged_now_ns();
+	paged_select_host(s, L, q, lay, L->hkmin, L->hkmax, L->theta_k, pages, scratch);
+	*ns += paged_now_ns() - t0;
+}
 
 /* Builds the resident mask of L->res (which page each head already holds in a selected slot;
  * host memory, which the op reads before it returns) and queues select_pages into L->dsel. */
@@ -72,6 +98,10 @@ static int select_take(struct paged *s, struct paged_layer *L, int *pages)
 int paged_select(struct paged *s, struct paged_layer *L, const float *q,
 		 const struct select_layout *lay, int *pages, int64_t *ns)
 {
+	if (s->top_p > 0.0) {
+		select_topp(s, L, s->hq, lay, pages, L->scratch_c, ns);
+		return 0;
+	}
 	struct backend *be = s->p.be;
 	const size_t bytes = (2 * (size_t)s->g.n_kv * s->k_sel + s->g.n_kv) * sizeof(int32_t);
 	int64_t t0 = paged_now_ns();
@@ -84,6 +114,11 @@ int paged_select(struct paged *s, struct paged_layer *L, const float *q,
 int paged_select_start(struct paged *s, struct paged_layer *L, const float *q,
 		       const struct select_layout *lay, int64_t *ns)
 {
+	if (s->top_p > 0.0) { /* the recall thread selects on the host, from copies */
+		memcpy(L->q_spec, s->hq, (size_t)s->g.n_q * s->g.d * sizeof *L->q_spec);
+		L->spec_lay = *lay;
+		return 0;
+	}
 	struct backend *be = s->p.be;
 	const size_t bytes = (2 * (size_t)s->g.n_kv * s->k_sel + s->g.n_kv) * sizeof(int32_t);
 	int64_t t0 = paged_now_ns();
@@ -97,6 +132,10 @@ int paged_select_start(struct paged *s, struct paged_layer *L, const float *q,
 
 int paged_select_finish(struct paged *s, struct paged_layer *L, int *pages, int64_t *ns)
 {
+	if (s->top_p > 0.0) {
+		select_topp(s, L, L->q_spec, &L->spec_lay, pages, L->scratch_r, ns);
+		return 0;
+	}
 	struct backend *be = s->p.be;
 	int64_t t0 = paged_now_ns();
 	int ret = L->fence ? be->ops->fence_wait(be->ctx, L->fence) : 0;
