@@ -13,6 +13,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "test_gguf_writer.h"
 #include "test_tokenizer.h"
 
 /* ---- a hand-written byte-level tokenizer ----
@@ -119,85 +120,6 @@ static void bl_write_json(const char *dir, bool pair_merges)
 	json_object_put(root);
 	snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
 	write_file(path, "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|end_of_text|>\"}");
-}
-
-/* A minimal GGUF v3 writer: header, metadata, no tensors. */
-struct gbuf {
-	struct test_buf buf;
-	uint64_t n_kv;
-};
-
-static void gb_put(struct gbuf *b, const void *s, size_t n)
-{
-	test_buf_put(&b->buf, s, n);
-}
-
-static void gb_u32(struct gbuf *b, uint32_t v) { gb_put(b, &v, 4); }
-static void gb_u64(struct gbuf *b, uint64_t v) { gb_put(b, &v, 8); }
-
-static void gb_str(struct gbuf *b, const char *s)
-{
-	gb_u64(b, strlen(s));
-	gb_put(b, s, strlen(s));
-}
-
-static void gb_begin(struct gbuf *b)
-{
-	memset(b, 0, sizeof *b);
-	gb_put(b, "GGUF", 4);
-	gb_u32(b, 3);
-	gb_u64(b, 0);
-	gb_u64(b, 0); /* n_kv, patched by gb_end */
-}
-
-static void gb_key(struct gbuf *b, const char *key, uint32_t type)
-{
-	gb_str(b, key);
-	gb_u32(b, type);
-	b->n_kv++;
-}
-
-static void gb_kv_str(struct gbuf *b, const char *key, const char *v)
-{
-	gb_key(b, key, GGUF_TYPE_STRING);
-	gb_str(b, v);
-}
-
-static void gb_kv_u32(struct gbuf *b, const char *key, uint32_t v)
-{
-	gb_key(b, key, GGUF_TYPE_UINT32);
-	gb_u32(b, v);
-}
-
-static void gb_kv_bool(struct gbuf *b, const char *key, bool v)
-{
-	gb_key(b, key, GGUF_TYPE_BOOL);
-	uint8_t x = v;
-	gb_put(b, &x, 1);
-}
-
-static void gb_kv_strs(struct gbuf *b, const char *key, const char **v, int n)
-{
-	gb_key(b, key, GGUF_TYPE_ARRAY);
-	gb_u32(b, GGUF_TYPE_STRING);
-	gb_u64(b, (uint64_t)n);
-	for (int i = 0; i < n; i++)
-		gb_str(b, v[i]);
-}
-
-static void gb_kv_arr32(struct gbuf *b, const char *key, enum gguf_type type, const void *v, int n)
-{
-	gb_key(b, key, GGUF_TYPE_ARRAY);
-	gb_u32(b, type);
-	gb_u64(b, (uint64_t)n);
-	gb_put(b, v, (size_t)n * 4);
-}
-
-static void gb_end(struct gbuf *b)
-{
-	memcpy(b->buf.p + 16, &b->n_kv, 8);
-	while (b->buf.n % GGUF_DEFAULT_ALIGNMENT)
-		gb_put(b, "", 1);
 }
 
 /* The hand-written tokenizer as a GGUF "gpt2" vocabulary (pre "llama-bpe"). */
@@ -492,7 +414,20 @@ static void test_json_malformed(void **state)
 	expect_json_error(dir, "{\"added_tokens\":[{\"id\":1}],\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
 			  -EINVAL, "added_tokens[0]");
 	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
-			       "\"pre_tokenizer\":{\"type\":\"Digits\"}}", -ENOTSUP, "Digits");
+			       "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}", -ENOTSUP, "WhitespaceSplit");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"x\"},"
+			       "\"behavior\":\"Merged\"}}", -ENOTSUP, "behavior \"Merged\"");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"pre_tokenizer\":{\"type\":\"Split\",\"behavior\":\"Isolated\"}}", -EINVAL,
+			  "Split needs pattern");
+	/* ByteLevel maps the text to its byte alphabet: nothing may cut it after that. */
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"ByteLevel\"},"
+			       "{\"type\":\"Digits\"}]}}", -ENOTSUP, "\"Digits\" after ByteLevel");
+	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+			       "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"prepend_scheme\":\"sometimes\"}}",
+			  -EINVAL, "sometimes");
 	expect_json_error(dir, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
 			       "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"}}",
 			  -EINVAL, "regex");
@@ -587,9 +522,9 @@ static void test_gguf_malformed(void **state)
 
 	gb_begin(&b);
 	gb_kv_str(&b, "tokenizer.ggml.model", "gpt2");
-	gb_kv_str(&b, "tokenizer.ggml.pre", "deepseek-coder");
+	gb_kv_str(&b, "tokenizer.ggml.pre", "no-such-pre");
 	gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, 4);
-	expect_gguf_error(&b, -ENOTSUP, "deepseek-coder");
+	expect_gguf_error(&b, -ENOTSUP, "\"no-such-pre\" is not supported; known: default");
 
 	const char *bad_merge[] = { "a c" };
 	gb_begin(&b);

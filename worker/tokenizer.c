@@ -390,24 +390,6 @@ int tokenizer_finish(struct fkv_tokenizer *t)
 	return 0;
 }
 
-int tokenizer_set_regex(struct fkv_tokenizer *t, const char *pattern, char *err, size_t errlen)
-{
-	int code;
-	PCRE2_SIZE at;
-	pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-				       PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &at,
-				       NULL);
-	if (!re) {
-		char msg[256];
-		pcre2_get_error_message(code, (PCRE2_UCHAR *)msg, sizeof msg);
-		snprintf(err, errlen, "pre-tokenizer regex: %s at offset %zu", msg, (size_t)at);
-		return -EINVAL;
-	}
-	pcre2_code_free(t->re);
-	t->re = re;
-	return 0;
-}
-
 void tokenizer_free(struct fkv_tokenizer *t)
 {
 	if (!t)
@@ -422,7 +404,7 @@ void tokenizer_free(struct fkv_tokenizer *t)
 	free(t->merges.rank);
 	free(t->merges.id);
 	free(t->sp);
-	pcre2_code_free(t->re);
+	pretok_free(&t->pre);
 	free(t);
 }
 
@@ -627,38 +609,15 @@ static int encode_word(const struct fkv_tokenizer *t, const char *s, size_t n, s
 	return rc;
 }
 
-/* Splits s by the pre-tokenizer regex (matches and the gaps between them are pieces). */
-static int encode_regex(const struct fkv_tokenizer *t, const char *s, size_t n, struct idvec *out)
+struct word_ctx {
+	const struct fkv_tokenizer *t;
+	struct idvec *out;
+};
+
+static int word_cb(void *arg, const char *s, size_t n)
 {
-	pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
-	if (!md)
-		return -ENOMEM;
-	size_t last = 0, start = 0;
-	int rc = 0;
-	while (start < n && rc == 0) {
-		int m = pcre2_match(t->re, (PCRE2_SPTR)s, n, start, 0, md, NULL);
-		if (m == PCRE2_ERROR_NOMATCH)
-			break;
-		if (m < 0) {
-			rc = -EINVAL;
-			break;
-		}
-		PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-		if (ov[1] <= ov[0]) { /* empty match: move on by one character */
-			uint32_t cp;
-			start += utf8_next(s + start, n - start, &cp);
-			continue;
-		}
-		if (ov[0] > last)
-			rc = encode_word(t, s + last, ov[0] - last, out);
-		if (rc == 0)
-			rc = encode_word(t, s + ov[0], ov[1] - ov[0], out);
-		last = start = ov[1];
-	}
-	if (rc == 0 && last < n)
-		rc = encode_word(t, s + last, n - last, out);
-	pcre2_match_data_free(md);
-	return rc;
+	struct word_ctx *c = arg;
+	return encode_word(c->t, s, n, c->out);
 }
 
 /* Replaces b's text by its NFC form. -EILSEQ when it is not valid UTF-8 (utf8proc refuses it:
@@ -678,8 +637,7 @@ static int nfc(struct strbuf *b)
 }
 
 /* Applies the normalizer steps to one segment. */
-static int normalize(const struct fkv_tokenizer *t, const char *s, size_t n, bool at_start,
-		     struct strbuf *b)
+static int normalize(const struct fkv_tokenizer *t, const char *s, size_t n, struct strbuf *b)
 {
 	int rc = sb_put(b, s, n);
 	for (int k = 0; k < t->n_norm && rc == 0; k++) {
@@ -688,8 +646,7 @@ static int normalize(const struct fkv_tokenizer *t, const char *s, size_t n, boo
 		if (st->nfc) {
 			rc = nfc(b);
 		} else if (st->prepend) {
-			if (b->n == 0 || (st->first_only && !at_start) ||
-			    (st->unless_starts && b->n >= wl && !memcmp(b->s, st->with, wl)))
+			if (b->n == 0)
 				continue;
 			struct strbuf nb = { 0 };
 			rc = sb_put(&nb, st->with, wl);
@@ -717,30 +674,15 @@ static int normalize(const struct fkv_tokenizer *t, const char *s, size_t n, boo
 	return rc;
 }
 
-static const char META[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's space */
-
-/* One run of text between special tokens. */
+/* One run of text between special tokens (at_start: it begins the text). */
 static int encode_segment(const struct fkv_tokenizer *t, const char *s, size_t n, bool at_start,
 			  struct idvec *out)
 {
 	struct strbuf b = { 0 };
-	int rc = normalize(t, s, n, at_start, &b);
-	if (rc == 0 && b.n > 0) {
-		if (t->re) {
-			rc = encode_regex(t, b.s, b.n, out);
-		} else if (t->split_meta) {
-			/* Words start at each "▁"; a run of text before the first is a word too. */
-			size_t w = 0;
-			for (size_t i = 1; i <= b.n && rc == 0; i++) {
-				if (i == b.n || (i + 3 <= b.n && !memcmp(b.s + i, META, 3))) {
-					rc = encode_word(t, b.s + w, i - w, out);
-					w = i;
-				}
-			}
-		} else {
-			rc = encode_word(t, b.s, b.n, out);
-		}
-	}
+	struct word_ctx c = { t, out };
+	int rc = normalize(t, s, n, &b);
+	if (rc == 0 && b.n > 0)
+		rc = pretok_run(&t->pre, b.s, b.n, at_start, word_cb, &c);
 	free(b.s);
 	return rc;
 }

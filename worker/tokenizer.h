@@ -5,18 +5,20 @@
  *    split into UTF-8 characters, characters missing from the vocabulary become byte-fallback
  *    tokens <0xNN>, and adjacent symbols are merged best pair first — by the merged piece's
  *    score (GGUF tokenizer.ggml.model "llama") or by merge rank (tokenizer.json "merges").
- *  - Byte-level (GPT-2, Llama 3, Qwen2): text is split by the model's pre-tokenizer regex
- *    (PCRE2, UTF + UCP), each piece's bytes are mapped through the GPT-2 byte-to-unicode table
- *    and merged by rank. Sources: tokenizer.json, or GGUF "gpt2" (tokens + merges, regex chosen
- *    from tokenizer.ggml.pre).
+ *  - Byte-level (GPT-2, Llama 3, Qwen2, SmolLM2, ...): text is cut by the model's
+ *    pre-tokenizer (pretok.h: one or more PCRE2 regex stages), each piece's bytes are mapped
+ *    through the GPT-2 byte-to-unicode table and merged by rank. Sources: tokenizer.json, or
+ *    GGUF "gpt2" (tokens + merges, stages chosen by tokenizer.ggml.pre among every byte-level
+ *    name llama.cpp knows).
  * Added / special tokens (tokenizer.json added_tokens, GGUF control and user-defined tokens) are
  * matched verbatim, longest first, before normalisation. Merging uses a linked list of symbols
  * and a binary heap of candidate pairs: O(n log n) in the input length.
  *
  * Limits (clear errors at load time, never silent): normalizers Prepend / Replace (string
  * patterns) / Sequence / NFC (Unicode canonical composition, with utf8proc, as Qwen2 ships it);
- * pre-tokenizers Split (Isolated) / ByteLevel / Metaspace / Sequence; decoders Replace /
- * ByteFallback / Fuse / Strip / ByteLevel / Metaspace / Sequence. Added tokens are matched on
+ * pre-tokenizers Split (every behaviour, invert, Regex or String) / Digits / ByteLevel (last) /
+ * Metaspace / Sequence; decoders Replace / ByteFallback / Fuse / Strip / ByteLevel / Metaspace /
+ * Sequence. Added tokens are matched on
  * the raw text (their lstrip/rstrip/normalized flags are not applied). GGUF vocabularies carry
  * no normalizer: NFC is not applied to them.
  *
@@ -51,8 +53,9 @@ void tokenizer_free(struct fkv_tokenizer *t);
  * tokenizer normalises to NFC, which is defined on code points only: then it is -EILSEQ.
  * *ids is malloc'ed (caller frees; non-NULL even for a count of 0). BOS is prepended when
  * add_bos is true and the model's tokenizer adds one (tokenizer_adds_bos()). Returns the count,
- * or -ENOMEM, -EINVAL (NULL text), -E2BIG (over 1 GiB), -EILSEQ (invalid UTF-8 under NFC, or a
- * symbol with no token and no byte/unk fallback). */
+ * or -ENOMEM, -EINVAL (NULL text), -E2BIG (over 1 GiB, or a piece PCRE2 gave up on within its
+ * match limits), -EILSEQ (invalid UTF-8 under NFC, or a symbol with no token and no byte/unk
+ * fallback). */
 int tokenizer_encode(const struct fkv_tokenizer *t, const char *text, bool add_bos, int **ids);
 /* ids -> NUL-terminated text (caller frees). Byte-fallback tokens become raw bytes (joined into
  * UTF-8; invalid sequences are passed through as bytes), "▁" -> ' ' with the first leading space

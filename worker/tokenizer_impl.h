@@ -1,5 +1,6 @@
 /* tokenizer_impl — the tokenizer's private state, shared by tokenizer.c (encode/decode, the BPE
  * core) and tokenizer_load.c (GGUF and tokenizer.json loaders). Not for use outside those two.
+ * Pre-tokenization (how a segment is cut into pieces) is its own module, pretok.h.
  *
  * A loader calls tokenizer_alloc(n_vocab), fills every id with tokenizer_set_token(), adds
  * merges with tokenizer_add_merge() (rank mode), sets the options below, and finally calls
@@ -12,9 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
+#include "pretok.h"
 #include "tokenizer.h"
 
 /* Token types, numbered as GGUF's tokenizer.ggml.token_type. */
@@ -38,14 +37,10 @@ enum tok_merge {
 #define TOK_MAX_PAT 16
 
 /* One normalizer step on a text segment: NFC (Unicode canonical composition, utf8proc), or
- * PREPEND `with` (non-empty segments only; with first_only only to the segment at the start of
- * the text; with unless_starts not when the segment already starts with `with`), or REPLACE
- * every `pat` by `with`. */
+ * PREPEND `with` (non-empty segments only), or REPLACE every `pat` by `with`. */
 struct tok_norm {
 	bool nfc;
 	bool prepend;
-	bool first_only;
-	bool unless_starts;
 	char pat[TOK_MAX_PAT];
 	char with[TOK_MAX_PAT];
 };
@@ -92,11 +87,11 @@ struct fkv_tokenizer {
 	int unk, bos, eos;		/* -1 when none */
 	bool add_bos;
 
-	/* Normalisation of each text segment between special tokens. */
+	/* Normalisation of each text segment between special tokens, then its pre-tokenization
+	 * (no stages: the whole segment is one piece). */
 	struct tok_norm norm[TOK_MAX_NORM];
 	int n_norm;
-	bool split_meta;		/* Metaspace split: BPE per word, each word starting at "▁" */
-	pcre2_code *re;			/* pre-tokenizer split regex (Isolated), or NULL */
+	struct pretok pre;
 
 	struct tok_special *sp;		/* sorted by first byte, then longest first */
 	int n_sp;
@@ -126,7 +121,5 @@ int tokenizer_index_vocab(struct fkv_tokenizer *t);
 int tokenizer_add_merge(struct fkv_tokenizer *t, int left, int right, int merged, int n_hint);
 /* Builds the special-token index and byte-fallback table. 0 or -ENOMEM. */
 int tokenizer_finish(struct fkv_tokenizer *t);
-/* Compiles a split regex with PCRE2 (UTF, UCP, invalid UTF tolerated) into t->re. */
-int tokenizer_set_regex(struct fkv_tokenizer *t, const char *pattern, char *err, size_t errlen);
 
 #endif

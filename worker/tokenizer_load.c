@@ -18,28 +18,6 @@
 
 static const char META[] = "\xE2\x96\x81"; /* U+2581 */
 
-/* Pre-tokenizer regexes of the byte-level models, by GGUF tokenizer.ggml.pre name. */
-static const char RE_GPT2[] =
-	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char RE_LLAMA3[] =
-	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-	" ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char RE_QWEN2[] =
-	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
-	" ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
-static const struct {
-	const char *pre;
-	const char *regex;
-	bool ignore_merges;
-} gguf_pre_table[] = {
-	{ "default", RE_GPT2, false },
-	{ "gpt2", RE_GPT2, false },
-	{ "llama-bpe", RE_LLAMA3, true },
-	{ "llama3", RE_LLAMA3, true },
-	{ "qwen2", RE_QWEN2, false },
-};
-
 /* ---- GGUF ---- */
 
 static int add_norm(struct fkv_tokenizer *t, bool prepend, const char *pat, const char *with,
@@ -170,7 +148,9 @@ int tokenizer_load_gguf(const struct gguf_ctx *g, struct fkv_tokenizer **out, ch
 	if (rc == 0)
 		rc = gguf_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err, errlen);
 	t->add_bos = spm;
-	if (rc == 0 && gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos) == -EINVAL) {
+	int ab = rc ? 0 : gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
+	bool has_add_bos = ab == 0;
+	if (ab == -EINVAL) {
 		snprintf(err, errlen, "tokenizer.ggml.add_bos_token: not a bool");
 		rc = -EINVAL;
 	}
@@ -191,24 +171,22 @@ int tokenizer_load_gguf(const struct gguf_ctx *g, struct fkv_tokenizer **out, ch
 		if (rc == 0)
 			rc = add_norm(t, false, " ", META, err, errlen);
 	} else if (rc == 0) {
+		/* As in llama.cpp, a vocabulary without the key gets the "default" pre-tokenizer. */
 		const char *pre = "default";
+		struct pretok_gguf_flags fl;
 		if (gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL) == -EINVAL) {
 			snprintf(err, errlen, "tokenizer.ggml.pre: not a string");
 			rc = -EINVAL;
 		}
-		size_t k = 0, nk = sizeof gguf_pre_table / sizeof gguf_pre_table[0];
-		while (rc == 0 && k < nk && strcmp(gguf_pre_table[k].pre, pre) != 0)
-			k++;
-		if (rc == 0 && k == nk) {
-			snprintf(err, errlen, "tokenizer.ggml.pre \"%s\" is not supported", pre);
-			rc = -ENOTSUP;
-		}
+		if (rc == 0)
+			rc = pretok_from_gguf(&t->pre, pre, &fl, err, errlen);
 		if (rc == 0) {
 			t->merge = TOK_MERGE_RANK;
 			t->byte_level = true;
 			t->dec_bytes = true;
-			t->ignore_merges = gguf_pre_table[k].ignore_merges;
-			rc = tokenizer_set_regex(t, gguf_pre_table[k].regex, err, errlen);
+			t->ignore_merges = fl.ignore_merges;
+			if (!has_add_bos)
+				t->add_bos = fl.add_bos;
 		}
 		if (rc == 0)
 			rc = gguf_merges(t, g, err, errlen);
@@ -292,8 +270,10 @@ static int walk(struct fkv_tokenizer *t, json_object *c, const char *what, const
 		}
 		return 0;
 	}
+	if (errlen > 0)
+		err[0] = '\0';
 	int rc = fn(t, c, type, err, errlen);
-	if (rc == -ENOTSUP)
+	if (rc == -ENOTSUP && errlen > 0 && !err[0])
 		snprintf(err, errlen, "%s: type \"%s\" (or its options) is not supported", what, type);
 	return rc;
 }
@@ -328,62 +308,67 @@ static int on_normalizer(struct fkv_tokenizer *t, json_object *c, const char *ty
 	return -ENOTSUP;
 }
 
-/* Metaspace: ' ' -> replacement, the replacement prepended per its scheme, words split at it. */
-static int metaspace(struct fkv_tokenizer *t, json_object *c, char *err, size_t errlen)
+static const struct {
+	const char *name;
+	enum pretok_behavior b;
+} split_behaviors[] = {
+	{ "Isolated", PRETOK_ISOLATED },
+	{ "Removed", PRETOK_REMOVED },
+	{ "MergedWithPrevious", PRETOK_MERGED_PREV },
+	{ "MergedWithNext", PRETOK_MERGED_NEXT },
+	{ "Contiguous", PRETOK_CONTIGUOUS },
+};
+
+static int split(struct fkv_tokenizer *t, json_object *c, char *err, size_t errlen)
 {
-	const char *rep = jstr(c, "replacement");
-	const char *scheme = jstr(c, "prepend_scheme");
-	if (!rep)
-		rep = META;
-	if (!scheme)
-		scheme = jbool(c, "add_prefix_space", true) ? "always" : "never";
-	if (strcmp(rep, META) != 0)
-		return -ENOTSUP;
-	int rc = add_norm(t, false, " ", rep, err, errlen);
-	if (rc == 0 && strcmp(scheme, "never") != 0) {
-		if (strcmp(scheme, "always") != 0 && strcmp(scheme, "first") != 0)
-			return -ENOTSUP;
-		rc = add_norm(t, true, "", rep, err, errlen);
-		t->norm[t->n_norm - 1].unless_starts = true;
-		t->norm[t->n_norm - 1].first_only = !strcmp(scheme, "first");
+	json_object *pat = jget(c, "pattern");
+	const char *re = jstr(pat, "Regex"), *lit = jstr(pat, "String");
+	const char *behavior = jstr(c, "behavior");
+	size_t k = 0, nb = sizeof split_behaviors / sizeof split_behaviors[0];
+	while (behavior && k < nb && strcmp(split_behaviors[k].name, behavior) != 0)
+		k++;
+	if (!re && !lit) {
+		snprintf(err, errlen, "pre_tokenizer: Split needs pattern {\"Regex\": ...} or "
+			 "{\"String\": ...}");
+		return -EINVAL;
 	}
-	t->split_meta = jbool(c, "split", true);
-	return rc;
+	if (!behavior || k == nb) {
+		snprintf(err, errlen, "pre_tokenizer: Split behavior \"%s\" is not supported (Isolated, "
+			 "Removed, MergedWithPrevious, MergedWithNext, Contiguous)",
+			 behavior ? behavior : "(none)");
+		return -ENOTSUP;
+	}
+	bool invert = jbool(c, "invert", false);
+	if (re)
+		return pretok_add_regex(&t->pre, re, split_behaviors[k].b, invert, err, errlen);
+	return pretok_add_literal(&t->pre, lit, split_behaviors[k].b, invert, err, errlen);
 }
 
 static int on_pre_tokenizer(struct fkv_tokenizer *t, json_object *c, const char *type, char *err,
 			    size_t errlen)
 {
-	if (!strcmp(type, "Metaspace"))
-		return metaspace(t, c, err, errlen);
+	/* HF maps bytes to the GPT-2 alphabet inside ByteLevel: a later step would cut that text. */
+	if (t->byte_level) {
+		snprintf(err, errlen, "pre_tokenizer: \"%s\" after ByteLevel is not supported", type);
+		return -ENOTSUP;
+	}
+	if (!strcmp(type, "Metaspace")) {
+		const char *rep = jstr(c, "replacement");
+		const char *scheme = jstr(c, "prepend_scheme");
+		if (!scheme) /* before tokenizers 0.19 */
+			scheme = jbool(c, "add_prefix_space", true) ? "always" : "never";
+		return pretok_add_metaspace(&t->pre, rep ? rep : META, scheme, jbool(c, "split", true), err,
+					    errlen);
+	}
 	if (!strcmp(type, "ByteLevel")) {
 		t->byte_level = true;
-		if (jbool(c, "add_prefix_space", false)) {
-			int rc = add_norm(t, true, "", " ", err, errlen);
-			if (rc)
-				return rc;
-			t->norm[t->n_norm - 1].unless_starts = true;
-		}
-		if (jbool(c, "use_regex", true))
-			return t->re ? -ENOTSUP : tokenizer_set_regex(t, RE_GPT2, err, errlen);
-		return 0;
+		return pretok_add_bytelevel(&t->pre, jbool(c, "add_prefix_space", false),
+					    jbool(c, "use_regex", true), err, errlen);
 	}
-	if (!strcmp(type, "Split")) {
-		json_object *pat = jget(c, "pattern");
-		const char *re = jstr(pat, "Regex"), *lit = jstr(pat, "String");
-		const char *behavior = jstr(c, "behavior");
-		if (t->re || (!re && !lit) || !behavior || strcmp(behavior, "Isolated") != 0 ||
-		    jbool(c, "invert", false))
-			return -ENOTSUP;
-		if (re)
-			return tokenizer_set_regex(t, re, err, errlen);
-		if (strstr(lit, "\\E"))
-			return -ENOTSUP;
-		char buf[256];
-		if ((size_t)snprintf(buf, sizeof buf, "\\Q%s\\E", lit) >= sizeof buf)
-			return -ENOTSUP;
-		return tokenizer_set_regex(t, buf, err, errlen);
-	}
+	if (!strcmp(type, "Digits"))
+		return pretok_add_digits(&t->pre, jbool(c, "individual_digits", false), err, errlen);
+	if (!strcmp(type, "Split"))
+		return split(t, c, err, errlen);
 	return -ENOTSUP;
 }
 
@@ -416,9 +401,11 @@ static int on_decoder(struct fkv_tokenizer *t, json_object *c, const char *type,
 		return 0;
 	}
 	if (!strcmp(type, "Metaspace")) {
-		const char *scheme = jstr(c, "prepend_scheme");
+		const char *scheme = jstr(c, "prepend_scheme"), *rep = jstr(c, "replacement");
 		bool prefix = scheme ? strcmp(scheme, "never") != 0 : jbool(c, "add_prefix_space", true);
-		strcpy(t->dec_pat, META);
+		int rc = copy_pat(t->dec_pat, rep ? rep : META, err, errlen);
+		if (rc)
+			return rc;
 		strcpy(t->dec_with, " ");
 		t->dec_strip = prefix ? 1 : 0;
 		t->dec_byte_fallback = true;
@@ -660,10 +647,6 @@ static int json_build(struct fkv_tokenizer **out, json_object *root, const char 
 			  err, errlen);
 	if (rc == 0)
 		rc = walk(t, jget(root, "decoder"), "decoder", "decoders", on_decoder, err, errlen);
-	if (rc == 0 && t->byte_level && t->split_meta) {
-		snprintf(err, errlen, "pre_tokenizer: ByteLevel with Metaspace is not supported");
-		rc = -ENOTSUP;
-	}
 	if (rc == 0)
 		rc = json_specials(t, root, dir, err, errlen);
 	if (rc == 0)
@@ -699,7 +682,7 @@ int tokenizer_load_json(const char *path, struct fkv_tokenizer **out, char *err,
 		*slash = '\0';
 	else
 		strcpy(dir, ".");
-	char msg[512] = "";
+	char msg[2048] = "";
 	int rc = json_build(out, root, dir, msg, sizeof msg);
 	json_object_put(root);
 	if (rc)
@@ -711,7 +694,7 @@ int tokenizer_load(const struct fkv_model *m, struct fkv_tokenizer **out, char *
 {
 	const struct gguf_ctx *g = model_gguf(m);
 	if (g) {
-		char msg[512] = "";
+		char msg[2048] = "";
 		int rc = tokenizer_load_gguf(g, out, msg, sizeof msg);
 		if (rc)
 			snprintf(err, errlen, "%s: %s", m->path, msg);
