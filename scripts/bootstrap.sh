@@ -10,6 +10,7 @@ PACKAGES=(
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
   liburing-dev libcmocka-dev libopenblas-dev libpcre2-dev libjson-c-dev libssl-dev libutf8proc-dev
   fio
+  python3-venv # test_pretok_hf: Hugging Face tokenizers in a venv
 )
 
 missing=()
