@@ -1,8 +1,10 @@
 /* Tests for the kvworker executable (worker/kvworker.c, worker/cmd_*.c): runs the real binary
  * on stories260K and checks what it prints — the greedy continuation equals the engine's own
  * greedy tokens, text output is the decoding of those ids, --stats is one JSON line, perplexity
- * ends with its line, bad flags exit 2, failures exit 1 with a message. */
+ * ends with its line, bad flags exit 2, failures exit 1 with a message; info reports the
+ * geometry model_load reads, for GGUF and HF, and describes files generate refuses. */
 #include "test_proc.h"
+#include "test_buf.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -11,6 +13,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "gguf.h"
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -258,6 +261,11 @@ static void test_bad_flags_exit_2(void **state)
 		{ "synth", "--preset", "nope", "--out", "/tmp/x", NULL },
 		{ "synth", "--preset", "tiny", NULL },
 		{ "synth", "--preset", "tiny", "--out", "/tmp/x", "--dtype", "q4", NULL },
+		{ "info", NULL },
+		{ "info", "-m", NULL },
+		{ "info", "-m", m, "--temp", "0", NULL },
+		{ "info", "-m", m, "extra", NULL },
+		{ "info", "-m", m, "--bogus", NULL },
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		struct result r = run(NULL, cases[i]);
@@ -278,6 +286,10 @@ static void test_bad_flags_exit_2(void **state)
 	proc_result_free(&h);
 	h = RUN(NULL, "synth", "--help");
 	assert_int_equal(h.rc, 0);
+	proc_result_free(&h);
+	h = RUN(NULL, "info", "--help");
+	assert_int_equal(h.rc, 0);
+	assert_non_null(strstr(h.out, "--json"));
 	proc_result_free(&h);
 }
 
@@ -329,6 +341,312 @@ static void test_synth_then_generate(void **state)
 	proc_result_free(&r);
 }
 
+/* ---- info ---- */
+
+static struct json_object *info_json(const char *model)
+{
+	struct result r = RUN(NULL, "info", "-m", model, "--json");
+	if (r.rc != 0)
+		fail_msg("info -m %s --json: exit %d: %s", model, r.rc, r.err);
+	struct json_object *j = json_tokener_parse(r.out);
+	assert_non_null(j);
+	proc_result_free(&r);
+	return j;
+}
+
+static int64_t jint(struct json_object *j, const char *key)
+{
+	struct json_object *v;
+	if (!json_object_object_get_ex(j, key, &v) || !json_object_is_type(v, json_type_int))
+		fail_msg("info JSON: '%s' missing or not an integer", key);
+	return json_object_get_int64(v);
+}
+
+static const char *jstr(struct json_object *j, const char *key)
+{
+	struct json_object *v;
+	if (!json_object_object_get_ex(j, key, &v) || !json_object_is_type(v, json_type_string))
+		fail_msg("info JSON: '%s' missing or not a string", key);
+	return json_object_get_string(v);
+}
+
+/* Count and bytes of one tensor type in info's JSON. */
+static void jtype(struct json_object *j, const char *type, int64_t *count, int64_t *bytes)
+{
+	struct json_object *types, *t;
+	assert_true(json_object_object_get_ex(j, "tensor_types", &types));
+	if (!json_object_object_get_ex(types, type, &t))
+		fail_msg("info JSON: no tensor type %s", type);
+	*count = jint(t, "count");
+	*bytes = jint(t, "bytes");
+}
+
+/* info agrees with model_load on every size, and with the files on the rest. */
+static void test_info_stories(void **state)
+{
+	(void)state;
+	if (!gguf || !hf) {
+		skip();
+		return;
+	}
+	const char *models[2] = { gguf, hf };
+	for (int k = 0; k < 2; k++) {
+		struct fkv_model m;
+		char err[512];
+		assert_int_equal(model_load(models[k], &m, err, sizeof err), 0);
+		const struct fkv_model_config *c = &m.cfg;
+		struct json_object *j = info_json(models[k]);
+		assert_string_equal(jstr(j, "format"), k ? "hf" : "gguf");
+		assert_string_equal(jstr(j, "architecture"), "llama");
+		assert_int_equal(jint(j, "layers"), 5);
+		assert_int_equal(jint(j, "heads"), 8);
+		assert_int_equal(jint(j, "kv_heads"), 4);
+		assert_int_equal(jint(j, "head_dim"), 8);
+		assert_int_equal(jint(j, "hidden_size"), 64);
+		assert_int_equal(jint(j, "ffn_size"), 172);
+		assert_int_equal(jint(j, "vocab_size"), 512);
+		assert_int_equal(jint(j, "layers"), c->n_layers);
+		assert_int_equal(jint(j, "heads"), c->n_heads);
+		assert_int_equal(jint(j, "kv_heads"), c->n_kv_heads);
+		assert_int_equal(jint(j, "head_dim"), c->head_dim);
+		assert_int_equal(jint(j, "hidden_size"), c->dim);
+		assert_int_equal(jint(j, "ffn_size"), c->ffn_dim);
+		assert_int_equal(jint(j, "vocab_size"), c->vocab_size);
+		/* the GGUF says 2048 though the model was trained at 512 (model.h) */
+		assert_int_equal(jint(j, "context_length"), k ? 512 : 2048);
+		assert_int_equal(jint(j, "context_length"), c->ctx_len);
+		struct json_object *v;
+		assert_true(json_object_object_get_ex(j, "norm_eps", &v));
+		assert_true((float)json_object_get_double(v) == c->norm_eps);
+		assert_true(json_object_object_get_ex(j, "rope_theta", &v));
+		assert_true((float)json_object_get_double(v) == c->rope_theta);
+		assert_string_equal(jstr(j, "rope_style"),
+				    c->rope_style == FKV_ROPE_INTERLEAVED ? "interleaved" : "halves");
+		assert_string_equal(jstr(j, "rope_style"), k ? "halves" : "interleaved");
+		assert_true(json_object_object_get_ex(j, "rope_scaling", &v));
+		assert_string_equal(jstr(v, "type"), "none");
+		assert_string_equal(jstr(j, "tokenizer_model"), k ? "BPE" : "llama");
+		assert_string_equal(jstr(j, "chat_template"), "none");
+		/* the GGUF writes the tied output head a second time; the HF folder does not */
+		int64_t count, bytes;
+		jtype(j, "F32", &count, &bytes);
+		assert_int_equal(jint(j, "tensors"), k ? 47 : 48);
+		assert_int_equal(count, jint(j, "tensors"));
+		assert_int_equal(jint(j, "parameters"), k ? 260032 : 292800);
+		assert_int_equal(bytes, jint(j, "parameters") * 4);
+		assert_int_equal(jint(j, "parameter_bytes"), bytes);
+		json_object_put(j);
+		model_free(&m);
+	}
+	/* the text form says the same */
+	struct result r = RUN(NULL, "info", "-m", gguf);
+	assert_int_equal(r.rc, 0);
+	static const char *const lines[] = {
+		"architecture:    llama\n", "layers:          5\n",	 "heads:           8\n",
+		"kv heads:        4\n",	    "head dim:        8\n",	 "hidden size:     64\n",
+		"ffn size:        172\n",   "vocab size:      512\n",	 "context length:  2048\n",
+		"norm eps:        1e-05\n", "tokenizer:       llama\n", "chat template:   none\n",
+		"tensors:         48 (F32 48)\n",
+	};
+	for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+		if (!strstr(r.out, lines[i]))
+			fail_msg("info text lacks '%s':\n%s", lines[i], r.out);
+	}
+	assert_string_equal(r.err, "");
+	proc_result_free(&r);
+}
+
+static void put_str(struct test_buf *b, const char *s)
+{
+	uint64_t n = strlen(s);
+	test_buf_put(b, &n, 8);
+	test_buf_put(b, s, n);
+}
+
+static void put_kv(struct test_buf *b, const char *key, uint32_t type, const void *v, size_t n)
+{
+	put_str(b, key);
+	test_buf_put(b, &type, 4);
+	if (type == GGUF_TYPE_STRING)
+		put_str(b, v);
+	else
+		test_buf_put(b, v, n);
+}
+
+/* A qwen2 GGUF generate refuses twice over (a pre-tokenizer and a tensor type it does not
+ * support), with a llama3 chat template and linear rope scaling. */
+static void write_odd_gguf(const char *path)
+{
+	struct test_buf b = { 0 };
+	uint32_t u32 = 0x46554747u, version = 3;
+	uint64_t nt = 2, nkv = 14;
+	test_buf_put(&b, &u32, 4);
+	test_buf_put(&b, &version, 4);
+	test_buf_put(&b, &nt, 8);
+	test_buf_put(&b, &nkv, 8);
+	put_kv(&b, "general.architecture", GGUF_TYPE_STRING, "qwen2", 0);
+	static const struct {
+		const char *key;
+		uint32_t v;
+	} ints[] = { { "qwen2.block_count", 1 },	  { "qwen2.context_length", 4096 },
+		     { "qwen2.embedding_length", 64 },	  { "qwen2.feed_forward_length", 96 },
+		     { "qwen2.attention.head_count", 4 }, { "qwen2.attention.head_count_kv", 2 } };
+	for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+		put_kv(&b, ints[i].key, GGUF_TYPE_UINT32, &ints[i].v, 4);
+	float eps = 1e-6f, theta = 1e6f, factor = 4.0f;
+	put_kv(&b, "qwen2.attention.layer_norm_rms_epsilon", GGUF_TYPE_FLOAT32, &eps, 4);
+	put_kv(&b, "qwen2.rope.freq_base", GGUF_TYPE_FLOAT32, &theta, 4);
+	put_kv(&b, "qwen2.rope.scaling.type", GGUF_TYPE_STRING, "linear", 0);
+	put_kv(&b, "qwen2.rope.scaling.factor", GGUF_TYPE_FLOAT32, &factor, 4);
+	put_kv(&b, "tokenizer.ggml.model", GGUF_TYPE_STRING, "gpt2", 0);
+	put_kv(&b, "tokenizer.ggml.pre", GGUF_TYPE_STRING, "smollm", 0);
+	put_kv(&b, "tokenizer.chat_template", GGUF_TYPE_STRING,
+	       "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}", 0);
+	/* tensors: token_embd.weight Q4_1 (64, 100) at 0, output_norm.weight F16 (64) after it */
+	static const struct {
+		const char *name;
+		uint64_t ne1;
+		uint32_t type;
+		uint64_t off;
+	} ts[] = { { "token_embd.weight", 100, 3, 0 }, { "output_norm.weight", 0, 1, 4000 } };
+	for (size_t i = 0; i < 2; i++) {
+		uint32_t nd = ts[i].ne1 ? 2 : 1;
+		uint64_t ne0 = 64;
+		put_str(&b, ts[i].name);
+		test_buf_put(&b, &nd, 4);
+		test_buf_put(&b, &ne0, 8);
+		if (ts[i].ne1)
+			test_buf_put(&b, &ts[i].ne1, 8);
+		test_buf_put(&b, &ts[i].type, 4);
+		test_buf_put(&b, &ts[i].off, 8);
+	}
+	uint8_t zero[4128] = { 0 };
+	test_buf_put(&b, zero, (32 - b.n % 32) % 32);
+	test_buf_put(&b, zero, 4000 + 128); /* 100 rows x 2 blocks x 20 bytes, then 64 x f16 */
+	FILE *f = fopen(path, "wb");
+	assert_non_null(f);
+	assert_int_equal(fwrite(b.p, 1, b.n, f), b.n);
+	assert_int_equal(fclose(f), 0);
+	free(b.p);
+}
+
+static void test_info_describes_what_generate_refuses(void **state)
+{
+	(void)state;
+	char path[128];
+	snprintf(path, sizeof path, "%s/odd.gguf", tmpdir);
+	write_odd_gguf(path);
+	struct json_object *j = info_json(path), *v;
+	assert_string_equal(jstr(j, "architecture"), "qwen2");
+	assert_int_equal(jint(j, "layers"), 1);
+	assert_int_equal(jint(j, "heads"), 4);
+	assert_int_equal(jint(j, "kv_heads"), 2);
+	assert_int_equal(jint(j, "head_dim"), 16);
+	assert_int_equal(jint(j, "vocab_size"), 100); /* no token list: the embedding's rows */
+	assert_int_equal(jint(j, "context_length"), 4096);
+	assert_string_equal(jstr(j, "rope_style"), "halves");
+	assert_true(json_object_object_get_ex(j, "rope_theta", &v));
+	assert_true(json_object_get_double(v) == 1e6);
+	assert_true(json_object_object_get_ex(j, "rope_scaling", &v));
+	assert_string_equal(jstr(v, "type"), "linear");
+	assert_true(json_object_object_get_ex(v, "factor", &v));
+	assert_true(json_object_get_double(v) == 4.0);
+	assert_string_equal(jstr(j, "tokenizer_model"), "gpt2");
+	assert_string_equal(jstr(j, "pre_tokenizer"), "smollm");
+	assert_string_equal(jstr(j, "chat_template"), "llama3");
+	int64_t count, bytes;
+	jtype(j, "Q4_1", &count, &bytes);
+	assert_int_equal(count, 1);
+	assert_int_equal(bytes, 4000);
+	jtype(j, "F16", &count, &bytes);
+	assert_int_equal(count, 1);
+	assert_int_equal(bytes, 128);
+	assert_int_equal(jint(j, "parameters"), 6400 + 64);
+	assert_int_equal(jint(j, "parameter_bytes"), 4128);
+	json_object_put(j);
+	struct result r = RUN(NULL, "info", "-m", path);
+	assert_int_equal(r.rc, 0);
+	assert_non_null(strstr(r.out, "pre-tokenizer:   smollm\n"));
+	assert_non_null(strstr(r.out, "tensors:         2 (Q4_1 1, F16 1)\n"));
+	assert_non_null(strstr(r.out, "rope scaling:    linear (factor 4)\n"));
+	proc_result_free(&r);
+	r = RUN(NULL, "generate", "-m", path, "-p", "x");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "type Q4_1"));
+	proc_result_free(&r);
+}
+
+/* An HF folder's chat template: from tokenizer_config.json, else chat_template.jinja. */
+static void test_info_hf_chat_template(void **state)
+{
+	(void)state;
+	if (!hf) {
+		skip();
+		return;
+	}
+	char dir[128], path[4300];
+	snprintf(dir, sizeof dir, "%s/hfchat", tmpdir);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	static const char *const files[] = { "config.json", "model.safetensors", "tokenizer.json" };
+	for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+		char src[4300];
+		snprintf(src, sizeof src, "%s/%s", hf, files[i]);
+		snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+		assert_int_equal(symlink(src, path), 0);
+	}
+	snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+	FILE *f = fopen(path, "w");
+	fputs("{{ '<start_of_turn>user\\n' + content + '<end_of_turn>' }}", f);
+	fclose(f);
+	struct json_object *j = info_json(dir);
+	assert_string_equal(jstr(j, "chat_template"), "gemma");
+	json_object_put(j);
+	snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+	f = fopen(path, "w");
+	fputs("{\"chat_template\": \"{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}\"}", f);
+	fclose(f);
+	j = info_json(dir);
+	assert_string_equal(jstr(j, "chat_template"), "chatml");
+	assert_int_equal(jint(j, "layers"), 5);
+	json_object_put(j);
+}
+
+/* A cut or foreign file, or a folder that is no model: exit 1 with the reader's reason. */
+static void test_info_malformed(void **state)
+{
+	(void)state;
+	char path[128];
+	snprintf(path, sizeof path, "%s/junk.gguf", tmpdir);
+	FILE *f = fopen(path, "w");
+	fputs("not a model at all", f);
+	fclose(f);
+	struct result r = RUN(NULL, "info", "-m", path);
+	assert_int_equal(r.rc, 1);
+	assert_string_equal(r.out, "");
+	assert_non_null(strstr(r.err, path));
+	assert_non_null(strstr(r.err, "not a GGUF file"));
+	proc_result_free(&r);
+	r = RUN(NULL, "info", "-m", tmpdir, "--json");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "no config.json"));
+	proc_result_free(&r);
+	if (!gguf)
+		return;
+	size_t len;
+	uint8_t *p = test_read_file(gguf, &len);
+	snprintf(path, sizeof path, "%s/cut.gguf", tmpdir);
+	f = fopen(path, "wb");
+	assert_int_equal(fwrite(p, 1, 5000, f), 5000); /* inside the vocabulary */
+	fclose(f);
+	free(p);
+	r = RUN(NULL, "info", "-m", path, "--json");
+	assert_int_equal(r.rc, 1);
+	assert_string_equal(r.out, "");
+	assert_non_null(strstr(r.err, "truncated element"));
+	assert_non_null(strstr(r.err, "tokenizer.ggml.tokens"));
+	proc_result_free(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -338,6 +656,10 @@ int main(void)
 		cmocka_unit_test(test_bad_flags_exit_2),
 		cmocka_unit_test(test_failures_exit_1),
 		cmocka_unit_test(test_synth_then_generate),
+		cmocka_unit_test(test_info_stories),
+		cmocka_unit_test(test_info_describes_what_generate_refuses),
+		cmocka_unit_test(test_info_hf_chat_template),
+		cmocka_unit_test(test_info_malformed),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -40,6 +40,7 @@ int cmd_resume(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_client(int argc, char **argv);
+int cmd_info(int argc, char **argv);
 
 /* Parse a whole decimal number within [lo, hi]; 0 or -EINVAL. */
 int cmd_parse_long(const char *s, long lo, long hi, long *out);

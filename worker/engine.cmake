@@ -25,7 +25,8 @@ add_executable(kvworker
   ${CMAKE_CURRENT_LIST_DIR}/cmd_synth.c
   ${CMAKE_CURRENT_LIST_DIR}/cmd_serve.c
   ${CMAKE_CURRENT_LIST_DIR}/serve_batch.c
-  ${CMAKE_CURRENT_LIST_DIR}/cmd_client.c)
+  ${CMAKE_CURRENT_LIST_DIR}/cmd_client.c
+  ${CMAKE_CURRENT_LIST_DIR}/cmd_info.c)
 freekv_target(kvworker)
 target_link_libraries(kvworker PRIVATE freekv_runtime)
 install(TARGETS kvworker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

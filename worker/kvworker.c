@@ -1,5 +1,5 @@
 /* kvworker — the worker executable: a table of commands (generate, resume, perplexity, eval,
- * synth, serve, client), each parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage. */
+ * synth, serve, client, info), each parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,6 +14,8 @@ static const struct cmd commands[] = {
 	{ "synth", "write a random-weight model with a real model's geometry", cmd_synth },
 	{ "serve", "serve generation requests with continuous batching (a service)", cmd_serve },
 	{ "client", "send a request to `kvworker serve` and stream its output", cmd_client },
+	{ "info", "describe a model file from its headers (geometry, tokenizer, tensor types)",
+	  cmd_info },
 };
 
 static void usage(FILE *f)
