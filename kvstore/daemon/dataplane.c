@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "persist.h"
 #include "pool.h"
 #include "ring.h"
 #include "tier.h"
@@ -47,6 +48,7 @@ int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char
 		.lock_memory = cfg->lock_memory,
 		.group = cfg->group,
 		.unlink_existing = true,
+		.adopt = cfg->persist, /* dp_restore decides what of it to keep */
 	};
 	ret = pool_create(&pc, &dp->pool, err, errlen);
 	if (ret)
@@ -71,6 +73,23 @@ fail:
 	return ret;
 }
 
+int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen)
+{
+	if (!ps)
+		return 0;
+	int ret = persist_restore(ps, dp->seqs, dp->pool, dp->tier, err, errlen);
+	if (ret)
+		return ret;
+	dp->ps = ps;
+	pool_keep_segment(dp->pool, true); /* the next daemon adopts it (docs/design.md §4) */
+	return 0;
+}
+
+void dp_maintain(struct dp *dp)
+{
+	persist_maintain(dp->ps, dp->seqs, dp->pool);
+}
+
 const char *dp_pool_name(const struct dp *dp)
 {
 	return pool_name(dp->pool);
@@ -91,19 +110,78 @@ static struct dp_worker *find_worker(const struct dp *dp, uint32_t wid)
 
 /* ---------------------------------------------------------------- completions */
 
+/* Queues the completion: dp_flush_completions posts it after the journal's group commit. */
 static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, int status, uint64_t t0)
 {
 	unsigned k = e->op >= RING_OP_ALLOC && e->op <= RING_OP_RELEASE ? e->op - 1 : DP_OP_INVALID;
 	dp->ops[k].calls++;
-	dp->ops[k].total_us += dp_now_us() - t0;
 	e->status = status;
 	if (status) {
 		dp->ops[k].errors++;
 		e->n_payload = 0;
 	}
-	if (ring_push(w->ring, e, 1) != 1)
-		fprintf(stderr, "kvstored: worker %u: completion ring full, completion %" PRIu64 " dropped\n",
-			w->wid, e->user_data);
+	if (dp->n_outbox == dp->cap_outbox) {
+		size_t cap = dp->cap_outbox ? dp->cap_outbox * 2 : 64;
+		struct dp_done *o = realloc(dp->outbox, cap * sizeof *o);
+		if (!o) { /* no room to wait: post it now, durability first */
+			persist_sync(dp->ps);
+			dp->ops[k].total_us += dp_now_us() - t0;
+			if (ring_push(w->ring, e, 1) != 1)
+				fprintf(stderr, "kvstored: worker %u: completion ring full, completion %"
+					PRIu64 " dropped\n", w->wid, e->user_data);
+			return;
+		}
+		dp->outbox = o;
+		dp->cap_outbox = cap;
+	}
+	dp->outbox[dp->n_outbox++] = (struct dp_done){ w->wid, *e };
+	dp->ops[k].total_us += dp_now_us() - t0;
+}
+
+void dp_flush_completions(struct dp *dp)
+{
+	if (!dp->n_outbox)
+		return;
+	/* Group commit (docs/design.md §4 "Restart without loss"): one fdatasync for the batch. */
+	if (persist_dirty(dp->ps))
+		persist_sync(dp->ps);
+	for (size_t i = 0; i < dp->n_outbox; i++) {
+		struct dp_done *d = &dp->outbox[i];
+		struct dp_worker *w = find_worker(dp, d->wid);
+		if (w && ring_push(w->ring, &d->e, 1) != 1)
+			fprintf(stderr, "kvstored: worker %u: completion ring full, completion %" PRIu64
+				" dropped\n", w->wid, d->e.user_data);
+	}
+	dp->n_outbox = 0;
+}
+
+void dp_log_block(struct dp *dp, uint32_t id)
+{
+	struct pool_block *b = dp->ps ? pool_block_get(dp->pool, id) : NULL;
+	struct seq *s = b ? seq_find(dp->seqs, b->seq_id) : NULL;
+	if (s)
+		persist_block(dp->ps, dp->pool, s, id);
+}
+
+/* The committed length of s moved from old: journal the blocks whose committed rows changed
+ * (every layer's pages from the old tail page to the new one), then the length. */
+static void log_committed(struct dp *dp, struct seq *s, uint64_t old)
+{
+	if (!dp->ps)
+		return;
+	uint32_t p = s->geo.page_size;
+	uint64_t lo = old / p, hi = (s->committed_tokens + p - 1) / p;
+	for (uint64_t pg = lo; pg < hi && pg < s->n_pages; pg++)
+		for (uint32_t l = 0; l < s->geo.n_layers; l++) {
+			uint32_t id = seq_block(s, l, (uint32_t)pg);
+			if (id != SEQ_NO_BLOCK)
+				persist_block(dp->ps, dp->pool, s, id);
+		}
+}
+
+void dp_seq_committed(struct dp *dp, struct seq *s, uint64_t old_committed)
+{
+	log_committed(dp, s, old_committed < s->committed_tokens ? old_committed : s->committed_tokens);
 }
 
 /* ---------------------------------------------------------------- leases */
@@ -307,11 +385,17 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 	}
 	if (e->committed_tokens > (uint64_t)s->n_pages * s->geo.page_size)
 		return -ERANGE;
+	uint64_t old = s->committed_tokens;
 	for (uint32_t i = 0; i < e->count; i++) {
 		pool_block_set_committed(dp->pool, ids[i], true);
 		pool_block_touch(dp->pool, ids[i]);
 	}
 	s->committed_tokens = e->committed_tokens;
+	/* Blocks first, then the length: a torn tail never leaves a length without its blocks. */
+	for (uint32_t i = 0; i < e->count; i++)
+		persist_block(dp->ps, dp->pool, s, ids[i]);
+	log_committed(dp, s, old < s->committed_tokens ? old : s->committed_tokens);
+	persist_seq_committed(dp->ps, s);
 	e->n_payload = 0;
 	return 0;
 }
@@ -609,12 +693,16 @@ static void tier_done(void *ctx, const struct tier_result *r)
 			fprintf(stderr, "kvstored: demotion of block %u failed: %s\n", id, strerror(-r->status));
 		} else {
 			dp->demoted++;
+			dp_log_block(dp, id); /* its DRAM slot is reused only after this is synced */
 		}
 		return;
 	}
 	uint64_t off = b->nvme_off;
 	pool_block_promote_end(dp->pool, id, r->status == 0);
 	if (r->status == 0) {
+		/* Its rows are checksummed afresh from the bytes just read (and verified). */
+		b->rows = b->rows_crc = 0;
+		dp_log_block(dp, id);
 		tier_extent_free(dp->tier, off, b->bytes);
 		dp->promoted++;
 		return;
@@ -668,6 +756,7 @@ void dp_run(struct dp *dp)
 				progress += n;
 				for (int k = 0; k < n; k++)
 					serve_entry(dp, w, &batch[k]);
+				dp_flush_completions(dp);
 			}
 			if (n < 0 && !w->corrupt_logged) /* once: every other worker's traffic passes here */
 				fprintf(stderr, "kvstored: worker %u: ring corrupted (%s)\n", w->wid, strerror(-n));
@@ -677,6 +766,10 @@ void dp_run(struct dp *dp)
 		dp_swap_retry(dp);
 		if (dp->n_demote_q)
 			demote_queue_run(dp);
+		/* Before new writes go out: a freed extent is reused only once its move is durable. */
+		dp_flush_completions(dp);
+		if (persist_dirty(dp->ps))
+			persist_sync(dp->ps);
 		if (dp->tier && tier_flush(dp->tier) > 0)
 			progress++;
 		if (progress <= 0)
@@ -691,6 +784,8 @@ void dp_drain(struct dp *dp, int timeout_ms)
 		tier_flush(dp->tier);
 		tier_wait(dp->tier, 50, tier_done, dp);
 	}
+	dp_flush_completions(dp);
+	persist_sync(dp->ps);
 }
 
 /* ---------------------------------------------------------------- workers */
@@ -970,6 +1065,7 @@ void dp_shutdown(struct dp *dp)
 			free(p);
 		}
 	}
+	dp_flush_completions(dp);
 	dp_drain(dp, 2000);
 	for (size_t i = 0; dp->w && i < dp->max_w; i++) {
 		if (dp->w[i].ring) {
@@ -983,6 +1079,7 @@ void dp_shutdown(struct dp *dp)
 	dp_swap_shutdown(dp); /* after tier_close: in-flight swap I/O still uses the bounces */
 	pool_destroy(dp->pool);
 	pthread_mutex_destroy(&dp->lock);
+	free(dp->outbox);
 	free(dp->w);
 	free(dp);
 }

@@ -64,8 +64,19 @@ struct dp_worker {
 	bool corrupt_logged;		/* "ring corrupted" was logged for this worker */
 };
 
+/* A completion waiting for the journal's group commit (see dp_flush_completions). */
+struct dp_done {
+	uint32_t wid;
+	struct ring_entry e;
+};
+
+struct persist;
+
 struct dp {
 	const struct cfg *cfg;
+	struct persist *ps;		/* durable metadata; NULL: persistence off (borrowed) */
+	struct dp_done *outbox;		/* (cap_outbox,) completions not posted yet */
+	size_t n_outbox, cap_outbox;
 	struct seq_table *seqs;
 	struct pool *pool;
 	struct tier *tier;
@@ -87,6 +98,11 @@ struct dp {
 };
 
 uint64_t dp_now_us(void);
+/* Syncs the journal when it has records, then posts every completion queued since: a worker
+ * never hears of a COMMIT (or of a slot freed by a move) before it is durable. */
+void dp_flush_completions(struct dp *dp);
+/* Journals block id of s where it is now (persist_block). */
+void dp_log_block(struct dp *dp, uint32_t id);
 /* Demotion's ranking of a DRAM block as a victim (pool_victims): -1 never (uncommitted), 0 a
  * detached or orphaned sequence's, 1 an attached one's; the swap ranks the same way. */
 struct pool_block;
