@@ -606,12 +606,20 @@ void cmd_session_close(struct cmd_session *s)
 	if (s->seq >= 0)
 		engine_seq_free(s->e, s->seq);
 	if (s->hs) {
-		/* A failed run keeps what it has: dropping it could lose a resumable sequence. */
-		bool keep = s->o.keep || s->interrupted || !s->completed;
+		/* A failed run keeps what it has when there is something to resume; a sequence that
+		 * holds no token id is only clutter (resume refuses it), so it goes unless --keep. */
+		const int32_t *ids;
+		int64_t n_ids = hostkv_seq_tokens(s->hs, &ids);
+		bool failed = !s->interrupted && !s->completed;
+		bool keep = s->o.keep || s->interrupted || (failed && n_ids > 0);
 		int ret = hostkv_seq_close(s->hs, !keep);
 		if (ret)
 			fprintf(stderr, "%s: closing sequence '%s': %s\n", s->o.prog, s->seq_name,
 				strerror(-ret));
+		else if (keep && failed && !s->o.keep && hostkv_is_remote(s->hk))
+			fprintf(stderr, "%s: sequence '%s' kept in the store (%lld token ids): continue "
+				"it with `kvworker resume --seq %s`, or drop it with `kvctl evict %s`\n",
+				s->o.prog, s->seq_name, (long long)n_ids, s->seq_name, s->seq_name);
 		else if (keep && hostkv_is_remote(s->hk))
 			fprintf(stderr, "%s: sequence '%s' kept in the store\n", s->o.prog,
 				s->seq_name);

@@ -40,6 +40,10 @@ struct hostkv_store_ops {
 	int (*heartbeat)(void *st, const Freekv__WorkerStats *stats, char *err, size_t errlen);
 	/* (optional) Milliseconds between the control requests liveness needs; 0 = none needed. */
 	uint32_t (*heartbeat_ms)(void *st);
+	/* (optional) Why the store's DRAM pool is full and what would make room, one line for an
+	 * ALLOC that failed with -ENOSPC (what holds it: detached sequences, leases, the NVMe
+	 * tier). */
+	void (*explain_full)(void *st, char *buf, size_t len);
 	void (*close)(void *st);
 };
 
