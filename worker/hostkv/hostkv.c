@@ -209,6 +209,11 @@ bool hostkv_is_remote(const struct hostkv *h)
 	return h->remote;
 }
 
+bool hostkv_store_gone(const struct hostkv *h)
+{
+	return h && h->ops->gone && h->ops->gone(h->st);
+}
+
 int hostkv_seq_register(struct hostkv_seq *s, struct backend *be, char *err, size_t errlen)
 {
 	struct hostkv *h = s->h;

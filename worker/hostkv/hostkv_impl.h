@@ -44,6 +44,9 @@ struct hostkv_store_ops {
 	 * ALLOC that failed with -ENOSPC (what holds it: detached sequences, leases, the NVMe
 	 * tier). */
 	void (*explain_full)(void *st, char *buf, size_t len);
+	/* (optional) True once a call found the store gone (its daemon died, stopped or cannot
+	 * be reached any more): the handle is dead, a new one must be opened. */
+	bool (*gone)(void *st);
 	void (*close)(void *st);
 };
 

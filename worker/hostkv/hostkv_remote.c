@@ -6,6 +6,7 @@
 #include "hostkv_impl.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +19,28 @@
 struct remote {
 	struct kvs *k;
 	uint64_t next_user;
+	_Atomic bool gone;	/* set by any thread's call (the heartbeat thread's too) */
 };
+
+/* The client library's verdicts for a daemon that is no more: the connection was lost
+ * (-ECONNRESET), nothing answers (-ECONNREFUSED), it announced its shutdown (-ESHUTDOWN). */
+static bool is_gone(int ret)
+{
+	return ret == -ECONNRESET || ret == -ECONNREFUSED || ret == -ESHUTDOWN;
+}
 
 static int kerr(struct remote *r, int ret, char *err, size_t errlen, const char *what)
 {
+	if (is_gone(ret))
+		r->gone = true;
 	return errmsg(err, errlen, ret, "%s: %s", what,
 		      kvs_error(r->k)[0] ? kvs_error(r->k) : strerror(-ret));
+}
+
+static bool r_gone(void *st)
+{
+	struct remote *r = st;
+	return r->gone;
 }
 
 static int r_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
@@ -198,6 +215,7 @@ static const struct hostkv_store_ops remote_ops = {
 	.heartbeat = r_heartbeat,
 	.heartbeat_ms = r_heartbeat_ms,
 	.explain_full = r_explain_full,
+	.gone = r_gone,
 	.close = r_close,
 };
 
