@@ -104,9 +104,16 @@ static int restart_once(struct harness *h, int round, int after, int pause_ms, b
 			  !memcmp(p[i].ids, ref_ids[i], sizeof p[i].ids[0] * N_GEN) &&
 			  n_kept == n_ref[i] &&
 			  !memcmp(kept, ref_kept[i], sizeof kept[0] * (size_t)n_kept);
-		if (!ok)
-			fprintf(stderr, "round %d worker %d: inexact (%d ids printed, %d kept)\n", round,
-				i, p[i].n_ids, n_kept);
+		if (!ok) {
+			int d = 0, e = 0;
+			while (d < p[i].n_ids && d < N_GEN && p[i].ids[d] == ref_ids[i][d])
+				d++;
+			while (e < n_kept && e < n_ref[i] && kept[e] == ref_kept[i][e])
+				e++;
+			fprintf(stderr, "round %d worker %d: inexact (%d ids printed, first differing "
+				"at %d; %d kept, first differing at %d)\n", round, i, p[i].n_ids, d,
+				n_kept, e);
+		}
 		inexact += !ok;
 	}
 	return inexact;
@@ -178,17 +185,19 @@ static void test_kill9_random_moments(void **state)
 {
 	(void)state;
 	references();
-	uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)getpid();
-	fprintf(stderr, "seed %llu\n", (unsigned long long)seed);
+	uint64_t seed = getenv("FKV_SEED") ? strtoull(getenv("FKV_SEED"), NULL, 10)
+					   : (uint64_t)time(NULL) ^ (uint64_t)getpid();
+	fprintf(stderr, "seed %llu (FKV_SEED repeats it)\n", (unsigned long long)seed);
 	struct harness h;
 	harness_start(&h, persist_on);
 	int inexact = 0;
-	for (int r = 0; r < 20; r++) {
+	int rounds = getenv("FKV_ROUNDS") ? atoi(getenv("FKV_ROUNDS")) : 20;
+	for (int r = 0; r < rounds; r++) {
 		int after = 1 + (int)(test_rand(&seed) % (N_GEN - 40));
 		int pause = (int)(test_rand(&seed) % 50);
 		inexact += restart_once(&h, r, after, pause, true);
 	}
-	fprintf(stderr, "20 restarts, %d inexact results\n", inexact);
+	fprintf(stderr, "%d restarts, %d inexact results\n", rounds, inexact);
 	assert_int_equal(inexact, 0);
 	h_finish(&h);
 }
@@ -200,6 +209,8 @@ int main(int argc, char **argv)
 		return TEST_SKIP_EXIT;
 	if (kvcache_policy("freekv"))
 		g_policy = "freekv";
+	if (getenv("FKV_POLICY")) /* e.g. full: tells a store fault from a policy's resume */
+		g_policy = getenv("FKV_POLICY");
 	bool slow = argc > 1 && !strcmp(argv[1], "--slow");
 	const struct CMUnitTest fast[] = {
 		cmocka_unit_test_teardown(test_kill9_two_workers, h_teardown),

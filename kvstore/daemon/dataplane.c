@@ -391,11 +391,14 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 		pool_block_touch(dp->pool, ids[i]);
 	}
 	s->committed_tokens = e->committed_tokens;
-	/* Blocks first, then the length: a torn tail never leaves a length without its blocks. */
+	/* Blocks first, then the length: a torn tail never leaves a length without its blocks.
+	 * A COMMIT that changes nothing journals nothing (and costs no sync). */
 	for (uint32_t i = 0; i < e->count; i++)
 		persist_block(dp->ps, dp->pool, s, ids[i]);
-	log_committed(dp, s, old < s->committed_tokens ? old : s->committed_tokens);
-	persist_seq_committed(dp->ps, s);
+	if (old != s->committed_tokens) {
+		log_committed(dp, s, old < s->committed_tokens ? old : s->committed_tokens);
+		persist_seq_committed(dp->ps, s);
+	}
 	e->n_payload = 0;
 	return 0;
 }

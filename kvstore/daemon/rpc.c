@@ -677,8 +677,10 @@ static int h_commit_tokens(struct call *c)
 	if (ret)
 		return ret;
 	/* The tail blocks' new rows, then ids and length; synced before the reply (rpc_process). */
-	dp_seq_committed(c->s->ctx.dp, s, old);
-	persist_seq_tokens(c->s->ctx.ps, s, ct->first, ct->token_ids, ct->n_token_ids);
+	if (ct->n_token_ids || old != s->committed_tokens) {
+		dp_seq_committed(c->s->ctx.dp, s, old);
+		persist_seq_tokens(c->s->ctx.ps, s, ct->first, ct->token_ids, ct->n_token_ids);
+	}
 	return reply_ack(c);
 }
 

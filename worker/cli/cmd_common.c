@@ -528,6 +528,7 @@ static void report(struct cmd_session *s, const struct run_times *t, bool print)
 struct hist {
 	int32_t *v;
 	int64_t n, cap;
+	int64_t n_prefill;	/* h[0..n_prefill) ran through prefill, the rest through decode */
 };
 
 static int hist_push(struct hist *h, const int32_t *ids, int64_t n)
@@ -614,9 +615,18 @@ static int reconnect(struct cmd_session *s, const struct hist *h, float *logits)
 			fprintf(stderr, "%s: %s\n", o->prog, err);
 			return ret;
 		}
-		int64_t len = engine_seq_len(s->e, s->seq);
-		ret = engine_prefill(s->e, s->seq, h->v + len, (int)(h->n - len), logits, false, err,
-				     sizeof err);
+		/* Each id runs again the way it ran first — the prompt's through prefill, sampled
+		 * ones one decode step at a time — since the two differ numerically (a retrieval
+		 * policy's prefill attends to every token, its decode to the selected pages). */
+		int64_t len = engine_seq_len(s->e, s->seq), at = len;
+		ret = 0;
+		if (at < h->n_prefill) {
+			ret = engine_prefill(s->e, s->seq, h->v + at, (int)(h->n_prefill - at), logits,
+					     false, err, sizeof err);
+			at = h->n_prefill;
+		}
+		for (; !ret && at < h->n; at++)
+			ret = engine_decode(s->e, 1, &s->seq, h->v + at, logits, err, sizeof err);
 		if (ret && hostkv_store_gone(s->hk))
 			continue;
 		if (ret) {
@@ -676,6 +686,7 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 		ret = -ENOMEM;
 		goto restore;
 	}
+	hist.n_prefill = hist.n;
 	ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
 	if (ret && store_lost(s))
 		ret = reconnect(s, &hist, logits);
