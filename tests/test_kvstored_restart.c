@@ -9,7 +9,8 @@
  *   damage is reported (ignored bytes), and whatever is served is byte-exact: a sequence is
  *   either absent or its committed pages read back right.
  * - A committed DRAM block flipped in the pool while the daemon is down: its sequence is marked
- *   damaged (kvctl shows it), its committed length cut to that page, the page never served. */
+ *   damaged (kvctl shows it), its committed length cut to that page, the page never served.
+ * - Compaction by snapshot past journal_compact_bytes; a restart from the snapshot keeps all. */
 #include "clock.h"
 #include "test_kvstored_harness.h"
 
@@ -383,6 +384,42 @@ static void test_block_damaged(void **state)
 	h_finish(&h);
 }
 
+/* The journal is compacted by snapshot once it passes journal_compact_bytes; a restart from
+ * the compacted journal keeps everything. */
+static void test_compaction(void **state)
+{
+	(void)state;
+	static const char *const small[] = { "--set", "persist=true", "--set",
+					     "journal_compact_bytes=4096", NULL };
+	struct harness h;
+	harness_start(&h, small);
+	struct kvs *k;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "w"), 0);
+	fill_seq(&h, k, "c1", 21, PAGES, false);
+	fill_seq(&h, k, "c2", 22, NVME_PAGES, true);
+	for (int i = 0; i < 8; i++) { /* enough records to pass 4 KiB */
+		char name[16];
+		snprintf(name, sizeof name, "x%d", i);
+		fill_seq(&h, k, name, 30 + (uint64_t)i, 3, false);
+	}
+	kvs_close(k);
+	/* The control loop checks once a second. */
+	uint64_t t0 = clock_ms(), compactions = 0;
+	while (clock_ms() - t0 < 5000 && compactions < 2) {
+		Freekv__Reply *r = stats(&h);
+		compactions = r->stats->journal->compactions;
+		kvs_reply_free(r);
+		h_sleep_ms(100);
+	}
+	assert_true(compactions >= 2); /* the start's, and one for size */
+	h_kill9(&h);
+	harness_spawn(&h, small, NULL);
+	check_seq(&h, "c1", 21, PAGES);
+	check_seq(&h, "c2", 22, NVME_PAGES);
+	h_finish(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -392,6 +429,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_journal_truncated, h_teardown),
 		cmocka_unit_test_teardown(test_journal_byte_flipped, h_teardown),
 		cmocka_unit_test_teardown(test_block_damaged, h_teardown),
+		cmocka_unit_test_teardown(test_compaction, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -76,6 +76,7 @@ struct persist {
 	struct rseq *rv;
 	size_t n_rv, cap_rv;
 	bool meta_ok;		/* the journal's pool is this pool (same name and size) */
+	uint64_t snap_bytes;	/* journal size right after the last compaction */
 	bool have_meta;
 	struct persist_stats st;
 };
@@ -351,9 +352,14 @@ static int compact(struct persist *ps, const struct seq_table *seqs, struct pool
 	char err[512];
 	struct snap_ctx c = { ps, seqs, pool };
 	int ret = journal_compact(ps->j, snap_fill, &c, err, sizeof err);
-	if (ret)
+	if (ret) {
 		fprintf(stderr, "kvstored: %s\n", err);
-	return ret;
+		return ret;
+	}
+	struct journal_stats js;
+	journal_stats(ps->j, &js);
+	ps->snap_bytes = js.bytes;
+	return 0;
 }
 
 void persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool)
@@ -362,7 +368,12 @@ void persist_maintain(struct persist *ps, const struct seq_table *seqs, struct p
 		return;
 	struct journal_stats js;
 	journal_stats(ps->j, &js);
-	if (js.bytes < ps->cfg->journal_compact_bytes)
+	/* Twice the last snapshot at least, or a journal whose live state alone passes the limit
+	 * would be compacted on every tick. */
+	uint64_t limit = ps->cfg->journal_compact_bytes;
+	if (limit < 2 * ps->snap_bytes)
+		limit = 2 * ps->snap_bytes;
+	if (js.bytes < limit)
 		return;
 	uint64_t t0 = clock_ms();
 	if (compact(ps, seqs, pool) == 0 && ps->cfg->log_level >= CFG_LOG_INFO) {
