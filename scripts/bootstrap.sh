@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs, with apt, only the Debian packages freekv needs that are missing. Idempotent: runs
-# `apt-get update` only when something must be installed, prints what it did, downloads nothing
-# else. CUDA is not installed here: the build uses /usr/local/cuda (or CUDAToolkit_ROOT) when
+# Installs, with apt, only the Debian packages freekv needs that are missing, then makes the
+# project virtualenv (.venv, scripts/venv.sh: the openai client from PyPI, for the kvgate tests
+# and benchmark). Idempotent: runs `apt-get update` only when something must be installed and
+# pip only when the virtualenv lacks the pinned openai; prints what it did. CUDA is not installed here: the build uses /usr/local/cuda (or CUDAToolkit_ROOT) when
 # present and builds without it otherwise.
 set -euo pipefail
 
@@ -9,8 +10,10 @@ PACKAGES=(
   build-essential cmake pkg-config
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
   liburing-dev libcmocka-dev libopenblas-dev libpcre2-dev libjson-c-dev libssl-dev libutf8proc-dev
+  libmicrohttpd-dev uthash-dev
   fio
-  python3-venv # test_pretok_hf: Hugging Face tokenizers in a venv
+  # test_pretok_hf (HF tokenizers) and the kvgate tests: Python virtualenvs, curl, promtool
+  python3 python3-venv curl prometheus
 )
 
 missing=()
@@ -20,8 +23,11 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+venv() { "$(dirname "$0")/venv.sh"; }
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "bootstrap: all ${#PACKAGES[@]} packages present"
+  venv
   exit 0
 fi
 
@@ -36,3 +42,4 @@ echo "bootstrap: installing ${missing[*]}"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "bootstrap: installed ${#missing[@]} package(s)"
+venv

@@ -4,6 +4,7 @@
 #
 #   worker/cli → serve → engine → kvcache → hostkv → backend → tokenizer → model → common
 #   kernels/ under worker/backend; kvstore/daemon → kvstore/lib → common; ctl → kvstore/lib
+#   gate → metrics → common (metrics/ also under kvstore/daemon, worker/serve and worker/cli)
 #
 # So no file outside worker/cli/ includes a command front-end, no backend includes a policy, and
 # kvstore/lib/ includes no daemon header. The one exception is kvstore/daemon/embed.h, the
@@ -16,9 +17,11 @@ cd "$ROOT"
 # Folder → folders it may include from (besides itself). "proto" is the generated protocol.
 declare -A ALLOW=(
   [common]=""
+  [metrics]="common"
+  [gate]="metrics common proto"
   [kernels]="common"
   [kvstore/lib]="common proto"
-  [kvstore/daemon]="kvstore/lib common proto"
+  [kvstore/daemon]="kvstore/lib common proto metrics"
   [ctl]="kvstore/lib common proto"
   [worker/model]="common"
   [worker/tokenizer]="worker/model common"
@@ -26,8 +29,8 @@ declare -A ALLOW=(
   [worker/hostkv]="worker/backend kernels worker/model common kvstore/lib proto"
   [worker/kvcache]="worker/hostkv worker/backend kernels worker/model common kvstore/lib proto"
   [worker/engine]="worker/kvcache worker/hostkv worker/backend kernels worker/model common kvstore/lib proto"
-  [worker/serve]="worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
-  [worker/cli]="worker/serve worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
+  [worker/serve]="metrics worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
+  [worker/cli]="metrics worker/serve worker/engine worker/kvcache worker/hostkv worker/backend kernels worker/tokenizer worker/model common kvstore/lib proto"
 )
 # Single headers a folder may include from a folder otherwise above or beside it.
 declare -A EXTRA=(

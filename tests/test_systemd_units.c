@@ -1,7 +1,7 @@
 /* Tests systemd/: `systemd-analyze verify` accepts kvstored.service and kvworker@.service with
  * no warning at all (unknown keys and bad values are only warnings to systemd, errors here;
  * skipped without systemd-analyze), and every directive is preceded by a comment line.
- * ExecStart= binaries are pointed at the build tree. The default kvstored.conf is accepted by
+ * ExecStart= binaries are pointed at the build tree (kvgate.service too). The default kvstored.conf is accepted by
  * kvstored --print-config; kvworker@.service's own ExecStart= command line, with %i = 0 and the
  * default kvworker.conf, is accepted by kvworker serve --print-config and yields the settings it
  * promises (the model from the file, the store and GPU from the command line). */
@@ -58,20 +58,24 @@ static void test_verify(void **state)
 		fprintf(stderr, "skip: systemd-analyze not found\n");
 		skip();
 	}
-	char kvstored[1024], kvworker[1024];
+	char kvstored[1024], kvworker[1024], kvgate[1024];
+	snprintf(kvgate, sizeof kvgate, "%s/gate/kvgate", FREEKV_BUILD_DIR);
 	snprintf(kvstored, sizeof kvstored, "%s/kvstore/kvstored", FREEKV_BUILD_DIR);
 	snprintf(kvworker, sizeof kvworker, "%s/worker/kvworker", FREEKV_BUILD_DIR);
 	copy_unit("kvstored.service", "/usr/sbin/kvstored", kvstored, "kvstored.service");
 	copy_unit("kvworker@.service", "/usr/bin/kvworker", kvworker, "kvworker@.service");
+	copy_unit("kvgate.service", "/usr/bin/kvgate", kvgate, "kvgate.service");
 	verify("kvstored.service");
 	verify("kvworker@0.service");
+	verify("kvgate.service");
 }
 
 static void test_every_directive_commented(void **state)
 {
 	(void)state;
-	static const char *const units[] = { "kvstored.service", "kvworker@.service" };
-	for (size_t u = 0; u < 2; u++) {
+	static const char *const units[] = { "kvstored.service", "kvworker@.service",
+					     "kvgate.service" };
+	for (size_t u = 0; u < 3; u++) {
 		char path[1024], line[2048];
 		bool prev_comment = false;
 		snprintf(path, sizeof path, "%s/systemd/%s", FREEKV_SOURCE_DIR, units[u]);

@@ -79,6 +79,8 @@ static const struct cfg_key keys[] = {
 	  "io_uring queue depth of the NVMe tier" },
 	{ "log_level", CFG_T_LEVEL, F(log_level), CFG_LOG_ERROR, CFG_LOG_DEBUG, "info", true,
 	  "error, warn, info or debug" },
+	{ "metrics_listen", CFG_T_STRING, F(metrics_listen), 0, CFG_STR_MAX - 1, "", false,
+	  "loopback HOST:PORT serving Prometheus /metrics (empty: none)" },
 };
 
 #undef F

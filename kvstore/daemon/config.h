@@ -45,6 +45,7 @@ struct cfg {
 	uint64_t max_request_bytes;	/* larger control frames are refused undecoded */
 	uint64_t io_queue_depth;
 	uint64_t log_level;		/* enum cfg_log_level */
+	char metrics_listen[CFG_STR_MAX]; /* HOST:PORT of /metrics; empty: not served */
 };
 
 /* Fill every key with its default. */

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "persist.h"
 #include "pool.h"
 #include "ring.h"
@@ -23,9 +24,7 @@
 
 uint64_t dp_now_us(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return clock_ns() / 1000u;
 }
 
 int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen)
@@ -71,23 +70,6 @@ int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char
 fail:
 	dp_shutdown(dp);
 	return ret;
-}
-
-int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen)
-{
-	if (!ps)
-		return 0;
-	int ret = persist_restore(ps, dp->seqs, dp->pool, dp->tier, err, errlen);
-	if (ret)
-		return ret;
-	dp->ps = ps;
-	pool_keep_segment(dp->pool, true); /* the next daemon adopts it (docs/design.md §4) */
-	return 0;
-}
-
-void dp_maintain(struct dp *dp)
-{
-	persist_maintain(dp->ps, dp->seqs, dp->pool);
 }
 
 const char *dp_pool_name(const struct dp *dp)
@@ -136,52 +118,6 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 	}
 	dp->outbox[dp->n_outbox++] = (struct dp_done){ w->wid, *e };
 	dp->ops[k].total_us += dp_now_us() - t0;
-}
-
-void dp_flush_completions(struct dp *dp)
-{
-	if (!dp->n_outbox)
-		return;
-	/* Group commit (docs/design.md §4 "Restart without loss"): one fdatasync for the batch. */
-	if (persist_dirty(dp->ps))
-		persist_sync(dp->ps);
-	for (size_t i = 0; i < dp->n_outbox; i++) {
-		struct dp_done *d = &dp->outbox[i];
-		struct dp_worker *w = find_worker(dp, d->wid);
-		if (w && ring_push(w->ring, &d->e, 1) != 1)
-			fprintf(stderr, "kvstored: worker %u: completion ring full, completion %" PRIu64
-				" dropped\n", w->wid, d->e.user_data);
-	}
-	dp->n_outbox = 0;
-}
-
-void dp_log_block(struct dp *dp, uint32_t id)
-{
-	struct pool_block *b = dp->ps ? pool_block_get(dp->pool, id) : NULL;
-	struct seq *s = b ? seq_find(dp->seqs, b->seq_id) : NULL;
-	if (s)
-		persist_block(dp->ps, dp->pool, s, id);
-}
-
-/* The committed length of s moved from old: journal the blocks whose committed rows changed
- * (every layer's pages from the old tail page to the new one), then the length. */
-static void log_committed(struct dp *dp, struct seq *s, uint64_t old)
-{
-	if (!dp->ps)
-		return;
-	uint32_t p = s->geo.page_size;
-	uint64_t lo = old / p, hi = (s->committed_tokens + p - 1) / p;
-	for (uint64_t pg = lo; pg < hi && pg < s->n_pages; pg++)
-		for (uint32_t l = 0; l < s->geo.n_layers; l++) {
-			uint32_t id = seq_block(s, l, (uint32_t)pg);
-			if (id != SEQ_NO_BLOCK)
-				persist_block(dp->ps, dp->pool, s, id);
-		}
-}
-
-void dp_seq_committed(struct dp *dp, struct seq *s, uint64_t old_committed)
-{
-	log_committed(dp, s, old_committed < s->committed_tokens ? old_committed : s->committed_tokens);
 }
 
 /* ---------------------------------------------------------------- leases */
@@ -299,6 +235,55 @@ static void demote_to(struct dp *dp, uint64_t target)
 	}
 }
 
+/* Slab classes share the pool by whole units, and a class keeps its units while any block in
+ * them is in use: under load one model's class can hold every unit, and another model's ALLOC
+ * would fail however little DRAM is in use. This demotes the committed, unleased blocks of the
+ * other class's emptiest slab so that its units come back; the ALLOC waits for that. */
+static struct seq *attached_seq(struct dp *dp, struct dp_worker *w, uint64_t seq_id);
+
+struct class_rank {
+	struct dp *dp;
+	unsigned cls;
+};
+
+static int rank_in_class(void *ctx, const struct pool_block *b)
+{
+	const struct class_rank *r = ctx;
+	return b->cls != r->cls || b->doomed ? -1 : dp_rank_victim(r->dp, b);
+}
+
+static void reclaim_unit_for(struct dp *dp, struct dp_worker *w, const struct ring_entry *e)
+{
+	struct seq *s = attached_seq(dp, w, e->seq_id);
+	unsigned cls;
+	uint64_t base, bytes, stride;
+	if (!s || !dp->tier || pool_class(dp->pool, s->block_bytes, &cls))
+		return;
+	/* First the class's own coldest blocks: room in its slabs needs no unit at all. */
+	struct class_rank rk = { dp, cls };
+	uint32_t ids[DP_ALLOC_MAX];
+	size_t n = 0;
+	size_t want = e->count < DP_ALLOC_MAX ? e->count : DP_ALLOC_MAX;
+	if (!pool_victims(dp->pool, rank_in_class, &rk, ids, want, &n)) {
+		for (size_t i = 0; i < n; i++)
+			if (demote_block(dp, ids[i]))
+				break;
+	}
+	if (dp->demoting || pool_reclaim_pick(dp->pool, cls, &base, &bytes, &stride))
+		return;
+	for (uint64_t off = base; off + stride <= base + bytes; off += stride) {
+		uint32_t id;
+		if (pool_block_at(dp->pool, off, &id))
+			continue;
+		const struct pool_block *b = pool_block_get(dp->pool, id);
+		if (!b || b->tier != POOL_TIER_DRAM || b->leases || !b->committed || b->doomed)
+			continue;
+		if (demote_block(dp, id))
+			return; /* tier full or busy: the next pass tries again */
+		dp->reclaims++;
+	}
+}
+
 static void demote_watermark(struct dp *dp)
 {
 	struct pool_usage u;
@@ -396,7 +381,7 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 	for (uint32_t i = 0; i < e->count; i++)
 		persist_block(dp->ps, dp->pool, s, ids[i]);
 	if (old != s->committed_tokens) {
-		log_committed(dp, s, old < s->committed_tokens ? old : s->committed_tokens);
+		dp_log_committed(dp, s, old < s->committed_tokens ? old : s->committed_tokens);
 		persist_seq_committed(dp->ps, s);
 	}
 	e->n_payload = 0;
@@ -569,6 +554,8 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 		ret = op_alloc(dp, w, &p->e);
 		if (ret == -EAGAIN) {
 			demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+			if (!dp->demoting)
+				reclaim_unit_for(dp, w, &p->e);
 			if (dp->demoting) {
 				ret = defer(w, p);
 				if (!ret)
@@ -611,6 +598,8 @@ static void retry_pending(struct dp *dp, struct dp_worker *w)
 			ret = op_alloc(dp, w, &p->e);
 			if (ret == -EAGAIN && !dp->demoting) {
 				demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+				if (!dp->demoting)
+					reclaim_unit_for(dp, w, &p->e);
 				if (!dp->demoting)
 					ret = -ENOSPC;
 			}
@@ -676,6 +665,18 @@ void dp_retry_recalls_of(struct dp *dp, uint32_t block)
 	settle_recalls_of(dp, block, false, 0);
 }
 
+/* A block whose sequence was dropped while its I/O ran (dp_drop_seq) is freed once the I/O has
+ * settled it in one tier. */
+static void free_if_doomed(struct dp *dp, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(dp->pool, id);
+	if (!b || !b->doomed || b->leases || (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))
+		return;
+	if (b->tier == POOL_TIER_NVME)
+		tier_extent_free(dp->tier, b->nvme_off, b->bytes);
+	pool_block_free(dp->pool, id);
+}
+
 static void tier_done(void *ctx, const struct tier_result *r)
 {
 	struct dp *dp = ctx;
@@ -698,6 +699,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 			dp->demoted++;
 			dp_log_block(dp, id); /* its DRAM slot is reused only after this is synced */
 		}
+		free_if_doomed(dp, id);
 		return;
 	}
 	uint64_t off = b->nvme_off;
@@ -708,11 +710,13 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		dp_log_block(dp, id);
 		tier_extent_free(dp->tier, off, b->bytes);
 		dp->promoted++;
+		free_if_doomed(dp, id);
 		return;
 	}
 	if (r->status == -EBADMSG)
 		dp->crc_errors++;
 	dp_fail_recalls_of(dp, id, r->status);
+	free_if_doomed(dp, id);
 }
 
 static void demote_queue_run(struct dp *dp);
@@ -756,6 +760,8 @@ void dp_run(struct dp *dp)
 			/* Bounded per pass so one busy worker cannot starve the control plane. */
 			int n = 0;
 			for (int b = 0; b < 4 && (n = ring_pop(w->ring, batch, DP_POP_BATCH)) > 0; b++) {
+				if (!b)
+					w->last_op_ms = dp_now_us() / 1000;
 				progress += n;
 				for (int k = 0; k < n; k++)
 					serve_entry(dp, w, &batch[k]);
@@ -907,6 +913,12 @@ uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid)
 	return w ? w->n_leases : 0;
 }
 
+uint64_t dp_worker_last_op_ms(const struct dp *dp, uint32_t wid)
+{
+	struct dp_worker *w = find_worker(dp, wid);
+	return w ? w->last_op_ms : 0;
+}
+
 /* ---------------------------------------------------------------- sequences */
 
 /* Start demotion of seq's eligible blocks; *started counts them. Returns 0 when none is left,
@@ -967,12 +979,21 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen)
 {
 	*blocks = 0;
+	/* Leases are someone's reads (the dropping worker's own were dropped at detach), and a swap
+	 * moves two blocks at once: those refuse the drop. A block only demoting or promoting is
+	 * let go now and freed when its I/O ends (free_if_doomed), so a worker can drop its own
+	 * sequence while the daemon is moving it. */
 	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
 		for (uint32_t p = 0; p < s->n_pages; p++) {
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
-			if (b && (b->leases || (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))) {
-				errmsg_set(err, errlen, "sequence '%s' has leased blocks or I/O in flight", s->name);
+			bool swapping = false;
+			for (unsigned i = 0; b && i < DP_SWAP_MAX; i++)
+				swapping |= dp->swaps[i].phase != DP_SWAP_FREE &&
+					    (dp->swaps[i].block == id || dp->swaps[i].victim == id);
+			if (b && (b->leases || swapping)) {
+				errmsg_set(err, errlen, "sequence '%s' has leased blocks or a swap in flight",
+					   s->name);
 				return -EBUSY;
 			}
 		}
@@ -983,11 +1004,16 @@ int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			if (!b)
 				continue;
+			seq_set_block(s, l, p, SEQ_NO_BLOCK);
+			++*blocks;
+			if (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME) {
+				b->doomed = true;
+				b->seq_id = 0;
+				continue;
+			}
 			if (b->tier == POOL_TIER_NVME)
 				tier_extent_free(dp->tier, b->nvme_off, b->bytes);
 			pool_block_free(dp->pool, id);
-			seq_set_block(s, l, p, SEQ_NO_BLOCK);
-			++*blocks;
 		}
 	}
 	return 0;

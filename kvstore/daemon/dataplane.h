@@ -117,6 +117,9 @@ int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_
 
 void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u);
 uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid);
+/* When the worker's ring last carried an op (ms, monotonic), 0 never: ring traffic proves a
+ * worker alive as well as a heartbeat does. Call with the dp lock held. */
+uint64_t dp_worker_last_op_ms(const struct dp *dp, uint32_t wid);
 void dp_stats(struct dp *dp, struct dp_stats *st);
 const char *dp_op_name(enum dp_opstat_kind k);
 

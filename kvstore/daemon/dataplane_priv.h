@@ -1,5 +1,6 @@
 /* dataplane_priv — the data plane's state, shared by its source files: dataplane.c (ring ops,
- * leases, demotion, promotion), dataplane_swap.c (DRAM <-> NVMe swaps when both tiers are full)
+ * leases, demotion, promotion), dataplane_persist.c (group commit and journal records),
+ * dataplane_swap.c (DRAM <-> NVMe swaps when both tiers are full)
  * and dataplane_thread.c (the data-plane thread and its lock). Private to those files; everyone
  * else uses dataplane.h. */
 #ifndef FREEKV_DATAPLANE_PRIV_H
@@ -62,6 +63,7 @@ struct dp_worker {
 	uint32_t cap, n_free, n_leases;
 	struct dp_pending *pending;
 	bool corrupt_logged;		/* "ring corrupted" was logged for this worker */
+	uint64_t last_op_ms;		/* when its ring last carried an op (dp_now_us clock) */
 };
 
 /* A completion waiting for the journal's group commit (see dp_flush_completions). */
@@ -95,6 +97,7 @@ struct dp {
 	size_t n_demote_q;
 	struct dp_swap swaps[DP_SWAP_MAX];
 	uint64_t swapped, swap_failures;
+	uint64_t reclaims;		/* blocks demoted to give a slab unit to another class */
 };
 
 uint64_t dp_now_us(void);
@@ -103,6 +106,9 @@ uint64_t dp_now_us(void);
 void dp_flush_completions(struct dp *dp);
 /* Journals block id of s where it is now (persist_block). */
 void dp_log_block(struct dp *dp, uint32_t id);
+/* The committed length of s moved from old: journals the blocks whose committed rows changed
+ * (every layer's pages from the old tail page to the new one). dataplane_persist.c. */
+void dp_log_committed(struct dp *dp, struct seq *s, uint64_t old);
 /* Demotion's ranking of a DRAM block as a victim (pool_victims): -1 never (uncommitted), 0 a
  * detached or orphaned sequence's, 1 an attached one's; the swap ranks the same way. */
 struct pool_block;

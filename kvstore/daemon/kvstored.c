@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -24,7 +25,12 @@
 #include "rpc.h"
 #include "sdnotify.h"
 #include "seq.h"
+#include "store_metrics.h"
 #include "workers.h"
+
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
 
 #define MAX_POLL 1100
 #define STATUS_EVERY_MS 1000
@@ -52,6 +58,8 @@ struct daemon_state {
 	struct persist *ps;
 	void *zctx;
 	int sigfd;
+	struct store_metrics sm;	/* metrics_listen (docs/design.md §6) */
+	bool sm_on;
 };
 
 static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print)
@@ -98,9 +106,34 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 static void reap_workers(struct daemon_state *d)
 {
 	uint32_t ids[64];
+	/* A worker busy on its ring is alive even when its heartbeat thread is starved. */
+	for (size_t i = 0; i < d->workers.max; i++) {
+		struct wk_worker *w = &d->workers.v[i];
+		uint64_t op = w->id ? dp_worker_last_op_ms(d->dp, w->id) : 0;
+		if (op > w->last_heartbeat_ms)
+			w->last_heartbeat_ms = op;
+	}
 	size_t n = wk_reap(&d->workers, clock_ms(), d->cfg.heartbeat_timeout_ms, ids, 64);
 	for (size_t i = 0; i < n; i++) {
 		struct wk_worker *w = wk_find(&d->workers, ids[i]);
+		/* A silent worker whose process still runs keeps the pool mapped read-write: freed
+		 * blocks handed to others would take its late writes. So it is killed first (its pid
+		 * is the connection's own) and its blocks are let go only once it has exited. */
+		if (!wk_exited(w) && w->pid_verified && w->pidfd >= 0) {
+			if (!w->fenced) {
+				w->fenced = true;
+				int r = (int)syscall(SYS_pidfd_send_signal, w->pidfd, SIGKILL, NULL, 0);
+				fprintf(stderr, "kvstored: worker %u (pid %u) silent past heartbeat_timeout_ms: "
+					"%s\n", w->id, w->pid, r == 0 ? "killed, so that it cannot write into "
+					"blocks given to others" : "could not kill it; its blocks are let go "
+					"anyway");
+				if (r == 0)
+					continue;
+			} else if (wk_exited(w) == false && clock_ms() - w->last_heartbeat_ms <
+				   3 * d->cfg.heartbeat_timeout_ms) {
+				continue; /* SIGKILL sent: wait for the exit (bounded) */
+			}
+		}
 		dp_worker_gone(d->dp, ids[i]);
 		size_t orphaned = seq_orphan_worker(&d->seqs, ids[i]);
 		if (d->cfg.log_level >= CFG_LOG_INFO || orphaned)
@@ -296,6 +329,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: %s\n", err);
 		goto out_zmq;
 	}
+	if (d.cfg.metrics_listen[0]) {
+		d.sm = (struct store_metrics){ .dp = d.dp, .rpc = &d.rpc, .seqs = &d.seqs,
+					       .workers = &d.workers, .start_ms = rctx.start_ms };
+		if ((ret = store_metrics_init(&d.sm)) == 0)
+			d.sm_on = true;
+		if (!ret && (ret = store_metrics_start(&d.sm, d.cfg.metrics_listen, err, sizeof err)))
+			fprintf(stderr, "kvstored: metrics_listen: %s\n", err);
+		if (ret)
+			goto out_rpc;
+		d.rpc.latency = &d.sm.rpc_latency;
+		fprintf(stderr, "kvstored: metrics on http://%s/metrics\n", d.cfg.metrics_listen);
+	}
 	fprintf(stderr, "kvstored: serving %s, pool %s (%" PRIu64 " MiB), tier %s\n", d.cfg.endpoint,
 		dp_pool_name(d.dp), dp_pool_bytes(d.dp) >> 20, d.cfg.nvme_path[0] ? d.cfg.nvme_path : "none");
 	send_status(&d);
@@ -313,6 +358,8 @@ int main(int argc, char **argv)
 	sdn_send(&d.sdn, "STOPPING=1");
 	rpc_notify_shutdown(&d.rpc);
 out_rpc:
+	if (d.sm_on)
+		store_metrics_shutdown(&d.sm); /* its scrapes read the rpc counters */
 	rpc_shutdown(&d.rpc);
 out_zmq:
 	zmq_ctx_term(d.zctx);

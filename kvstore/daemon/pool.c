@@ -678,3 +678,11 @@ void pool_usage(const struct pool *p, struct pool_usage *u)
 	}
 	u->dram_free_bytes = free_bytes;
 }
+
+int pool_reclaim_pick(struct pool *p, unsigned cls, uint64_t *base, uint64_t *bytes,
+		      uint64_t *stride)
+{
+	if (slab_free_units(p->slab))
+		return -EAGAIN; /* a unit is free: no other class need give one up */
+	return slab_reclaim_pick(p->slab, cls, base, bytes, stride);
+}

@@ -75,6 +75,7 @@ struct pool_block {
 	uint8_t tier;           /* enum pool_tier */
 	bool committed;
 	bool has_crc;
+	bool doomed;            /* its sequence was dropped during its I/O: freed when that ends */
 };
 
 struct pool_usage {
@@ -134,6 +135,10 @@ int pool_block_adopt_nvme(struct pool *p, unsigned cls, uint64_t nvme_off, uint3
 			  uint32_t *id);
 /* Start of the slab holding a DRAM-resident block (journaled with it). -EINVAL otherwise. */
 int pool_block_slab_base(const struct pool *p, uint32_t id, uint64_t *base);
+/* For an ALLOC of class cls that found no block while every slab unit is owned: the range of
+ * the other class's slab to empty (see slab_reclaim_pick). -EAGAIN when a unit is free. */
+int pool_reclaim_pick(struct pool *p, unsigned cls, uint64_t *base, uint64_t *bytes,
+		      uint64_t *stride);
 
 /* Descriptor of a live block, or NULL for an unknown / freed id. */
 struct pool_block *pool_block_get(struct pool *p, uint32_t id);

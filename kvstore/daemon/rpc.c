@@ -4,6 +4,7 @@
 #include "freekv_store.h"
 #include "pbcheck.h"
 #include "persist.h"
+#include "prom.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -261,6 +262,7 @@ static int h_hello(struct call *c)
 	if (ret)
 		return fail(c, ret, "cannot register: %s", strerror(-ret));
 	w->rights = (uint8_t)rights;
+	w->pid_verified = c->peer && c->peer->ipc && c->peer->has_cred && c->peer->pid == h->pid;
 	w->uid = c->peer && c->peer->has_cred ? c->peer->uid : 0;
 	Freekv__Welcome *wel = NEW(c, Freekv__Welcome, FREEKV__WELCOME__INIT);
 	char *ring = ca(c, CFG_STR_MAX);
@@ -829,7 +831,10 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 	st->calls++;
 	st->errors += status != 0;
 	st->refused += c.refused;
-	st->total_us += now_us() - t0;
+	uint64_t us = now_us() - t0;
+	st->total_us += us;
+	if (s->latency)
+		prom_hist_observe(s->latency, (double)us / 1e6);
 	return ret;
 }
 

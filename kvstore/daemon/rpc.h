@@ -41,6 +41,7 @@
 #include "workers.h"
 
 struct persist;
+struct prom_hist;
 
 #define RPC_ERR_MAX 256
 
@@ -77,6 +78,7 @@ struct rpc_server {
 	uint64_t hello_refused;		/* Hellos refused for a pid mismatch (logged: the first 10) */
 	uint64_t refused_peers[RPC_REFUSED_PEERS]; /* identity hashes already logged */
 	size_t n_refused_peers;
+	struct prom_hist *latency;	/* (optional, borrowed) seconds per request, for /metrics */
 };
 
 /* Binds a ROUTER socket at ctx->cfg->endpoint (an ipc socket file gets mode 0660 and the

@@ -1,4 +1,10 @@
 /* seq — the sequence table. See seq.h. */
+/* uthash must not exit() on allocation failure: a full heap is an error to the caller. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) (seq_hash_oom = true)
+#include <stdbool.h>
+static bool seq_hash_oom;
+
 #include "seq.h"
 
 #include "errmsg.h"
@@ -26,6 +32,8 @@ static void seq_free(struct seq *s)
 
 void seq_table_shutdown(struct seq_table *t)
 {
+	HASH_CLEAR(hh_id, t->by_id);
+	HASH_CLEAR(hh_name, t->by_name);
 	for (size_t i = 0; i < t->n; i++)
 		seq_free(t->v[i]);
 	free(t->v);
@@ -86,18 +94,16 @@ static bool geometry_equal(const struct seq_geometry *a, const struct seq_geomet
 
 struct seq *seq_find(const struct seq_table *t, uint64_t id)
 {
-	for (size_t i = 0; i < t->n; i++)
-		if (t->v[i]->id == id)
-			return t->v[i];
-	return NULL;
+	struct seq *s = NULL;
+	HASH_FIND(hh_id, t->by_id, &id, sizeof id, s);
+	return s;
 }
 
 struct seq *seq_find_name(const struct seq_table *t, const char *name)
 {
-	for (size_t i = 0; i < t->n; i++)
-		if (strcmp(t->v[i]->name, name) == 0)
-			return t->v[i];
-	return NULL;
+	struct seq *s = NULL;
+	HASH_FIND(hh_name, t->by_name, name, strlen(name), s);
+	return s;
 }
 
 static int reserve_tokens(struct seq *s, size_t n)
@@ -211,6 +217,20 @@ static int seq_new(struct seq_table *t, uint64_t id, const char *name, const uin
 	if (n_tokens)
 		memcpy(s->tokens, tokens, n_tokens * sizeof *tokens);
 	s->n_tokens = n_tokens;
+	/* On a failed add uthash leaves the item out of that index: undo only the other one. */
+	seq_hash_oom = false;
+	HASH_ADD(hh_id, t->by_id, id, sizeof s->id, s);
+	if (seq_hash_oom) {
+		seq_free(s);
+		return -ENOMEM;
+	}
+	HASH_ADD_KEYPTR(hh_name, t->by_name, s->name, strlen(s->name), s);
+	if (seq_hash_oom) {
+		HASH_DELETE(hh_id, t->by_id, s);
+		seq_free(s);
+		return -ENOMEM;
+	}
+	s->slot = t->n;
 	t->v[t->n++] = s;
 	*out = s;
 	return 0;
@@ -340,13 +360,13 @@ int seq_set_block(struct seq *s, uint32_t layer, uint32_t page, uint32_t block)
 
 void seq_remove(struct seq_table *t, struct seq *s)
 {
-	for (size_t i = 0; i < t->n; i++) {
-		if (t->v[i] == s) {
-			t->v[i] = t->v[--t->n];
-			seq_free(s);
-			return;
-		}
-	}
+	if (s->slot >= t->n || t->v[s->slot] != s)
+		return; /* not this table's */
+	HASH_DELETE(hh_id, t->by_id, s);
+	HASH_DELETE(hh_name, t->by_name, s);
+	t->v[s->slot] = t->v[--t->n];
+	t->v[s->slot]->slot = s->slot;
+	seq_free(s);
 }
 
 const char *seq_state_name(enum seq_state st)

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uthash.h>
+
 #define SEQ_NAME_MAX 128	/* bytes including the NUL */
 #define SEQ_FP_MAX 64
 #define SEQ_NO_BLOCK UINT32_MAX
@@ -51,12 +53,17 @@ struct seq {
 	 * never served; the committed length was cut to the first of them. */
 	uint32_t damaged_blocks;
 	uint64_t damaged_cut_from;	/* committed length before the cut */
+	size_t slot;			/* index in seq_table.v */
+	UT_hash_handle hh_id, hh_name;	/* the table's indexes by id and by name */
 };
 
+/* Sequences in a dense array (for listing and scans) plus hash indexes by id and by name, so a
+ * lookup stays O(1) at max_sequences (a million by the key's bounds). */
 struct seq_table {
 	struct seq **v;	/* (n,) owned */
 	size_t n, cap, max;
 	uint64_t next_id;
+	struct seq *by_id, *by_name;	/* uthash heads */
 };
 
 int seq_table_init(struct seq_table *t, size_t max_sequences);

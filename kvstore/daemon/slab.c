@@ -18,6 +18,7 @@ struct slab {
 	uint32_t prev_partial;
 	uint16_t cls;
 	bool on_partial;
+	bool draining;         /* giving its units to another class: no new blocks here */
 	uint32_t *free_stack;  /* (blocks_per_slab) indices of free blocks, nfree valid */
 	uint32_t *tag;         /* (blocks_per_slab) caller tags */
 	uint64_t *used;        /* (blocks_per_slab / 64 rounded up) allocation bitmap */
@@ -229,6 +230,7 @@ static int slab_new_at(struct slab_alloc *sa, unsigned cls, uint32_t first, uint
 	s->n_units = c->units_per_slab;
 	s->base = (uint64_t)first * sa->unit;
 	s->cls = (uint16_t)cls;
+	s->draining = false;
 	for (uint32_t u = 0; u < s->n_units; u++)
 		sa->unit_slab[first + u] = id;
 	sa->free_units -= s->n_units;
@@ -384,7 +386,7 @@ int slab_free(struct slab_alloc *sa, uint64_t off)
 	c->info.free++;
 	if (s->nfree == c->info.blocks_per_slab)
 		slab_retire(sa, id);
-	else if (!s->on_partial)
+	else if (!s->on_partial && !s->draining)
 		partial_push(sa, id);
 	return 0;
 }
@@ -428,4 +430,36 @@ uint64_t slab_free_units(const struct slab_alloc *sa)
 uint64_t slab_unit_bytes(const struct slab_alloc *sa)
 {
 	return sa->unit;
+}
+
+int slab_reclaim_pick(struct slab_alloc *sa, unsigned cls, uint64_t *base, uint64_t *bytes,
+		      uint64_t *stride)
+{
+	uint32_t best = NO_SLAB;
+	uint64_t best_used = UINT64_MAX;
+	for (uint32_t id = 0; id < sa->n_slabs; id++) {
+		const struct slab *s = &sa->slabs[id];
+		if (!s->n_units || s->cls == cls)
+			continue;
+		if (s->draining) { /* one already gives its units up: keep emptying that one */
+			best = id;
+			break;
+		}
+		uint64_t used = sa->classes[s->cls].info.blocks_per_slab - s->nfree;
+		if (used < best_used) {
+			best = id;
+			best_used = used;
+		}
+	}
+	if (best == NO_SLAB)
+		return -ENOENT;
+	struct slab *s = &sa->slabs[best];
+	/* From now on its class allocates elsewhere, so the slab can only empty. */
+	if (s->on_partial)
+		partial_remove((struct slab_alloc *)sa, best);
+	s->draining = true;
+	*base = s->base;
+	*bytes = (uint64_t)s->n_units * sa->unit;
+	*stride = sa->classes[s->cls].info.stride;
+	return 0;
 }

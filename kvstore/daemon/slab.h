@@ -67,6 +67,13 @@ int slab_lookup(const struct slab_alloc *sa, uint64_t off, unsigned *cls);
 int slab_set_tag(struct slab_alloc *sa, uint64_t off, uint32_t tag);
 int slab_get_tag(const struct slab_alloc *sa, uint64_t off, uint32_t *tag);
 
+/* When class cls needs a slab and no unit is free: the slab of another class with the fewest
+ * blocks in use (its range and block stride), whose blocks, once moved out, give its units back.
+ * The slab is marked draining (its class stops allocating in it) until it empties; a slab
+ * already draining is picked again. -ENOENT when every slab is cls's. */
+int slab_reclaim_pick(struct slab_alloc *sa, unsigned cls, uint64_t *base, uint64_t *bytes,
+		      uint64_t *stride);
+
 /* Units not owned by any slab, and the unit size. */
 uint64_t slab_free_units(const struct slab_alloc *sa);
 uint64_t slab_unit_bytes(const struct slab_alloc *sa);

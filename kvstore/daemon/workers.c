@@ -1,4 +1,10 @@
 /* workers — see workers.h. */
+/* uthash must not exit() on allocation failure: a full heap is an error to the caller. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) (wk_hash_oom = true)
+#include <stdbool.h>
+static bool wk_hash_oom;
+
 #include "workers.h"
 
 #include <errno.h>
@@ -17,10 +23,16 @@ int wk_init(struct wk_registry *r, size_t max_workers)
 {
 	memset(r, 0, sizeof *r);
 	r->v = calloc(max_workers, sizeof *r->v);
-	if (!r->v)
+	r->free_slots = calloc(max_workers, sizeof *r->free_slots);
+	if (!r->v || !r->free_slots) {
+		free(r->v);
+		free(r->free_slots);
 		return -ENOMEM;
+	}
 	r->max = max_workers;
 	r->next_id = 1;
+	for (size_t i = 0; i < max_workers; i++)
+		r->free_slots[r->n_free++] = (uint32_t)(max_workers - 1 - i);
 	return 0;
 }
 
@@ -29,6 +41,9 @@ void wk_shutdown(struct wk_registry *r)
 	for (size_t i = 0; i < r->max; i++)
 		if (r->v[i].id && r->v[i].pidfd >= 0)
 			close(r->v[i].pidfd);
+	HASH_CLEAR(hh_id, r->by_id);
+	HASH_CLEAR(hh_ident, r->by_ident);
+	free(r->free_slots);
 	free(r->v);
 	memset(r, 0, sizeof *r);
 }
@@ -40,12 +55,9 @@ int wk_add(struct wk_registry *r, uint32_t pid, enum wk_role role, const char *n
 		return -EINVAL;
 	if (pid == 0 || pid > (uint32_t)INT32_MAX)
 		return -ESRCH;
-	struct wk_worker *w = NULL;
-	for (size_t i = 0; i < r->max && !w; i++)
-		if (!r->v[i].id)
-			w = &r->v[i];
-	if (!w)
+	if (!r->n_free)
 		return -ENOSPC;
+	struct wk_worker *w = &r->v[r->free_slots[r->n_free - 1]];
 	int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
 	if (fd < 0 && errno != ENOSYS)
 		return -errno;
@@ -61,6 +73,32 @@ int wk_add(struct wk_registry *r, uint32_t pid, enum wk_role role, const char *n
 	memcpy(w->ident, ident, ident_len);
 	w->ident_len = ident_len;
 	w->last_heartbeat_ms = now_ms;
+	/* An older registration from this identity is dead (Hello refuses a live one): it keeps
+	 * its id until reaped but no longer answers for the identity. */
+	struct wk_worker *old = NULL;
+	HASH_FIND(hh_ident, r->by_ident, w->ident, ident_len, old);
+	if (old) {
+		HASH_DELETE(hh_ident, r->by_ident, old);
+		old->in_ident = false;
+	}
+	wk_hash_oom = false;
+	HASH_ADD(hh_id, r->by_id, id, sizeof w->id, w);
+	if (wk_hash_oom) {
+		if (fd >= 0)
+			close(fd);
+		memset(w, 0, sizeof *w);
+		return -ENOMEM;
+	}
+	HASH_ADD(hh_ident, r->by_ident, ident, ident_len, w);
+	if (wk_hash_oom) {
+		HASH_DELETE(hh_id, r->by_id, w);
+		if (fd >= 0)
+			close(fd);
+		memset(w, 0, sizeof *w);
+		return -ENOMEM;
+	}
+	w->in_ident = true;
+	r->n_free--;
 	r->n++;
 	*out = w;
 	return 0;
@@ -68,12 +106,10 @@ int wk_add(struct wk_registry *r, uint32_t pid, enum wk_role role, const char *n
 
 struct wk_worker *wk_find(struct wk_registry *r, uint32_t id)
 {
-	if (!id)
-		return NULL;
-	for (size_t i = 0; i < r->max; i++)
-		if (r->v[i].id == id)
-			return &r->v[i];
-	return NULL;
+	struct wk_worker *w = NULL;
+	if (id)
+		HASH_FIND(hh_id, r->by_id, &id, sizeof id, w);
+	return w;
 }
 
 struct wk_worker *wk_check(struct wk_registry *r, uint32_t id, const void *ident, size_t ident_len)
@@ -86,12 +122,10 @@ struct wk_worker *wk_check(struct wk_registry *r, uint32_t id, const void *ident
 
 struct wk_worker *wk_find_ident(struct wk_registry *r, const void *ident, size_t ident_len)
 {
-	for (size_t i = 0; i < r->max; i++) {
-		struct wk_worker *w = &r->v[i];
-		if (w->id && !w->dead && w->ident_len == ident_len && !memcmp(w->ident, ident, ident_len))
-			return w;
-	}
-	return NULL;
+	struct wk_worker *w = NULL;
+	if (ident_len && ident_len <= WK_IDENT_MAX)
+		HASH_FIND(hh_ident, r->by_ident, ident, ident_len, w);
+	return w && !w->dead ? w : NULL;
 }
 
 void wk_heartbeat(struct wk_worker *w, uint64_t now_ms)
@@ -115,6 +149,11 @@ static bool exited(int pidfd)
 {
 	struct pollfd p = { .fd = pidfd, .events = POLLIN };
 	return pidfd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+bool wk_exited(const struct wk_worker *w)
+{
+	return exited(w->pidfd);
 }
 
 size_t wk_reap(struct wk_registry *r, uint64_t now_ms, uint64_t timeout_ms, uint32_t *ids, size_t max)
@@ -143,7 +182,11 @@ void wk_remove(struct wk_registry *r, uint32_t id)
 		return;
 	if (w->pidfd >= 0)
 		close(w->pidfd);
+	HASH_DELETE(hh_id, r->by_id, w);
+	if (w->in_ident)
+		HASH_DELETE(hh_ident, r->by_ident, w);
 	memset(w, 0, sizeof *w);
 	w->pidfd = -1;
+	r->free_slots[r->n_free++] = (uint32_t)(w - r->v);
 	r->n--;
 }

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uthash.h>
+
 #define WK_IDENT_MAX 256
 #define WK_NAME_MAX 64
 
@@ -38,13 +40,22 @@ struct wk_worker {
 	size_t ident_len;
 	uint64_t last_heartbeat_ms;
 	bool dead;
+	bool pid_verified;		/* pid checked against the ipc peer's credentials */
+	bool fenced;			/* SIGKILL sent; its blocks wait for the exit */
 	struct wk_stats stats;
+	bool in_ident;			/* indexed by ident (a newer Hello from it replaces it) */
+	UT_hash_handle hh_id, hh_ident;	/* the registry's indexes */
 };
 
+/* Fixed slots plus hash indexes by id and by routing identity and a stack of free slots: every
+ * lookup, registration and removal is O(1) at max_workers. */
 struct wk_registry {
 	struct wk_worker *v;	/* (max,) owned; slots with id 0 are free */
 	size_t max, n;
 	uint32_t next_id;
+	struct wk_worker *by_id, *by_ident;	/* uthash heads */
+	uint32_t *free_slots;	/* (max,) stack of free slot indexes */
+	size_t n_free;
 };
 
 int wk_init(struct wk_registry *r, size_t max_workers);
@@ -64,6 +75,9 @@ struct wk_worker *wk_check(struct wk_registry *r, uint32_t id, const void *ident
 struct wk_worker *wk_find_ident(struct wk_registry *r, const void *ident, size_t ident_len);
 
 void wk_heartbeat(struct wk_worker *w, uint64_t now_ms);
+
+/* Whether the worker's process has exited (its pidfd is readable); false without a pidfd. */
+bool wk_exited(const struct wk_worker *w);
 
 /* Fill up to `max` pollable pidfds into fds[] (with the matching worker ids in ids[]); returns
  * how many. */

@@ -24,16 +24,19 @@
 
 #include "clock.h"
 #include "backend.h"
+#include "chat_source.h"
 #include "cmd_common.h"
+#include "prom_http.h"
 #include "sdnotify.h"
 #include "serve_batch.h"
+#include "serve_metrics.h"
 #include "tokenizer.h"
 
 #define SERVE_DEFAULT_LISTEN "ipc:///run/freekv/kvworker-%d.sock"
 #define SERVE_DEFAULT_STORE "ipc:///run/freekv/kvstored.sock"
 
 struct serve_opts {
-	const char *model, *store, *listen, *config, *name, *backend;
+	const char *model, *store, *listen, *config, *name, *backend, *metrics;
 	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch, lease_budget;
 	bool print_config;
 	struct policy_opts po;
@@ -78,6 +81,7 @@ static void usage(FILE *f)
 		"      --ubatch N            tokens per forward chunk (default 256)\n"
 		"      --max-request-bytes N larger request frames are refused (default 1048576)\n"
 		"      --name NAME           worker name shown by `kvctl workers`\n"
+		"      --metrics HOST:PORT   serve Prometheus /metrics there (loopback only)\n"
 		"      --print-config        print the effective settings (config file, then\n"
 		"                            flags) as a config file and exit\n"
 		"  retrieval: %s\n"
@@ -87,7 +91,7 @@ static void usage(FILE *f)
 }
 
 enum { F_MODEL, F_STORE, F_LISTEN, F_GPU, F_CONFIG, F_THREADS, F_MAXSEQS, F_CTX, F_UBATCH,
-       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE };
+       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS };
 
 static const struct {
 	const char *flag, *brief;
@@ -107,6 +111,7 @@ static const struct {
 	[F_BACKEND] = { "--backend", NULL, 0, 0 },
 	[F_MAXQUEUE] = { "--max-queue", NULL, 0, 65536 },
 	[F_LEASE] = { "--lease-budget", NULL, 0, HOSTKV_MAX_BUDGET },
+	[F_METRICS] = { "--metrics", NULL, 0, 0 },
 };
 
 /* Consumes argv[*i] (and its value): 1 consumed, 0 not ours, -EINVAL after printing why. */
@@ -147,6 +152,7 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 		case F_LISTEN: o->listen = v; break;
 		case F_CONFIG: o->config = v; break;
 		case F_NAME: o->name = v; break;
+		case F_METRICS: o->metrics = v; break;
 		case F_BACKEND:
 			if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
 				fprintf(stderr, "kvworker serve: %s--backend: need cuda, cpu or auto\n",
@@ -259,6 +265,8 @@ static void print_config(const struct serve_opts *o)
 		printf("gpu = %ld\n", o->gpu);
 	if (o->name)
 		printf("name = %s\n", o->name);
+	if (o->metrics)
+		printf("metrics = %s\n", o->metrics);
 	printf("backend = %s\n", o->backend ? o->backend : "auto");
 	if (o->threads)
 		printf("threads = %ld\n", o->threads);
@@ -362,6 +370,10 @@ struct service {
 	struct sdn sdn;
 	struct serve srv;
 	bool srv_init, m_loaded;
+	char *chat_template;		/* for kvgate's Status (docs/design.md §6) */
+	struct serve_metrics sm;	/* --metrics */
+	struct prom_http *metrics;
+	bool sm_init;
 };
 
 /* cuda on --gpu when asked for (or auto with a device), else the CPU backend, saying why. */
@@ -397,6 +409,8 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	if (ret)
 		return ret;
 	v->m_loaded = true;
+	if ((ret = model_chat_template(o->model, &v->chat_template, err, sizeof err)))
+		fprintf(stderr, "kvworker serve: no chat template: %s\n", err);
 	struct policy_opts po = o->po;
 	int64_t ctx = o->ctx ? o->ctx : (v->m.cfg.ctx_len > 0 ? v->m.cfg.ctx_len : 2048);
 	FILE *notice = strcmp(po.policy, "full") ? stderr : NULL;
@@ -446,6 +460,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		fprintf(stderr, "kvworker serve: chmod %s: %s\n", o->listen + 6, strerror(errno));
 	v->srv = (struct serve){ .m = &v->m, .tok = v->tok, .e = v->e, .hk = v->hk, .sock = v->sock,
 				 .model_path = o->model, .backend_name = v->be->ops->name,
+				 .chat_template = v->chat_template,
 				 .gpu = (int)o->gpu,
 				 .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
 				 .max_request_bytes = (size_t)o->max_request_bytes };
@@ -454,11 +469,28 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		return ret;
 	}
 	v->srv_init = true;
+	if (o->metrics) {
+		if ((ret = serve_metrics_init(&v->sm))) {
+			fprintf(stderr, "kvworker serve: out of memory\n");
+			return ret;
+		}
+		v->sm_init = true;
+		v->srv.metrics = &v->sm;
+		if ((ret = prom_http_start(o->metrics, false, serve_metrics_collect, &v->sm,
+					   &v->metrics, err, sizeof err))) {
+			fprintf(stderr, "kvworker serve: --metrics: %s\n", err);
+			return ret;
+		}
+		fprintf(stderr, "kvworker serve: metrics on http://%s/metrics\n", o->metrics);
+	}
 	return 0;
 }
 
 static void service_close(struct service *v)
 {
+	prom_http_stop(v->metrics); /* its scrapes read v->sm */
+	if (v->sm_init)
+		serve_metrics_free(&v->sm);
 	if (v->srv_init)
 		serve_free(&v->srv);
 	if (v->sock) {
@@ -478,6 +510,7 @@ static void service_close(struct service *v)
 	tokenizer_free(v->tok);
 	if (v->m_loaded)
 		model_free(&v->m);
+	free(v->chat_template);
 }
 
 static void report(struct service *v)
@@ -523,6 +556,10 @@ static int loop(struct service *v)
 		if (g_stop)
 			break;
 		serve_step(s);
+		if (s->metrics) {
+			atomic_store(&s->metrics->active, s->n_active);
+			atomic_store(&s->metrics->queued, s->n_wait);
+		}
 		double now = clock_ms_f();
 		if (s->n_active != last_active) {
 			sdn_send(&v->sdn, "STATUS=serving: %d active sequences, %llu requests done",

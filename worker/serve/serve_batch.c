@@ -14,6 +14,7 @@
 
 #include "proto/worker.pb-c.h"
 #include "sampler.h"
+#include "serve_metrics.h"
 #include "tokenizer.h"
 
 #define IDENT_MAX 256
@@ -129,6 +130,14 @@ static void req_end(struct serve *s, struct serve_req *q, const char *reason)
 		    !strcmp(reason, "error");
 	const int32_t *ids;
 	int64_t n_ids = hostkv_seq_tokens(q->hs, &ids);
+	if (s->metrics) {
+		struct kv_stats st;
+		bool have = engine_seq_stats(s->e, q->seq, &st) == 0;
+		serve_metrics_end(s->metrics, reason, have ? &st : NULL);
+		if (q->generated > 1)
+			prom_hist_observe(&s->metrics->tpot, (clock_ms_f() - q->t1) / 1e3 /
+							     (q->generated - 1));
+	}
 	engine_seq_free(s->e, q->seq);
 	int ret = hostkv_seq_close(q->hs, !keep);
 	if (ret) {
@@ -438,6 +447,7 @@ static void reply_status(struct serve *s, const struct peer *p, uint64_t id)
 	st.max_seqs = (uint32_t)s->max_seqs;
 	st.has_queued = true;
 	st.queued = (uint32_t)s->n_wait;
+	st.chat_template = (char *)s->chat_template;
 	st.n_active = k;
 	st.active = ptrs;
 	st.tokens_generated = s->tokens_generated;
@@ -518,6 +528,8 @@ static void admit_or_refuse(struct serve *s, const struct peer *p,
 	if (ret) {
 		fprintf(stderr, "kvworker serve: request %llu refused: %s\n",
 			(unsigned long long)rq->id, err);
+		if (s->metrics)
+			prom_inc(&s->metrics->refused, 1);
 		send_error(s, p, rq->id, ret, err);
 	}
 }
@@ -598,6 +610,8 @@ int serve_handle(struct serve *s)
 					snprintf(err, sizeof err, "busy: %d sequences active and %d "
 						 "waiting (--max-seqs, --max-queue)", s->n_active,
 						 s->n_wait);
+					if (s->metrics)
+						prom_inc(&s->metrics->refused, 1);
 					send_error(s, &p, rq->id, -EBUSY, err);
 				}
 				break;
@@ -660,6 +674,10 @@ static void after_step(struct serve *s, struct serve_req *q, const float *logits
 	if (!q->started) {
 		q->started = true;
 		q->t1 = clock_ms_f();
+		if (s->metrics) {
+			prom_hist_observe(&s->metrics->ttft, (q->t1 - q->t0) / 1e3);
+			prom_inc(&s->metrics->prompt_tokens, q->prompt_tokens);
+		}
 	}
 	q->n_pending = 0;
 	if (q->generated >= q->n)
@@ -676,6 +694,8 @@ static void after_step(struct serve *s, struct serve_req *q, const float *logits
 	bool alive = send_piece(s, q, next);
 	q->generated++;
 	s->tokens_generated++;
+	if (s->metrics)
+		prom_inc(&s->metrics->generated_tokens, 1);
 	if (!alive) {
 		fprintf(stderr, "kvworker serve: request %llu: the client is gone\n",
 			(unsigned long long)q->id);
@@ -727,6 +747,11 @@ void serve_step(struct serve *s)
 	int ret = engine_forward(s->e, k, seqs, ids, ns, s->logits, false, err, sizeof err);
 	s->ms_in_steps += clock_ms_f() - t0;
 	s->steps++;
+	if (s->metrics) {
+		prom_inc(&s->metrics->steps, 1);
+		prom_hist_observe(&s->metrics->step, (clock_ms_f() - t0) / 1e3);
+		prom_hist_observe(&s->metrics->batch, k);
+	}
 	if (ret) {
 		/* The engine validated the batch as a whole: end each request alone so that one
 		 * bad sequence cannot stop the others for good. */

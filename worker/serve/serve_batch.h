@@ -25,6 +25,7 @@
 #include "model.h"
 
 struct fkv_tokenizer;
+struct serve_metrics;
 struct serve_req;
 struct serve_wait;
 
@@ -36,6 +37,8 @@ struct serve {
 	struct hostkv *hk;
 	void *sock;			/* ZeroMQ ROUTER */
 	const char *model_path, *backend_name;
+	const char *chat_template;	/* the model's, for Status (NULL: none) */
+	struct serve_metrics *metrics;	/* (optional) --metrics figures */
 	int gpu;			/* --gpu, -1 when not given */
 	int max_seqs, max_queue;
 	size_t max_request_bytes;

@@ -1,0 +1,234 @@
+"""Load test: kvgate in front of one `kvworker serve` versus talking to that worker directly
+(issue #17). Same process tree for both (one kvstored, one worker on stories260K, one kvgate),
+same prompt, greedy, streamed; C client threads each send R requests back to back. Direct: a
+ZeroMQ DEALER per thread speaking proto/worker.proto (hand-encoded: the messages are small).
+Through kvgate: http.client per thread on a kept-alive connection, POST /v1/completions with
+stream: true, reading the SSE lines. Per request: TTFT (send to first token), time per output
+token after the first, total; per run: requests/s. Runs alternate direct/gate so drift hits
+both; the ratios at the end are gate over direct of the same round.
+
+  .venv/bin/python bench/bench_gate.py --build build [--concurrency 1,4] [--requests 100]
+"""
+import argparse
+import http.client
+import json
+import os
+import platform
+import statistics
+import struct
+import sys
+import threading
+import time
+
+import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gate"))
+from harness import Cluster  # noqa: E402
+
+PROMPT = "Once upon a time"
+
+
+# ---------------------------------------------------------------- protobuf by hand
+
+def varint(v):
+    out = bytearray()
+    v &= (1 << 64) - 1
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field(num, wire, payload):
+    return varint(num << 3 | wire) + payload
+
+
+def ld(num, data):
+    return field(num, 2, varint(len(data)) + data)
+
+
+def generate_request(rid, n):
+    sampling = field(1, 5, struct.pack("<f", 0.0)) + field(2, 0, varint(0)) + \
+        field(3, 5, struct.pack("<f", 1.0))
+    gen = ld(1, PROMPT.encode()) + field(3, 0, varint(n)) + ld(4, sampling)
+    return field(1, 0, varint(1)) + field(2, 0, varint(rid)) + ld(10, gen)
+
+
+def parse(buf):
+    """{field number: value}; nested messages stay bytes."""
+    out, i = {}, 0
+    while i < len(buf):
+        key, i = read_varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = read_varint(buf, i)
+        elif wire == 2:
+            n, i = read_varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wire == 5:
+            v, i = buf[i:i + 4], i + 4
+        elif wire == 1:
+            v, i = buf[i:i + 8], i + 8
+        else:
+            raise ValueError(f"wire type {wire}")
+        out[num] = v
+    return out
+
+
+def read_varint(buf, i):
+    v = s = 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << s
+        s += 7
+        if not b & 0x80:
+            return v, i
+
+
+# ---------------------------------------------------------------- the two clients
+
+def direct_client(endpoint, n_req, n_tok, out, rid_base):
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.connect(endpoint)
+    for k in range(n_req):
+        t0 = time.perf_counter()
+        s.send(generate_request(rid_base + k + 1, n_tok))
+        first = last = None
+        pieces = 0
+        while True:
+            r = parse(s.recv())
+            status = r.get(2, 0)
+            if status >= 1 << 63 or status >= 1 << 31:
+                raise RuntimeError(f"worker refused: {r.get(3)}")
+            if 10 in r:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                pieces += 1
+            elif 11 in r:
+                break
+        out.append((first - t0, (last - first) / max(pieces - 1, 1), time.perf_counter() - t0,
+                    pieces))
+    s.close()
+
+
+def gate_client(port, n_req, n_tok, out):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = json.dumps({"model": "stories260K", "prompt": PROMPT, "max_tokens": n_tok,
+                       "temperature": 0, "stream": True}).encode()
+    for _ in range(n_req):
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"kvgate: {r.status} {r.read()[:200]!r}")
+        first = last = None
+        chunks = 0
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if not line.startswith(b"data: "):
+                continue
+            if line.startswith(b"data: [DONE]"):
+                r.read()
+                break
+            if b'"text":""' in line:
+                continue  # the final chunk carries only finish_reason
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            chunks += 1
+        # Chunks may hold several tokens under load: per-token time from the worker's count.
+        out.append((first - t0, (last - first) / max(n_tok - 1, 1), time.perf_counter() - t0,
+                    chunks))
+    conn.close()
+
+
+def run(kind, target, conc, n_req, n_tok):
+    out, threads = [], []
+    for i in range(conc):
+        if kind == "direct":
+            t = threading.Thread(target=direct_client, args=(target, n_req, n_tok, out, i << 32))
+        else:
+            t = threading.Thread(target=gate_client, args=(target, n_req, n_tok, out))
+        threads.append(t)
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return wall, out
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def summary(wall, out):
+    ttft = [o[0] * 1e3 for o in out]
+    tpot = [o[1] * 1e3 for o in out]
+    tot = [o[2] * 1e3 for o in out]
+    return {"req_s": len(out) / wall, "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90),
+            "ttft_p99": pct(ttft, 99), "tpot_p50": pct(tpot, 50), "tpot_p90": pct(tpot, 90),
+            "total_p50": pct(tot, 50), "total_p99": pct(tot, 99), "n": len(out)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--model", default="tests/data/models/stories260K/stories260K.gguf")
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--requests", type=int, default=100, help="per run, over all threads")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", default="1", help="kvworker serve -t")
+    args = ap.parse_args()
+    c = Cluster(os.path.abspath(args.build), os.path.abspath(args.model), workers=1,
+                worker_args=["-t", args.threads, "--max-seqs", "16"])
+    try:
+        c.start()
+        ep, port = c.worker_endpoint(0), c.ports["gate"]
+        run("direct", ep, 2, 5, args.tokens)  # warm-up both paths
+        run("gate", port, 2, 5, args.tokens)
+        print(f"# {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
+              f"{time.strftime('%Y-%m-%d %H:%M')}, {args.tokens} tokens/request, "
+              f"worker -t {args.threads}")
+        hdr = ("conc", "path", "req/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "total p50",
+               "p99")
+        print("| " + " | ".join(hdr) + " |")
+        print("|" + "---|" * len(hdr))
+        ratios = []
+        for conc in [int(x) for x in args.concurrency.split(",")]:
+            per = max(1, args.requests // conc)
+            for rnd in range(args.rounds):
+                res = {}
+                for kind, tgt in (("direct", ep), ("gate", port)):
+                    s = summary(*run(kind, tgt, conc, per, args.tokens))
+                    res[kind] = s
+                    print(f"| {conc} | {kind} | {s['req_s']:.1f} | {s['ttft_p50']:.2f} | "
+                          f"{s['ttft_p90']:.2f} | {s['ttft_p99']:.2f} | {s['tpot_p50']:.3f} | "
+                          f"{s['tpot_p90']:.3f} | {s['total_p50']:.1f} | {s['total_p99']:.1f} |",
+                          flush=True)
+                d, g = res["direct"], res["gate"]
+                ratios.append((conc, rnd, g["req_s"] / d["req_s"], g["ttft_p50"] - d["ttft_p50"],
+                               g["total_p50"] - d["total_p50"]))
+        print("\n| conc | round | throughput gate/direct | TTFT p50 gate − direct (ms) | "
+              "total p50 gate − direct (ms) |\n|---|---|---|---|---|")
+        for conc, rnd, r, dt, dtot in ratios:
+            print(f"| {conc} | {rnd} | {r:.3f} | {dt:+.2f} | {dtot:+.2f} |")
+    finally:
+        c.stop()
+        c.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

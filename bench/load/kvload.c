@@ -1,0 +1,568 @@
+/* kvload — a full host's load on one kvstored, with faults, and a verdict. See load.h and
+ * bench/load/README.md.
+ *
+ *   kvload --quick [--faults] [--duration S]            what CI and the slow test run
+ *   kvload --workers 32 --sequences 10000 --blocks 1000000 --duration 600 --faults
+ *
+ * It starts its own kvstored (temporary shm name, ipc endpoint and NVMe file) unless --endpoint
+ * names a running one, measures a one-worker baseline, then runs N worker processes for the
+ * steady phase while it injects faults: kill -9 of a worker (a replacement resumes its sequences
+ * and checks them whole), a worker stopped past the liveness timeout and continued (it must
+ * reconnect), a hostile ring client, and a pool smaller than the data (demotion and swaps).
+ * Optionally real `kvworker generate` processes decode beside the load; their tokens must equal
+ * their runs alone. At the end every committed block of every sequence is read back and checked.
+ * Exit 0 only when nothing was lost or wrong, no forged op was accepted, every generation was
+ * exact and the daemon is still up. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "load.h"
+
+#ifndef FREEKV_BUILD_DIR
+#define FREEKV_BUILD_DIR "build"
+#endif
+
+#define MAX_WORKERS 256
+#define MAX_GENS 16
+
+struct opts {
+	struct load_cfg c;
+	bool faults, json;
+	double baseline_s;
+	uint64_t dram_mib, nvme_mib, heartbeat_ms;
+	const char *kvstored, *kvworker, *model;
+	unsigned generations;
+	uint64_t blocks;	/* --blocks: sets pages per sequence */
+};
+
+struct child {
+	pid_t pid;
+	int fd;
+	unsigned wi;
+	bool hostile;
+};
+
+static struct {
+	pid_t daemon;
+	char dir[64], endpoint[128], shm[64], nvme[128];
+} g;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvload [--quick] [--workers N] [--sequences N] [--blocks N | --pages N]\n"
+		"              [--layers N] [--duration S] [--rate OPS] [--faults] [--baseline S]\n"
+		"              [--dram-mib N] [--nvme-mib N] [--heartbeat-ms N] [--seed N]\n"
+		"              [--generations N --kvworker PATH --model PATH] [--kvstored PATH]\n"
+		"              [--endpoint EP] [--json]\n"
+		"  --quick: 4 workers, 64 sequences x 16 pages x 2 layers (8 MiB), 10 s, a pool of 8 MiB\n"
+		"  exit 0: nothing lost or wrong, no forged op accepted, generations exact\n");
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+	static const struct option lo[] = {
+		{ "quick", no_argument, NULL, 'q' },	{ "workers", required_argument, NULL, 'w' },
+		{ "sequences", required_argument, NULL, 's' }, { "blocks", required_argument, NULL, 'b' },
+		{ "pages", required_argument, NULL, 'p' }, { "layers", required_argument, NULL, 'l' },
+		{ "duration", required_argument, NULL, 'd' }, { "rate", required_argument, NULL, 'r' },
+		{ "faults", no_argument, NULL, 'f' },	{ "baseline", required_argument, NULL, 'B' },
+		{ "dram-mib", required_argument, NULL, 'D' }, { "nvme-mib", required_argument, NULL, 'N' },
+		{ "heartbeat-ms", required_argument, NULL, 'H' }, { "seed", required_argument, NULL, 'S' },
+		{ "generations", required_argument, NULL, 'g' }, { "kvworker", required_argument, NULL, 'K' },
+		{ "model", required_argument, NULL, 'm' }, { "kvstored", required_argument, NULL, 'k' },
+		{ "endpoint", required_argument, NULL, 'e' }, { "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },	{ 0, 0, 0, 0 },
+	};
+	int c;
+	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'q':
+			o->c.workers = 4, o->c.sequences = 64, o->c.pages = 16, o->c.duration_s = 10;
+			o->dram_mib = 8, o->nvme_mib = 64, o->baseline_s = 1;
+			break;
+		case 'w': o->c.workers = (unsigned)atoi(optarg); break;
+		case 's': o->c.sequences = (unsigned)atoi(optarg); break;
+		case 'b': o->blocks = strtoull(optarg, NULL, 10); break;
+		case 'p': o->c.pages = (unsigned)atoi(optarg); break;
+		case 'l': o->c.geo.n_layers = (uint32_t)atoi(optarg); break;
+		case 'd': o->c.duration_s = atof(optarg); break;
+		case 'r': o->c.rate = atof(optarg); break;
+		case 'f': o->faults = true; break;
+		case 'B': o->baseline_s = atof(optarg); break;
+		case 'D': o->dram_mib = strtoull(optarg, NULL, 10); break;
+		case 'N': o->nvme_mib = strtoull(optarg, NULL, 10); break;
+		case 'H': o->heartbeat_ms = strtoull(optarg, NULL, 10); break;
+		case 'S': o->c.seed = strtoull(optarg, NULL, 10); break;
+		case 'g': o->generations = (unsigned)atoi(optarg); break;
+		case 'K': o->kvworker = optarg; break;
+		case 'm': o->model = optarg; break;
+		case 'k': o->kvstored = optarg; break;
+		case 'e': o->c.endpoint = optarg; break;
+		case 'j': o->json = true; break;
+		case 'h': usage(stdout); exit(0);
+		default: return -1;
+		}
+	}
+	if (optind != argc)
+		return -1;
+	if (o->blocks && o->c.sequences)
+		o->c.pages = (unsigned)(o->blocks / ((uint64_t)o->c.sequences * o->c.geo.n_layers));
+	if (!o->c.workers || o->c.workers > MAX_WORKERS || !o->c.sequences || !o->c.pages ||
+	    !o->c.geo.n_layers || o->c.geo.n_layers > 64 || o->c.duration_s <= 0 ||
+	    o->generations > MAX_GENS || (o->generations && (!o->kvworker || !o->model))) {
+		fprintf(stderr, "kvload: workers in [1, %d], sequences, pages and layers >= 1, duration "
+			"> 0, generations <= %d with --kvworker and --model\n", MAX_WORKERS, MAX_GENS);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------- the daemon */
+
+static int start_daemon(const struct opts *o)
+{
+	strcpy(g.dir, "/tmp/kvload-XXXXXX");
+	if (!mkdtemp(g.dir))
+		return -errno;
+	snprintf(g.endpoint, sizeof g.endpoint, "ipc://%s/kvstored.sock", g.dir);
+	snprintf(g.shm, sizeof g.shm, "/kvload-%d", (int)getpid());
+	snprintf(g.nvme, sizeof g.nvme, "%s/tier.bin", g.dir);
+	char sets[8][200];
+	snprintf(sets[0], 200, "endpoint=%s", g.endpoint);
+	snprintf(sets[1], 200, "shm_name=%s", g.shm);
+	snprintf(sets[2], 200, "nvme_path=%s", g.nvme);
+	snprintf(sets[3], 200, "dram_bytes=%" PRIu64 "M", o->dram_mib);
+	snprintf(sets[4], 200, "nvme_bytes=%" PRIu64 "M", o->nvme_mib);
+	snprintf(sets[5], 200, "heartbeat_timeout_ms=%" PRIu64, o->heartbeat_ms);
+	snprintf(sets[6], 200, "max_sequences=%u", o->c.sequences + 64);
+	snprintf(sets[7], 200, "max_workers=%u", o->c.workers + 16 + MAX_GENS);
+	const char *argv[24];
+	int n = 0;
+	argv[n++] = o->kvstored;
+	for (int i = 0; i < 8; i++)
+		argv[n++] = "--set", argv[n++] = sets[i];
+	argv[n++] = "--set", argv[n++] = "lock_memory=false";
+	argv[n++] = "--set", argv[n++] = "log_level=warn";
+	argv[n] = NULL;
+	g.daemon = fork();
+	if (g.daemon < 0)
+		return -errno;
+	if (g.daemon == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		execv(argv[0], (char *const *)argv);
+		perror("kvload: exec kvstored");
+		_exit(127);
+	}
+	for (double t0 = load_now_s(); load_now_s() - t0 < 20;) {
+		struct kvs *k;
+		if (kvs_connect(g.endpoint, 500, &k) == 0) {
+			int ret = kvs_stats(k, NULL);
+			kvs_close(k);
+			if (!ret)
+				return 0;
+		}
+		if (waitpid(g.daemon, NULL, WNOHANG) == g.daemon)
+			return -ECHILD;
+		usleep(50 * 1000);
+	}
+	return -ETIMEDOUT;
+}
+
+static void stop_daemon(void)
+{
+	if (g.daemon <= 0)
+		return;
+	kill(g.daemon, SIGTERM);
+	waitpid(g.daemon, NULL, 0);
+	unlink(g.nvme);
+	char p[160];
+	snprintf(p, sizeof p, "%s/kvstored.sock", g.dir);
+	unlink(p);
+	rmdir(g.dir);
+}
+
+/* Anonymous resident memory (the daemon's heap: metadata; the pool is shared memory) and CPU
+ * seconds of a process. */
+static void proc_usage(pid_t pid, uint64_t *anon_kb, double *cpu_s)
+{
+	char path[64], line[256];
+	*anon_kb = 0;
+	*cpu_s = 0;
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (f) {
+		while (fgets(line, sizeof line, f))
+			if (sscanf(line, "RssAnon: %" SCNu64, anon_kb) == 1)
+				break;
+		fclose(f);
+	}
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (f) {
+		unsigned long ut = 0, st = 0;
+		if (fscanf(f, "%*d %*s %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+			*cpu_s = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+		fclose(f);
+	}
+}
+
+/* ---------------------------------------------------------------- children */
+
+static int spawn(struct child *ch, const struct load_cfg *c, unsigned wi, bool hostile,
+		 double deadline)
+{
+	int p[2];
+	if (pipe(p) < 0)
+		return -errno;
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		close(p[0]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		_exit(hostile ? load_hostile_run(c, deadline, p[1]) :
+				load_worker_run(c, wi, deadline, p[1]));
+	}
+	close(p[1]);
+	*ch = (struct child){ .pid = pid, .fd = p[0], .wi = wi, .hostile = hostile };
+	return 0;
+}
+
+/* Waits for a child and adds what it sent; a killed child sends nothing. */
+static int reap(struct child *ch, struct load_stats *s)
+{
+	int st = 0;
+	waitpid(ch->pid, &st, 0);
+	struct load_stats got;
+	if (read(ch->fd, &got, sizeof got) == (ssize_t)sizeof got)
+		stats_merge(s, &got);
+	close(ch->fd);
+	ch->pid = 0;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ---------------------------------------------------------------- real generations */
+
+static const char *const PROMPTS[MAX_GENS] = {
+	"Once upon a time", "One day, a little girl", "Tom and his dog", "There was a big red ball",
+	"Mom said it was time", "The sun was shining", "A small bird sat", "Lily wanted to play",
+	"Once upon a time, there was a cat", "Ben liked to run", "The little boat", "In the garden",
+	"Sue had a red hat", "The old tree", "A tiny mouse", "The rain came down",
+};
+
+/* Runs kvworker generate greedily (store: NULL embedded, else that endpoint) and keeps its
+ * stdout (the ids). Returns the pid; the output lands in out_path. */
+static pid_t generate(const struct opts *o, unsigned i, const char *store, const char *out_path)
+{
+	pid_t pid = fork();
+	if (pid != 0)
+		return pid;
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	char err_path[96];
+	snprintf(err_path, sizeof err_path, "%.80s.err", out_path);
+	if (!freopen(out_path, "w", stdout) || !freopen(err_path, "w", stderr))
+		_exit(126);
+	char seq[32];
+	snprintf(seq, sizeof seq, "gen-%u", i);
+	const char *argv[32] = { o->kvworker, "generate", "-m", o->model, "-p", PROMPTS[i], "-n", "96",
+				 "--temp", "0", "--ids", "-t", "1", "--policy", "freekv",
+				 "--page-size", "8", "--budget", "64", "--sink", "8", "--window", "16" };
+	int n = 23;
+	if (store) {
+		argv[n++] = "--store", argv[n++] = store;
+		argv[n++] = "--seq", argv[n++] = seq;
+	}
+	argv[n] = NULL;
+	execv(argv[0], (char *const *)argv);
+	_exit(127);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return NULL;
+	static char buf[1 << 16];
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return strdup(buf);
+}
+
+/* ---------------------------------------------------------------- report */
+
+static void print_hist_row(const char *name, const struct hist *h, uint64_t ops, double secs)
+{
+	printf("  %-8s %10" PRIu64 " %10.0f/s  p50 %8.1f us  p99 %8.1f us  p999 %8.1f us\n", name,
+	       ops, secs > 0 ? (double)ops / secs : 0, hist_pct(h, 0.5) / 1e3, hist_pct(h, 0.99) / 1e3,
+	       hist_pct(h, 0.999) / 1e3);
+}
+
+static uint64_t ring_p99(const struct load_stats *s)
+{
+	struct hist h = { 0 };
+	for (int i = OP_ALLOC; i <= OP_RELEASE; i++)
+		hist_merge(&h, &s->h[i]);
+	return hist_pct(&h, 0.99);
+}
+
+static void stats_of_daemon(Freekv__StatsReply **out, Freekv__Reply **keep)
+{
+	struct kvs *k;
+	*out = NULL;
+	*keep = NULL;
+	if (kvs_connect(g.endpoint, 5000, &k))
+		return;
+	if (kvs_stats(k, keep) == 0)
+		*out = (*keep)->stats;
+	kvs_close(k);
+}
+
+int main(int argc, char **argv)
+{
+	static struct opts o = {
+		.c = { .workers = 32, .sequences = 10000, .pages = 50, .duration_s = 600, .seed = 1,
+		       .geo = { .n_layers = 2, .n_kv_heads = 1, .head_dim = 64, .page_size = 16,
+				.dtype = 2 } },
+		.baseline_s = 5, .dram_mib = 2048, .nvme_mib = 6144, .heartbeat_ms = 2000,
+		.kvstored = FREEKV_BUILD_DIR "/kvstore/kvstored",
+	};
+	if (parse(argc, argv, &o)) {
+		usage(stderr);
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	int ret = 0;
+	if (!o.c.endpoint) {
+		if ((ret = start_daemon(&o))) {
+			fprintf(stderr, "kvload: kvstored did not start: %s\n", strerror(-ret));
+			stop_daemon();
+			return 1;
+		}
+		o.c.endpoint = g.endpoint;
+	}
+	uint64_t blocks = (uint64_t)o.c.sequences * o.c.pages * o.c.geo.n_layers;
+	fprintf(stderr, "kvload: %u workers, %u sequences, %" PRIu64 " blocks of %zu bytes (%.2f GiB), "
+		"pool %" PRIu64 " MiB + NVMe %" PRIu64 " MiB, %s\n", o.c.workers, o.c.sequences, blocks,
+		load_block_bytes(&o.c), (double)blocks * load_block_bytes(&o.c) / (1 << 30), o.dram_mib,
+		o.nvme_mib, o.faults ? "faults on" : "no faults");
+
+	/* Reference generations, alone (embedded store), before any load. */
+	char *ref[MAX_GENS] = { 0 };
+	char outp[MAX_GENS][64];
+	for (unsigned i = 0; i < o.generations; i++) {
+		snprintf(outp[i], sizeof outp[i], "/tmp/kvload-%d-gen%u.txt", (int)getpid(), i);
+		int st;
+		waitpid(generate(&o, i, NULL, outp[i]), &st, 0);
+		ref[i] = slurp(outp[i]);
+		char ep[96];
+		snprintf(ep, sizeof ep, "%.80s.err", outp[i]);
+		unlink(ep);
+		if (!WIFEXITED(st) || WEXITSTATUS(st) || !ref[i] || !ref[i][0]) {
+			fprintf(stderr, "kvload: reference generation %u failed\n", i);
+			ret = 1;
+		}
+	}
+
+	/* Baseline: one worker alone on a few sequences of its own. */
+	struct load_stats base = { 0 };
+	struct load_cfg bc = o.c;
+	bc.workers = 1;
+	bc.sequences = 8;
+	bc.duration_s = o.baseline_s;
+	bc.seed = o.c.seed + 99;
+	struct child b;
+	double t0 = load_now_s();
+	if (!ret && (ret = spawn(&b, &bc, 0, false, t0 + bc.duration_s)) == 0 && reap(&b, &base))
+		ret = 1;
+	/* The baseline's sequences ("w0-s0".."w0-s7") are the load's too: drop them. */
+	{
+		struct kvs *k;
+		if (kvs_connect(o.c.endpoint, 5000, &k) == 0) {
+			Freekv__Reply *r;
+			if (kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_DETACHED, 0, NULL, 0, false, &r) == 0)
+				kvs_reply_free(r);
+			kvs_close(k);
+		}
+	}
+
+	/* The load. */
+	static struct child ch[MAX_WORKERS + 1];
+	struct load_stats all = { 0 };
+	uint64_t anon0 = 0, anon_warm = 0, anon_end = 0, faults_kill = 0, faults_stop = 0, fenced = 0;
+	double cpu0 = 0, cpu1 = 0;
+	if (g.daemon > 0)
+		proc_usage(g.daemon, &anon0, &cpu0);
+	double start = load_now_s(), deadline = start + o.c.duration_s;
+	for (unsigned i = 0; !ret && i < o.c.workers; i++)
+		ret = spawn(&ch[i], &o.c, i, false, deadline);
+	unsigned n_ch = o.c.workers;
+	if (!ret && o.faults)
+		ret = spawn(&ch[n_ch++], &o.c, 0, true, deadline);
+	pid_t gens[MAX_GENS] = { 0 };
+	bool gens_started = false;
+	uint64_t rng = o.c.seed * 0x9e3779b97f4a7c15ull | 1;
+	double next_fault = start + 2.0;
+	while (!ret && load_now_s() < deadline) {
+		usleep(100 * 1000);
+		double now = load_now_s();
+		if (!anon_warm && now - start > 0.25 * o.c.duration_s)
+			proc_usage(g.daemon, &anon_warm, &cpu1);
+		if (o.generations && !gens_started && now - start > 0.25 * o.c.duration_s) {
+			for (unsigned i = 0; i < o.generations; i++) {
+				char p[80];
+				snprintf(p, sizeof p, "%.64s.load", outp[i]);
+				gens[i] = generate(&o, i, o.c.endpoint, p);
+			}
+			gens_started = true;
+		}
+		if (!o.faults || now < next_fault || now > deadline - 2.0)
+			continue;
+		rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+		struct child *v = &ch[(rng >> 8) % o.c.workers];
+		if ((rng >> 3) % 2 == 0) { /* kill -9, and a replacement resumes its sequences */
+			kill(v->pid, SIGKILL);
+			reap(v, &all);
+			faults_kill++;
+			ret = spawn(v, &o.c, v->wi, false, deadline);
+		} else { /* stalled past the liveness timeout: the daemon must fence it (kill it
+			  * before its blocks go to others); a replacement resumes its sequences */
+			kill(v->pid, SIGSTOP);
+			usleep((useconds_t)(o.heartbeat_ms * 1500));
+			kill(v->pid, SIGCONT);
+			faults_stop++;
+			int st = 0;
+			double until = load_now_s() + 3.0 * (double)o.heartbeat_ms / 1000.0;
+			while (waitpid(v->pid, &st, WNOHANG) == 0 && load_now_s() < until)
+				usleep(20 * 1000);
+			if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+				close(v->fd);
+				v->pid = 0;
+				fenced++;
+				ret = spawn(v, &o.c, v->wi, false, deadline);
+			}
+		}
+		next_fault = load_now_s() + 1.0 + (double)((rng >> 20) % 3000) / 1000.0;
+	}
+	int bad_children = 0;
+	for (unsigned i = 0; i < n_ch; i++)
+		if (ch[i].pid && reap(&ch[i], &all) != 0)
+			bad_children++;
+	double secs = load_now_s() - start;
+	proc_usage(g.daemon, &anon_end, &cpu1);
+	cpu1 -= cpu0;
+
+	unsigned gen_exact = 0;
+	for (unsigned i = 0; i < o.generations && gens_started; i++) {
+		int st;
+		waitpid(gens[i], &st, 0);
+		char p[80];
+		snprintf(p, sizeof p, "%.64s.load", outp[i]);
+		char *got = slurp(p);
+		bool same = got && ref[i] && WIFEXITED(st) && !WEXITSTATUS(st) && !strcmp(got, ref[i]);
+		gen_exact += same;
+		char ep[96];
+		snprintf(ep, sizeof ep, "%.80s.err", p);
+		if (!same) {
+			char *why = slurp(ep);
+			char *last = why ? strrchr(why, '\n') : NULL;
+			while (last && last > why && last[-1] != '\n' && last[1] == '\0')
+				last--;
+			fprintf(stderr, "kvload: generation %u under load differs from its run alone "
+				"(exit %d): %s\n", i, WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+				why ? why : "");
+			free(why);
+		}
+		free(got);
+		unlink(p);
+		unlink(ep);
+	}
+
+	/* Every committed block of every sequence, read back. */
+	struct load_stats ver = { 0 };
+	double tv = load_now_s();
+	int vret = ret ? 0 : load_verify_all(&o.c, &ver);
+	tv = load_now_s() - tv;
+	Freekv__Reply *keep;
+	Freekv__StatsReply *ds;
+	stats_of_daemon(&ds, &keep);
+	bool daemon_up = ds != NULL;
+
+	printf("kvload: %u workers, %u sequences, %" PRIu64 " blocks, %.1f s%s\n", o.c.workers,
+	       o.c.sequences, blocks, secs, o.faults ? ", with faults" : "");
+	printf("baseline (1 worker, 8 sequences, %.1f s):\n", o.baseline_s);
+	for (int i = 0; i < OP_N; i++)
+		print_hist_row(load_op_name(i), &base.h[i], base.ops[i], o.baseline_s);
+	printf("load:\n");
+	for (int i = 0; i < OP_N; i++)
+		print_hist_row(load_op_name(i), &all.h[i], all.ops[i], secs);
+	uint64_t p99b = ring_p99(&base), p99l = ring_p99(&all);
+	printf("ring round trip p99: %.1f us loaded vs %.1f us alone (%.2fx)\n", p99l / 1e3, p99b / 1e3,
+	       p99b ? (double)p99l / (double)p99b : 0);
+	printf("throughput: %.0f ops/s, written %.3f GB/s, read %.3f GB/s\n",
+	       (double)(all.ops[OP_ALLOC] + all.ops[OP_COMMIT] + all.ops[OP_RECALL] + all.ops[OP_RELEASE] +
+			all.ops[OP_RPC]) / secs,
+	       (double)all.bytes_written / secs / 1e9, (double)all.bytes_read / secs / 1e9);
+	printf("daemon: heap (RssAnon) %" PRIu64 " KiB at start, %" PRIu64 " KiB after warm-up, %" PRIu64
+	       " KiB at the end (%+" PRId64 " KiB since warm-up); CPU %.0f%%\n",
+	       anon0, anon_warm, anon_end, (int64_t)anon_end - (int64_t)anon_warm, 100.0 * cpu1 / secs);
+	if (ds)
+		printf("pool: %" PRIu64 " of %" PRIu64 " MiB DRAM, %" PRIu64 " of %" PRIu64 " MiB NVMe; blocks "
+		       "%" PRIu64 " DRAM, %" PRIu64 " NVMe; demoted %" PRIu64 ", promoted %" PRIu64 ", swaps "
+		       "%" PRIu64 ", crc errors %" PRIu64 "\n",
+		       ds->dram_used_bytes >> 20, ds->dram_bytes >> 20, ds->nvme_used_bytes >> 20,
+		       ds->nvme_bytes >> 20, ds->blocks_dram, ds->blocks_nvme, ds->demoted_blocks,
+		       ds->promoted_blocks, ds->swaps, ds->crc_errors);
+	printf("faults: %" PRIu64 " workers killed, %" PRIu64 " stalled past the liveness timeout (%"
+	       PRIu64 " fenced by kvstored), %" PRIu64 " forged ring ops (%" PRIu64 " accepted); %"
+	       PRIu64 " errors, %" PRIu64 " recoveries, %" PRIu64 " sequences churned\n",
+	       faults_kill, faults_stop, fenced, all.forged, all.forged_accepted, all.errors,
+	       all.recoveries, all.sequences_churned);
+	printf("verified: %" PRIu64 " blocks during the load, %" PRIu64 " blocks (%.3f GB) at the end "
+	       "in %.1f s; wrong %" PRIu64 ", lost %" PRIu64 "\n",
+	       all.pages_verified, ver.pages_verified, (double)ver.bytes_read / 1e9, tv,
+	       all.mismatches + ver.mismatches, all.lost + ver.lost);
+	if (o.generations)
+		printf("generations: %u of %u equal to their runs alone\n", gen_exact, o.generations);
+	if (all.first_error)
+		printf("first error: %s (%s)\n", all.first_error_msg, strerror(-all.first_error));
+	if (ver.first_error)
+		printf("verify: %s\n", ver.first_error_msg);
+
+	bool ok = !ret && !vret && daemon_up && !bad_children && !all.mismatches && !ver.mismatches &&
+		  !all.lost && !ver.lost && !all.forged_accepted && gen_exact == o.generations;
+	if (o.json)
+		printf("{\"ok\": %s, \"ops_per_s\": %.1f, \"ring_p99_us\": %.1f, \"ring_p99_alone_us\": %.1f, "
+		       "\"rss_growth_kib\": %" PRId64 ", \"verified_blocks\": %" PRIu64 ", \"wrong\": %" PRIu64
+		       ", \"lost\": %" PRIu64 ", \"kills\": %" PRIu64 ", \"stalls\": %" PRIu64 "}\n",
+		       ok ? "true" : "false",
+		       (double)(all.ops[OP_ALLOC] + all.ops[OP_COMMIT] + all.ops[OP_RECALL] +
+				all.ops[OP_RELEASE] + all.ops[OP_RPC]) / secs,
+		       p99l / 1e3, p99b / 1e3, (int64_t)anon_end - (int64_t)anon_warm,
+		       all.pages_verified + ver.pages_verified, all.mismatches + ver.mismatches,
+		       all.lost + ver.lost, faults_kill, faults_stop);
+	if (!ok)
+		printf("FAILED:%s%s%s%s%s%s%s\n", ret || vret ? " errors" : "", daemon_up ? "" : " daemon down",
+		       bad_children ? " a worker could not recover" : "",
+		       all.mismatches + ver.mismatches ? " wrong bytes" : "", all.lost + ver.lost ? " lost blocks" : "",
+		       all.forged_accepted ? " forged op accepted" : "",
+		       gen_exact != o.generations ? " generation differs" : "");
+	kvs_reply_free(keep);
+	for (unsigned i = 0; i < o.generations; i++) {
+		free(ref[i]);
+		unlink(outp[i]);
+	}
+	stop_daemon();
+	return ok ? 0 : 1;
+}

@@ -1,0 +1,87 @@
+/* kvload — a host's load on one kvstored: N worker processes opening, committing, recalling,
+ * detaching, resuming and closing thousands of sequences through the real client library, with
+ * optional faults (kill -9, stalls past the liveness timeout, a hostile ring client, pool
+ * pressure). Every committed byte is checked against content the generator can recompute, so
+ * nothing lost and nothing wrong is a verdict, not a hope. See bench/load/README.md.
+ *
+ * This header holds what the parent (kvload.c) and the worker processes (load_worker.c) share:
+ * the configuration, the page content function, and the latency histograms and counters a
+ * worker sends back through a pipe when it ends. */
+#ifndef FREEKV_LOAD_H
+#define FREEKV_LOAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "freekv_store.h"
+
+/* Log-linear histogram of nanoseconds: 8 sub-buckets per power of two (<= 12.5% error). */
+#define LH_SUB 8
+#define LH_N (64 * LH_SUB)
+
+struct hist {
+	uint64_t n;
+	uint64_t b[LH_N];
+};
+
+enum load_op { OP_ALLOC, OP_COMMIT, OP_RECALL, OP_RELEASE, OP_RPC, OP_N };
+
+struct load_stats {
+	struct hist h[OP_N];
+	uint64_t ops[OP_N];
+	uint64_t bytes_written, bytes_read;
+	uint64_t pages_verified;	/* (page, layer) blocks checked byte for byte */
+	uint64_t mismatches;		/* blocks whose bytes were wrong: must stay 0 */
+	uint64_t lost;			/* committed blocks that could not be read back: must stay 0 */
+	uint64_t errors;		/* failed requests (expected under faults, then recovered) */
+	uint64_t recoveries;		/* reconnect + re-attach + verify after an error */
+	uint64_t forged, forged_accepted; /* hostile client: forged ring entries, and successes */
+	uint64_t sequences_churned;
+	int32_t first_error;		/* -errno of the first error, for the report */
+	char first_error_msg[160];
+};
+
+struct load_cfg {
+	const char *endpoint;
+	unsigned workers;
+	unsigned sequences;		/* over all workers */
+	unsigned pages;			/* full pages per sequence (blocks = pages * layers) */
+	unsigned layers;
+	double duration_s;		/* steady phase */
+	double rate;			/* ops/s over all workers, 0 unlimited */
+	uint64_t seed;
+	struct kvs_geometry geo;
+};
+
+/* Bytes of one block of cfg's geometry. */
+size_t load_block_bytes(const struct load_cfg *c);
+
+/* Content of block (seq name, layer, page): what was written and what must come back. */
+void load_fill(uint8_t *p, size_t n, const char *seq, uint32_t layer, uint32_t page);
+bool load_check(const uint8_t *p, size_t n, const char *seq, uint32_t layer, uint32_t page);
+
+void hist_add(struct hist *h, uint64_t ns);
+void hist_merge(struct hist *into, const struct hist *h);
+/* The value below which a fraction q of the samples fall (a bucket's upper edge), in ns. */
+uint64_t hist_pct(const struct hist *h, double q);
+void stats_merge(struct load_stats *into, const struct load_stats *s);
+const char *load_op_name(enum load_op op);
+
+/* Runs worker `wi` of cfg until its deadline; writes its struct load_stats to out_fd. The
+ * sequences it owns are "w<wi>-s<j>"; it attaches them (creating the missing ones), verifies what
+ * they hold, fills them, then loops over recall/verify, detach/resume, churn and status calls.
+ * Returns the process exit status (0 unless it could not recover). */
+int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, int out_fd);
+
+/* A hostile client until deadline_s: forged COMMITs and RELEASEs of offsets and leases it was
+ * never given, RECALLs of sequences it has not attached. Every one must be refused. */
+int load_hostile_run(const struct load_cfg *cfg, double deadline_s, int out_fd);
+
+/* Attaches every sequence of cfg in turn and checks every committed block; adds to s. Returns 0
+ * or the first error. */
+int load_verify_all(const struct load_cfg *cfg, struct load_stats *s);
+
+double load_now_s(void);
+
+#endif

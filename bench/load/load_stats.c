@@ -1,0 +1,115 @@
+/* load_stats — histograms, counters and the page content function of kvload. See load.h. */
+#include "load.h"
+
+#include <string.h>
+
+#include "clock.h"
+#include "crc32c.h"
+
+double load_now_s(void)
+{
+	return (double)clock_ns() * 1e-9;
+}
+
+size_t load_block_bytes(const struct load_cfg *c)
+{
+	return (size_t)c->geo.n_kv_heads * 2 * c->geo.page_size * c->geo.head_dim *
+	       (c->geo.dtype == 1 ? 4 : 2);
+}
+
+/* xorshift64* seeded from the block's identity: any process can recompute a block's bytes. */
+void load_fill(uint8_t *p, size_t n, const char *seq, uint32_t layer, uint32_t page)
+{
+	uint64_t s = crc32c(0, seq, strlen(seq)) * 0x9e3779b97f4a7c15ull ^
+		     ((uint64_t)layer << 32 | page) ^ 0x5bd1e995u;
+	if (!s)
+		s = 1;
+	for (size_t i = 0; i < n; i += 8) {
+		s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+		uint64_t v = s * 2685821657736338717ull;
+		memcpy(p + i, &v, n - i < 8 ? n - i : 8);
+	}
+}
+
+bool load_check(const uint8_t *p, size_t n, const char *seq, uint32_t layer, uint32_t page)
+{
+	uint8_t buf[1 << 16];
+	if (n > sizeof buf)
+		return false;
+	load_fill(buf, n, seq, layer, page);
+	return memcmp(buf, p, n) == 0;
+}
+
+static unsigned bucket(uint64_t v)
+{
+	if (v < LH_SUB)
+		return (unsigned)v;
+	unsigned e = 63 - (unsigned)__builtin_clzll(v); /* v in [2^e, 2^(e+1)) */
+	unsigned sub = (unsigned)((v >> (e - 3)) & (LH_SUB - 1));
+	unsigned b = (e - 2) * LH_SUB + sub;
+	return b < LH_N ? b : LH_N - 1;
+}
+
+static uint64_t bucket_top(unsigned b)
+{
+	if (b < LH_SUB)
+		return b;
+	unsigned e = b / LH_SUB + 2, sub = b % LH_SUB;
+	return ((uint64_t)(LH_SUB + sub + 1) << (e - 3)) - 1;
+}
+
+void hist_add(struct hist *h, uint64_t ns)
+{
+	h->b[bucket(ns)]++;
+	h->n++;
+}
+
+void hist_merge(struct hist *into, const struct hist *h)
+{
+	for (unsigned i = 0; i < LH_N; i++)
+		into->b[i] += h->b[i];
+	into->n += h->n;
+}
+
+uint64_t hist_pct(const struct hist *h, double q)
+{
+	if (!h->n)
+		return 0;
+	uint64_t want = (uint64_t)(q * (double)h->n), seen = 0;
+	if (want >= h->n)
+		want = h->n - 1;
+	for (unsigned i = 0; i < LH_N; i++) {
+		seen += h->b[i];
+		if (seen > want)
+			return bucket_top(i);
+	}
+	return bucket_top(LH_N - 1);
+}
+
+void stats_merge(struct load_stats *into, const struct load_stats *s)
+{
+	for (int i = 0; i < OP_N; i++) {
+		hist_merge(&into->h[i], &s->h[i]);
+		into->ops[i] += s->ops[i];
+	}
+	into->bytes_written += s->bytes_written;
+	into->bytes_read += s->bytes_read;
+	into->pages_verified += s->pages_verified;
+	into->mismatches += s->mismatches;
+	into->lost += s->lost;
+	into->errors += s->errors;
+	into->recoveries += s->recoveries;
+	into->forged += s->forged;
+	into->forged_accepted += s->forged_accepted;
+	into->sequences_churned += s->sequences_churned;
+	if (!into->first_error && s->first_error) {
+		into->first_error = s->first_error;
+		memcpy(into->first_error_msg, s->first_error_msg, sizeof into->first_error_msg);
+	}
+}
+
+const char *load_op_name(enum load_op op)
+{
+	static const char *const names[OP_N] = { "ALLOC", "COMMIT", "RECALL", "RELEASE", "RPC" };
+	return op < OP_N ? names[op] : "?";
+}

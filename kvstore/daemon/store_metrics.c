@@ -1,0 +1,106 @@
+/* store_metrics — see store_metrics.h. */
+#include "store_metrics.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "clock.h"
+
+int store_metrics_init(struct store_metrics *m)
+{
+	return prom_hist_init(&m->rpc_latency, prom_latency_buckets, prom_n_latency_buckets);
+}
+
+static void collect(void *ctx, struct prom_buf *b)
+{
+	struct store_metrics *m = ctx;
+	struct dp_stats d;
+	size_t nc = rpc_n_commands();
+	struct rpc_stat cmd[64], bad;
+	dp_lock(m->dp);
+	dp_stats(m->dp, &d);
+	size_t n_seqs = m->seqs->n, n_workers = m->workers->n;
+	for (size_t i = 0; i < nc && i < 64; i++)
+		cmd[i] = m->rpc->stats[i];
+	bad = m->rpc->bad;
+	dp_unlock(m->dp);
+
+	prom_one(b, "freekv_store_dram_bytes", "gauge", "Size of the DRAM pool", (double)d.dram_bytes);
+	prom_one(b, "freekv_store_dram_used_bytes", "gauge", "DRAM pool bytes holding blocks",
+		 (double)d.dram_used_bytes);
+	prom_one(b, "freekv_store_nvme_bytes", "gauge", "Size of the NVMe tier", (double)d.nvme_bytes);
+	prom_one(b, "freekv_store_nvme_used_bytes", "gauge", "NVMe tier bytes holding blocks",
+		 (double)d.nvme_used_bytes);
+	prom_family(b, "freekv_store_blocks", "gauge", "KV blocks by where they are");
+	struct prom_label l = { "tier", "dram" };
+	prom_sample(b, "freekv_store_blocks", &l, 1, (double)d.blocks_dram);
+	l.value = "nvme";
+	prom_sample(b, "freekv_store_blocks", &l, 1, (double)d.blocks_nvme);
+	l.value = "in_flight";
+	prom_sample(b, "freekv_store_blocks", &l, 1, (double)d.blocks_inflight);
+	prom_one(b, "freekv_store_leases", "gauge", "Block leases held by workers", (double)d.leases);
+	prom_one(b, "freekv_store_pending_ring_ops", "gauge", "Ring ops waiting for a block",
+		 (double)d.pending_ops);
+	prom_one(b, "freekv_store_tier_io_in_flight", "gauge", "NVMe reads and writes in flight",
+		 (double)d.tier_pending);
+	prom_one(b, "freekv_store_sequences", "gauge", "Sequences kept", (double)n_seqs);
+	prom_one(b, "freekv_store_workers", "gauge", "Registered clients", (double)n_workers);
+	prom_one(b, "freekv_store_demoted_blocks_total", "counter", "Blocks moved DRAM to NVMe",
+		 (double)d.demoted);
+	prom_one(b, "freekv_store_promoted_blocks_total", "counter", "Blocks moved NVMe to DRAM",
+		 (double)d.promoted);
+	prom_one(b, "freekv_store_swaps_total", "counter",
+		 "DRAM/NVMe swaps done when both tiers were full", (double)d.swaps);
+	prom_one(b, "freekv_store_swap_failures_total", "counter", "Swaps given up",
+		 (double)d.swap_failures);
+	prom_one(b, "freekv_store_checksum_failures_total", "counter",
+		 "Blocks read from NVMe whose crc32c did not match", (double)d.crc_errors);
+	prom_one(b, "freekv_store_uptime_seconds", "gauge", "Seconds since kvstored started",
+		 (double)(clock_ms() - m->start_ms) / 1e3);
+
+	static const char *const fam[3][3] = {
+		{ "freekv_store_rpc_requests_total", "counter", "Control requests by command" },
+		{ "freekv_store_rpc_errors_total", "counter", "Control requests answered with an error" },
+		{ "freekv_store_rpc_seconds_total", "counter", "Time spent handling control requests" },
+	};
+	for (int f = 0; f < 3; f++) {
+		prom_family(b, fam[f][0], fam[f][1], fam[f][2]);
+		for (size_t i = 0; i <= nc && i <= 64; i++) {
+			const struct rpc_stat *s = i < nc && i < 64 ? &cmd[i] : &bad;
+			struct prom_label c = { "command", i < nc && i < 64 ? rpc_command_name(i) :
+								       "malformed" };
+			double v = f == 0 ? (double)s->calls : f == 1 ? (double)s->errors
+							       : (double)s->total_us / 1e6;
+			prom_sample(b, fam[f][0], &c, 1, v);
+		}
+	}
+	prom_family(b, "freekv_store_rpc_duration_seconds", "histogram",
+		    "Time to handle one control request");
+	prom_hist_write(b, "freekv_store_rpc_duration_seconds", NULL, 0, &m->rpc_latency);
+	static const char *const rfam[3][3] = {
+		{ "freekv_store_ring_ops_total", "counter", "Data-plane ring ops by kind" },
+		{ "freekv_store_ring_errors_total", "counter", "Ring ops that failed" },
+		{ "freekv_store_ring_seconds_total", "counter", "Time spent serving ring ops" },
+	};
+	for (int f = 0; f < 3; f++) {
+		prom_family(b, rfam[f][0], rfam[f][1], rfam[f][2]);
+		for (int k = 0; k < DP_N_OPS; k++) {
+			struct prom_label o = { "op", dp_op_name(k) };
+			double v = f == 0 ? (double)d.ops[k].calls : f == 1 ? (double)d.ops[k].errors
+								    : (double)d.ops[k].total_us / 1e6;
+			prom_sample(b, rfam[f][0], &o, 1, v);
+		}
+	}
+}
+
+int store_metrics_start(struct store_metrics *m, const char *listen, char *err, size_t errlen)
+{
+	return prom_http_start(listen, false, collect, m, &m->http, err, errlen);
+}
+
+void store_metrics_shutdown(struct store_metrics *m)
+{
+	prom_http_stop(m->http);
+	m->http = NULL;
+	prom_hist_free(&m->rpc_latency);
+}
