@@ -868,6 +868,29 @@ static void free_uncommitted(struct dp *dp, uint32_t wid, uint64_t seq_id)
 	} while (g.more);
 }
 
+/* Committed blocks at pages the committed length does not reach hold no committed token: a
+ * worker that dies (or leaves) between the COMMITs of one page's layers leaves some. They are
+ * freed when it goes, so whoever resumes the sequence ALLOCs those pages afresh instead of
+ * meeting -EEXIST; a restart drops them the same way (persist.c). Not journaled: a restart
+ * never adopts them. */
+static void trim_past_committed(struct dp *dp, struct seq *s)
+{
+	uint32_t from = (uint32_t)((s->committed_tokens + s->geo.page_size - 1) / s->geo.page_size);
+	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
+		for (uint32_t p = from; p < s->n_pages; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (!b || !b->committed || b->leases ||
+			    (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))
+				continue;
+			if (b->tier == POOL_TIER_NVME)
+				tier_extent_free(dp->tier, b->nvme_off, b->bytes);
+			pool_block_free(dp->pool, id);
+			seq_set_block(s, l, p, SEQ_NO_BLOCK);
+		}
+	}
+}
+
 void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s)
 {
 	struct dp_worker *w = find_worker(dp, wid);
@@ -882,6 +905,7 @@ void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s)
 		}
 	}
 	free_uncommitted(dp, wid, s->id);
+	trim_past_committed(dp, s);
 }
 
 void dp_worker_gone(struct dp *dp, uint32_t wid)
@@ -900,6 +924,9 @@ void dp_worker_gone(struct dp *dp, uint32_t wid)
 		if (w->leases[i].block != POOL_NO_BLOCK)
 			lease_drop(dp, w, &w->leases[i]);
 	free_uncommitted(dp, wid, 0);
+	for (size_t k = 0; k < dp->seqs->n; k++) /* still attached to wid: orphaned after this */
+		if (dp->seqs->v[k]->worker_id == wid && dp->seqs->v[k]->state == SEQ_ATTACHED)
+			trim_past_committed(dp, dp->seqs->v[k]);
 	ring_destroy(w->ring);
 	ring_kick(&dp->kick);
 	free(w->leases);

@@ -686,8 +686,18 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 		ret = -ENOMEM;
 		goto restore;
 	}
-	hist.n_prefill = hist.n;
-	ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
+	if (s->first_by_decode) {
+		/* Sampled ids a dead or stopped worker kept: run as it ran them, one decode step
+		 * each (a retrieval policy's prefill attends to every token, its decode to the
+		 * selected pages, and the two differ numerically). */
+		hist.n_prefill = hist.n - n_first;
+		ret = 0;
+		for (int i = 0; i < n_first && !ret; i++)
+			ret = engine_decode(s->e, 1, &s->seq, first + i, logits, err, sizeof err);
+	} else {
+		hist.n_prefill = hist.n;
+		ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
+	}
 	if (ret && store_lost(s))
 		ret = reconnect(s, &hist, logits);
 	else if (ret)

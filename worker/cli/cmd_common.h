@@ -105,6 +105,7 @@ struct cmd_session {
 	bool interrupted;	/* SIGINT/SIGTERM stopped the run: the sequence is kept */
 	bool completed;		/* the run finished; only then is the sequence dropped */
 	bool store_lost;	/* kvstored went away for good: the sequence stays in its journal */
+	bool first_by_decode;	/* cmd_session_run runs `first` by decode steps, not prefill */
 };
 
 /* Loads the model, creates the backend and engine, opens the store and the sequence: a new
