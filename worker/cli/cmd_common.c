@@ -377,6 +377,30 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 			 (long long)time(NULL));
 	ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g, !resume,
 			      &s->hs, err, sizeof err);
+	/* kvstored went away while the sequence was being opened (it answered Hello, so this is
+	 * not a missing daemon): ride it out as a run does (docs/design.md §4). A sequence the
+	 * dead daemon journaled comes back empty and detached; opening it again is fine. */
+	uint64_t deadline = clock_ms() + (uint64_t)o->store_retry * 1000;
+	long backoff = 50;
+	bool said = false;
+	while (ret && o->endpoint && o->store_retry > 0 && clock_ms() < deadline &&
+	       (!s->hk || hostkv_store_gone(s->hk))) {
+		if (!said)
+			fprintf(stderr, "%s: kvstored at %s is gone; reconnecting\n", o->prog,
+				o->endpoint);
+		said = true;
+		hostkv_close(s->hk);
+		s->hk = NULL;
+		struct timespec ts = { backoff / 1000, (backoff % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+		backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+		if (hostkv_open(&ho, &s->hk, err, sizeof err)) {
+			s->hk = NULL;
+			continue;
+		}
+		ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g,
+				      !resume, &s->hs, err, sizeof err);
+	}
 	if (ret) {
 		fprintf(stderr, "%s: sequence '%s': %s\n", o->prog, s->seq_name, err);
 		return ret;
