@@ -23,12 +23,22 @@
  * the freekv / quest ratio uses: it shrugs off steps slowed by other load on the machine); the
  * breakdown columns are means per step from the policy's counters (kv_layer_stats), "rest" is
  * the mean step time minus selection, exposed recall and attention on the compute thread.
+ * refreshkv rows add their full steps (time per decode step, "full", and the full-step rate:
+ * full steps / steps past the budget, summed over layers); its selection (the pooled top-B)
+ * and exposed recall are parts of its full steps, its attention that of the other steps, and
+ * its "rest" the step minus full steps and attention.
+ * "pg/head" is the selected pages a KV head attended per step (quest's k; fewer under top-p
+ * selection, hardkv and freekv with a P); "ms/cal" the time of one calibration of one layer's
+ * temperatures (reading the layer's host copy and the true attention mass: a resumed sequence
+ * calibrates at its first step, a warm-up step here, then every R steps, so it is reported
+ * apart from the step time; its share of a step is layers * ms/cal / R).
  *
  * usage: decode_bench [--quick] [--ctx LIST] [--rows LIST] [-n STEPS] [-w WARMUP] [-t THREADS]
  *                     [-m MODEL_DIR] [--layers N] [--vocab N] [--page-size N] [--budget N]
  *                     [--sink N] [--window N] [--full-layers N]
  *   --ctx LIST   contexts in tokens (default 4096,8192,16384,32768; --quick: 4096)
- *   --rows LIST  policy[:tau] rows (default full,streaming,quest,freekv,freekv:0) */
+ *   --rows LIST  policy[:tau][/P] rows, P the row's --kv-top-p (default
+ *                full,streaming,quest,freekv,freekv:0,hardkv,refreshkv) */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +62,7 @@
 struct row {
 	char policy[16];
 	float tau;
+	float top_p; /* 0: the policy's default */
 };
 
 struct bench_args {
@@ -66,8 +77,8 @@ struct bench_args {
 /* What one row measured, per step. */
 struct result {
 	double step_ms, median_ms, select_ms, wait_ms, hidden_ms, attend_ms, rest_ms;
-	double pages_recalled, mib_recalled, corr_rate;
-	bool has_corr;
+	double pages_recalled, mib_recalled, corr_rate, pages_head, ms_cal, full_ms, full_rate;
+	bool has_corr, has_full;
 	bool counted; /* the policy keeps retrieval counters */
 };
 
@@ -116,8 +127,16 @@ static int parse_rows(const char *s, struct row *out, float tau, int max)
 	for (char *save = NULL, *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
 		if (n == max)
 			return -EINVAL;
-		char *c = strchr(p, ':');
+		char *sl = strchr(p, '/'), *c = strchr(p, ':');
 		out[n].tau = tau;
+		out[n].top_p = 0.0f;
+		if (sl) {
+			*sl = '\0';
+			char *end;
+			out[n].top_p = strtof(sl + 1, &end);
+			if (*end || sl[1] == '\0' || !(out[n].top_p > 0.0f && out[n].top_p <= 1.0f))
+				return -EINVAL;
+		}
 		if (c) {
 			*c = '\0';
 			char *end;
@@ -137,7 +156,7 @@ static int parse_rows(const char *s, struct row *out, float tau, int max)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: decode_bench [--quick] [--ctx LIST] [--rows policy[:tau],...] [-n STEPS] "
+	fprintf(f, "usage: decode_bench [--quick] [--ctx LIST] [--rows policy[:tau][/P],...] [-n STEPS] "
 		   "[-w WARMUP] [-t THREADS] [-m MODEL_DIR] [--layers N] [--vocab N] [--page-size N] "
 		   "[--budget N] [--sink N] [--window N] [--full-layers N] [--tau F]\n");
 }
@@ -148,7 +167,8 @@ static int parse(int argc, char **argv, struct bench_args *a)
 	struct policy_opts po;
 	policy_opts_default(&po);
 	po.kv.full_layers = 0;
-	const char *ctx = "4096,8192,16384,32768", *rows = "full,streaming,quest,freekv,freekv:0";
+	const char *ctx = "4096,8192,16384,32768";
+	const char *rows = "full,streaming,quest,freekv,freekv:0,hardkv,refreshkv";
 	bool quick = false, set_n = false, set_ctx = false;
 	char err[256];
 	for (int i = 1; i < argc; i++) {
@@ -291,6 +311,10 @@ static void stats_sum(const struct engine *e, int seq, int layers, struct kv_lay
 		out->ns_recall_wait += s.ns_recall_wait;
 		out->ns_recall_hidden += s.ns_recall_hidden;
 		out->ns_attend += s.ns_attend;
+		out->calibrations += s.calibrations;
+		out->ns_calibrate += s.ns_calibrate;
+		out->full_steps += s.full_steps;
+		out->ns_full += s.ns_full;
 	}
 }
 
@@ -304,6 +328,7 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	struct engine_opts eo = { .max_ctx = ctx + a->warmup + a->steps + 1, .max_seqs = 1,
 				  .policy = rw->policy, .kv = a->kv };
 	eo.kv.tau = rw->tau;
+	eo.kv.top_p = rw->top_p;
 	int seq = -1, V = m->cfg.vocab_size, L = m->cfg.n_layers;
 	float *lg = malloc((size_t)V * sizeof *lg);
 	int ret = lg ? 0 : -ENOMEM;
@@ -313,7 +338,8 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	if (!ret) {
 		engine_kv_geom(e, &g);
 		char name[64];
-		snprintf(name, sizeof name, "bench-%d-%s-%g", ctx, rw->policy, (double)rw->tau);
+		snprintf(name, sizeof name, "bench-%d-%s-%g-%g", ctx, rw->policy, (double)rw->tau,
+			 (double)rw->top_p);
 		ret = hostkv_seq_open(h, name, m->fingerprint, L, &g, true, &hs, err, sizeof err);
 	}
 	if (!ret)
@@ -362,12 +388,24 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 			.mib_recalled = (double)(s1.bytes_recalled - s0.bytes_recalled) /
 					(1024.0 * 1024.0) / n,
 			.has_corr = s1.head_checks > s0.head_checks,
-			.counted = s1.ns_attend > 0,
+			.counted = s1.ns_attend > 0 || s1.ns_full > 0,
+			.full_ms = (double)(s1.ns_full - s0.ns_full) / 1e6 / n,
+			.has_full = s1.full_steps > 0,
+			.pages_head = s1.steps > s0.steps && !s1.full_steps ?
+				(double)(s1.pages_selected - s0.pages_selected) /
+				((double)(s1.steps - s0.steps) * m->cfg.n_kv_heads) : 0.0,
+			.ms_cal = s1.calibrations ? (double)s1.ns_calibrate / 1e6 /
+						    (double)s1.calibrations : 0.0,
 		};
 		if (res->has_corr)
 			res->corr_rate = (double)(s1.corrections - s0.corrections) /
 					 (double)(s1.head_checks - s0.head_checks);
-		res->rest_ms = ms - res->select_ms - res->wait_ms - res->attend_ms;
+		if (s1.steps > s0.steps)
+			res->full_rate = (double)(s1.full_steps - s0.full_steps) /
+					 (double)(s1.steps - s0.steps);
+		/* refreshkv's selection and recall waits happen inside its full steps. */
+		res->rest_ms = ms - res->attend_ms - (res->has_full ? res->full_ms :
+						      res->select_ms + res->wait_ms);
 	}
 	if (ret)
 		fprintf(stderr, "decode_bench: ctx %d, %s: %s\n", ctx, rw->policy,
@@ -383,25 +421,39 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 }
 
 /* Policies without retrieval counters (full) get "-" in the breakdown: their attention is in
- * "rest". tau only matters to freekv. */
+ * "rest". tau only matters to freekv, P to hardkv and freekv. */
 static void print_row(int ctx, const struct row *rw, const struct result *r)
 {
-	char corr[16] = "n/a", tau[16] = "-", b[5][16];
+	char corr[16] = "n/a", tau[16] = "-", tp[16] = "-", cal[16] = "-", b[6][16];
+	char full[16] = "-", rate[16] = "n/a";
 	if (r->has_corr)
 		snprintf(corr, sizeof corr, "%.3f", r->corr_rate);
+	if (r->has_full) {
+		snprintf(full, sizeof full, "%.2f", r->full_ms);
+		snprintf(rate, sizeof rate, "%.3f", r->full_rate);
+	}
 	if (!strcmp(rw->policy, "freekv"))
 		snprintf(tau, sizeof tau, "%g", (double)rw->tau);
-	double v[5] = { r->select_ms, r->wait_ms, r->hidden_ms, r->attend_ms, r->pages_recalled };
-	for (int i = 0; i < 5; i++)
-		snprintf(b[i], sizeof b[i], r->counted ? (i < 4 ? "%.2f" : "%.1f") : "-", v[i]);
-	printf("| %6d | %-9s | %4s | %8.2f | %8.2f | %7s | %8s | %7s | %7s | %8.2f | %10s | %7.2f |"
-	       " %5s |\n",
-	       ctx, rw->policy, tau, r->step_ms, r->median_ms, b[0], b[1], b[2], b[3], r->rest_ms, b[4],
-	       r->mib_recalled, corr);
+	if (rw->top_p > 0.0f)
+		snprintf(tp, sizeof tp, "%g", (double)rw->top_p);
+	else if (!strcmp(rw->policy, "hardkv"))
+		snprintf(tp, sizeof tp, "0.9");
+	if (r->ms_cal > 0.0)
+		snprintf(cal, sizeof cal, "%.1f", r->ms_cal);
+	double v[6] = { r->select_ms, r->wait_ms, r->hidden_ms, r->attend_ms, r->pages_recalled,
+			r->pages_head };
+	for (int i = 0; i < 6; i++)
+		snprintf(b[i], sizeof b[i], r->counted && !(i == 5 && r->has_full) ?
+			 (i < 4 ? "%.2f" : "%.1f") : "-", v[i]);
+	printf("| %6d | %-9s | %4s | %4s | %8.2f | %8.2f | %7s | %8s | %7s | %7s | %7s | %8.2f |"
+	       " %10s | %7.2f | %7s | %6s | %5s | %5s |\n",
+	       ctx, rw->policy, tau, tp, r->step_ms, r->median_ms, b[0], b[1], b[2], b[3], full,
+	       r->rest_ms, b[4], r->mib_recalled, b[5], cal, corr, rate);
 	fflush(stdout);
 }
 
-/* The per-context summary: freekv rows against the quest row. */
+/* The per-context summary: freekv rows against the quest row, and the rows with top-p
+ * selection (hardkv, freekv with a P) in pages per head and recall against quest's. */
 static void print_summary(const struct bench_args *a, int ctx, const struct result *res)
 {
 	const struct result *q = NULL;
@@ -414,8 +466,11 @@ static void print_summary(const struct bench_args *a, int ctx, const struct resu
 		const struct result *f = &res[i];
 		double hf = f->hidden_ms + f->wait_ms > 0 ?
 				    f->hidden_ms / (f->hidden_ms + f->wait_ms) : 0.0;
-		printf("ctx %6d: freekv tau %g: hidden fraction of recall %.3f", ctx,
-		       (double)a->rows[i].tau, hf);
+		char tp[24] = "";
+		if (a->rows[i].top_p > 0.0f)
+			snprintf(tp, sizeof tp, " P %g", (double)a->rows[i].top_p);
+		printf("ctx %6d: freekv tau %g%s: hidden fraction of recall %.3f", ctx,
+		       (double)a->rows[i].tau, tp, hf);
 		if (q) {
 			double hq = q->hidden_ms + q->wait_ms > 0 ?
 					    q->hidden_ms / (q->hidden_ms + q->wait_ms) : 0.0;
@@ -424,6 +479,17 @@ static void print_summary(const struct bench_args *a, int ctx, const struct resu
 			       q->wait_ms > 0 ? f->wait_ms / q->wait_ms : 0.0);
 		}
 		printf("\n");
+	}
+	for (int i = 0; i < a->n_rows && q && q->pages_head > 0.0; i++) {
+		const struct row *rw = &a->rows[i];
+		if (strcmp(rw->policy, "hardkv") && !(rw->top_p > 0.0f && !strcmp(rw->policy, "freekv")))
+			continue;
+		const struct result *h = &res[i];
+		printf("ctx %6d: %s P %g: pages per head vs quest %.3f; MiB recalled vs quest %.3f; "
+		       "median step time vs quest %.3f\n", ctx, rw->policy,
+		       rw->top_p > 0.0f ? (double)rw->top_p : 0.9, h->pages_head / q->pages_head,
+		       q->mib_recalled > 0 ? h->mib_recalled / q->mib_recalled : 0.0,
+		       h->median_ms / q->median_ms);
 	}
 }
 
@@ -458,16 +524,19 @@ static int run_all(const struct bench_args *a, const char *model_dir, const char
 			snprintf(th, sizeof th, "%d", a->threads);
 		printf("decode_bench: %s; CPU backend, %s threads (%ld cores, load %.2f)\n", label,
 		       th, sysconf(_SC_NPROCESSORS_ONLN), loadavg());
-		printf("page %d, budget %d, sink %d, window %d, full layers %d; context restored "
-		       "from a synthetic host copy, then %d warm-up and %d measured decode steps; "
-		       "times are ms per step (hidden: copy-thread recall overlapped with the step, "
-		       "not part of the step time)\n\n",
+		printf("page %d, budget %d, sink %d, window %d, full layers %d, refresh stride %d, "
+		       "refresh threshold %g; context restored from a synthetic host copy, then %d "
+		       "warm-up and %d measured decode steps; times are ms per step (hidden: "
+		       "copy-thread recall overlapped with the step, not part of the step time; full: "
+		       "refreshkv's full steps; last column: its full-step rate)\n\n",
 		       a->kv.page, a->kv.budget, a->kv.sink, a->kv.window, a->kv.full_layers,
-		       a->warmup, a->steps);
-		printf("|    ctx | policy    |  tau |  step ms |   median |  select | exposed  |  hidden | "
-		       " attend |     rest | head-pages | MiB rec | corr  |\n");
-		printf("|--------|-----------|------|----------|----------|---------|----------|---------|"
-		       "---------|----------|------------|---------|-------|\n");
+		       a->kv.refresh_stride, (double)a->kv.refresh_threshold, a->warmup, a->steps);
+		printf("|    ctx | policy    |  tau |    P |  step ms |   median |  select | exposed  |"
+		       "  hidden |  attend |    full |     rest | head-pages | MiB rec | pg/head |"
+		       " ms/cal | corr  | full  |\n");
+		printf("|--------|-----------|------|------|----------|----------|---------|----------|"
+		       "---------|---------|---------|----------|------------|---------|---------|"
+		       "--------|-------|-------|\n");
 	}
 	struct result res[MAX_LIST];
 	for (int c = 0; c < a->n_ctx && !ret; c++) {

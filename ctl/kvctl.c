@@ -247,14 +247,34 @@ static int v_workers(struct kvs *k, const struct opts *o)
 				json_object_object_add(j, "bytes_recalled", json_object_new_uint64(w->stats->bytes_recalled));
 				json_object_object_add(j, "correction_rate", json_object_new_double(w->stats->correction_rate));
 			}
+			if (w->stats && w->stats->has_full_step_rate) {
+				json_object *lr = json_object_new_array();
+				for (size_t l = 0; l < w->stats->n_layer_full_step_rate; l++)
+					json_object_array_add(lr, json_object_new_double(w->stats->layer_full_step_rate[l]));
+				json_object_object_add(j, "full_step_rate", json_object_new_double(w->stats->full_step_rate));
+				json_object_object_add(j, "tokens_fetched", json_object_new_uint64(w->stats->tokens_fetched));
+				json_object_object_add(j, "full_step_ms", json_object_new_double(w->stats->full_step_ms));
+				json_object_object_add(j, "layer_full_step_rate", lr);
+			}
 			json_object_array_add(arr, j);
 		} else {
-			char st[64] = "-";
-			if (w->stats)
+			char st[160] = "-";
+			if (w->stats && w->stats->has_full_step_rate)
+				snprintf(st, sizeof st, "%.0f tok/s, full steps %.3f (stride %.1f), %" PRIu64 " fetched, %.0f ms full",
+					 w->stats->decode_tok_s, w->stats->full_step_rate,
+					 w->stats->full_step_rate > 0 ? 1.0 / w->stats->full_step_rate : 0.0,
+					 w->stats->tokens_fetched, w->stats->full_step_ms);
+			else if (w->stats)
 				snprintf(st, sizeof st, "%.0f tok/s, %" PRIu64 " recalled, corr %.2f", w->stats->decode_tok_s,
 					 w->stats->pages_recalled, w->stats->correction_rate);
 			printf("%-6u %-8u %-8s %-16s %8" PRIu64 " %5u %10" PRIu64 "  %s\n", w->worker_id, w->pid, role,
 			       w->name ? w->name : "", w->leases, w->sequences, w->last_heartbeat_ms_ago, st);
+			if (w->stats && w->stats->n_layer_full_step_rate) {
+				printf("%-6s full-step rate per layer:", "");
+				for (size_t l = 0; l < w->stats->n_layer_full_step_rate; l++)
+					printf(" %.3f", w->stats->layer_full_step_rate[l]);
+				printf("\n");
+			}
 		}
 	}
 	if (o->json) {

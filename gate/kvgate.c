@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conffile.h"
 #include "clock.h"
 #include "gate.h"
 #include "gate_http.h"
@@ -144,85 +145,38 @@ static int parse_flag(struct opts *o, int argc, char **argv, int *i, const char 
 	return 0;
 }
 
-static char *trim(char *s)
+/* Config file: `key = value` is `--key value` (`allow-remote = true`; common/conffile.h). The
+ * strings stay in *cf (freed by main). 0 or -1 after printing why. */
+static int load_config(struct opts *o, const char *path, struct conffile *cf)
 {
-	while (*s == ' ' || *s == '\t')
-		s++;
-	char *e = s + strlen(s);
-	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
-		*--e = '\0';
-	return s;
-}
-
-/* Config file: `key = value` is `--key value` (`allow-remote = true`). Values are kept in
- * *keep (one allocation per line, freed by main). 0 or -1 after printing why. */
-static int load_config(struct opts *o, const char *path, char ***keep, int *n_keep)
-{
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		fprintf(stderr, "kvgate: cannot read config %s: %s\n", path, strerror(errno));
+	char err[512];
+	if (conffile_read(path, cf, err, sizeof err)) {
+		fprintf(stderr, "kvgate: config %s\n", err);
 		return -1;
 	}
-	char line[4096];
-	int lineno = 0, ret = 0;
-	while (!ret && fgets(line, sizeof line, f)) {
+	for (int k = 0; k < cf->n; k++) {
 		char where[300];
-		snprintf(where, sizeof where, "%s:%d: ", path, ++lineno);
-		char *hash = strchr(line, '#');
-		if (hash)
-			*hash = '\0';
-		char *s = trim(line), *eq = strchr(s, '=');
-		if (!*s)
-			continue;
-		if (!eq) {
-			fprintf(stderr, "kvgate: %sexpected 'key = value'\n", where);
-			ret = -1;
-			break;
-		}
-		*eq = '\0';
-		char *key = trim(s), *val = trim(eq + 1);
-		char **k2 = realloc(*keep, (size_t)(*n_keep + 1) * sizeof *k2);
-		char *flag = malloc(strlen(key) + strlen(val) + 4);
-		if (!k2 || !flag) {
-			free(flag);
-			if (k2)
-				*keep = k2;
-			fprintf(stderr, "kvgate: out of memory\n");
-			ret = -1;
-			break;
-		}
-		*keep = k2;
-		(*keep)[(*n_keep)++] = flag;
-		sprintf(flag, "--%s", key);
-		char *value = flag + strlen(flag) + 1;
-		strcpy(value, val);
-		if (!strcmp(key, "config")) {
-			fprintf(stderr, "kvgate: %sa config file cannot name another\n", where);
-			ret = -1;
-			break;
-		}
-		char *argv[2] = { flag, value };
-		int i = 0, r;
+		const char *key = cf->argv[2 * k] + 2, *val = cf->argv[2 * k + 1];
+		snprintf(where, sizeof where, "%s:%d: ", path, cf->line[k]);
 		if (!strcmp(key, "allow-remote")) {
 			if (strcmp(val, "true") && strcmp(val, "false")) {
 				fprintf(stderr, "kvgate: %sallow-remote = true or false\n", where);
-				ret = -1;
+				return -1;
 			}
 			o->allow_remote = !strcmp(val, "true");
 			continue;
 		}
-		r = parse_flag(o, 2, argv, &i, where);
+		int i = 0, r = parse_flag(o, 2, cf->argv + 2 * k, &i, where);
 		if (r == 0)
 			fprintf(stderr, "kvgate: %sunknown key '%s'\n", where, key);
 		if (r <= 0)
-			ret = -1;
+			return -1;
 	}
-	fclose(f);
-	return ret;
+	return 0;
 }
 
 /* 0 parsed, 1 help shown, 2 usage error. */
-static int parse(int argc, char **argv, struct opts *o, char ***keep, int *n_keep)
+static int parse(int argc, char **argv, struct opts *o, struct conffile *cf)
 {
 	*o = (struct opts){ .max_body = 1 << 20, .max_inflight = 256, .max_conn = 512,
 			    .probe_ms = 1000, .dead_ms = 10000, .keepalive_s = 15 };
@@ -236,7 +190,7 @@ static int parse(int argc, char **argv, struct opts *o, char ***keep, int *n_kee
 		else if (!strncmp(argv[i], "--config=", 9))
 			o->config = argv[i] + 9;
 	}
-	if (o->config && load_config(o, o->config, keep, n_keep))
+	if (o->config && load_config(o, o->config, cf))
 		return 2;
 	/* Workers on the command line replace the file's. */
 	bool cli_workers = false;
@@ -271,9 +225,9 @@ static int parse(int argc, char **argv, struct opts *o, char ***keep, int *n_kee
 int main(int argc, char **argv)
 {
 	struct opts o;
-	char **keep = NULL;
-	int n_keep = 0, rc = 1, ret;
-	int pr = parse(argc, argv, &o, &keep, &n_keep);
+	struct conffile cf = { 0 };
+	int rc = 1, ret;
+	int pr = parse(argc, argv, &o, &cf);
 	struct gate g = { 0 };
 	struct gate_metrics gm;
 	struct router *r = NULL;
@@ -356,8 +310,6 @@ out:
 	if (gm_ok)
 		gm_free(&gm);
 	sdn_shutdown(&sdn);
-	for (int i = 0; i < n_keep; i++)
-		free(keep[i]);
-	free(keep);
+	conffile_free(&cf);
 	return rc;
 }

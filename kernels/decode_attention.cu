@@ -24,7 +24,7 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 					const float *__restrict__ q,	   // (batch, n_q, d)
 					const T *__restrict__ slots,	   // (n_slots, 2, p, n_kv, d)
 					const int32_t *__restrict__ slot_list, // (batch, n_kv, max_pages)
-					const int32_t *__restrict__ n_tok, // (batch)
+					const int32_t *__restrict__ n_tok, // (batch, n_kv)
 					int n_q, int n_kv, int d, int p, int max_pages, int pps,
 					float scale)
 {
@@ -35,7 +35,7 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 	float *qs = sm, *ks = qs + G * d, *vs = ks + p * dk, *ps = vs + p * d;
 	float *acc = ps + G * p, *mx = acc + G * d, *sum = mx + G, *corr = sum + G;
 
-	int nt = n_tok[b];
+	int nt = n_tok[(size_t)b * n_kv + h];
 	nt = nt < 0 ? 0 : (nt > max_pages * p ? max_pages * p : nt);
 	const int n_pages = (nt + p - 1) / p;
 	const int pg0 = split * pps;

@@ -4,8 +4,8 @@
 // Every attended page is a device slot: per sequence and KV head, slot_list names the slots
 // that head reads — the sink pages, its own selected pages (per-head slot indirection: each
 // head's slice of a slot may hold a different host page) and the window pages, with the
-// partial tail page last. The sequence's n_tok tokens fill ceil(n_tok / p) list entries, all
-// full but the last. The pages are split into chunks across blocks (flash decoding); each block
+// partial tail page last. A head's n_tok tokens fill ceil(n_tok / p) of its list entries, all
+// full but the last; heads may read different numbers of pages (hardkv's per-head budgets). The pages are split into chunks across blocks (flash decoding); each block
 // keeps an online softmax over its chunk, and a second kernel merges the chunks when there is
 // more than one. Sizing is a pure function of the arguments (decode_attention_splits), so the
 // caller can size the workspace once and capture the launch in a CUDA graph.
@@ -28,8 +28,8 @@ int decode_attention_splits(int batch, int n_kv, int max_pages);
 size_t decode_attention_workspace_bytes(int batch, int n_q, int n_kv, int d, int max_pages);
 
 // q: (batch, n_q, d) f32; out: (batch, n_q, d) f32; slots: (n_slots, 2, p, n_kv, d) in dt;
-// slot_list: (batch, n_kv, max_pages) device int32; n_tok: (batch) device int32, clamped to
-// [0, max_pages * p] (a sequence with no tokens gets zeros). workspace: at least
+// slot_list: (batch, n_kv, max_pages) device int32; n_tok: (batch, n_kv) device int32, the
+// tokens each KV head reads, clamped to [0, max_pages * p] (a head with none gets zeros). workspace: at least
 // decode_attention_workspace_bytes() of device memory, not shared with a concurrent launch.
 // Returns cudaErrorInvalidValue for a bad geometry or a short workspace, else the launch error.
 cudaError_t decode_attention(float *out, const float *q, const void *slots, enum fkv_dtype dt,

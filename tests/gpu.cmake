@@ -2,8 +2,10 @@
 # twin (the CPU backend, worker/kvcache/select.c, common/layout.c). Label gpu; they exit 77 (skip) on a
 # machine without a CUDA device, so CI only compiles them.
 if(FREEKV_HAVE_CUDA)
+  # attn_scores covers attn_accum and gather_heads too (refreshkv's full step).
   foreach(op embedding rope silu_mul kv_append page_summary page_score topk qcos
-             recall_scatter offload_gather decode_attention prefill_attention gemm)
+             recall_scatter offload_gather decode_attention prefill_attention gemm
+             attn_scores pool_topk)
     freekv_add_test(test_kernel_${op} SOURCES gpu/test_kernel_${op}.c
       LIBS freekv_kernels freekv_runtime CUDA::cudart CUDA::cublas LABELS gpu)
   endforeach()

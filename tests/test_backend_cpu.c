@@ -1,8 +1,8 @@
 /* Tests for worker/backend/backend_cpu.c: every op of the CPU backend against naive float64 loops in
  * this file, on random inputs, for every weight / KV dtype, covering each internal path
  * (sgemv, direct dot loop and its eight-lane conversion, converted tiles; dense, strided and
- * paged attention spans, per-head slot lists, prefill units of several sizes), and results equal
- * bit for bit across thread counts. */
+ * paged attention spans, per-head slot lists, prefill units of several sizes; refreshkv's
+ * scores/accum split of decode attention), and results equal bit for bit across thread counts. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -42,7 +42,7 @@ static void *rand_typed(enum fkv_dtype t, int64_t n, double **exact)
 
 static struct backend_mat mat(const void *data, enum fkv_dtype t, int64_t rows, int64_t cols)
 {
-	struct fkv_tensor src = { data, t, cols > 1 ? 2 : 1, { rows, cols } };
+	struct fkv_tensor src = { .data = data, .dtype = t, .n_dims = cols > 1 ? 2 : 1, .shape = { rows, cols } };
 	struct backend_mat m;
 	assert_int_equal(be->ops->weight_load(be->ctx, &src, &m), 0);
 	return m;
@@ -486,36 +486,139 @@ static void test_attn_decode_heads(void **state)
 	}
 }
 
-/* Naive float64 decode attention of query heads q (H, d) over the slot list of attn_decode_slots:
- * the rows of each KV head gathered page by page from slots (n_slots, 2, p, KV, d). */
-static void ref_slots(double *ref, const float *q, const float *slots, const int32_t *list,
-		      int max_pages, int64_t n_tok, int p, int H, int KV, int d, double scale)
+/* refreshkv's full step ops: attn_scores (against float64 dot products), the softmax op, then
+ * attn_accum chained over two key ranges, give attn_decode_heads' output bit for bit over the
+ * same per-head spans; gather_heads copies the head slices its map names and refuses a bad
+ * head. Every KV dtype. */
+static void test_attn_scores_accum(void **state)
 {
-	const int pages = (int)((n_tok + p - 1) / p);
-	const size_t row = (size_t)KV * d, slot = 2 * (size_t)p * row;
-	double *k = malloc((size_t)n_tok * d * sizeof *k), *v = malloc((size_t)n_tok * d * sizeof *v);
+	(void)state;
+	enum { H = 8, KV = 4, d = 32, rows = 96, ns = 6 };
+	for (size_t t = 0; t < 3; t++) {
+		struct backend_attn a = { H, KV, d, dtypes[t], 0.3f, 0 };
+		double *e64, *f64;
+		void *k = rand_typed(dtypes[t], rows * KV * d, &e64);
+		void *v = rand_typed(dtypes[t], rows * KV * d, &f64);
+		size_t es = dtype_size(dtypes[t]);
+		/* Every head: ns spans of the same lengths at its own random rows. */
+		int64_t len[ns], n = 0, n0 = 0;
+		for (int i = 0; i < ns; i++) {
+			len[i] = 1 + (int64_t)(test_rand(&seed) % 9);
+			n += len[i];
+			n0 += i < ns / 2 ? len[i] : 0;
+		}
+		struct backend_kv_span spans[KV * ns];
+		int64_t r0s[KV * ns];
+		int first[KV + 1];
+		for (int h = 0; h < KV; h++) {
+			first[h] = h * ns;
+			for (int i = 0; i < ns; i++) {
+				int64_t r0 = (int64_t)(test_rand(&seed) % (rows - 9));
+				r0s[h * ns + i] = r0;
+				spans[h * ns + i] = (struct backend_kv_span){
+					(const char *)k + (size_t)r0 * KV * d * es,
+					(const char *)v + (size_t)r0 * KV * d * es, len[i], KV * d,
+				};
+			}
+		}
+		first[KV] = KV * ns;
+		float *q = randv(H * d, 0.5f), out[H * d], ref[H * d], sc[H * 64];
+		assert_true(n <= 64);
+		assert_int_equal(be->ops->attn_scores(be->ctx, sc, n, q, spans, first, &a), 0);
+		for (int h = 0; h < H; h++) {
+			const int g = h / (H / KV);
+			int64_t j = 0;
+			for (int i = 0; i < ns; i++)
+				for (int64_t r = 0; r < len[i]; r++, j++) {
+					double dot = 0.0;
+					const double *kr = e64 + ((size_t)(r0s[g * ns + i] + r) * KV + g) * d;
+					for (int c = 0; c < d; c++)
+						dot += (double)q[h * d + c] * kr[c];
+					if (fabs(sc[h * n + j] - dot * 0.3) > 1e-5)
+						fail_msg("attn_scores %s: head %d key %lld: %g, want %g",
+							 dtype_name(dtypes[t]), h, (long long)j,
+							 (double)sc[h * n + j], dot * 0.3);
+				}
+		}
+		assert_int_equal(be->ops->softmax(be->ctx, sc, H, n), 0);
+		/* Two calls: spans [0, ns/2) of each head, then [ns/2, ns) with the probabilities
+		 * from column n0. */
+		int second[KV + 1];
+		struct backend_kv_span sp2[KV * ns];
+		for (int h = 0; h < KV; h++) {
+			second[h] = h * (ns - ns / 2);
+			memcpy(sp2 + second[h], spans + h * ns + ns / 2,
+			       (size_t)(ns - ns / 2) * sizeof *sp2);
+		}
+		second[KV] = KV * (ns - ns / 2);
+		struct backend_kv_span sp1[KV * ns];
+		int first1[KV + 1];
+		for (int h = 0; h < KV; h++) {
+			first1[h] = h * (ns / 2);
+			memcpy(sp1 + first1[h], spans + h * ns, (size_t)(ns / 2) * sizeof *sp1);
+		}
+		first1[KV] = KV * (ns / 2);
+		assert_int_equal(be->ops->attn_accum(be->ctx, out, sc, n, sp1, first1, false, &a), 0);
+		assert_int_equal(be->ops->attn_accum(be->ctx, out, sc + n0, n, sp2, second, true, &a),
+				 0);
+		assert_int_equal(be->ops->attn_decode_heads(be->ctx, ref, q, spans, first, &a), 0);
+		if (memcmp(out, ref, sizeof out))
+			fail_msg("attn_scores + softmax + attn_accum %s differ from attn_decode_heads",
+				 dtype_name(dtypes[t]));
+		free(q);
+		free(k);
+		free(v);
+		free(e64);
+		free(f64);
+	}
+	float src[3 * 2 * 4], dst[5 * 2 * 4], want[5 * 2 * 4];
+	for (int i = 0; i < 24; i++)
+		src[i] = (float)i;
+	for (int i = 0; i < 40; i++)
+		dst[i] = want[i] = -1.0f;
+	const int32_t map[] = { 4, 0, 1, 0, 2, 0, 3, 2, 1 };
+	for (int e = 0; e < 3; e++)
+		memcpy(want + (map[3 * e] * 2 + map[3 * e + 2]) * 4,
+		       src + (map[3 * e + 1] * 2 + map[3 * e + 2]) * 4, 4 * sizeof(float));
+	assert_int_equal(be->ops->gather_heads(be->ctx, dst, src, map, 3, 2, 4), 0);
+	assert_memory_equal(dst, want, sizeof dst);
+	const int32_t bad[] = { 0, 0, 2 };
+	assert_int_equal(be->ops->gather_heads(be->ctx, dst, src, bad, 1, 2, 4), -EINVAL);
+}
+
+/* Naive float64 decode attention of query heads q (H, d) over the slot list of attn_decode_slots:
+ * the n_tok[kvh] rows of each KV head gathered page by page from slots (n_slots, 2, p, KV, d). */
+static void ref_slots(double *ref, const float *q, const float *slots, const int32_t *list,
+		      int max_pages, const int32_t *n_tok, int p, int H, int KV, int d,
+		      double scale)
+{
+	const size_t row = (size_t)KV * d, slot = 2 * (size_t)p * row, cap = (size_t)max_pages * p;
+	double *k = malloc(cap * d * sizeof *k), *v = malloc(cap * d * sizeof *v);
 	assert_true(k && v);
 	for (int kvh = 0; kvh < KV; kvh++) {
+		const int pages = (n_tok[kvh] + p - 1) / p;
 		int64_t t = 0;
 		for (int i = 0; i < pages; i++) {
 			const float *sl = slots + (size_t)list[kvh * max_pages + i] * slot;
-			for (int r = 0; r < p && t < n_tok; r++, t++)
+			for (int r = 0; r < p && t < n_tok[kvh]; r++, t++)
 				for (int j = 0; j < d; j++) {
 					k[t * d + j] = sl[r * row + (size_t)kvh * d + j];
 					v[t * d + j] = sl[((size_t)p + r) * row + (size_t)kvh * d + j];
 				}
 		}
-		assert_int_equal(t, n_tok);
+		assert_int_equal(t, n_tok[kvh]);
 		for (int h = kvh * (H / KV); h < (kvh + 1) * (H / KV); h++)
-			ref_attn(ref + (size_t)h * d, q + (size_t)h * d, k, v, n_tok, d, d, scale);
+			ref_attn(ref + (size_t)h * d, q + (size_t)h * d, k, v, n_tok[kvh], d, d, scale);
 	}
 	free(k);
 	free(v);
 }
 
 /* attn_decode_slots: per-head slot lists (slots repeated across heads and within one, ring
- * order) against the float64 reference, and bit for bit against attn_decode_heads over the
- * same rows as spans and against itself on one thread; then every refusal, with out untouched. */
+ * order) and per-head token counts (the heads of a call read different numbers of pages, as
+ * hardkv's do) against the float64 reference, and bit for bit against attn_decode_heads over
+ * the same rows as spans and against itself on one thread; list entries past a head's count
+ * are never read; then every refusal, with out untouched. */
 static void test_attn_decode_slots(void **state)
 {
 	(void)state;
@@ -539,36 +642,42 @@ static void test_attn_decode_slots(void **state)
 		float *out = malloc((size_t)H * d * sizeof *out), *o2 = malloc((size_t)H * d * 4);
 		double *ref = malloc((size_t)H * d * sizeof *ref);
 		assert_true(list && spans && out && o2 && ref);
-		for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
-			const int64_t n_tok = toks[ti];
-			const int pages = (int)((n_tok + p - 1) / p);
-			/* Head 0 a ring rotated by a random offset, the others random slots. */
+		const size_t n_toks = sizeof toks / sizeof toks[0];
+		for (size_t ti = 0; ti < n_toks; ti++) {
+			/* Even heads read toks[ti], odd heads another entry of toks. */
+			int32_t n_tok[KV];
+			for (int h = 0; h < KV; h++)
+				n_tok[h] = (int32_t)toks[h % 2 ? (ti + 2) % n_toks : ti];
+			/* Head 0 a ring rotated by a random offset, the others random slots; past
+			 * each head's last page an index out of range, which must not be read. */
 			const int rot = (int)(test_rand(&seed) % NS);
 			for (int h = 0; h < KV; h++)
 				for (int i = 0; i < MP; i++)
-					list[h * MP + i] = h == 0 ? (rot + i) % NS
+					list[h * MP + i] = i >= (n_tok[h] + p - 1) / p ? NS
+							 : h == 0 ? (rot + i) % NS
 								  : (int32_t)(test_rand(&seed) % NS);
 			ref_slots(ref, q, slots, list, MP, n_tok, p, H, KV, d, a.scale);
 			assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, slots, NS, list,
 								    MP, n_tok, p, &a), 0);
 			double e = nerr(out, ref, H * d);
 			if (e > 1e-5)
-				fail_msg("attn_decode_slots cfg %zu n_tok %lld: error %g", c,
-					 (long long)n_tok, e);
-			int first[KV + 1];
+				fail_msg("attn_decode_slots cfg %zu n_tok %d/%d: error %g", c,
+					 n_tok[0], KV > 1 ? n_tok[1] : n_tok[0], e);
+			int first[KV + 1], ns = 0;
 			const size_t row = (size_t)KV * d;
 			for (int h = 0; h < KV; h++) {
-				first[h] = h * pages;
+				const int pages = (n_tok[h] + p - 1) / p;
+				first[h] = ns;
 				for (int i = 0; i < pages; i++) {
 					const float *sl = slots + (size_t)list[h * MP + i] * 2 * p * row;
-					spans[h * pages + i] = (struct backend_kv_span){
+					spans[ns++] = (struct backend_kv_span){
 						sl, sl + (size_t)p * row,
-						i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+						i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 						(int64_t)row,
 					};
 				}
 			}
-			first[KV] = KV * pages;
+			first[KV] = ns;
 			assert_int_equal(be->ops->attn_decode_heads(be->ctx, o2, q, spans, first, &a),
 					 0);
 			assert_memory_equal(out, o2, (size_t)H * d * sizeof *out);
@@ -581,15 +690,24 @@ static void test_attn_decode_slots(void **state)
 		/* Refusals: nothing written. */
 		for (int i = 0; i < H * d; i++)
 			out[i] = o2[i] = -7.0f;
-		const int64_t n_tok = cap - 1 > 0 ? cap - 1 : 1;
-		const int last = (int)((n_tok + p - 1) / p) - 1;
+		for (int i = 0; i < KV * MP; i++)
+			list[i] = (int32_t)(test_rand(&seed) % NS);
+		int32_t n_tok[KV], bt[KV];
+		for (int h = 0; h < KV; h++)
+			n_tok[h] = (int32_t)(cap - 1 > 0 ? cap - 1 : 1);
+		const int last = (n_tok[0] + p - 1) / p - 1;
 		struct backend_attn bad = a;
 #define REFUSE(ATTN, SLOTS, NSL, LIST, MPG, NT, P)                                              \
 	assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, SLOTS, NSL, LIST, MPG, NT, P, \
 						    ATTN), -EINVAL)
-		REFUSE(&a, slots, NS, list, MP, cap + 1, p);
-		REFUSE(&a, slots, NS, list, MP, 0, p);
-		REFUSE(&a, slots, NS, list, MP, -1, p);
+		/* a bad count on the last head */
+		const int32_t bad_tok[] = { (int32_t)cap + 1, 0, -1 };
+		for (size_t i = 0; i < 3; i++) {
+			memcpy(bt, n_tok, sizeof bt);
+			bt[KV - 1] = bad_tok[i];
+			REFUSE(&a, slots, NS, list, MP, bt, p);
+		}
+		REFUSE(&a, slots, NS, list, MP, NULL, p);
 		REFUSE(&a, slots, NS, list, MP, n_tok, 0);
 		REFUSE(&a, slots, NS, list, 0, n_tok, p);
 		REFUSE(&a, slots, 0, list, MP, n_tok, p);
@@ -890,6 +1008,7 @@ int main(void)
 		cmocka_unit_test(test_attn_prefill),
 		cmocka_unit_test(test_attn_decode),
 		cmocka_unit_test(test_attn_decode_heads),
+		cmocka_unit_test(test_attn_scores_accum),
 		cmocka_unit_test(test_attn_decode_slots),
 		cmocka_unit_test(test_attn_prefill_units),
 		cmocka_unit_test(test_attn_decode_paged),

@@ -174,7 +174,7 @@ static struct fkv_tensor rand_tensor(enum fkv_dtype t, int64_t rows, int64_t col
 		f[i] = offset + test_randf(&seed) * scale;
 	dtype_from_f32(d, f, t, (size_t)n);
 	free(f);
-	return (struct fkv_tensor){ d, t, cols > 1 ? 2 : 1, { rows, cols } };
+	return (struct fkv_tensor){ .data = d, .dtype = t, .n_dims = cols > 1 ? 2 : 1, .shape = { rows, cols } };
 }
 
 static void mem_model(struct fkv_model *m, const struct geo *g)

@@ -4,9 +4,11 @@
  * path of `kvworker perplexity` to float rounding; with a budget covering the whole window every
  * policy reproduces full's scores bit for bit and recalls nothing; freekv with tau above 1
  * corrects every checked head and reproduces quest exactly, and both recall (retrieval really
- * engaged). No accuracy ordering between policies is asserted: none is guaranteed. Policies not
- * built yet are skipped with a note. --json parses with json-c; bad input exits 2 or 1 with a
- * message, never a crash. */
+ * engaged); with --kv-top-p it reproduces hardkv exactly, both attending fewer pages a head
+ * than quest (the reported fraction of quest's is below 1, quest's is 1); refreshkv with Q 1 and
+ * s above 1 takes only full steps and reproduces full. No accuracy ordering between policies is
+ * asserted: none is guaranteed. Policies not built yet are skipped with a note. --json parses
+ * with json-c; bad input exits 2 or 1 with a message, never a crash. */
 #include "test_proc.h"
 
 #include <json-c/json.h>
@@ -149,9 +151,9 @@ static void test_max_tokens_and_table(void **state)
 static void test_budget_covers_context(void **state)
 {
 	(void)state;
-	const char *names[] = { "streaming", "quest", "freekv" };
+	const char *names[] = { "streaming", "quest", "freekv", "hardkv", "refreshkv" };
 	char list[64] = "full";
-	for (size_t i = 0; i < 3; i++)
+	for (size_t i = 0; i < 5; i++)
 		if (built(names[i]))
 			snprintf(list + strlen(list), sizeof list - strlen(list), ",%s", names[i]);
 	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", list, "--ctx", "512",
@@ -159,7 +161,7 @@ static void test_budget_covers_context(void **state)
 			      "--sink", "8", "--window", "16", "--json");
 	json_object *doc = parse_json(&r);
 	json_object *f = policy(doc, "full");
-	for (size_t i = 0; i < 3; i++) {
+	for (size_t i = 0; i < 5; i++) {
 		if (!kvcache_policy(names[i]))
 			continue;
 		json_object *p = policy(doc, names[i]);
@@ -214,6 +216,61 @@ static void test_freekv_tau2_equals_quest(void **state)
 	proc_result_free(&r);
 }
 
+/* refreshkv with Q = 1 and s > 1 takes a full step at every step past the budget (64, below the
+ * 512-token windows): full's scores exactly, full-step rate 1, rows fetched. */
+static void test_refreshkv_every_step_full(void **state)
+{
+	(void)state;
+	if (!built("refreshkv"))
+		skip();
+	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", "refreshkv",
+			      "--max-tokens", "1100", "--refresh-stride", "1",
+			      "--refresh-threshold", "1.5", "--json");
+	json_object *doc = parse_json(&r);
+	json_object *ret = field(doc, "retrieval");
+	assert_int_equal(inum(ret, "budget"), 64);
+	assert_int_equal(inum(ret, "refresh_stride"), 1);
+	json_object *f = policy(doc, "full"), *p = policy(doc, "refreshkv");
+	assert_true(num(p, "nll_sum") == num(f, "nll_sum"));
+	assert_int_equal(inum(p, "agree"), inum(p, "tokens"));
+	assert_true(inum(p, "retrieval_steps") > 0);
+	assert_int_equal(inum(p, "full_steps"), inum(p, "retrieval_steps"));
+	assert_true(num(p, "full_step_rate") == 1.0);
+	assert_true(inum(p, "tokens_fetched") > 0);
+	json_object_put(doc);
+	proc_result_free(&r);
+}
+
+/* --kv-top-p with tau above 1: freekv corrects every head every step and selects as hardkv does,
+ * so it reproduces hardkv exactly; both attend fewer selected pages a head than quest. */
+static void test_freekv_top_p_tau2_equals_hardkv(void **state)
+{
+	(void)state;
+	if (!built("quest") || !built("freekv") || !built("hardkv"))
+		skip();
+	struct result r = RUN("eval", "-m", gguf, "-f", corpus, "--policies", "quest,freekv,hardkv",
+			      "--max-tokens", "1100", "--tau", "2", "--kv-top-p", "0.8",
+			      "--recalibrate", "32", "--json");
+	json_object *doc = parse_json(&r);
+	json_object *ret = field(doc, "retrieval");
+	assert_true(num(ret, "kv_top_p") == 0.8);
+	assert_int_equal(inum(ret, "recalibrate"), 32);
+	json_object *q = policy(doc, "quest"), *fk = policy(doc, "freekv");
+	json_object *h = policy(doc, "hardkv");
+	assert_true(num(fk, "nll_sum") == num(h, "nll_sum"));
+	assert_int_equal(inum(fk, "agree"), inum(h, "agree"));
+	assert_int_equal(inum(fk, "pages_selected"), inum(h, "pages_selected"));
+	assert_true(inum(h, "calibrations") > 0);
+	assert_int_equal(inum(fk, "calibrations"), inum(h, "calibrations"));
+	assert_int_equal(inum(q, "calibrations"), 0);
+	assert_true(num(q, "pages_fraction_of_quest") == 1.0);
+	double fr = num(h, "pages_fraction_of_quest");
+	assert_true(fr > 0.0 && fr < 1.0);
+	assert_true(num(h, "nll_sum") != num(q, "nll_sum"));
+	json_object_put(doc);
+	proc_result_free(&r);
+}
+
 /* Bad input: exit 2 (usage) or 1 (failure) with a message, never a crash. */
 static void test_bad_input(void **state)
 {
@@ -230,6 +287,12 @@ static void test_bad_input(void **state)
 		{ 2, "--prefill", { "--prefill", "0" } },
 		{ 2, "unknown argument", { "--frobnicate" } },
 		{ 2, "needs a value", { "--policies" } },
+		{ 2, "(0, 1]", { "--kv-top-p", "0" } },
+		{ 2, "(0, 1]", { "--kv-top-p", "1.5" } },
+		{ 2, "--recalibrate", { "--recalibrate", "0" } },
+		{ 2, "--refresh-stride", { "--refresh-stride", "0" } },
+		{ 2, "--refresh-threshold", { "--refresh-threshold", "3" } },
+		{ 2, "--budget", { "--policies", "refreshkv", "--budget", "4" } },
 	};
 	for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
 		const char *args[20] = { "eval", "-m", gguf, "-f", corpus };
@@ -258,6 +321,8 @@ int main(void)
 		cmocka_unit_test(test_max_tokens_and_table),
 		cmocka_unit_test(test_budget_covers_context),
 		cmocka_unit_test(test_freekv_tau2_equals_quest),
+		cmocka_unit_test(test_freekv_top_p_tau2_equals_hardkv),
+		cmocka_unit_test(test_refreshkv_every_step_full),
 		cmocka_unit_test(test_bad_input),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -223,6 +223,22 @@ static void test_remote(void **state)
 	assert_true(wi->stats->decode_tok_s == 123.5);
 	assert_int_equal(wi->stats->tokens_decoded, 7);
 	assert_int_equal(wi->stats->pages_recalled, 9);
+	assert_false(wi->stats->has_full_step_rate);
+	kvs_reply_free(r);
+	/* refreshkv's counters, per layer from the layers array (a full layer has none: 0). */
+	assert_int_equal(hostkv_report_stats(h, "{\"decode_tok_s\": 5, \"full_step_rate\": 0.25,"
+					     " \"tokens_fetched\": 640, \"full_step_ms\": 12.5,"
+					     " \"layers\": [{\"layer\": 0}, {\"full_step_rate\": 0.5},"
+					     " {\"full_step_rate\": 0.125}]}"), 0);
+	assert_int_equal(kvs_list_workers(ctl, &r), 0);
+	wi = find_worker(r, "test_hostkv");
+	assert_true(wi && wi->stats && wi->stats->has_full_step_rate);
+	assert_true(wi->stats->full_step_rate == 0.25 && wi->stats->full_step_ms == 12.5);
+	assert_int_equal(wi->stats->tokens_fetched, 640);
+	assert_int_equal(wi->stats->n_layer_full_step_rate, 3);
+	assert_true(wi->stats->layer_full_step_rate[0] == 0.0);
+	assert_true(wi->stats->layer_full_step_rate[1] == 0.5);
+	assert_true(wi->stats->layer_full_step_rate[2] == 0.125);
 	kvs_reply_free(r);
 
 	/* Detached by close: the other worker attaches and reads every byte back; the blocks

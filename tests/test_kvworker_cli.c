@@ -1,8 +1,10 @@
 /* Tests for the kvworker executable (worker/cli/kvworker.c, worker/cli/cmd_*.c): runs the real binary
  * on stories260K and checks what it prints — the greedy continuation equals the engine's own
- * greedy tokens, text output is the decoding of those ids, --stats is one JSON line, perplexity
- * ends with its line, bad flags exit 2, failures exit 1 with a message; info reports the
- * geometry model_load reads, for GGUF and HF, and describes files generate refuses. */
+ * greedy tokens, text output is the decoding of those ids, --stats is one JSON line (hardkv's
+ * with each layer's temperatures), the sampler's --top-p and the retrieval's --kv-top-p are
+ * two flags, perplexity ends with its line, bad flags exit 2, failures exit 1 with a message;
+ * info reports the geometry model_load reads, for GGUF and HF, and describes files generate
+ * refuses. */
 #include "test_proc.h"
 #include "test_buf.h"
 
@@ -194,6 +196,35 @@ static void test_generate_stdin_stats_seed(void **state)
 	assert_int_equal(s1.rc, 0);
 	assert_string_equal(s1.out, s2.out);
 	assert_string_not_equal(s1.out, s3.out);
+	/* The sampler's --top-p and the retrieval's --kv-top-p are two flags: --top-p 0 is a valid
+	 * nucleus mass, --kv-top-p 0 is refused; hardkv's --stats carry its temperatures. */
+	struct result h = RUN(NULL, "generate", "-m", gguf, "-p", "A cat", "-n", "120", "--top-p",
+			      "0", "--policy", "hardkv", "--kv-top-p", "0.8", "--recalibrate", "16",
+			      "--page-size", "8", "--budget", "64", "--sink", "8", "--window", "16",
+			      "--stats");
+	if (h.rc)
+		fail_msg("hardkv generate: %s", h.err);
+	const char *line = strstr(h.err, "{\"prompt_tokens");
+	assert_non_null(line);
+	j = json_tokener_parse(line);
+	assert_non_null(j);
+	assert_true(json_object_object_get_ex(j, "kv_top_p", &v));
+	assert_true(fabs(json_object_get_double(v) - 0.8) < 1e-6);
+	assert_true(json_object_object_get_ex(j, "layers", &v));
+	struct json_object *l1 = json_object_array_get_idx(v, 1), *t;
+	assert_true(json_object_object_get_ex(l1, "temperatures", &t));
+	assert_int_equal(json_object_array_length(t), 4);
+	assert_true(json_object_object_get_ex(l1, "calibrations", &t));
+	assert_true(json_object_get_int64(t) > 1);
+	assert_true(json_object_object_get_ex(l1, "pages_mean_per_head", &t));
+	assert_true(json_object_get_double(t) >= 1.0 && json_object_get_double(t) <= 5.0);
+	json_object_put(j);
+	struct result hb = RUN(NULL, "generate", "-m", gguf, "-p", "A cat", "-n", "4", "--policy",
+			       "hardkv", "--kv-top-p", "0");
+	assert_int_not_equal(hb.rc, 0);
+	assert_non_null(strstr(hb.err, "(0, 1]"));
+	proc_result_free(&h);
+	proc_result_free(&hb);
 	proc_result_free(&a);
 	proc_result_free(&b);
 	proc_result_free(&s1);
@@ -502,13 +533,14 @@ static void write_odd_gguf(const char *path)
 	put_kv(&b, "tokenizer.ggml.pre", GGUF_TYPE_STRING, "smollm", 0);
 	put_kv(&b, "tokenizer.chat_template", GGUF_TYPE_STRING,
 	       "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}", 0);
-	/* tensors: token_embd.weight Q4_1 (64, 100) at 0, output_norm.weight F16 (64) after it */
+	/* tensors: token_embd.weight IQ4_NL (64, 100) at 0 (a type without kernels: docs/quant.md),
+	 * output_norm.weight F16 (64) after it, 32-byte aligned */
 	static const struct {
 		const char *name;
 		uint64_t ne1;
 		uint32_t type;
 		uint64_t off;
-	} ts[] = { { "token_embd.weight", 100, 3, 0 }, { "output_norm.weight", 0, 1, 4000 } };
+	} ts[] = { { "token_embd.weight", 100, 20, 0 }, { "output_norm.weight", 0, 1, 3616 } };
 	for (size_t i = 0; i < 2; i++) {
 		uint32_t nd = ts[i].ne1 ? 2 : 1;
 		uint64_t ne0 = 64;
@@ -520,9 +552,9 @@ static void write_odd_gguf(const char *path)
 		test_buf_put(&b, &ts[i].type, 4);
 		test_buf_put(&b, &ts[i].off, 8);
 	}
-	uint8_t zero[4128] = { 0 };
+	uint8_t zero[3744] = { 0 };
 	test_buf_put(&b, zero, (32 - b.n % 32) % 32);
-	test_buf_put(&b, zero, 4000 + 128); /* 100 rows x 2 blocks x 20 bytes, then 64 x f16 */
+	test_buf_put(&b, zero, 3616 + 128); /* 100 rows x 2 blocks x 18 bytes, padding, 64 x f16 */
 	FILE *f = fopen(path, "wb");
 	assert_non_null(f);
 	assert_int_equal(fwrite(b.p, 1, b.n, f), b.n);
@@ -555,24 +587,24 @@ static void test_info_describes_what_generate_refuses(void **state)
 	assert_string_equal(jstr(j, "pre_tokenizer"), "smollm");
 	assert_string_equal(jstr(j, "chat_template"), "llama3");
 	int64_t count, bytes;
-	jtype(j, "Q4_1", &count, &bytes);
+	jtype(j, "IQ4_NL", &count, &bytes);
 	assert_int_equal(count, 1);
-	assert_int_equal(bytes, 4000);
+	assert_int_equal(bytes, 3600);
 	jtype(j, "F16", &count, &bytes);
 	assert_int_equal(count, 1);
 	assert_int_equal(bytes, 128);
 	assert_int_equal(jint(j, "parameters"), 6400 + 64);
-	assert_int_equal(jint(j, "parameter_bytes"), 4128);
+	assert_int_equal(jint(j, "parameter_bytes"), 3728);
 	json_object_put(j);
 	struct result r = RUN(NULL, "info", "-m", path);
 	assert_int_equal(r.rc, 0);
 	assert_non_null(strstr(r.out, "pre-tokenizer:   smollm\n"));
-	assert_non_null(strstr(r.out, "tensors:         2 (Q4_1 1, F16 1)\n"));
+	assert_non_null(strstr(r.out, "tensors:         2 (IQ4_NL 1, F16 1)\n"));
 	assert_non_null(strstr(r.out, "rope scaling:    linear (factor 4)\n"));
 	proc_result_free(&r);
 	r = RUN(NULL, "generate", "-m", path, "-p", "x");
 	assert_int_equal(r.rc, 1);
-	assert_non_null(strstr(r.err, "type Q4_1"));
+	assert_non_null(strstr(r.err, "type IQ4_NL"));
 	proc_result_free(&r);
 }
 

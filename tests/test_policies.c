@@ -1,5 +1,6 @@
 /* Tests for the retrieval policies (worker/kvcache/policy_streaming.c, policy_quest.c, policy_freekv.c
- * over policy_paged.c, recall.c and kv_writethrough.c) on the real stories260K model with
+ * over policy_paged.c, recall.c and kv_writethrough.c; hardkv in test_hardkv.c, here only on the
+ * device-memory backend and through attn_decode_slots) on the real stories260K model with
  * greedy decoding, each sequence over a host copy in the embedded store (hostkv.h):
  *   - while a sequence fits the budget every policy gives exactly `full`'s tokens and logits;
  *   - freekv with tau > 1 gives exactly quest's tokens and logits;
@@ -528,8 +529,8 @@ static int dm_attn_decode_heads(void *c, float *o, const float *q,
 }
 
 static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
-				int n_slots, const int32_t *list, int max_pages, int64_t n_tok, int p,
-				const struct backend_attn *a)
+				int n_slots, const int32_t *list, int max_pages, const int32_t *n_tok,
+				int p, const struct backend_attn *a)
 {
 	return real_ops->attn_decode_slots(c, dv(o), dv(q), dv(slots), n_slots, list, max_pages,
 					   n_tok, p, a);
@@ -671,10 +672,10 @@ static void test_device_memory_backend(void **state)
 {
 	(void)state;
 	NEED_MODEL();
-	static const char *const pols[] = { "full", "streaming", "quest", "freekv" };
+	static const char *const pols[] = { "full", "streaming", "quest", "freekv", "hardkv" };
 	struct backend_ops ops;
 	struct backend *cpu = be, dev = devmem_of(cpu, &ops);
-	for (size_t i = 0; i < 4; i++) {
+	for (size_t i = 0; i < 5; i++) {
 		struct run ref, r;
 		struct kv_policy_opts kv = kvo(8, 64, 8, 16, 1, 0.9f, true);
 		gen(pols[i], kv, 160, true, &ref);
@@ -835,8 +836,8 @@ static const struct backend_ops *cnt_real;
 static int64_t cnt_slots, cnt_heads;
 
 static int cnt_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
-				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				 int p, const struct backend_attn *a)
+				 int n_slots, const int32_t *list, int max_pages,
+				 const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	cnt_slots++;
 	return cnt_real->attn_decode_slots(c, o, q, slots, n_slots, list, max_pages, n_tok, p, a);
@@ -859,7 +860,7 @@ static void test_decode_goes_through_slots(void **state)
 {
 	(void)state;
 	NEED_MODEL();
-	static const char *const pols[] = { "streaming", "quest", "freekv" };
+	static const char *const pols[] = { "streaming", "quest", "freekv", "hardkv" };
 	const struct kv_policy_opts geoms[] = { kvo(8, 64, 8, 16, 1, 0.9f, true),
 						kvo(4, 48, 4, 12, 0, 0.9f, true) };
 	enum { STEPS = 120 };
@@ -875,7 +876,7 @@ static void test_decode_goes_through_slots(void **state)
 	struct backend bw = { .ops = &with, .ctx = cpu->ctx };
 	struct backend bo = { .ops = &without, .ctx = cpu->ctx };
 	for (size_t gi = 0; gi < 2; gi++)
-		for (size_t i = 0; i < 3; i++) {
+		for (size_t i = 0; i < 4; i++) {
 			const int64_t calls =
 				(int64_t)STEPS * (model.cfg.n_layers - geoms[gi].full_layers);
 			struct run rs, rh;

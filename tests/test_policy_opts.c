@@ -1,6 +1,6 @@
 /* Tests for worker/kvcache/policy_opts.c: defaults, the flag table (both spellings, bad values), the
- * scaling to short contexts with explicit flags kept, the consistency checks, and
- * kvcache_resolve_opts. */
+ * scaling to short contexts with explicit flags kept, the consistency checks, the top-p and
+ * recalibration bounds, and kvcache_resolve_opts. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -144,6 +144,53 @@ static void test_consistency(void **state)
 	}
 }
 
+/* --kv-top-p takes (0, 1], --recalibrate whole numbers >= 1; a refusal names the bounds and
+ * changes nothing; values set directly are checked too (0 is "the policy's default"). */
+static void test_top_p_and_recalibrate(void **state)
+{
+	(void)state;
+	struct policy_opts o;
+	policy_opts_default(&o);
+	assert_true(o.kv.top_p == 0.0f);
+	assert_int_equal(o.kv.recalibrate, 0);
+	char err[256];
+	int n;
+	char *good[] = { "--kv-top-p", "1", "--recalibrate=7", "--policy", "hardkv", NULL };
+	assert_int_equal(parse(&o, good, &n, err, sizeof err), 0);
+	assert_int_equal(n, 3);
+	assert_true(o.kv.top_p == 1.0f);
+	assert_int_equal(o.kv.recalibrate, 7);
+	assert_string_equal(o.policy, "hardkv");
+	char *small[] = { "--kv-top-p=0.05", NULL };
+	assert_int_equal(parse(&o, small, &n, err, sizeof err), 0);
+	assert_true(o.kv.top_p == 0.05f);
+	struct { const char *a[3]; const char *why; } bad[] = {
+		{ { "--kv-top-p", "0", NULL }, "(0, 1]" },	{ { "--kv-top-p", "1.01", NULL }, "(0, 1]" },
+		{ { "--kv-top-p", "-0.5", NULL }, "(0, 1]" },	{ { "--kv-top-p", "nan", NULL }, "(0, 1]" },
+		{ { "--kv-top-p", "1e-60", NULL }, "(0, 1]" },	{ { "--kv-top-p", "x", NULL }, "(0, 1]" },
+		{ { "--recalibrate", "0", NULL }, "from 1" },
+		{ { "--recalibrate", "-3", NULL }, "from 1" },
+		{ { "--recalibrate", "2.5", NULL }, "from 1" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		struct policy_opts before = o;
+		err[0] = '\0';
+		assert_int_equal(parse(&o, (char **)bad[i].a, &n, err, sizeof err), -EINVAL);
+		if (!strstr(err, bad[i].why) || !strstr(err, bad[i].a[0]))
+			fail_msg("%s %s: message '%s'", bad[i].a[0], bad[i].a[1], err);
+		assert_memory_equal(&o.kv, &before.kv, sizeof o.kv);
+	}
+	struct kv_policy_opts k = { .top_p = 1.5f };
+	assert_int_equal(kvcache_resolve_opts(&k, 512), -EINVAL);
+	k = (struct kv_policy_opts){ .page = 8, .budget = 64, .sink = 8, .window = 16,
+				     .recalibrate = -1 };
+	assert_int_equal(kvcache_resolve_opts(&k, 512), -EINVAL);
+	k.recalibrate = 0;
+	k.top_p = 0.9f;
+	assert_int_equal(kvcache_resolve_opts(&k, 512), 0);
+	assert_non_null(strstr(policy_opts_usage(), "--kv-top-p"));
+}
+
 static void test_resolve(void **state)
 {
 	(void)state;
@@ -164,6 +211,7 @@ int main(void)
 		cmocka_unit_test(test_bad_values),
 		cmocka_unit_test(test_scaling),
 		cmocka_unit_test(test_consistency),
+		cmocka_unit_test(test_top_p_and_recalibrate),
 		cmocka_unit_test(test_resolve),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

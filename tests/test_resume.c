@@ -2,8 +2,13 @@
  * killed with SIGKILL mid-generation; the daemon marks its sequence orphaned; `kvworker resume`
  * continues it, and the sequence's token ids (what the dead worker had printed and kept, then
  * what resume printed) equal an uninterrupted greedy run's token for token. Run with the `full`
- * policy and, when it is built, `freekv`. Also the refusals: resuming an unknown or attached
- * sequence, generating into a sequence that already holds tokens. */
+ * policy and, when they are built, `freekv` and `refreshkv`. refreshkv's first step after a
+ * resume is a full step at every layer (docs/design.md §5), so with its default stride and
+ * threshold the continuation is its own: the kept ids, the resume and its length are checked,
+ * and its equality with the uninterrupted run is checked with Q = 1, s > 1 (every step past
+ * the budget full, so the partial sets a crash loses change nothing). Also the refusals:
+ * resuming an unknown or attached sequence, generating into a sequence that already holds
+ * tokens. */
 #include "clock.h"
 #include "test_kvworker_proc.h"
 
@@ -15,10 +20,23 @@
 
 static const char *g_model;
 
+/* Appends the NULL-terminated flags extra (may be NULL) to the NULL-terminated argv. */
+static void add_flags(const char **argv, const char *const *extra)
+{
+	int n = 0;
+	while (argv[n])
+		n++;
+	for (int i = 0; extra && extra[i]; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+}
+
 /* Page 8, budget 64, sink 8, window 16: retrieval runs from the 65th token on. */
 #define KV_FLAGS "--page-size", "8", "--budget", "64", "--sink", "8", "--window", "16"
 
-static void resume_case(const char *policy)
+/* extra: flags after the policy's (NULL-terminated, up to 4); exact: the continuation must be
+ * the uninterrupted run's. */
+static void resume_case(const char *policy, const char *const *extra, bool exact)
 {
 	struct harness hs;
 	harness_start(&hs, NULL);
@@ -26,9 +44,10 @@ static void resume_case(const char *policy)
 	static int ref_ids[P_MAX_IDS], ids[P_MAX_IDS];
 	struct proc p;
 
-	const char *ref[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", REF_N, "--temp", "0",
-			      "--ids", "--store", E, "--seq", "ref", "--keep", "--policy", policy,
-			      KV_FLAGS, NULL };
+	const char *ref[32] = { "generate", "-m", g_model, "-p", PROMPT, "-n", REF_N, "--temp", "0",
+				"--ids", "--store", E, "--seq", "ref", "--keep", "--policy", policy,
+				KV_FLAGS, NULL };
+	add_flags(ref, extra);
 	assert_int_equal(p_run(&p, ref), 0);
 	assert_int_equal(p.n_ids, atoi(REF_N));
 	int n_ref = p_seq_ids(E, "ref", ref_ids, P_MAX_IDS, NULL, NULL);
@@ -38,9 +57,10 @@ static void resume_case(const char *policy)
 
 	/* The victim would run far past the reference; it is killed once it printed 150
 	 * ids, well past the budget, so retrieval (and its state) is in play when it dies. */
-	const char *victim[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "2000", "--temp",
-				 "0", "--ids", "--store", E, "--seq", "victim", "--policy", policy,
-				 KV_FLAGS, NULL };
+	const char *victim[32] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "2000", "--temp",
+				   "0", "--ids", "--store", E, "--seq", "victim", "--policy", policy,
+				   KV_FLAGS, NULL };
+	add_flags(victim, extra);
 	p_start(&p, victim);
 	assert_true(p_read_ids(&p, 150) >= 150);
 	assert_int_equal(kill(p.pid, SIGKILL), 0);
@@ -68,24 +88,31 @@ static void resume_case(const char *policy)
 
 	char n_resume[16];
 	snprintf(n_resume, sizeof n_resume, "%d", RESUME_N);
-	const char *resume[] = { "resume", "-m", g_model, "--store", E, "--seq", "victim", "-n",
-				 n_resume, "--temp", "0", "--ids", "--keep", "--policy", policy,
-				 KV_FLAGS, NULL };
+	const char *resume[32] = { "resume", "-m", g_model, "--store", E, "--seq", "victim", "-n",
+				   n_resume, "--temp", "0", "--ids", "--keep", "--policy", policy,
+				   KV_FLAGS, NULL };
+	add_flags(resume, extra);
 	assert_int_equal(p_run(&p, resume), 0);
 	assert_int_equal(p.n_ids, RESUME_N);
 	int n_after = p_seq_ids(E, "victim", ids, P_MAX_IDS, &st, &committed);
 	assert_int_equal(st, FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_DETACHED);
 	assert_int_equal(n_after, n_before + RESUME_N);
-	/* What resume printed is what it kept, and all of it is the uninterrupted run. */
+	/* What resume printed is what it kept, and (exact) all of it is the uninterrupted run. */
 	assert_memory_equal(ids + n_before, p.ids, RESUME_N * sizeof *ids);
-	assert_memory_equal(ids, ref_ids, (size_t)n_after * sizeof *ids);
+	int differ = 0;
+	for (int i = n_before; i < n_after; i++)
+		differ += ids[i] != ref_ids[i];
+	fprintf(stderr, "%s: %d of %d resumed ids differ from the uninterrupted run\n", policy,
+		differ, RESUME_N);
+	if (exact)
+		assert_memory_equal(ids, ref_ids, (size_t)n_after * sizeof *ids);
 	harness_stop(&hs);
 }
 
 static void test_resume_full(void **state)
 {
 	(void)state;
-	resume_case("full");
+	resume_case("full", NULL, true);
 }
 
 static void test_resume_freekv(void **state)
@@ -93,7 +120,17 @@ static void test_resume_freekv(void **state)
 	(void)state;
 	if (!p_policy_built("freekv"))
 		skip();
-	resume_case("freekv");
+	resume_case("freekv", NULL, true);
+}
+
+static void test_resume_refreshkv(void **state)
+{
+	(void)state;
+	if (!p_policy_built("refreshkv"))
+		skip();
+	const char *every[] = { "--refresh-stride", "1", "--refresh-threshold", "1.5", NULL };
+	resume_case("refreshkv", every, true);
+	resume_case("refreshkv", NULL, false);
 }
 
 static void test_refusals(void **state)
@@ -155,6 +192,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_refusals, h_teardown),
 		cmocka_unit_test_teardown(test_resume_full, h_teardown),
 		cmocka_unit_test_teardown(test_resume_freekv, h_teardown),
+		cmocka_unit_test_teardown(test_resume_refreshkv, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

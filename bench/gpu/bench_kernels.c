@@ -206,14 +206,15 @@ static int bench_decode(cudaStream_t s, double hbm_bytes_per_ms, int batch)
 	const size_t slot_bytes = 2ull * DEC_P * DEC_NKV * DEC_D * 2;
 	const int n_slots = batch * pages;
 	struct dec d = { .batch = batch };
-	int32_t *list = malloc((size_t)batch * DEC_NKV * pages * 4), *n_tok = malloc(batch * 4);
+	int32_t *list = malloc((size_t)batch * DEC_NKV * pages * 4);
+	int32_t *n_tok = malloc((size_t)batch * DEC_NKV * 4); /* (batch, n_kv) */
 	if (!list || !n_tok)
 		return -ENOMEM;
 	/* each head of each sequence reads every one of its sequence's slots once, in a shuffled
 	 * order: per-head indirection with no slice read twice */
 	for (int b = 0; b < batch; b++) {
-		n_tok[b] = DEC_BUDGET;
 		for (int h = 0; h < DEC_NKV; h++) {
+			n_tok[b * DEC_NKV + h] = DEC_BUDGET;
 			int32_t *l = list + ((size_t)b * DEC_NKV + h) * pages;
 			for (int i = 0; i < pages; i++)
 				l[i] = b * pages + i;
@@ -232,8 +233,9 @@ static int bench_decode(cudaStream_t s, double hbm_bytes_per_ms, int batch)
 	CUDA_CHECK(cudaMalloc((void **)&d.list, (size_t)batch * DEC_NKV * pages * 4));
 	CUDA_CHECK(cudaMemcpy(d.list, list, (size_t)batch * DEC_NKV * pages * 4,
 			      cudaMemcpyHostToDevice));
-	CUDA_CHECK(cudaMalloc((void **)&d.n_tok, batch * 4));
-	CUDA_CHECK(cudaMemcpy(d.n_tok, n_tok, batch * 4, cudaMemcpyHostToDevice));
+	CUDA_CHECK(cudaMalloc((void **)&d.n_tok, (size_t)batch * DEC_NKV * 4));
+	CUDA_CHECK(cudaMemcpy(d.n_tok, n_tok, (size_t)batch * DEC_NKV * 4,
+			      cudaMemcpyHostToDevice));
 	d.ws_bytes = decode_attention_workspace_bytes(batch, DEC_NQ, DEC_NKV, DEC_D, pages);
 	d.ws = NULL;
 	if (d.ws_bytes)

@@ -165,6 +165,14 @@ static int write_pages(struct wstate *w, struct wseq *q, uint32_t upto)
 		uint64_t off[CHUNK];
 		for (uint32_t l = 0; l < L; l++) {
 			int ret = TIMED(w, OP_ALLOC, kvs_alloc(w->k, q->id, l, p0, m, off));
+			if (ret == -EEXIST && l + 1 < L) {
+				/* A worker killed between this batch's commits left its earlier layers
+				 * committed (the length did not move): check them and go on. */
+				ret = read_pages(w, q, l, p0, m);
+				if (ret)
+					return ret;
+				continue;
+			}
 			if (ret)
 				return note(w, ret, "alloc");
 			for (uint32_t i = 0; i < m; i++)

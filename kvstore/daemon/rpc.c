@@ -305,6 +305,14 @@ static int h_heartbeat(struct call *c)
 		st->pages_recalled = h->stats->pages_recalled;
 		st->bytes_recalled = h->stats->bytes_recalled;
 		st->correction_rate = h->stats->correction_rate;
+		st->has_refresh = h->stats->has_full_step_rate;
+		st->full_step_rate = h->stats->full_step_rate;
+		st->tokens_fetched = h->stats->tokens_fetched;
+		st->full_step_ms = h->stats->full_step_ms;
+		st->n_layer_rate = h->stats->n_layer_full_step_rate < WK_MAX_LAYER_STATS ?
+				   h->stats->n_layer_full_step_rate : WK_MAX_LAYER_STATS;
+		memcpy(st->layer_rate, h->stats->layer_full_step_rate,
+		       st->n_layer_rate * sizeof *st->layer_rate);
 	}
 	return reply_ack(c);
 }
@@ -455,6 +463,15 @@ static int h_list_workers(struct call *c)
 			st->pages_recalled = w->stats.pages_recalled;
 			st->bytes_recalled = w->stats.bytes_recalled;
 			st->correction_rate = w->stats.correction_rate;
+			if (w->stats.has_refresh) {
+				st->has_full_step_rate = st->has_tokens_fetched = true;
+				st->has_full_step_ms = true;
+				st->full_step_rate = w->stats.full_step_rate;
+				st->tokens_fetched = w->stats.tokens_fetched;
+				st->full_step_ms = w->stats.full_step_ms;
+				st->n_layer_full_step_rate = w->stats.n_layer_rate;
+				st->layer_full_step_rate = w->stats.layer_rate;
+			}
 			wi->stats = st;
 		}
 		l->workers[l->n_workers++] = wi;

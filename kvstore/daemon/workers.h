@@ -22,10 +22,17 @@
 /* Values match freekv.ClientRole. */
 enum wk_role { WK_ROLE_WORKER = 1, WK_ROLE_CONTROL = 2 };
 
+#define WK_MAX_LAYER_STATS 256
+
 struct wk_stats {
 	bool has;
 	double decode_tok_s, correction_rate;
 	uint64_t tokens_decoded, pages_recalled, bytes_recalled;
+	bool has_refresh; /* refreshkv's counters, as a worker last reported them */
+	double full_step_rate, full_step_ms;
+	uint64_t tokens_fetched;
+	size_t n_layer_rate;
+	double layer_rate[WK_MAX_LAYER_STATS];
 };
 
 struct wk_worker {

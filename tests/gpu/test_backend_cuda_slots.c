@@ -1,6 +1,7 @@
 /* test_backend_cuda_slots — the CUDA backend's paged-policy ops against the CPU backend, the
  * reference (worker/backend/backend_cuda.c): attn_decode_slots (split-K flash decoding over per-head
- * slot lists) equals the CPU's attn_decode_heads over the same pages, for a partial and a full
+ * slot lists and per-head token counts, odd heads reading about half of what even heads read)
+ * equals the CPU's attn_decode_heads over the same pages, for a partial and a full
  * last page, G = 1 and G > 1, unsplit and split launches, pages too large for the kernel (the
  * span fallback) and list entries past the last page that must not be read; its bad arguments
  * are refused before anything is queued; its staged lists survive the ring's reuse and growth
@@ -38,30 +39,41 @@ static size_t slot_elems(const struct sgeom *g)
 }
 
 /* Reference: attn_decode_heads on be over the pages that list names, the span of page i of
- * KV head h being the rows of slot list[h * max_pages + i]. */
+ * KV head h being the rows of slot list[h * max_pages + i], n_tok[h] rows in all. */
 static void ref_heads(struct backend *be, float *dout, const float *dq, const float *dslots,
-		      const int32_t *list, int max_pages, int64_t n_tok,
+		      const int32_t *list, int max_pages, const int32_t *n_tok,
 		      const struct sgeom *g, const struct backend_attn *a)
 {
-	const int pages = (int)((n_tok + g->p - 1) / g->p);
-	struct backend_kv_span *spans = calloc((size_t)g->n_kv * pages, sizeof *spans);
+	struct backend_kv_span *spans = calloc((size_t)g->n_kv * max_pages, sizeof *spans);
 	int *first = calloc((size_t)g->n_kv + 1, sizeof *first);
 	assert_non_null(spans);
 	assert_non_null(first);
 	const size_t half = (size_t)g->p * g->n_kv * g->d;
+	int ns = 0;
 	for (int h = 0; h < g->n_kv; h++) {
-		first[h] = h * pages;
+		const int pages = (n_tok[h] + g->p - 1) / g->p;
+		first[h] = ns;
 		for (int i = 0; i < pages; i++) {
 			const float *k = dslots + (size_t)list[h * max_pages + i] * slot_elems(g);
-			int64_t n = i < pages - 1 ? g->p : n_tok - (int64_t)(pages - 1) * g->p;
-			spans[h * pages + i] = (struct backend_kv_span){ k, k + half, n,
-									 (int64_t)g->n_kv * g->d };
+			int64_t n = i < pages - 1 ? g->p : n_tok[h] - (int64_t)(pages - 1) * g->p;
+			spans[ns++] = (struct backend_kv_span){ k, k + half, n,
+								(int64_t)g->n_kv * g->d };
 		}
 	}
-	first[g->n_kv] = g->n_kv * pages;
+	first[g->n_kv] = ns;
 	assert_int_equal(be->ops->attn_decode_heads(be->ctx, dout, dq, spans, first, a), 0);
 	free(spans);
 	free(first);
+}
+
+/* (n_kv) counts: n on even heads, about half of it on odd ones. */
+static int32_t *head_counts(int n_kv, int64_t n)
+{
+	int32_t *c = malloc((size_t)n_kv * sizeof *c);
+	assert_non_null(c);
+	for (int h = 0; h < n_kv; h++)
+		c[h] = (int32_t)(h % 2 ? 1 + (n - 1) / 2 : n);
+	return c;
 }
 
 /* (n_kv, max_pages) lists: each head a different random order of distinct slots, entries past
@@ -131,7 +143,7 @@ static void test_attn_decode_slots(void **state)
 	for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
 		const int H = cases[ci].H, KV = cases[ci].KV, d = cases[ci].d;
 		const int n_slots = cases[ci].n_slots, max_pages = cases[ci].max_pages;
-		const int64_t n_tok = cases[ci].n_tok;
+		int32_t *n_tok = head_counts(KV, cases[ci].n_tok);
 		const struct sgeom g = { KV, cases[ci].p, d };
 		const struct backend_attn a = { H, KV, d, FKV_F32, 1.0f / sqrtf((float)d), 0 };
 		const size_t ns = (size_t)n_slots * slot_elems(&g), nq = (size_t)H * d;
@@ -202,6 +214,7 @@ static void test_attn_decode_slots(void **state)
 		free(ref);
 		free(got);
 		free(cpu_own);
+		free(n_tok);
 	}
 }
 
@@ -217,7 +230,7 @@ static void test_attn_decode_slots_rejects(void **state)
 	float *go = poisoned(gpu, nq * 4);
 	int32_t list[2 * 4] = { 0, 1, 2, 3, 5, 4, 3, 2 };
 	const struct backend_attn ok = { H, KV, d, FKV_F32, 0.125f, 0 };
-	const int64_t n_tok = 50; /* 4 pages, the last with 2 tokens */
+	int32_t n_tok[2] = { 50, 40 }; /* 4 pages, the last with 2 tokens; 3 pages, 8 tokens */
 	struct backend_attn a;
 	const struct backend_ops *o = gpu->ops;
 	/* The valid call succeeds; the rest are variations of it. */
@@ -237,10 +250,17 @@ static void test_attn_decode_slots_rejects(void **state)
 	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
 					      n_tok, p, &ok), -EINVAL);
 	list[3] = 3;
-	const int64_t bad_tok[] = { 0, -5, (int64_t)max_pages * p + 1 };
+	const int32_t bad_tok[] = { 0, -5, max_pages * p + 1 };
 	for (size_t i = 0; i < sizeof bad_tok / sizeof *bad_tok; i++)
-		assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list,
-						      max_pages, bad_tok[i], p, &ok), -EINVAL);
+		for (int h = 0; h < 2; h++) {
+			int32_t was = n_tok[h];
+			n_tok[h] = bad_tok[i];
+			assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list,
+							      max_pages, n_tok, p, &ok), -EINVAL);
+			n_tok[h] = was;
+		}
+	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
+					      NULL, p, &ok), -EINVAL);
 	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, max_pages,
 					      n_tok, 0, &ok), -EINVAL);
 	assert_int_equal(o->attn_decode_slots(gpu->ctx, go, gq, gs, n_slots, list, 0, n_tok, p,
@@ -292,7 +312,8 @@ static void test_attn_decode_slots_ring(void **state)
 	(void)state;
 	enum { CALLS = 20, SMALL = 10, LARGE = 600 };
 	const int H = 8, KV = 2, d = 64, n_slots = 24;
-	const int64_t n_tok = 150; /* 10 pages of 16: the rest of a large list is never read */
+	/* 10 and 7 pages of 16: the rest of a large list is never read */
+	const int32_t n_tok[2] = { 150, 100 };
 	const struct sgeom g = { KV, 16, d };
 	const struct backend_attn a = { H, KV, d, FKV_F32, 1.0f / sqrtf((float)d), 0 };
 	const size_t ns = (size_t)n_slots * slot_elems(&g), nq = (size_t)H * d;
@@ -434,7 +455,9 @@ static void recall_run(struct backend *be, enum fkv_dtype dt, bool locked, int n
 		for (int i = 0; i < n_slots; i++)
 			list[h * n_slots + i] = (i + h) % n_slots;
 	float *dq = put(be, q, (size_t)H * g->d * 4), *dy = poisoned(be, (size_t)H * g->d * 4);
-	ref_heads(be, dy, dq, A, list, n_slots, (int64_t)n_slots * g->p - 3, g, &a);
+	int32_t *n_tok = head_counts(g->n_kv, (int64_t)n_slots * g->p - 3);
+	ref_heads(be, dy, dq, A, list, n_slots, n_tok, g, &a);
+	free(n_tok);
 	get(be, out_attn, dy, (size_t)H * g->d * 4);
 	get(be, out_a, A, ns * 4);
 	get(be, out_b, B, ns * 4);

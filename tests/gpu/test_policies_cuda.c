@@ -1,11 +1,14 @@
-/* test_policies_cuda — the retrieval policies (streaming, quest, freekv) and `full` on the CUDA
- * backend against the CPU backend, the reference, through the engine with a host copy in an
- * embedded store (registered with the CUDA backend for DMA recall): stories260K greedy tokens
- * on cuda (f32 KV) equal the CPU backend's for a run well past a small budget, with the
- * debug invariants on (slots equal the host copy, summaries fresh, recall plans exact); and a
- * synthetic Llama-3.1-8B-geometry model (2 layers, small vocab, bf16 weights and KV) fed the
- * same tokens on both backends gives logits within tolerance at every step past the budget.
- * Both runs check that retrieval engaged (pages recalled). Skips (77) without a CUDA device. */
+/* test_policies_cuda — the retrieval policies (streaming, quest, freekv, hardkv: per-head page
+ * counts through the slot kernel; refreshkv) and `full` on the CUDA backend against the CPU
+ * backend, the reference, through the engine with a host copy in an embedded store
+ * (registered with the CUDA backend for DMA recall): stories260K greedy tokens on cuda (f32 KV)
+ * equal the CPU backend's for a run well past a small budget, with the debug invariants on
+ * (slots equal the host copy, summaries fresh, recall plans exact); and a synthetic
+ * Llama-3.1-8B-geometry model (2 layers, small vocab, bf16 weights and KV) fed the same tokens
+ * on both backends gives logits within tolerance at every step past the budget. Both runs check
+ * that retrieval engaged (pages recalled; refreshkv: full steps, whose rows the CUDA backend
+ * streams through the recall stream where the CPU reads the host copy in place, and on
+ * stories260K the same full steps and fetched rows). Skips (77) without a CUDA device. */
 #include "gpu_test.h"
 
 #include <string.h>
@@ -23,8 +26,9 @@ static struct backend *cpu, *gpu;
 static struct hostkv *store;
 static int seq_no;
 
-static const char *const policies[] = { "full", "streaming", "quest", "freekv" };
-#define N_POLICIES 4
+static const char *const policies[] = { "full", "streaming", "quest", "freekv", "hardkv",
+					"refreshkv" };
+#define N_POLICIES 6
 
 struct run {
 	int32_t *toks;	/* (steps) decode inputs: greedy when forced is NULL */
@@ -96,7 +100,8 @@ static void test_stories_policies(void **state)
 		prompt[i] = 3 + (int32_t)(test_rand(&s) % (uint64_t)(m.cfg.vocab_size - 3));
 	enum { STEPS = 96 };
 	struct kv_policy_opts kv = { .page = 8, .budget = 64, .sink = 8, .window = 16,
-				     .tau = 0.9f, .debug_invariants = true };
+				     .tau = 0.9f, .debug_invariants = true, .refresh_stride = 5,
+				     .refresh_threshold = 0.85f };
 	for (int i = 0; i < N_POLICIES; i++) {
 		struct run rc, rg;
 		run_policy(cpu, &m, policies[i], kv, FKV_F32, prompt, 16, STEPS, NULL, &rc);
@@ -112,8 +117,16 @@ static void test_stories_policies(void **state)
 			(long long)rc.st.sum.pages_recalled);
 		assert_int_equal(same, STEPS);
 		GPU_TEST_CHECK_ERR(e, 1e-4, policies[i]);
+		if (!strcmp(policies[i], "refreshkv")) {
+			assert_true(rg.st.sum.full_steps > 0 && rg.st.sum.pages_recalled > 0);
+			assert_int_equal(rg.st.sum.full_steps, rc.st.sum.full_steps);
+			assert_int_equal(rg.st.sum.tokens_fetched, rc.st.sum.tokens_fetched);
+			run_free(&rc);
+			run_free(&rg);
+			continue;
+		}
 		assert_int_equal(rg.st.sum.pages_recalled, rc.st.sum.pages_recalled);
-		if (!strcmp(policies[i], "quest") || !strcmp(policies[i], "freekv"))
+		if (i >= 2) /* quest, freekv, hardkv */
 			assert_true(rg.st.sum.pages_recalled > 0);
 		run_free(&rc);
 		run_free(&rg);
@@ -139,7 +152,7 @@ static void test_llama8b_policies(void **state)
 	for (int i = 0; i < STEPS; i++)
 		forced[i] = (int32_t)(test_rand(&s) % (uint64_t)m.cfg.vocab_size);
 	struct kv_policy_opts kv = { .page = 4, .budget = 32, .sink = 4, .window = 8,
-				     .tau = 0.9f };
+				     .tau = 0.9f, .refresh_stride = 5, .refresh_threshold = 0.85f };
 	int V = m.cfg.vocab_size;
 	for (int i = 0; i < N_POLICIES; i++) {
 		struct run rc, rg;
@@ -155,8 +168,10 @@ static void test_llama8b_policies(void **state)
 			"head-pages on cuda (%lld on cpu)\n", policies[i], worst,
 			(long long)rg.st.sum.pages_recalled, (long long)rc.st.sum.pages_recalled);
 		GPU_TEST_CHECK_ERR(worst, 5e-2, policies[i]);
-		if (!strcmp(policies[i], "quest") || !strcmp(policies[i], "freekv"))
+		if (i >= 2) /* quest, freekv, hardkv */
 			assert_true(rg.st.sum.pages_recalled > 0);
+		if (!strcmp(policies[i], "refreshkv"))
+			assert_true(rg.st.sum.full_steps > 0);
 		run_free(&rc);
 		run_free(&rg);
 	}

@@ -5,7 +5,7 @@
  * caller only through upload/download/copy, so a CUDA backend can hand out device pointers and
  * implement the same table. Index arrays (token ids, positions, row indices) are backend buffers
  * too; only parameter structs (and the span list of attn_decode) are host memory. Activations
- * are f32; weights stay in their file dtype (f32, f16, bf16) and KV blocks in the sequence's
+ * are f32; weights stay in their file dtype (f32, f16, bf16, or a GGUF block format: quant.h) and KV blocks in the sequence's
  * dtype — ops that read them take the dtype. Weights are made resident with weight_load(): the
  * CPU backend borrows the model's mapping, a device backend copies it. Ownership: the backend
  * owns every buffer it allocated and every resident weight until buf_free()/weight_release() or
@@ -18,6 +18,7 @@
 #ifndef FREEKV_BACKEND_H
 #define FREEKV_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,6 +31,10 @@ struct backend_mat {
 	enum fkv_dtype dtype;
 	int64_t rows, cols;
 	void *priv; /* backend-private (e.g. a device allocation to release) */
+	/* ggml blocks (docs/quant.md), rows of quant_row_bytes(quant, cols); dtype is then f32,
+	 * what they dequantize to. FKV_QNONE: elements of dtype. Only matmul and embed take a
+	 * quantized weight; a backend without kernels for it refuses it in weight_load. */
+	enum fkv_quant quant;
 };
 
 /* Rotary embedding parameters; llama3 scaling applies when scaling_factor > 0. */
@@ -64,6 +69,9 @@ struct backend_attn {
 
 struct backend_ops {
 	const char *name;
+	/* Backend buffers are host memory: ops may also be handed host pointers (the pinned host
+	 * copy's blocks), as refreshkv's full step does on the CPU backend (docs/design.md §5). */
+	bool host_memory;
 	void (*free)(void *ctx);
 
 	/* Memory. buf_alloc returns NULL when out of memory. */
@@ -124,16 +132,47 @@ struct backend_ops {
 
 	/* (optional) Decode attention of one token over whole pages of a slot buffer, the device
 	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
-	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads the
-	 * slots list[h * max_pages + i] for i < ceil(n_tok / p), in that order — every page full
-	 * (p tokens) but the last, which holds the remaining n_tok - (pages - 1) * p tokens — and
-	 * every query head of its group reads the same pages. list (n_kv, max_pages) is host
-	 * memory, each entry in [0, n_slots). Equals attn_decode_heads over the same rows (on CUDA
-	 * the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d); a->kv_dtype must be
-	 * FKV_F32. -EINVAL for a bad geometry or slot index. */
+	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads
+	 * n_tok[h] tokens from the slots list[h * max_pages + i] for i < ceil(n_tok[h] / p), in
+	 * that order — every page full (p tokens) but the last, which holds the remaining
+	 * n_tok[h] - (pages - 1) * p tokens — and every query head of its group reads the same
+	 * pages. Heads may read different numbers of pages (hardkv's per-head budgets, §5).
+	 * list (n_kv, max_pages) and n_tok (n_kv) are host memory; every entry read in
+	 * [0, n_slots), every n_tok[h] in [1, max_pages * p]. Equals attn_decode_heads over the
+	 * same rows (on CUDA the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d);
+	 * a->kv_dtype must be FKV_F32. -EINVAL for a bad geometry, count or slot index. */
 	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const float *slots,
-				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				 int p, const struct backend_attn *a);
+				 int n_slots, const int32_t *list, int max_pages,
+				 const int32_t *n_tok, int p, const struct backend_attn *a);
+
+	/* (optional) refreshkv's full step (docs/design.md §5) as the two passes of decode
+	 * attention for one query, over keys given as for attn_decode_heads (KV head g reads
+	 * spans[first[g] .. first[g + 1]), keys numbered from 0 across them). attn_scores: s
+	 * (n_heads, ld) f32, s[h][j] = scale * q_h . k_j, the very scores attn_decode softmaxes.
+	 * attn_accum: out (n_heads, d) = (accumulate: +=) sum_j p[h][j] * v_j in key order, the
+	 * very sum attn_decode ends with, so chained calls over consecutive key ranges equal one
+	 * call over all of them. With the softmax op between the two: attn_decode's bits. q
+	 * (n_heads, d); s, p and out backend buffers. */
+	int (*attn_scores)(void *ctx, float *s, int64_t ld, const float *q,
+			   const struct backend_kv_span *spans, const int *first,
+			   const struct backend_attn *a);
+	int (*attn_accum)(void *ctx, float *out, const float *p, int64_t ld,
+			  const struct backend_kv_span *spans, const int *first, bool accumulate,
+			  const struct backend_attn *a);
+	/* (optional) refreshkv's new partial sets on the backend: from probs (n_q, ld) (rows of T
+	 * probabilities), per KV head h the B positions of highest u_h, u_h[j] the max of the
+	 * group's probabilities over [j-3, j+3] clipped to [0, T), ties to the lower position,
+	 * ascending, into pos (n_kv, B) int32 with their u_h in uval (n_kv, B) f32, both host
+	 * memory: refresh_topk() of worker/kvcache/refresh_select.c, bit for bit. Without it the
+	 * policy downloads probs and runs that function. */
+	int (*pool_topk)(void *ctx, int32_t *pos, float *uval, const float *probs, int64_t ld,
+			 int n_q, int n_kv, int64_t T, int B);
+	/* (optional) Head slices of rows: for each entry (dst_row, src_row, head) of map (n, 3)
+	 * int32 (host memory), dst[dst_row][head] (d) = src[src_row][head]; dst and src are
+	 * (rows, n_kv, d) f32 backend buffers, possibly the same one, and no two entries write
+	 * the same slice or read one another writes. */
+	int (*gather_heads)(void *ctx, float *dst, const float *src, const int32_t *map, int n,
+			    int n_kv, int d);
 
 	/* (optional) The device half of a recall (docs/design.md §3, §5): n recall units in host memory,
 	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a

@@ -8,8 +8,13 @@
  * prefill): each K/V row is converted once per unit. Scratch for tiles and scores lives in one
  * growing buffer owned by the context, and attn_decode_slots keeps its span tables in the
  * context too (grown on demand, so a decode step allocates nothing once warm). Results do not
- * depend on the thread count. */
+ * depend on the thread count. Block-quantized weights (docs/quant.md) take the same two paths
+ * with cpu_quant.c's kernels: a row dot product that decodes blocks in registers, and
+ * dequantized tiles for sgemm. The helpers shared with backend_cpu_refresh.c (refreshkv's ops)
+ * are in backend_cpu_priv.h. */
 #include "backend.h"
+#include "backend_cpu_priv.h"
+#include "cpu_quant.h"
 #include "layout.h"
 
 #include <cblas.h>
@@ -26,32 +31,18 @@
 /* Target size of one converted f32 weight tile for sgemm: about one core's L2 (measured best of
  * 256 KiB, 1 MiB, 4 MiB on the development machine). */
 #define CPU_TILE_BYTES (1u << 20)
-/* Below this many multiply-adds (or elements) an op runs on one thread: waking the pool costs
- * more than it saves. */
-#define CPU_PAR_MIN (1 << 18)
-/* Largest head_dim the stack buffers accept. */
-#define CPU_MAX_HEAD_DIM 1024
+/* matmul_blocks cuts a small matrix into at least this many row blocks, so that up to this
+ * many threads share it. */
+#define CPU_TILE_SPLIT 8
 /* Weight rows per task of the direct dot loop. */
 #define CPU_DOT_ROWS 64
-/* Most query rows one attention unit takes, and the most scores (floats) a unit's scratch may
- * hold: a unit converts each K/V row once for all its rows. */
-#define CPU_ATTN_ROWS 64
+/* The most scores (floats) an attention unit's scratch may hold. */
 #define CPU_ATTN_SCORES (1 << 20)
 /* A unit reads one head's slice of each K/V row, a row stride apart: it prefetches the slice
  * this many rows ahead (measured on f32 spans of (32, 8, 128) pages: 1.8x over no prefetch,
  * 2 to 8 rows alike). */
 #define CPU_ATTN_PREFETCH 4
-
-/* The hot loops are compiled twice, for x86-64-v3 (AVX2, FMA) and the baseline, and the loader
- * picks the clone the CPU runs (GCC function multiversioning): the build targets the baseline,
- * so without this every loop would be SSE2. Functions with an OpenMP region are not cloned
- * (the region is outlined before cloning); they call CPU_HOT workers. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-	!defined(__SANITIZE_THREAD__) /* an instrumented ifunc resolver runs before TSan starts */
-#define CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CPU_HOT
-#endif
+/* CPU_PAR_MIN, CPU_MAX_HEAD_DIM, CPU_ATTN_ROWS and CPU_HOT: backend_cpu_priv.h. */
 
 struct cpu_ctx {
 	float *scratch; /* tiles and attention scores */
@@ -86,53 +77,13 @@ static inline float ld(const void *p, enum fkv_dtype t, int64_t i)
 	return ((const float *)p)[i];
 }
 
-static inline float bf16_val(uint16_t b)
-{
-	uint32_t u = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
-}
-
-/* f16 -> f32 without branches, so that conversion loops vectorise: the exponent/mantissa bits
- * shifted into f32 position and scaled by 2^112 give every finite value exactly (subnormals
- * included); Inf/NaN get the all-ones exponent. Same results as f16_to_f32 (tested). */
-static inline float f16_val(uint16_t h)
-{
-	uint32_t em = h & 0x7fffu, r;
-	uint32_t u = em << 13;
-	float f;
-	memcpy(&f, &u, sizeof f);
-	f *= 0x1p112f;
-	memcpy(&r, &f, sizeof r);
-	r |= (em >= 0x7c00u ? 0x7f800000u : 0u) | (uint32_t)(h & 0x8000u) << 16;
-	memcpy(&f, &r, sizeof f);
-	return f;
-}
-
-/* n 16-bit values of dtype t to f32. */
-static inline void cvt16(float *dst, const uint16_t *src, enum fkv_dtype t, int64_t n)
-{
-	if (t == FKV_BF16) {
-		#pragma omp simd
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = bf16_val(src[i]);
-	} else {
-		#pragma omp simd
-		for (int64_t i = 0; i < n; i++)
-			dst[i] = f16_val(src[i]);
-	}
-}
 
 /* Eight lanes, with GCC/Clang vector extensions: the kernels below spell out their vector
  * accumulators (an OpenMP simd reduction keeps its partial sums in memory, a store-to-load
  * chain per step); each clone compiles them to its widest registers. */
-#pragma GCC diagnostic ignored "-Wpsabi" /* vectors by value, only between inlined statics */
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef float v4f __attribute__((vector_size(16)));
-typedef double v4d __attribute__((vector_size(32)));
 
 static inline v8f ld8(const float *p)
 {
@@ -141,12 +92,6 @@ static inline v8f ld8(const float *p)
 	return v;
 }
 
-static inline v4d ld4d(const float *p)
-{
-	v4f v;
-	memcpy(&v, p, sizeof v);
-	return __builtin_convertvector(v, v4d);
-}
 
 static inline float hsum8(const v8f *v)
 {
@@ -154,11 +99,6 @@ static inline float hsum8(const v8f *v)
 	return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
-static inline double hsum4d(const v4d *v)
-{
-	const v4d x = *v;
-	return (x[0] + x[2]) + (x[1] + x[3]);
-}
 
 /* p[0..7], 16-bit values of dtype t, as f32: bf16_val / f16_val on eight lanes. */
 __attribute__((always_inline)) static inline v8f cvt8(const uint16_t *p, enum fkv_dtype t)
@@ -181,16 +121,6 @@ __attribute__((always_inline)) static inline v8f cvt8(const uint16_t *p, enum fk
 	return f;
 }
 
-/* Row r of a (rows, cols) array of dtype t converted into dst (cols). Returns dst, or the row
- * itself when it is already f32. */
-static inline const float *row_f32(float *dst, const void *base, enum fkv_dtype t, int64_t r,
-				   int64_t cols)
-{
-	if (t == FKV_F32)
-		return (const float *)base + r * cols;
-	cvt16(dst, (const uint16_t *)base + r * cols, t, cols);
-	return dst;
-}
 
 static void cpu_free(void *ctx)
 {
@@ -249,6 +179,9 @@ static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backe
 	dst->rows = src->shape[0];
 	dst->cols = src->n_dims == 2 ? src->shape[1] : 1;
 	dst->priv = NULL;
+	dst->quant = src->quant;
+	if (src->quant && !quant_row_bytes(src->quant, dst->cols))
+		return -EINVAL; /* unknown format or rows of partial blocks: model_load refuses both */
 	return 0;
 }
 
@@ -308,9 +241,14 @@ static void matmul_dot(float *y, const float *x, const struct backend_mat *w, in
 	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
 	for (int64_t j = 0; j < n; j++) {
 		#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
-		for (int64_t b = 0; b < nblk; b++)
-			dot_rows(y + j * rows, x + j * cols, w, b * CPU_DOT_ROWS,
-				 (b + 1) * CPU_DOT_ROWS < rows ? (b + 1) * CPU_DOT_ROWS : rows);
+		for (int64_t b = 0; b < nblk; b++) {
+			const int64_t r0 = b * CPU_DOT_ROWS;
+			const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
+			if (w->quant)
+				cpu_quant_dot_rows(y + j * rows, x + j * cols, w->data, w->quant, cols, r0, r1);
+			else
+				dot_rows(y + j * rows, x + j * cols, w, r0, r1);
+		}
 	}
 }
 
@@ -331,21 +269,27 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 	const bool par = n * rows * cols > CPU_PAR_MIN;
 	const int nt = par ? omp_get_max_threads() : 1;
 	int64_t blk = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / cols;
-	if (blk > (rows + nt - 1) / nt)
-		blk = (rows + nt - 1) / nt;
+	/* the split must not depend on nt: sgemm's sums differ with the block's shape, and results
+	 * must not change with the thread count */
+	if (blk > (rows + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT)
+		blk = (rows + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT;
 	if (blk < 16)
 		blk = 16;
 	float *tiles = NULL;
-	if (w->dtype != FKV_F32 && !(tiles = scratch_get(c, (size_t)nt * (size_t)(blk * cols))))
+	if ((w->dtype != FKV_F32 || w->quant) &&
+	    !(tiles = scratch_get(c, (size_t)nt * (size_t)(blk * cols))))
 		return -ENOMEM;
 	const int64_t nblk = (rows + blk - 1) / blk;
 	#pragma omp parallel for schedule(dynamic) num_threads(nt) if (par)
 	for (int64_t b = 0; b < nblk; b++) {
 		int64_t r0 = b * blk, m = rows - r0 < blk ? rows - r0 : blk;
-		const float *wt = (const float *)w->data + r0 * cols;
+		const float *wt = w->quant ? NULL : (const float *)w->data + r0 * cols;
 		if (tiles) {
 			float *t = tiles + (size_t)omp_get_thread_num() * (size_t)(blk * cols);
-			cvt_tile(t, (const uint16_t *)w->data + r0 * cols, w->dtype, m * cols);
+			if (w->quant)
+				cpu_quant_dequant_rows(t, w->data, w->quant, cols, r0, m);
+			else
+				cvt_tile(t, (const uint16_t *)w->data + r0 * cols, w->dtype, m * cols);
 			wt = t;
 		}
 		/* y[:, r0:r0+m] (n, m) = x (n, cols) · wtᵀ, wt (m, cols) */
@@ -364,7 +308,7 @@ static int cpu_matmul(void *ctx, float *y, const float *x, const struct backend_
 {
 	if (n <= 0)
 		return 0;
-	if (w->dtype != FKV_F32 && n <= CPU_GEMV_MAX_ROWS) {
+	if ((w->dtype != FKV_F32 || w->quant) && n <= CPU_GEMV_MAX_ROWS) {
 		matmul_dot(y, x, w, n);
 		return 0;
 	}
@@ -475,7 +419,9 @@ static int cpu_embed(void *ctx, float *out, const struct backend_mat *table, con
 	(void)ctx;
 	const int64_t cols = table->cols;
 	const size_t es = dtype_size(table->dtype);
-	for (int64_t i = 0; i < n; i++)
+	for (int64_t i = 0; i < n && table->quant; i++)
+		cpu_quant_dequant_rows(out + i * cols, table->data, table->quant, cols, ids[i], 1);
+	for (int64_t i = 0; i < n && !table->quant; i++)
 		dtype_to_f32(out + i * cols, (const char *)table->data + (size_t)ids[i] * cols * es,
 			     table->dtype, (size_t)cols);
 	return 0;
@@ -506,60 +452,7 @@ static int cpu_softmax(void *ctx, float *x, int64_t rows, int64_t cols)
 	return 0;
 }
 
-/* Where an attention call reads one KV head's keys from: spans holding n keys (the decode
- * spans, or one dense span for prefill). */
-struct attn_src {
-	const struct backend_kv_span *spans;
-	int n_spans;
-	int64_t n;
-};
 
-/* Query rows that share one KV head, as one unit of work: row r is query q[r] (d) attending
- * to keys [lo[r], hi[r]) of the source, its output going to o[r] (d). The rows of a unit are
- * a GQA group (decode) or the groups of consecutive queries (prefill), so each K and V row is
- * converted once for all of them. */
-struct attn_rows {
-	const float *q[CPU_ATTN_ROWS];
-	float *o[CPU_ATTN_ROWS];
-	int64_t lo[CPU_ATTN_ROWS], hi[CPU_ATTN_ROWS];
-	int n;
-};
-
-/* Attention scores accumulate in double: the sum is then independent of the order of the
- * head dimensions to f32 precision, so both rotary layouts of one model agree.
- * Scores of key row x (d) for rows r .. r + 3 of u (those that exist and see the key) into
- * s[0], s[ld], s[2 ld], s[3 ld]. The four sums run side by side, so their vector adds overlap
- * (one sum is latency-bound); a missing row repeats row r. Always inlined, so that it is
- * compiled into each clone of attn_unit. */
-__attribute__((always_inline)) static inline void
-scores4(float *s, int64_t ld, const struct attn_rows *u, int r, int64_t key, const float *x, int d,
-	float scale)
-{
-	const float *q[4];
-	bool any = false;
-	for (int k = 0; k < 4; k++) {
-		q[k] = u->q[r + k < u->n ? r + k : r];
-		any |= r + k < u->n && key >= u->lo[r + k] && key < u->hi[r + k];
-	}
-	if (!any)
-		return;
-	v4d a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
-	int i = 0;
-	for (; i + 4 <= d; i += 4) {
-		v4d xv = ld4d(x + i);
-		a0 += ld4d(q[0] + i) * xv;
-		a1 += ld4d(q[1] + i) * xv;
-		a2 += ld4d(q[2] + i) * xv;
-		a3 += ld4d(q[3] + i) * xv;
-	}
-	double acc[4] = { hsum4d(&a0), hsum4d(&a1), hsum4d(&a2), hsum4d(&a3) };
-	for (; i < d; i++)
-		for (int k = 0; k < 4; k++)
-			acc[k] += (double)q[k][i] * x[i];
-	for (int k = 0; k < 4 && r + k < u->n; k++)
-		if (key >= u->lo[r + k] && key < u->hi[r + k])
-			s[k * ld] = (float)acc[k] * scale;
-}
 
 /* Runs a unit: keys [k0, k1) of src (KV head kvh) hold every row's range; s is scratch of
  * (n, k1 - k0) scores. Two passes over the keys: scores (then a softmax per row), then the
@@ -613,13 +506,6 @@ CPU_HOT static void attn_unit(const struct attn_rows *u, float *s, const struct 
 	}
 }
 
-static int check_attn(const struct backend_attn *a)
-{
-	if (a->head_dim <= 0 || a->head_dim > CPU_MAX_HEAD_DIM || a->n_kv_heads <= 0 ||
-	    a->n_heads % a->n_kv_heads || a->window < 0)
-		return -EINVAL;
-	return 0;
-}
 
 /* Every query head of n_q queries q (n_q, n_heads, d) against its KV head's keys src[kvh],
  * into out (n_q, n_heads, d). causal: query i sees keys up to n_ctx - n_q + i (windowed as
@@ -670,7 +556,7 @@ static int attn_run(struct cpu_ctx *c, float *out, const float *q, int64_t n_q,
 static int cpu_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
 			    const void *v, int64_t n_ctx, const struct backend_attn *a)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	if (n_q > n_ctx)
@@ -692,7 +578,7 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 			   const struct backend_kv_span *spans, int n_spans,
 			   const struct backend_attn *a)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	int64_t n_keys = 0;
@@ -710,25 +596,38 @@ static int cpu_attn_decode(void *ctx, float *out, const float *q,
 	return ret;
 }
 
-static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
-				 const struct backend_kv_span *spans, const int *first,
-				 const struct backend_attn *a)
+int cpu_head_srcs(const struct backend_kv_span *spans, const int *first,
+		  const struct backend_attn *a, struct attn_src **out)
 {
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
 	struct attn_src *src = malloc((size_t)a->n_kv_heads * sizeof *src);
 	if (!src)
 		return -ENOMEM;
-	for (int kvh = 0; kvh < a->n_kv_heads && !ret; kvh++) {
-		src[kvh] = (struct attn_src){ spans + first[kvh], first[kvh + 1] - first[kvh], 0 };
-		if (first[kvh + 1] < first[kvh])
+	for (int g = 0; g < a->n_kv_heads && !ret; g++) {
+		src[g] = (struct attn_src){ spans + first[g], first[g + 1] - first[g], 0 };
+		if (first[g + 1] < first[g])
 			ret = -EINVAL;
-		for (int s = first[kvh]; s < first[kvh + 1] && !ret; s++)
-			src[kvh].n += spans[s].n;
+		for (int i = first[g]; i < first[g + 1] && !ret; i++)
+			src[g].n += spans[i].n;
+	}
+	if (ret)
+		free(src);
+	else
+		*out = src;
+	return ret;
+}
+
+static int cpu_attn_decode_heads(void *ctx, float *out, const float *q,
+				 const struct backend_kv_span *spans, const int *first,
+				 const struct backend_attn *a)
+{
+	struct attn_src *src = NULL;
+	int ret = cpu_head_srcs(spans, first, a, &src);
+	for (int kvh = 0; !ret && kvh < a->n_kv_heads; kvh++)
 		if (src[kvh].n <= 0)
 			ret = -EINVAL;
-	}
 	if (!ret)
 		ret = attn_run(ctx, out, q, 1, src, 0, false, a);
 	free(src);
@@ -759,43 +658,51 @@ static int slot_tables(struct cpu_ctx *c, size_t n_spans, int n_kv)
  * apart) and one source per KV head, exactly the spans and sources attn_decode_heads would get
  * for the same rows: the same attn_run, so the same bits. */
 static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
-				 int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				 int p, const struct backend_attn *a)
+				 int n_slots, const int32_t *list, int max_pages,
+				 const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	struct cpu_ctx *c = ctx;
-	int ret = check_attn(a);
+	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
-	if (a->kv_dtype != FKV_F32 || !slots || !list || n_slots <= 0 || max_pages <= 0 ||
-	    p <= 0 || n_tok <= 0 || n_tok > (int64_t)max_pages * p)
+	if (a->kv_dtype != FKV_F32 || !slots || !list || !n_tok || n_slots <= 0 ||
+	    max_pages <= 0 || p <= 0)
 		return -EINVAL;
 	const int KV = a->n_kv_heads;
-	const int pages = (int)((n_tok + p - 1) / p);
-	for (int h = 0; h < KV; h++)
+	size_t n_spans = 0;
+	for (int h = 0; h < KV; h++) {
+		if (n_tok[h] <= 0 || n_tok[h] > (int64_t)max_pages * p)
+			return -EINVAL;
+		const int pages = (n_tok[h] + p - 1) / p;
 		for (int i = 0; i < pages; i++) {
 			const int32_t sl = list[(size_t)h * max_pages + i];
 			if (sl < 0 || sl >= n_slots)
 				return -EINVAL;
 		}
-	if ((ret = slot_tables(c, (size_t)KV * pages, KV)))
+		n_spans += (size_t)pages;
+	}
+	if ((ret = slot_tables(c, n_spans, KV)))
 		return ret;
 	const int64_t row = (int64_t)KV * a->head_dim;
 	const size_t slot_floats = (size_t)(2 * p) * (size_t)row;
+	struct backend_kv_span *sp = c->slot_spans;
 	for (int h = 0; h < KV; h++) {
-		struct backend_kv_span *sp = c->slot_spans + (size_t)h * pages;
+		const int pages = (n_tok[h] + p - 1) / p;
 		const int32_t *lh = list + (size_t)h * max_pages;
 		for (int i = 0; i < pages; i++) {
 			const float *sl = slots + (size_t)lh[i] * slot_floats;
 			sp[i] = (struct backend_kv_span){
 				.k = sl, .v = sl + (size_t)p * row,
-				.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+				.n = i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 				.row_stride = row,
 			};
 		}
-		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok };
+		c->slot_src[h] = (struct attn_src){ sp, pages, n_tok[h] };
+		sp += pages;
 	}
 	return attn_run(c, out, q, 1, c->slot_src, 0, false, a);
 }
+
 
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {
@@ -869,6 +776,7 @@ static int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
 
 static const struct backend_ops cpu_ops = {
 	.name = "cpu",
+	.host_memory = true,
 	.free = cpu_free,
 	.buf_alloc = cpu_buf_alloc,
 	.buf_free = cpu_buf_free,
@@ -891,6 +799,9 @@ static const struct backend_ops cpu_ops = {
 	.attn_decode = cpu_attn_decode,
 	.attn_decode_heads = cpu_attn_decode_heads,
 	.attn_decode_slots = cpu_attn_decode_slots,
+	.attn_scores = cpu_attn_scores,
+	.attn_accum = cpu_attn_accum,
+	.gather_heads = cpu_gather_heads,
 	.recall_units = cpu_recall_units,
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,

@@ -13,7 +13,9 @@
  * pages too large for its shared memory go to the span kernel as spans) stages its small host
  * tables in a ring of pinned buffers, each reused only after the event of its last copy, so a
  * decode step never waits on the device. host_register page-locks host memory (the kvstored
- * pool mapping) in chunks for DMA.
+ * pool mapping) in chunks for DMA. refreshkv's full step has its ops here too: attn_scores and
+ * attn_accum over staged span lists, pool_topk (its sets come back as positions, not as the
+ * probabilities), gather_heads with a staged map.
  *
  * Recall, offload and the pool registration: backend_cuda_xfer.c. The shared state is in
  * backend_cuda_priv.h.
@@ -32,12 +34,16 @@
 #ifdef FREEKV_HAVE_CUDA
 
 #include "add.cuh"
+#include "attn_accum.cuh"
+#include "attn_scores.cuh"
 #include "convert.cuh"
 #include "cuda_check.h"
 #include "decode_attention.cuh"
 #include "embedding.cuh"
+#include "gather_heads.cuh"
 #include "gather_rows.cuh"
 #include "gemm.cuh"
+#include "pool_topk.cuh"
 #include "prefill_attention.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
@@ -144,6 +150,7 @@ static void cuda_free(void *ctx)
 	(void)cuda_drain(c);
 	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
 	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
+	ws_release(c, &c->pool_ws, &c->pool_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
 		cudaFree(c->bufs[i]);
 	free(c->bufs);
@@ -228,6 +235,11 @@ static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct back
 	struct cuda_ctx *c = ctx;
 	if (!src->data)
 		return -EINVAL;
+	if (src->quant) {
+		fprintf(stderr, "cuda: weight of %s blocks: the CUDA backend has no kernels for quantized "
+			"weights yet (use --backend cpu)\n", quant_name(src->quant));
+		return -EOPNOTSUPP;
+	}
 	int64_t rows = src->shape[0], cols = src->n_dims == 2 ? src->shape[1] : 1;
 	size_t bytes = (size_t)rows * (size_t)cols * dtype_size(src->dtype);
 	void *p = dev_alloc(c, bytes);
@@ -465,25 +477,131 @@ static int cuda_attn_decode_heads(void *ctx, float *out, const float *q,
 	return attn_spans(ctx, out, q, spans, first[a->n_kv_heads], first, a);
 }
 
+/* refreshkv's full step (docs/design.md §5): the two passes of decode attention apart, over span
+ * lists staged as for attn_decode_heads; *max_keys gets the most keys a KV head has. */
+static int split_spans(struct cuda_ctx *c, const struct backend_kv_span *spans,
+		       const int *first, const struct backend_attn *a,
+		       const struct span_desc **ds, const int32_t **df, int64_t *max_keys)
+{
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	if (first[0] < 0)
+		return -EINVAL;
+	*max_keys = 0;
+	for (int h = 0; h < a->n_kv_heads; h++) {
+		int64_t n = 0;
+		if (first[h + 1] < first[h])
+			return -EINVAL;
+		for (int s = first[h]; s < first[h + 1]; s++)
+			n += spans[s].n;
+		*max_keys = n > *max_keys ? n : *max_keys;
+	}
+	return stage_spans(c, spans, first[a->n_kv_heads], first, a->n_kv_heads, ds, df);
+}
+
+static int cuda_attn_scores(void *ctx, float *s, int64_t ld, const float *q,
+			    const struct backend_kv_span *spans, const int *first,
+			    const struct backend_attn *a)
+{
+	struct cuda_ctx *c = ctx;
+	const struct span_desc *ds;
+	const int32_t *df;
+	int64_t n;
+	int ret = split_spans(c, spans, first, a, &ds, &df, &n);
+	if (ret)
+		return ret;
+	CUDA_CHECK(attn_scores(s, ld, q, ds, df, n, a->kv_dtype, a->n_heads, a->n_kv_heads,
+			       a->head_dim, a->scale, c->stream));
+	return 0;
+}
+
+static int cuda_attn_accum(void *ctx, float *out, const float *p, int64_t ld,
+			   const struct backend_kv_span *spans, const int *first, bool accumulate,
+			   const struct backend_attn *a)
+{
+	struct cuda_ctx *c = ctx;
+	const struct span_desc *ds;
+	const int32_t *df;
+	int64_t n;
+	int ret = split_spans(c, spans, first, a, &ds, &df, &n);
+	if (ret)
+		return ret;
+	CUDA_CHECK(attn_accum(out, p, ld, ds, df, accumulate, a->kv_dtype, a->n_heads,
+			      a->n_kv_heads, a->head_dim, c->stream));
+	return 0;
+}
+
+/* The sets come back as n_kv * B positions and scores: a download of 8 bytes per member
+ * instead of the n_q * T probabilities. */
+static int cuda_pool_topk(void *ctx, int32_t *pos, float *uval, const float *probs, int64_t ld,
+			  int n_q, int n_kv, int64_t T, int B)
+{
+	struct cuda_ctx *c = ctx;
+	if (T <= 0 || T > INT32_MAX || B < 1 || B > T || n_kv <= 0)
+		return -EINVAL;
+	const size_t u_bytes = ((size_t)n_kv * (size_t)T * sizeof(float) + 255) & ~(size_t)255;
+	const size_t set_bytes = (size_t)n_kv * B * sizeof(int32_t);
+	int ret = ws_reserve(c, &c->pool_ws, &c->pool_ws_bytes, u_bytes + 2 * set_bytes);
+	if (ret)
+		return ret;
+	char *ws = c->pool_ws;
+	int32_t *dpos = (int32_t *)(ws + u_bytes);
+	float *duv = (float *)(ws + u_bytes + set_bytes);
+	CUDA_CHECK(pool_topk(dpos, duv, (float *)ws, probs, ld, n_q, n_kv, (int)T, B, c->stream));
+	CUDA_CHECK(cudaMemcpyAsync(pos, dpos, set_bytes, cudaMemcpyDeviceToHost, c->stream));
+	CUDA_CHECK(cudaMemcpyAsync(uval, duv, set_bytes, cudaMemcpyDeviceToHost, c->stream));
+	CUDA_CHECK(cudaStreamSynchronize(c->stream));
+	return 0;
+}
+
+/* The map is staged like the span tables: pinned host copy, device copy in stream order. */
+static int cuda_gather_heads(void *ctx, float *dst, const float *src, const int32_t *map, int n,
+			     int n_kv, int d)
+{
+	struct cuda_ctx *c = ctx;
+	if (n < 0 || n_kv <= 0 || d <= 0)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (map[3 * i] < 0 || map[3 * i + 1] < 0 || map[3 * i + 2] < 0 ||
+		    map[3 * i + 2] >= n_kv)
+			return -EINVAL;
+	if (!n)
+		return 0;
+	struct stage_slot *s;
+	size_t bytes = (size_t)n * 3 * sizeof(int32_t);
+	int ret = stage_take(c, bytes, &s);
+	if (ret)
+		return ret;
+	memcpy(s->host, map, bytes);
+	if ((ret = stage_push(c, s, bytes)))
+		return ret;
+	CUDA_CHECK(gather_heads(dst, src, s->dev, n, n_kv, d, c->stream));
+	return 0;
+}
+
 /* The arguments of attn_decode_slots, checked on the host before anything is queued: the
- * geometry (what the kernel takes, in int) and every slot index a KV head reads. */
+ * geometry (what the kernel takes, in int), every head's token count and every slot index it
+ * reads. */
 static int check_slots(const float *slots, int n_slots, const int32_t *list, int max_pages,
-		       int64_t n_tok, int p, const struct backend_attn *a)
+		       const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	const int n_kv = a->n_kv_heads;
-	if (!slots || !list || a->n_heads <= 0 || n_kv <= 0 || n_kv > 65535 ||
+	if (!slots || !list || !n_tok || a->n_heads <= 0 || n_kv <= 0 || n_kv > 65535 ||
 	    a->n_heads % n_kv || a->head_dim <= 0 || a->window < 0 || a->kv_dtype != FKV_F32 ||
-	    n_slots <= 0 || max_pages <= 0 || p <= 0 || n_tok <= 0 ||
-	    n_tok > (int64_t)max_pages * p || (int64_t)max_pages * p > INT32_MAX ||
-	    (int64_t)n_kv * max_pages > INT32_MAX - 1)
+	    n_slots <= 0 || max_pages <= 0 || p <= 0 || (int64_t)max_pages * p > INT32_MAX ||
+	    (int64_t)n_kv * max_pages > INT32_MAX - n_kv)
 		return -EINVAL;
-	const int pages = (int)((n_tok + p - 1) / p);
-	for (int h = 0; h < n_kv; h++)
+	for (int h = 0; h < n_kv; h++) {
+		if (n_tok[h] <= 0 || n_tok[h] > (int64_t)max_pages * p)
+			return -EINVAL;
+		const int pages = (n_tok[h] + p - 1) / p;
 		for (int i = 0; i < pages; i++) {
 			int32_t sl = list[(size_t)h * max_pages + i];
 			if (sl < 0 || sl >= n_slots)
 				return -EINVAL;
 		}
+	}
 	return 0;
 }
 
@@ -491,42 +609,44 @@ static int check_slots(const float *slots, int n_slots, const int32_t *list, int
  * as the CPU backend builds them): for pages too large for the split-K kernel's shared memory
  * (p * (2d + 1) floats a block, so p > ~220 at d = 128), which span_attention walks in tiles. */
 static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const float *slots,
-			  const int32_t *list, int max_pages, int64_t n_tok, int p,
+			  const int32_t *list, int max_pages, const int32_t *n_tok, int p,
 			  const struct backend_attn *a)
 {
-	const int n_kv = a->n_kv_heads, pages = (int)((n_tok + p - 1) / p);
+	const int n_kv = a->n_kv_heads;
 	const size_t row = (size_t)n_kv * a->head_dim, slot_floats = 2 * (size_t)p * row;
-	struct backend_kv_span *spans = malloc((size_t)n_kv * pages * sizeof *spans);
+	struct backend_kv_span *spans = malloc((size_t)n_kv * max_pages * sizeof *spans);
 	int *first = malloc((size_t)(n_kv + 1) * sizeof *first);
 	int ret = -ENOMEM;
 	if (spans && first) {
+		int ns = 0;
 		for (int h = 0; h < n_kv; h++) {
-			first[h] = h * pages;
+			const int pages = (n_tok[h] + p - 1) / p;
+			first[h] = ns;
 			for (int i = 0; i < pages; i++) {
 				const float *k = slots + (size_t)list[(size_t)h * max_pages + i] *
 								 slot_floats;
-				spans[(size_t)h * pages + i] = (struct backend_kv_span){
+				spans[ns++] = (struct backend_kv_span){
 					.k = k, .v = k + (size_t)p * row,
-					.n = i + 1 < pages ? p : n_tok - (int64_t)(pages - 1) * p,
+					.n = i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 					.row_stride = (int64_t)row,
 				};
 			}
 		}
-		first[n_kv] = n_kv * pages;
+		first[n_kv] = ns;
 		/* attn_spans stages the descriptors before it returns */
-		ret = attn_spans(c, out, q, spans, n_kv * pages, first, a);
+		ret = attn_spans(c, out, q, spans, ns, first, a);
 	}
 	free(spans);
 	free(first);
 	return ret;
 }
 
-/* Batch 1 of kernels/decode_attention: the list and n_tok go through the staging ring (one copy),
- * the split-K partials into dec_ws, sized for max_pages so that it settles after the first
- * steps of a run. */
+/* Batch 1 of kernels/decode_attention: the list and the per-head counts go through the staging
+ * ring (one copy), the split-K partials into dec_ws, sized for max_pages so that it settles
+ * after the first steps of a run. */
 static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
-				  int n_slots, const int32_t *list, int max_pages, int64_t n_tok,
-				  int p, const struct backend_attn *a)
+				  int n_slots, const int32_t *list, int max_pages,
+				  const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	struct cuda_ctx *c = ctx;
 	int ret = check_slots(slots, n_slots, list, max_pages, n_tok, p, a);
@@ -540,12 +660,12 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 	if (ret)
 		return ret;
 	struct stage_slot *s;
-	const size_t bytes = (n_list + 1) * sizeof(int32_t);
+	const size_t bytes = (n_list + (size_t)n_kv) * sizeof(int32_t);
 	if ((ret = stage_take(c, bytes, &s)))
 		return ret;
 	int32_t *hl = s->host;
 	memcpy(hl, list, n_list * sizeof *hl);
-	hl[n_list] = (int32_t)n_tok;
+	memcpy(hl + n_list, n_tok, (size_t)n_kv * sizeof *hl);
 	if ((ret = stage_push(c, s, bytes)))
 		return ret;
 	const int32_t *dl = s->dev;
@@ -606,6 +726,10 @@ static const struct backend_ops cuda_ops = {
 	.attn_decode = cuda_attn_decode,
 	.attn_decode_heads = cuda_attn_decode_heads,
 	.attn_decode_slots = cuda_attn_decode_slots,
+	.attn_scores = cuda_attn_scores,
+	.attn_accum = cuda_attn_accum,
+	.pool_topk = cuda_pool_topk,
+	.gather_heads = cuda_gather_heads,
 	.recall_units = cuda_recall_units,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,

@@ -82,6 +82,8 @@ struct cuda_ctx {
 	size_t gemm_ws_bytes;
 	void *dec_ws;		/* split-K partials of attn_decode_slots */
 	size_t dec_ws_bytes;
+	void *pool_ws;		/* pool_topk: pooled scores, then positions and their scores */
+	size_t pool_ws_bytes;
 	void **bufs;		/* live buf_alloc/weight_load allocations */
 	size_t n_bufs, cap_bufs;
 	struct stage_slot ring[CUDA_STAGE_RING];

@@ -168,8 +168,8 @@ void cmd_session_usage(FILE *f)
 		"                       later `kvworker resume` can continue it; without it the\n"
 		"                       sequence is dropped at the end (a crash leaves it orphaned)\n"
 		"  retrieval: %s\n"
-		"             policies built: %s; defaults 32/2048/512/512/0.9/1, scaled\n"
-		"             down for short contexts\n",
+		"             policies built: %s; defaults 32/2048/512/512/0.9/1/5/0.85,\n"
+		"             scaled down for short contexts\n",
 		policy_opts_usage(), kvcache_policy_names());
 }
 
@@ -452,6 +452,42 @@ struct run_times {
 	double t0, t1, t2; /* start, prefill done, now */
 };
 
+/* refreshkv's counters (docs/design.md §5) into o, when the layers ran any step past the budget:
+ * the full-step rate, its inverse the effective stride (decode steps per full step), the
+ * head-token rows fetched and the time in full steps. */
+static void refresh_json(struct json_object *o, const struct kv_layer_stats *s)
+{
+	if (!s->full_steps)
+		return;
+	json_object_object_add(o, "full_steps", json_object_new_int64(s->full_steps));
+	json_object_object_add(o, "full_step_rate", json_object_new_double(kv_full_step_rate(s)));
+	json_object_object_add(o, "effective_stride",
+			       json_object_new_double((double)s->steps / (double)s->full_steps));
+	json_object_object_add(o, "tokens_fetched", json_object_new_int64(s->tokens_fetched));
+	json_object_object_add(o, "full_step_ms", json_object_new_double(s->ns_full / 1e6));
+}
+
+/* Per layer: the selected pages a KV head attended per compressed step (mean and most), the
+ * calibrations and, for top-p selection, the calibrated temperature of each KV head. */
+static void layer_pages_json(struct cmd_session *s, int l, const struct kv_layer_stats *ls,
+			     struct json_object *j)
+{
+	const int H = s->m.cfg.n_kv_heads;
+	double mean = ls->steps ? (double)ls->pages_selected / ((double)ls->steps * H) : 0.0;
+	json_object_object_add(j, "pages_mean_per_head", json_object_new_double(mean));
+	json_object_object_add(j, "pages_max_per_head", json_object_new_int64(ls->pages_max));
+	json_object_object_add(j, "calibrations", json_object_new_int64(ls->calibrations));
+	json_object_object_add(j, "calibrate_ms", json_object_new_double(ls->ns_calibrate / 1e6));
+	float *theta = malloc((size_t)H * sizeof *theta);
+	if (theta && !engine_seq_layer_select(s->e, s->seq, l, NULL, theta) && theta[0] > 0.0f) {
+		struct json_object *a = json_object_new_array();
+		for (int h = 0; h < H; h++)
+			json_object_array_add(a, json_object_new_double(theta[h]));
+		json_object_object_add(j, "temperatures", a);
+	}
+	free(theta);
+}
+
 /* The --stats object: timings, the policy's settings, and its retrieval counters per layer
  * and summed. Caller frees with json_object_put. */
 static struct json_object *stats_json(struct cmd_session *s, const struct run_times *t)
@@ -481,6 +517,8 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("window", json_object_new_int(k->window));
 	ADD("full_layers", json_object_new_int(k->full_layers));
 	ADD("tau", json_object_new_double(k->tau));
+	ADD("kv_top_p", json_object_new_double(k->top_p)); /* 0: the policy's default */
+	ADD("recalibrate", json_object_new_int(k->recalibrate));
 	ADD("store", json_object_new_string(hostkv_is_remote(s->hk) ? "kvstored" : "embedded"));
 	ADD("seq", json_object_new_string(s->seq_name));
 	struct hostkv_lease_stats hl;
@@ -511,6 +549,8 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 		json_object_object_add(j, "recall_hidden_ms",
 				       json_object_new_double(ls.ns_recall_hidden / 1e6));
 		json_object_object_add(j, "attend_ms", json_object_new_double(ls.ns_attend / 1e6));
+		refresh_json(j, &ls);
+		layer_pages_json(s, l, &ls, j);
 		json_object_array_add(layers, j);
 		sum.steps += ls.steps;
 		sum.head_checks += ls.head_checks;
@@ -520,6 +560,9 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 		sum.bytes_recalled += ls.bytes_recalled;
 		sum.ns_recall_wait += ls.ns_recall_wait;
 		sum.ns_recall_hidden += ls.ns_recall_hidden;
+		sum.full_steps += ls.full_steps;
+		sum.tokens_fetched += ls.tokens_fetched;
+		sum.ns_full += ls.ns_full;
 	}
 	ADD("correction_rate", json_object_new_double(kv_correction_rate(&sum)));
 	ADD("pages_selected", json_object_new_int64(sum.pages_selected));
@@ -527,6 +570,11 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	ADD("bytes_recalled", json_object_new_int64(sum.bytes_recalled));
 	ADD("recall_wait_ms", json_object_new_double(sum.ns_recall_wait / 1e6));
 	ADD("recall_hidden_ms", json_object_new_double(sum.ns_recall_hidden / 1e6));
+	if (!strcmp(engine_policy_name(s->e), "refreshkv")) {
+		ADD("refresh_stride", json_object_new_int(k->refresh_stride));
+		ADD("refresh_threshold", json_object_new_double(k->refresh_threshold));
+	}
+	refresh_json(o, &sum);
 	ADD("layers", layers);
 #undef ADD
 	return o;

@@ -11,8 +11,11 @@
  *
  * `full` always runs first (added when not listed): it is the reference of the top-1 agreement,
  * the fraction of scored positions whose argmax equals full's. Per policy: perplexity over all
- * scored tokens, agreement, correction rate (policies that check for correction), pages
- * selected and recalled, bytes recalled, the retrieval times the policy counted, and wall time.
+ * scored tokens, agreement, correction rate (policies that check for correction), full-step
+ * rate (refreshkv), pages selected and recalled, bytes recalled, the selected pages a KV head
+ * attended per compressed step as a fraction of quest's k = (B - S - W) / p (hardkv and freekv
+ * with --kv-top-p attend fewer; n/a for refreshkv, which keeps tokens), the retrieval times
+ * the policy counted, and wall time.
  * A table on stdout, or with --json one JSON document (json-c; doubles printed round-trip
  * exact, so equal values print equal). Notices go to stderr. */
 #include <errno.h>
@@ -39,7 +42,8 @@ static void usage(FILE *f)
 		"usage: kvworker eval -m MODEL -f TEXTFILE [options] [retrieval options]\n"
 		"  -m, --model PATH       .gguf file or Hugging Face folder\n"
 		"  -f, --file PATH        text to score; '-' reads stdin\n"
-		"      --policies LIST    comma-separated policies (default full,streaming,quest,freekv;\n"
+		"      --policies LIST    comma-separated policies (default\n"
+		"                         full,streaming,quest,freekv,hardkv,refreshkv;\n"
 		"                         built: %s); full always runs as the reference\n"
 		"  -c, --ctx N            window length in tokens (default: min(512, the model's))\n"
 		"      --prefill N        tokens of each window prefilled before decoding (default 1)\n"
@@ -73,6 +77,7 @@ struct eval_run {
 	struct kv_layer_stats st; /* summed over windows and layers */
 	struct kv_layer_stats *layer; /* (n_layers) summed over windows */
 	int n_layers;
+	int n_kv;		 /* KV heads of the model */
 	long windows;		 /* sequences run */
 	double ms;		 /* wall time of the windows */
 };
@@ -134,7 +139,7 @@ static int parse(int argc, char **argv, struct eval_args *a)
 {
 	*a = (struct eval_args){ .prefill = 1 };
 	policy_opts_default(&a->po);
-	const char *list = "full,streaming,quest,freekv";
+	const char *list = "full,streaming,quest,freekv,hardkv,refreshkv";
 	char err[256];
 	for (int i = 1; i < argc; i++) {
 		const char *s = argv[i], *v;
@@ -204,6 +209,12 @@ static void stats_add(struct kv_layer_stats *d, const struct kv_layer_stats *s)
 	d->ns_recall_wait += s->ns_recall_wait;
 	d->ns_recall_hidden += s->ns_recall_hidden;
 	d->ns_attend += s->ns_attend;
+	d->pages_max = s->pages_max > d->pages_max ? s->pages_max : d->pages_max;
+	d->calibrations += s->calibrations;
+	d->ns_calibrate += s->ns_calibrate;
+	d->full_steps += s->full_steps;
+	d->tokens_fetched += s->tokens_fetched;
+	d->ns_full += s->ns_full;
 }
 
 /* Scores the logits rows of positions [first, first + n) of win against the next tokens. */
@@ -308,27 +319,62 @@ static double ns_ms(int64_t ns)
 	return (double)ns / 1e6;
 }
 
+/* Selected pages a KV head attended per compressed step; NAN without retrieval steps. */
+static double pages_per_head(const struct kv_layer_stats *st, int n_kv)
+{
+	return st->steps ? (double)st->pages_selected / ((double)st->steps * n_kv) : NAN;
+}
+
+/* The same as a fraction of quest's, which attends k = (B - S - W) / p pages every step. */
+static double pages_vs_quest(const struct kv_layer_stats *st, int n_kv,
+			     const struct kv_policy_opts *k)
+{
+	return pages_per_head(st, n_kv) / (double)((k->budget - k->sink - k->window) / k->page);
+}
+
+/* --kv-top-p as given, or what 0 means. */
+static void top_p_str(const struct kv_policy_opts *k, char *buf, size_t len)
+{
+	if (k->top_p > 0.0f)
+		snprintf(buf, len, "%g", (double)k->top_p);
+	else
+		snprintf(buf, len, "default (hardkv 0.9, freekv top-k)");
+}
+
 static void print_table(const struct eval_args *a, const struct eval_run *runs)
 {
 	const struct kv_policy_opts *k = &a->po.kv;
+	char tp[64];
+	top_p_str(k, tp, sizeof tp);
 	printf("scored %ld tokens (windows: %ld of up to %ld tokens; prefill %ld, then decode); "
-	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d\n\n",
+	       "page %d, budget %d, sink %d, window %d, tau %g, full layers %d, kv-top-p %s, "
+	       "recalibrate %d, refresh stride %d, refresh threshold %g\n\n",
 	       runs[0].scored, runs[0].windows, a->ctx, a->prefill, k->page, k->budget, k->sink,
-	       k->window, (double)k->tau, k->full_layers);
-	printf("| %-9s | %10s | %9s | %10s | %12s | %14s | %12s | %9s | %9s | %9s | %9s | %9s |\n",
-	       "policy", "perplexity", "top-1 agr", "correction", "pages sel", "pages recalled",
-	       "MiB recalled", "select ms", "wait ms", "hidden ms", "attend ms", "total ms");
-	printf("|-----------|------------|-----------|------------|--------------|----------------|"
-	       "--------------|-----------|-----------|-----------|-----------|-----------|\n");
+	       k->window, (double)k->tau, k->full_layers, tp,
+	       k->recalibrate ? k->recalibrate : 128, k->refresh_stride,
+	       (double)k->refresh_threshold);
+	printf("| %-9s | %10s | %9s | %10s | %9s | %12s | %9s | %14s | %12s | %9s | %9s | %9s |"
+	       " %9s | %9s |\n",
+	       "policy", "perplexity", "top-1 agr", "correction", "full rate", "pages sel",
+	       "vs quest", "pages recalled", "MiB recalled", "select ms", "wait ms", "hidden ms",
+	       "attend ms", "total ms");
+	printf("|-----------|------------|-----------|------------|-----------|--------------|"
+	       "-----------|----------------|--------------|-----------|-----------|-----------|"
+	       "-----------|-----------|\n");
 	for (int i = 0; i < a->n_policies; i++) {
 		const struct eval_run *r = &runs[i];
-		char corr[32] = "n/a";
+		char corr[32] = "n/a", full[32] = "n/a", vs[32] = "n/a";
 		if (r->st.head_checks)
 			snprintf(corr, sizeof corr, "%.4f", kv_correction_rate(&r->st));
-		printf("| %-9s | %10.4f | %9.4f | %10s | %12lld | %14lld | %12.2f | %9.1f | %9.1f |"
-		       " %9.1f | %9.1f | %9.1f |\n",
+		if (r->st.full_steps)
+			snprintf(full, sizeof full, "%.4f", kv_full_step_rate(&r->st));
+		else if (r->st.steps)
+			snprintf(vs, sizeof vs, "%.4f", pages_vs_quest(&r->st, r->n_kv, k));
+		printf("| %-9s | %10.4f | %9.4f | %10s | %9s | %12lld | %9s | %14lld | %12.2f |"
+		       " %9.1f | %9.1f | %9.1f | %9.1f | %9.1f |\n",
 		       r->policy, ppl(r), r->scored ? (double)r->agree / (double)r->scored : NAN,
-		       corr, (long long)r->st.pages_selected, (long long)r->st.pages_recalled,
+		       corr, full, (long long)r->st.pages_selected, vs,
+		       (long long)r->st.pages_recalled,
 		       (double)r->st.bytes_recalled / (1024.0 * 1024.0), ns_ms(r->st.ns_select),
 		       ns_ms(r->st.ns_recall_wait), ns_ms(r->st.ns_recall_hidden),
 		       ns_ms(r->st.ns_attend), r->ms);
@@ -340,8 +386,10 @@ static void jset(json_object *o, const char *k, json_object *v)
 	json_object_object_add(o, k, v);
 }
 
-/* The counters of s as members of o. */
-static void jstats(json_object *o, const struct kv_layer_stats *s)
+/* The counters of s as members of o; pages per head (and as a fraction of quest's) only with
+ * retrieval steps. */
+static void jstats(json_object *o, const struct kv_layer_stats *s, int n_kv,
+		   const struct kv_policy_opts *k)
 {
 	jset(o, "correction_rate", s->head_checks ?
 		json_object_new_double(kv_correction_rate(s)) : NULL);
@@ -355,6 +403,18 @@ static void jstats(json_object *o, const struct kv_layer_stats *s)
 	jset(o, "ms_recall_wait", json_object_new_double(ns_ms(s->ns_recall_wait)));
 	jset(o, "ms_recall_hidden", json_object_new_double(ns_ms(s->ns_recall_hidden)));
 	jset(o, "ms_attend", json_object_new_double(ns_ms(s->ns_attend)));
+	const bool pages = s->steps && !s->full_steps; /* refreshkv keeps tokens, not pages */
+	jset(o, "pages_per_head", pages ? json_object_new_double(pages_per_head(s, n_kv)) : NULL);
+	jset(o, "pages_fraction_of_quest", pages ?
+		json_object_new_double(pages_vs_quest(s, n_kv, k)) : NULL);
+	jset(o, "pages_max_per_head", json_object_new_int64(s->pages_max));
+	jset(o, "calibrations", json_object_new_int64(s->calibrations));
+	jset(o, "ms_calibrate", json_object_new_double(ns_ms(s->ns_calibrate)));
+	jset(o, "full_step_rate", s->full_steps ?
+		json_object_new_double(kv_full_step_rate(s)) : NULL);
+	jset(o, "full_steps", json_object_new_int64(s->full_steps));
+	jset(o, "tokens_fetched", json_object_new_int64(s->tokens_fetched));
+	jset(o, "ms_full", json_object_new_double(ns_ms(s->ns_full)));
 }
 
 static int print_json(const struct eval_args *a, const struct eval_run *runs)
@@ -378,6 +438,14 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs)
 	snprintf(tau, sizeof tau, "%g", (double)k->tau);
 	jset(ret, "tau", json_object_new_double_s(k->tau, tau));
 	jset(ret, "full_layers", json_object_new_int(k->full_layers));
+	char tp[32]; /* as given; 0: each policy's default */
+	snprintf(tp, sizeof tp, "%g", (double)k->top_p);
+	jset(ret, "kv_top_p", json_object_new_double_s(k->top_p, tp));
+	jset(ret, "recalibrate", json_object_new_int(k->recalibrate ? k->recalibrate : 128));
+	jset(ret, "refresh_stride", json_object_new_int(k->refresh_stride));
+	char thr[32];
+	snprintf(thr, sizeof thr, "%g", (double)k->refresh_threshold);
+	jset(ret, "refresh_threshold", json_object_new_double_s(k->refresh_threshold, thr));
 	jset(doc, "retrieval", ret);
 	ret = NULL;
 	for (int i = 0; i < a->n_policies; i++) {
@@ -392,7 +460,7 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs)
 		jset(p, "perplexity", json_object_new_double(ppl(r)));
 		jset(p, "agree", json_object_new_int64(r->agree));
 		jset(p, "agreement", json_object_new_double((double)r->agree / (double)r->scored));
-		jstats(p, &r->st);
+		jstats(p, &r->st, r->n_kv, k);
 		jset(p, "ms_total", json_object_new_double(r->ms));
 		json_object *layers = json_object_new_array();
 		if (!layers)
@@ -403,7 +471,7 @@ static int print_json(const struct eval_args *a, const struct eval_run *runs)
 			if (!lo)
 				goto oom;
 			json_object_array_add(layers, lo);
-			jstats(lo, &r->layer[l]);
+			jstats(lo, &r->layer[l], r->n_kv, k);
 		}
 	}
 	jset(doc, "policies", arr);
@@ -429,6 +497,7 @@ static int eval_all(const struct fkv_model *m, struct backend *be, struct hostkv
 		runs[i].policy = a->policies[i];
 		runs[i].argmax = malloc((size_t)cap * sizeof *runs[i].argmax);
 		runs[i].n_layers = m->cfg.n_layers;
+		runs[i].n_kv = m->cfg.n_kv_heads;
 		runs[i].layer = calloc((size_t)m->cfg.n_layers, sizeof *runs[i].layer);
 		if (!runs[i].argmax || !runs[i].layer) {
 			fprintf(stderr, "kvworker eval: out of memory\n");
@@ -496,10 +565,20 @@ int cmd_eval(int argc, char **argv)
 	}
 	for (long i = 0; i < nt; i++)
 		toks[i] = ids[i];
-	if (policy_opts_finalize(&a.po, (int)a.ctx, stderr, err, sizeof err)) {
-		fprintf(stderr, "kvworker eval: %s\n", err);
-		ret = CMD_USAGE;
-		goto out;
+	/* The settings are checked for every listed policy but `full` (which reads none of them
+	 * unless it runs alone): refreshkv's budget rules differ from the paged policies'. The
+	 * scaling does not depend on the policy, so every check gives the same values. */
+	for (int i = a.n_policies > 1; i < a.n_policies; i++) {
+		struct policy_opts po = a.po;
+		snprintf(po.policy, sizeof po.policy, "%s", a.policies[i]);
+		if (policy_opts_finalize(&po, (int)a.ctx, i == (a.n_policies > 1) ? stderr : NULL, err,
+					 sizeof err)) {
+			fprintf(stderr, "kvworker eval: %s: %s\n", a.policies[i], err);
+			ret = CMD_USAGE;
+			goto out;
+		}
+		if (i + 1 == a.n_policies)
+			a.po = po;
 	}
 	const char *bname = a.backend;
 	for (int i = 0; i < a.n_policies; i++) {

@@ -3,7 +3,7 @@
  * headers only: a GGUF's metadata and tensor table, or a Hugging Face folder's config.json,
  * tokenizer.json, tokenizer_config.json (or chat_template.jinja) and safetensors headers. The
  * files are mapped, no weight is read. It reports what the file says without judging it, so it
- * works where generate refuses: quantized tensors, an architecture or a pre-tokenizer freekv
+ * works where generate refuses: quantized types without kernels (docs/quant.md), an architecture or a pre-tokenizer freekv
  * does not support. A file it cannot parse is an error (exit 1, the reader's message). */
 #include <errno.h>
 #include <inttypes.h>
@@ -62,8 +62,8 @@ static void usage(FILE *f)
 		"  -m, --model PATH     .gguf file or Hugging Face folder\n"
 		"      --json           print one JSON object instead of text\n"
 		"  -h, --help           this text\n"
-		"Reads headers only; works on files generate cannot load (quantized tensors,\n"
-		"unsupported architectures or tokenizers).\n");
+		"Reads headers only; works on files generate cannot load (quantized types without\n"
+		"kernels, unsupported architectures or tokenizers).\n");
 }
 
 /* Rotary layout by GGUF architecture (llama.cpp's rope type: NORM pairs adjacent dims). */

@@ -23,6 +23,7 @@
 #include <zmq.h>
 
 #include "clock.h"
+#include "conffile.h"
 #include "backend.h"
 #include "chat_source.h"
 #include "cmd_common.h"
@@ -175,86 +176,32 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 	return 0;
 }
 
-static char *trim(char *s)
+/* Config file: each `key = value` line is the flag `--key value` (common/conffile.h). The
+ * strings stay allocated (in *cf) for as long as the options point into them. 0 or -errno
+ * after printing why. */
+static int load_config(struct serve_opts *o, const char *path, struct conffile *cf)
 {
-	while (*s == ' ' || *s == '\t')
-		s++;
-	char *e = s + strlen(s);
-	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
-		*--e = '\0';
-	return s;
-}
-
-/* Config file: each `key = value` line is the flag `--key value`. The strings stay allocated
- * (in *keep) for as long as the options point into them. 0 or -errno after printing why. */
-static int load_config(struct serve_opts *o, const char *path, char **keep)
-{
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		int e = errno;
-		fprintf(stderr, "kvworker serve: cannot read config %s: %s\n", path, strerror(e));
-		return -e;
+	char err[512];
+	int ret = conffile_read(path, cf, err, sizeof err);
+	if (ret) {
+		fprintf(stderr, "kvworker serve: config %s\n", err);
+		return ret;
 	}
-	size_t cap = 16384, len = 0;
-	char *store = malloc(cap), line[1024];
-	int lineno = 0, ret = 0;
-	while (store && fgets(line, sizeof line, f)) {
+	for (int k = 0; k < cf->n; k++) {
 		char where[300];
-		snprintf(where, sizeof where, "%s:%d: ", path, ++lineno);
-		if (!strchr(line, '\n') && !feof(f)) {
-			fprintf(stderr, "kvworker serve: %sline too long\n", where);
-			ret = -EINVAL;
-			break;
-		}
-		char *hash = strchr(line, '#');
-		if (hash)
-			*hash = '\0';
-		char *s = trim(line), *eq = strchr(s, '=');
-		if (!*s)
-			continue;
-		if (!eq) {
-			fprintf(stderr, "kvworker serve: %sexpected 'key = value'\n", where);
-			ret = -EINVAL;
-			break;
-		}
-		*eq = '\0';
-		char *key = trim(s), *val = trim(eq + 1);
-		size_t need = strlen(key) + strlen(val) + 4;
-		if (len + need > cap) {
-			/* Earlier values are pointed to by o: the buffer never moves. */
-			fprintf(stderr, "kvworker serve: %sconfig file too large\n", where);
-			ret = -E2BIG;
-			break;
-		}
-		char *flag = store + len;
-		snprintf(flag, need, "--%s", key);
-		char *value = flag + strlen(flag) + 1;
-		strcpy(value, val);
-		len += need;
-		if (!strcmp(key, "config")) {
-			fprintf(stderr, "kvworker serve: %sa config file cannot name another\n", where);
-			ret = -EINVAL;
-			break;
-		}
-		char *argv[2] = { flag, value };
-		int i = 0, r = parse_flag(o, 2, argv, &i, where);
+		const char *key = cf->argv[2 * k] + 2;
+		snprintf(where, sizeof where, "%s:%d: ", path, cf->line[k]);
+		int i = 0, r = parse_flag(o, 2, cf->argv + 2 * k, &i, where);
 		if (r == 0)
 			fprintf(stderr, "kvworker serve: %sunknown key '%s'\n", where, key);
-		if (r <= 0) {
-			ret = r ? r : -ENOENT;
-			break;
-		}
+		if (r <= 0)
+			return r ? r : -ENOENT;
 		if (i != 1) {
 			fprintf(stderr, "kvworker serve: %s'%s' takes no value here\n", where, key);
-			ret = -EINVAL;
-			break;
+			return -EINVAL;
 		}
 	}
-	if (!store)
-		ret = -ENOMEM;
-	fclose(f);
-	*keep = store;
-	return ret;
+	return 0;
 }
 
 /* The effective settings as `key = value` lines that load_config reads back; 0 = default. */
@@ -287,15 +234,16 @@ static void print_config(const struct serve_opts *o)
 	if (o->po.set_window)
 		printf("window = %d\n", o->po.kv.window);
 	printf("full-layers = %d\ntau = %g\n", o->po.kv.full_layers, (double)o->po.kv.tau);
+	printf("refresh-stride = %d\nrefresh-threshold = %g\n", o->po.kv.refresh_stride,
+	       (double)o->po.kv.refresh_threshold);
 }
 
 /* 0 parsed, -1 help or config shown, CMD_USAGE. */
-static int parse(int argc, char **argv, struct serve_opts *o, char **cfg_store)
+static int parse(int argc, char **argv, struct serve_opts *o, struct conffile *cfg_store)
 {
 	*o = (struct serve_opts){ .gpu = -1, .max_seqs = 8, .max_queue = 64,
 				  .max_request_bytes = 1 << 20 };
 	policy_opts_default(&o->po);
-	*cfg_store = NULL;
 	/* The config file first, wherever --config stands, so that flags override it. */
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -581,16 +529,16 @@ static int loop(struct service *v)
 int cmd_serve(int argc, char **argv)
 {
 	struct serve_opts o;
-	char *cfg_store = NULL;
+	struct conffile cfg_store = { 0 };
 	int ret = parse(argc, argv, &o, &cfg_store);
 	if (ret) {
-		free(cfg_store);
+		conffile_free(&cfg_store);
 		return ret < 0 ? CMD_OK : ret;
 	}
 	struct service v = { 0 };
 	if ((ret = sdn_init(&v.sdn))) {
 		fprintf(stderr, "kvworker serve: NOTIFY_SOCKET: %s\n", strerror(-ret));
-		free(cfg_store);
+		conffile_free(&cfg_store);
 		return CMD_FAIL;
 	}
 	struct sigaction sa = { .sa_handler = on_stop };
@@ -616,6 +564,6 @@ int cmd_serve(int argc, char **argv)
 	}
 	service_close(&v);
 	sdn_shutdown(&v.sdn);
-	free(cfg_store);
+	conffile_free(&cfg_store);
 	return rc;
 }

@@ -239,6 +239,9 @@ void engine_free(struct engine *e)
 static int resolve_kv_opts(struct engine *e, char *err, size_t errlen)
 {
 	struct kv_policy_opts *k = &e->kv_opts;
+	if (!(k->top_p >= 0.0f && k->top_p <= 1.0f) || k->recalibrate < 0)
+		return errmsg(err, errlen, -EINVAL, "kv-top-p %g must be in (0, 1] and recalibrate %d "
+			      ">= 1 (0: the policy's default)", (double)k->top_p, k->recalibrate);
 	if (k->page || k->budget || k->sink || k->window)
 		return 0;
 	struct policy_opts po;
@@ -246,10 +249,16 @@ static int resolve_kv_opts(struct engine *e, char *err, size_t errlen)
 	po.kv.full_layers = k->full_layers;
 	po.kv.tau = k->tau;
 	po.kv.debug_invariants = k->debug_invariants;
+	po.kv.top_p = k->top_p;
+	po.kv.recalibrate = k->recalibrate;
 	int ret = policy_opts_finalize(&po, (int)(e->max_ctx < INT32_MAX ? e->max_ctx : INT32_MAX),
 				       NULL, err, errlen);
-	if (!ret)
-		*k = po.kv;
+	if (!ret) {
+		k->page = po.kv.page;
+		k->budget = po.kv.budget;
+		k->sink = po.kv.sink;
+		k->window = po.kv.window;
+	}
 	return ret;
 }
 
@@ -442,6 +451,16 @@ int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
 		return 0;
 	}
 	return e->policy->layer_stats(e->seqs[seq].kv, layer, out);
+}
+
+int engine_seq_layer_select(const struct engine *e, int seq, int layer, int *pages,
+			    float *theta)
+{
+	if (!seq_ok(e, seq) || layer < 0 || layer >= e->cfg.n_layers)
+		return -EINVAL;
+	if (!e->policy->layer_select)
+		return -EOPNOTSUPP;
+	return e->policy->layer_select(e->seqs[seq].kv, layer, pages, theta);
 }
 
 int64_t engine_seq_len(const struct engine *e, int seq)

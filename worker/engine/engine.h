@@ -68,6 +68,11 @@ int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *
  * -EINVAL. */
 int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
 			   struct kv_layer_stats *out);
+/* The policy's selection at a layer's last compressed decode step (kv_policy_ops.layer_select):
+ * pages (n_kv, (B - S - W) / p) or NULL, theta (n_kv) or NULL. -EOPNOTSUPP for a policy
+ * without selection, -ENODATA before the layer's first compressed step, -EINVAL. */
+int engine_seq_layer_select(const struct engine *e, int seq, int layer, int *pages,
+			    float *theta);
 void engine_seq_free(struct engine *e, int seq);
 /* Committed tokens of a sequence, or -EINVAL for a bad handle. */
 int64_t engine_seq_len(const struct engine *e, int seq);

@@ -1008,11 +1008,27 @@ int hostkv_report_stats(struct hostkv *h, const char *json)
 	st.pages_recalled = (uint64_t)jnum(o, "pages_recalled", &st.has_pages_recalled);
 	st.bytes_recalled = (uint64_t)jnum(o, "bytes_recalled", &st.has_bytes_recalled);
 	st.correction_rate = jnum(o, "correction_rate", &st.has_correction_rate);
+	st.full_step_rate = jnum(o, "full_step_rate", &st.has_full_step_rate);
+	st.tokens_fetched = (uint64_t)jnum(o, "tokens_fetched", &st.has_tokens_fetched);
+	st.full_step_ms = jnum(o, "full_step_ms", &st.has_full_step_ms);
+	/* Per layer, in layer order: layers without the counter (full attention) report 0. */
+	struct json_object *layers;
+	size_t n_layers = json_object_object_get_ex(o, "layers", &layers) &&
+			  json_object_is_type(layers, json_type_array) && st.has_full_step_rate ?
+			  json_object_array_length(layers) : 0;
+	double *rates = n_layers ? calloc(n_layers, sizeof *rates) : NULL;
+	for (size_t i = 0; rates && i < n_layers; i++) {
+		protobuf_c_boolean has;
+		rates[i] = jnum(json_object_array_get_idx(layers, i), "full_step_rate", &has);
+	}
+	st.n_layer_full_step_rate = rates ? n_layers : 0;
+	st.layer_full_step_rate = rates;
 	st.json = (char *)json;
 	char err[256];
 	lock_store(h);
 	int ret = h->ops->heartbeat(h->st, &st, err, sizeof err);
 	unlock_store(h, true);
 	json_object_put(o);
+	free(rates);
 	return ret;
 }

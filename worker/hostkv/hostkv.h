@@ -129,8 +129,9 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 int hostkv_seq_close(struct hostkv_seq *s, bool drop);
 
 /* Reports the worker's statistics (a JSON object; its keys decode_tok_s, tokens_decoded,
- * pages_recalled, bytes_recalled and correction_rate, when present, are what `kvctl workers`
- * shows) to kvstored now, as a heartbeat. -EINVAL for text that is not a JSON object,
+ * pages_recalled, bytes_recalled, correction_rate, and refreshkv's full_step_rate,
+ * tokens_fetched, full_step_ms and layers[i].full_step_rate, when present, are what `kvctl
+ * workers` shows) to kvstored now, as a heartbeat. -EINVAL for text that is not a JSON object,
  * -EOPNOTSUPP for the embedded store. */
 int hostkv_report_stats(struct hostkv *h, const char *json);
 

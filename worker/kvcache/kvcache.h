@@ -3,7 +3,8 @@
  * One policy state per sequence holds that sequence's keys and values of every layer (after
  * RoPE) and decides which cached positions attention reads: `full` reads all of them; the
  * retrieval policies (streaming, quest, freekv: policy_paged.h) keep a budget of B tokens per
- * layer on the device and recall the rest from the host copy. The engine drives every policy
+ * layer on the device and recall the rest from the host copy; refreshkv (policy_refresh.h)
+ * keeps B token slots per KV head, refreshed by full-attention steps over the host copy. The engine drives every policy
  * the same way and never learns which one runs:
  *
  *   step_begin(n)                      a forward pass will add n tokens
@@ -30,6 +31,7 @@
 #include "backend.h"
 
 struct hostkv_seq;
+struct kv_trace;
 
 /* Retrieval settings (docs/design.md §3, §5). page, budget, sink and window all 0 means the defaults
  * scaled to max_tokens (policy_opts.h); tau 0 is pure speculation, full_layers 0 none. `full`
@@ -42,6 +44,27 @@ struct kv_policy_opts {
 	int full_layers; /* first layers that keep full attention */
 	float tau;	 /* correction threshold on the cosine of adjacent queries */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
+	/* Top-p selection on calibrated scores (docs/design.md §5 "hardkv"): P in (0, 1], 0 the
+	 * policy's default (hardkv 0.9; freekv keeps top-k); R, steps between calibrations, 0: 128. */
+	float top_p;
+	int recalibrate;
+	int refresh_stride;	  /* refreshkv: Q, decode steps between query comparisons (>= 1) */
+	float refresh_threshold;  /* refreshkv: s, a compared query below it triggers a full step */
+	/* (tests, debugging) refreshkv calls it after every decode step past the budget at a
+	 * retrieval layer; NULL: none. */
+	void (*trace)(void *arg, const struct kv_trace *t);
+	void *trace_arg;
+};
+
+/* What one refreshkv decode step did at one layer (docs/design.md §5), for opts.trace: every
+ * pointer is borrowed for the call. */
+struct kv_trace {
+	int layer;
+	int64_t T;		/* tokens including the current one (> budget) */
+	bool full;		/* a full step; else partial */
+	const float *q;		/* (n_q, d) the step's query, after RoPE */
+	const int32_t *set;	/* (n_kv, budget) the partial sets after the step, slot order */
+	int n_q, n_kv, d, budget;
 };
 
 struct kv_seq_params {
@@ -70,6 +93,12 @@ struct kv_layer_stats {
 	int64_t ns_recall_wait;	  /* recall exposed: attention waited for it */
 	int64_t ns_recall_hidden; /* recall overlapped with the rest of the step */
 	int64_t ns_attend;	  /* decode attention */
+	int64_t pages_max;	  /* most head-pages one KV head attended from selection in a step */
+	int64_t calibrations;	  /* temperature calibrations (top-p selection) */
+	int64_t ns_calibrate;	  /* their time, the read of the layer's host copy included */
+	int64_t full_steps;	  /* refreshkv: of `steps`, the full-attention steps */
+	int64_t tokens_fetched;	  /* refreshkv: head-token rows fetched into the partial sets */
+	int64_t ns_full;	  /* refreshkv: time in full steps (their attention included) */
 };
 
 struct kv_stats {
@@ -84,6 +113,13 @@ struct kv_stats {
 static inline double kv_correction_rate(const struct kv_layer_stats *s)
 {
 	return s->head_checks ? (double)s->corrections / (double)s->head_checks : 0.0;
+}
+
+/* refreshkv's full-step rate: full steps / steps past the budget (0 when none); its inverse is
+ * the effective stride. */
+static inline double kv_full_step_rate(const struct kv_layer_stats *s)
+{
+	return s->steps ? (double)s->full_steps / (double)s->steps : 0.0;
 }
 
 struct kv_policy_ops {
@@ -107,6 +143,13 @@ struct kv_policy_ops {
 	/* Rebuilds the state of a resumed sequence from the host copy for positions [0, len):
 	 * only on a fresh state (length 0); -EINVAL without a host copy or past max_tokens. */
 	int (*restore)(void *st, int64_t len);
+	/* (optional) One layer's selection at its last compressed decode step: pages (n_kv, k),
+	 * k = (B - S - W) / p, the candidate pages each KV head attended, ascending, then -1 past
+	 * its count (NULL: not wanted); theta (n_kv) the layer's calibrated temperatures (top-p
+	 * selection; 0 where the policy does not calibrate; NULL: not wanted). -ENODATA before
+	 * the layer's first compressed step and for layers without retrieval, -EINVAL for a bad
+	 * layer. */
+	int (*layer_select)(void *st, int layer, int *pages, float *theta);
 };
 
 /* The `full` policy: every token's K and V kept on the backend in attn.kv_dtype. */
@@ -115,6 +158,10 @@ extern const struct kv_policy_ops kv_policy_full;
 extern const struct kv_policy_ops kv_policy_streaming;
 extern const struct kv_policy_ops kv_policy_quest;
 extern const struct kv_policy_ops kv_policy_freekv;
+/* Head-adaptive top-p page budgets on calibrated scores (policy_hardkv.c). */
+extern const struct kv_policy_ops kv_policy_hardkv;
+/* A partial token cache per KV head refreshed by query-triggered full steps (RefreshKV seed). */
+extern const struct kv_policy_ops kv_policy_refreshkv;
 
 /* Fills page, budget, sink and window when all four are 0 with the defaults scaled to a
  * max_tokens context (policy_opts_finalize), and checks them; 0 or -EINVAL. The engine and the

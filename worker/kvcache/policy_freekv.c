@@ -11,7 +11,10 @@
  *     before touching the layer (paged_append).
  * The first compressed step (and the first after a resume) selects with the current query.
  * tau 0 never corrects (pure speculation); tau > 1 corrects every head every step, which is
- * exactly `quest`. */
+ * exactly `quest`. With --kv-top-p every selection is hardkv's instead of top-k (docs/design.md §5
+ * "hardkv": per-head page counts on calibrated scores, calibrated at the same steps, before
+ * the correction check); speculation and correction are unchanged, and tau > 1 is then
+ * exactly `hardkv`. */
 #include "policy_paged.h"
 
 #include <string.h>
@@ -25,7 +28,9 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 			 const struct select_layout *lay)
 {
 	const int H = s->g.n_kv, K = s->k_sel;
-	int n = 0, ret = 0;
+	int n = 0, ret = s->top_p > 0.0 ? paged_calibrate(s, L, q, lay) : 0;
+	if (ret)
+		return ret;
 	memset(L->spec_heads, 0, (size_t)H);
 	if (!L->have_target || !L->have_q) {
 		paged_select(s, L, q, lay, L->target, L->scratch_c, &L->st.ns_select);
@@ -107,6 +112,8 @@ static const struct paged_strategy freekv = {
 	.keep_recent = false,
 	.before_attend = freekv_before,
 	.after_attend = freekv_after,
+	.top_p = true,
+	.top_p_default = 0.0f,
 };
 
 static int freekv_create(const struct kv_seq_params *p, void **st)

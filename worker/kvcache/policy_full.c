@@ -57,8 +57,9 @@ static int full_create(const struct kv_seq_params *p, void **st)
 	if (!s)
 		return -ENOMEM;
 	s->p = *p;
-	/* `full` needs the page size only to address the host copy's blocks. */
-	int ret = p->host ? kvcache_resolve_opts(&s->p.opts, p->max_tokens) : 0;
+	/* `full` needs the page size only to address the host copy's blocks: a given page is
+	 * taken as it is, the other knobs (another policy's) are not its to check. */
+	int ret = p->host && !p->opts.page ? kvcache_resolve_opts(&s->p.opts, p->max_tokens) : 0;
 	ret = ret ?: kv_wt_init(&s->wt, p->be, p->host, &p->attn, p->host ? s->p.opts.page : 1);
 	if (ret) {
 		free(s);
@@ -249,6 +250,8 @@ static const struct kv_policy_ops *const policies[] = {
 	&kv_policy_streaming,
 	&kv_policy_quest,
 	&kv_policy_freekv,
+	&kv_policy_hardkv,
+	&kv_policy_refreshkv,
 };
 
 const struct kv_policy_ops *kvcache_policy(const char *name)

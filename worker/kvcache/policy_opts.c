@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum popt_kind { POPT_POLICY, POPT_INT, POPT_FLOAT, POPT_BOOL };
+/* POPT_PROB: a number in (0, 1] */
+enum popt_kind { POPT_POLICY, POPT_INT, POPT_FLOAT, POPT_BOOL, POPT_PROB };
 
 struct popt {
 	const char *flag;
@@ -32,6 +33,11 @@ static const struct popt popts[] = {
 	{ "--full-layers", POPT_INT, KV(full_layers), -1, 0, 1 << 16 },
 	{ "--tau", POPT_FLOAT, KV(tau), -1, 0.0, 1e6 },
 	{ "--debug-invariants", POPT_BOOL, KV(debug_invariants), -1, 0, 0 },
+	/* not --top-p: generate, resume, serve and the client take that as the sampler's */
+	{ "--kv-top-p", POPT_PROB, KV(top_p), -1, 0.0, 1.0 },
+	{ "--recalibrate", POPT_INT, KV(recalibrate), -1, 1, 1 << 30 },
+	{ "--refresh-stride", POPT_INT, KV(refresh_stride), -1, 1, 1 << 20 },
+	{ "--refresh-threshold", POPT_FLOAT, KV(refresh_threshold), -1, -1.0, 2.0 },
 };
 
 void policy_opts_default(struct policy_opts *o)
@@ -41,6 +47,7 @@ void policy_opts_default(struct policy_opts *o)
 	o->kv = (struct kv_policy_opts){
 		.page = 32, .budget = 2048, .sink = 512, .window = 512, .full_layers = 1,
 		.tau = 0.9f, .debug_invariants = false,
+		.refresh_stride = 5, .refresh_threshold = 0.85f,
 	};
 }
 
@@ -66,16 +73,28 @@ static int popt_set(struct policy_opts *o, const struct popt *p, const char *val
 	case POPT_INT: {
 		errno = 0;
 		long v = strtol(val, &end, 10);
-		if (errno || end == val || *end || v < (long)p->lo || v > (long)p->hi)
-			return perr(err, errlen, p->flag, val, "expected a whole number in range");
+		if (errno || end == val || *end || v < (long)p->lo || v > (long)p->hi) {
+			char why[80];
+			snprintf(why, sizeof why, "expected a whole number from %ld to %ld",
+				 (long)p->lo, (long)p->hi);
+			return perr(err, errlen, p->flag, val, why);
+		}
 		*(int *)field = (int)v;
 		break;
 	}
-	case POPT_FLOAT: {
+	case POPT_FLOAT:
+	case POPT_PROB: {
 		errno = 0;
 		double v = strtod(val, &end);
-		if (errno || end == val || *end || !isfinite(v) || v < p->lo || v > p->hi)
-			return perr(err, errlen, p->flag, val, "expected a number >= 0");
+		bool prob = p->kind == POPT_PROB;
+		if (errno || end == val || *end || !isfinite(v) || v < p->lo || v > p->hi ||
+		    (prob && !((float)v > 0.0f))) {
+			char why[80] = "expected a number in (0, 1]";
+			if (!prob)
+				snprintf(why, sizeof why, "expected a number from %g to %g", p->lo,
+					 p->hi);
+			return perr(err, errlen, p->flag, val, why);
+		}
 		*(float *)field = (float)v;
 		break;
 	}
@@ -157,26 +176,42 @@ int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char 
 				was.sink, was.window);
 	}
 	int p = k->page;
-	if (p <= 0 || k->budget % p || k->sink % p || k->window % p)
+	if (!strcmp(o->policy, "refreshkv")) {
+		/* refreshkv's budget is a token count per KV head, not pages: only the host copy's
+		 * page size and the budget's floor apply (docs/design.md §5). */
+		if (p <= 0 || k->budget < 8)
+			return snprintf(err, errlen, "--budget %d: refreshkv needs a partial cache of "
+					"at least 8 tokens", k->budget), -EINVAL;
+	} else if (p <= 0 || k->budget % p || k->sink % p || k->window % p) {
 		return snprintf(err, errlen,
 				"budget %d, sink %d and window %d must be multiples of the page size %d",
 				k->budget, k->sink, k->window, p), -EINVAL;
-	if (k->window < p)
+	} else if (k->window < p) {
 		return snprintf(err, errlen, "window %d must hold at least one page (%d)", k->window,
 				p), -EINVAL;
-	if ((long)k->budget < (long)k->sink + k->window + p)
+	} else if ((long)k->budget < (long)k->sink + k->window + p) {
 		return snprintf(err, errlen,
 				"budget %d must be at least sink %d + window %d + one page %d",
 				k->budget, k->sink, k->window, p), -EINVAL;
+	}
 	if (k->full_layers < 0 || !(k->tau >= 0.0f))
 		return snprintf(err, errlen, "full layers and tau must be >= 0"), -EINVAL;
+	/* 0 is "not given" (the policy's default); the flags refuse 0 themselves */
+	if (!(k->top_p >= 0.0f && k->top_p <= 1.0f))
+		return snprintf(err, errlen, "kv-top-p %g must be in (0, 1]", (double)k->top_p),
+		       -EINVAL;
+	if (k->recalibrate < 0)
+		return snprintf(err, errlen, "recalibrate %d must be >= 1", k->recalibrate),
+		       -EINVAL;
 	return 0;
 }
 
 const char *policy_opts_usage(void)
 {
-	return "[--policy full|streaming|quest|freekv] [--page-size N] [--budget N] [--sink N] "
-	       "[--window N] [--tau F] [--full-layers N] [--debug-invariants]";
+	return "[--policy full|streaming|quest|freekv|hardkv|refreshkv] [--page-size N] "
+	       "[--budget N] [--sink N] [--window N] [--tau F] [--full-layers N] "
+	       "[--debug-invariants] [--kv-top-p P] [--recalibrate R] [--refresh-stride Q] "
+	       "[--refresh-threshold S]";
 }
 
 int kvcache_resolve_opts(struct kv_policy_opts *o, int64_t max_tokens)
@@ -190,6 +225,8 @@ int kvcache_resolve_opts(struct kv_policy_opts *o, int64_t max_tokens)
 	}
 	struct policy_opts po;
 	policy_opts_default(&po);
+	po.kv.top_p = o->top_p; /* checked here too */
+	po.kv.recalibrate = o->recalibrate;
 	char err[160];
 	int ret = policy_opts_finalize(&po, max_tokens > INT_MAX ? INT_MAX : (int)max_tokens, NULL,
 				       err, sizeof err);

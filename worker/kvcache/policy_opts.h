@@ -1,7 +1,9 @@
 /* policy_opts — the retrieval knobs every command shares (--policy, --page-size, --budget,
- * --sink, --window, --tau, --full-layers) and their defaults (full, 32 / 2048 / 512 / 512 / 0.9
- * / 1), scaled down for models whose context is shorter than the budget needs, with a notice.
- * Plain data; nothing is allocated. */
+ * --sink, --window, --tau, --full-layers, --kv-top-p, --recalibrate, --refresh-stride,
+ * --refresh-threshold) and their defaults (full, 32 / 2048 / 512 / 512 / 0.9 / 1; top-p and
+ * recalibrate 0, the policy's own: hardkv 0.9 and 128; refreshkv 5 / 0.85), scaled down for
+ * models whose context is shorter than the budget needs, with a notice. Plain data; nothing is
+ * allocated. */
 #ifndef FREEKV_POLICY_OPTS_H
 #define FREEKV_POLICY_OPTS_H
 
@@ -11,7 +13,7 @@
 #include "kvcache.h"
 
 struct policy_opts {
-	char policy[16];	   /* full | streaming | quest | freekv */
+	char policy[16];	   /* full | streaming | quest | freekv | hardkv | refreshkv */
 	struct kv_policy_opts kv;  /* page, budget, sink, window, full_layers, tau (kvcache.h) */
 	bool set_page, set_budget, set_sink, set_window; /* given on the command line */
 };
@@ -22,7 +24,9 @@ void policy_opts_default(struct policy_opts *o);
 int policy_opts_parse_flag(struct policy_opts *o, int argc, char **argv, int *i, char *err,
 			   size_t errlen);
 /* Checks consistency and scales defaults down for a model of ctx_len tokens, printing what it
- * changed to notice (may be NULL). 0 or -EINVAL with a message. */
+ * changed to notice (may be NULL). The checks are those of o->policy: refreshkv's budget is
+ * any count from 8 on, the paged policies' (and full's) a page multiple with room for the sink,
+ * the window and a page. 0 or -EINVAL with a message. */
 int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char *err,
 			 size_t errlen);
 /* One line for --help. */

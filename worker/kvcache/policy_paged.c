@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "hostkv.h"
+#include "topp.h"
 
 int64_t paged_now_ns(void)
 {
@@ -49,6 +50,8 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 	free(L->units_r);
 	free(L->spec_heads);
 	free(L->att_now);
+	free(L->theta_k);
+	free(L->theta_k_prev);
 }
 
 void paged_destroy(void *st)
@@ -74,6 +77,7 @@ void paged_destroy(void *st)
 	free(s->span_page);
 	free(s->first);
 	free(s->slot_list);
+	free(s->head_tok);
 	free(s->chk);
 	free(s->hslot);
 	free(s);
@@ -90,7 +94,9 @@ static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 		cap *= 2;
 	size_t d = (size_t)s->g.d, H = (size_t)s->g.n_kv, old = (size_t)L->page_cap;
 	float *mn = calloc(H * cap * d, sizeof *mn), *mx = calloc(H * cap * d, sizeof *mx);
-	size_t sf = select_scratch_floats(&s->g, cap);
+	/* top-p selection reads the scratch as doubles (topp.h) */
+	size_t sf = select_scratch_floats(&s->g, cap), tf = 2 * topp_scratch_doubles(&s->g, cap);
+	sf = sf > tf ? sf : tf;
 	float *sc = malloc(sf * sizeof *sc), *sr = malloc(sf * sizeof *sr);
 	if (!mn || !mx || !sc || !sr) {
 		free(mn);
@@ -132,8 +138,12 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	L->units_r = calloc(H * K, sizeof *L->units_r);
 	L->spec_heads = calloc(H, 1);
 	L->att_now = calloc(H, 1);
+	L->theta_k = calloc(H, sizeof *L->theta_k);
+	L->theta_k_prev = calloc(H, sizeof *L->theta_k_prev);
+	L->since_cal = -1;
 	if (!L->slots || !L->res || !L->target || !L->fresh || !L->att || !L->q_last ||
-	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads || !L->att_now)
+	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads || !L->att_now ||
+	    !L->theta_k || !L->theta_k_prev)
 		return -ENOMEM;
 	for (size_t i = 0; i < K * H; i++)
 		L->res[i] = -1;
@@ -177,6 +187,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->n_slots = o->budget / o->page;
 	s->slot_floats = (size_t)2 * o->page * s->g.n_kv * s->g.d;
 	s->full_layers = o->full_layers < p->n_layers ? o->full_layers : p->n_layers;
+	s->top_p = !strat->top_p ? 0.0 : o->top_p > 0.0f ? o->top_p : strat->top_p_default;
+	s->recal = o->recalibrate > 0 ? o->recalibrate : 128;
 	ret = kv_wt_init(&s->wt, be, p->host, &p->attn, o->page);
 	if (ret) {
 		free(s);
@@ -188,10 +200,11 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->span_page = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->span_page);
 	s->first = calloc((size_t)s->g.n_kv + 1, sizeof *s->first);
 	s->slot_list = calloc((size_t)s->g.n_kv * s->n_slots, sizeof *s->slot_list);
+	s->head_tok = calloc((size_t)s->g.n_kv, sizeof *s->head_tok);
 	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
 	s->hslot = malloc(s->slot_floats * sizeof *s->hslot);
 	bool ok = s->L && s->hq && s->spans && s->span_page && s->first && s->slot_list &&
-		  s->chk && s->hslot;
+		  s->head_tok && s->chk && s->hslot;
 	ret = ok ? 0 : -ENOMEM;
 	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
 		ret = layer_init(s, &s->L[l], l);
@@ -498,29 +511,24 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 	return 0;
 }
 
-/* Whether the spans fit attn_decode_slots: every head the same number of pages holding the same
- * number of tokens (*n_tok), every page full but each head's last. build_spans meets this in
- * every phase (the partial tail page is the last page and never a candidate; each head attends
- * the sink, lay->k distinct candidates and the window); a false here means a strategy broke
- * the selection, and the step falls back to attn_decode_heads over the spans as they are. */
-static bool spans_fit_slots(const struct paged *s, int64_t *n_tok)
+/* Whether the spans fit attn_decode_slots: every page full but each head's last, at least one
+ * page a head; the tokens of each head go to s->head_tok. build_spans meets this in every phase
+ * (the partial tail page is the last page and never a candidate; each head attends the sink,
+ * its distinct candidates and the window); a false here means a strategy broke the selection,
+ * and the step falls back to attn_decode_heads over the spans as they are. */
+static bool spans_fit_slots(const struct paged *s)
 {
-	const int H = s->g.n_kv, pages = s->first[1] - s->first[0];
-	int64_t tok = -1;
-	for (int h = 0; h < H; h++) {
+	for (int h = 0; h < s->g.n_kv; h++) {
 		int64_t t = 0;
-		if (s->first[h + 1] - s->first[h] != pages || pages <= 0)
+		if (s->first[h + 1] <= s->first[h])
 			return false;
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++) {
 			if (sp + 1 < s->first[h + 1] && s->spans[sp].n != s->g.p)
 				return false;
 			t += s->spans[sp].n;
 		}
-		if (tok >= 0 && t != tok)
-			return false;
-		tok = t;
+		s->head_tok[h] = (int32_t)t;
 	}
-	*n_tok = tok;
 	return true;
 }
 
@@ -557,27 +565,52 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_topk: a head
- * whose pages were selected with this step's query attends exactly the top-k of q_t at this
- * layout; the others (freekv's unflagged heads) exactly the top-k of the previous query at the
- * previous step's layout. Every query head of a group reads its KV head's pages (spans are per
- * KV head), so the group shares one selection. */
+/* The selection docs/design.md §5 defines for the strategy: top-k, or top-p on the calibrated
+ * scores of temperatures theta_k. */
+static void select_with(const struct paged *s, const struct paged_layer *L, const float *q,
+			const struct select_layout *lay, const int8_t *theta_k, int *pages,
+			float *scratch)
+{
+	if (s->top_p > 0.0)
+		/* the scratch holds doubles here: grow_summaries sized it for both */
+		topp_select(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, theta_k, s->top_p, pages,
+			    (double *)(void *)scratch);
+	else
+		select_topk(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, pages, scratch);
+}
+
+/* Selected pages head h attends at a compressed step: its row of L->att up to the first -1. */
+static int att_count(const struct paged *s, const struct paged_layer *L, int h,
+		     const struct select_layout *lay)
+{
+	const int *row = L->att + (size_t)h * s->k_sel;
+	int c = 0;
+	while (c < lay->k && row[c] >= 0)
+		c++;
+	return c;
+}
+
+/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_with: a
+ * head whose pages were selected with this step's query attends exactly the selection of q_t at
+ * this layout (with the current temperatures); the others (freekv's unflagged heads) exactly the
+ * selection of the previous query at the previous step's layout and temperatures. Every query
+ * head of a group reads its KV head's pages (spans are per KV head), so the group shares one
+ * selection. */
 static int check_selection(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
 {
 	const int H = s->g.n_kv, K = s->k_sel;
 	int *now = malloc((size_t)2 * H * K * sizeof *now), *prev = now + (size_t)H * K;
 	if (!now)
 		return -ENOMEM;
-	select_topk(&s->g, lay, s->hq, L->kmin, L->kmax, L->page_cap, now, L->scratch_c);
+	select_with(s, L, s->hq, lay, L->theta_k, now, L->scratch_c);
 	if (L->prev_valid)
-		select_topk(&s->g, &L->prev_lay, L->q_last, L->kmin, L->kmax, L->page_cap, prev,
-			    L->scratch_c);
+		select_with(s, L, L->q_last, &L->prev_lay, L->theta_k_prev, prev, L->scratch_c);
 	int ret = 0;
 	for (int h = 0; h < H && !ret; h++) {
 		const int *want = L->att_now[h] ? now : L->prev_valid ? prev : NULL;
 		if (want && memcmp(L->att + h * K, want + h * K, (size_t)K * sizeof *want)) {
-			fprintf(stderr, "policy %s: layer %d head %d: pages are not the top-%d of the "
-				"%s query\n", s->strat->name, L->layer, h, K,
+			fprintf(stderr, "policy %s: layer %d head %d: pages are not the selection of "
+				"the %s query\n", s->strat->name, L->layer, h,
 				L->att_now[h] ? "current" : "previous");
 			ret = -EIO;
 		}
@@ -586,43 +619,46 @@ static int check_selection(struct paged *s, struct paged_layer *L, const struct 
 	return ret;
 }
 
-/* Debug: the selection is lay->k distinct candidates per head (the top-k docs/design.md §5 defines, for
- * the strategies that select), every page the step attends equals its page in the host copy
- * — read where the attention op will read it: slot_list with the op's row counts when
- * use_slots (n_tok tokens per head), else the spans — and the summaries are current. */
+/* Debug: the selection is lay->k distinct candidates per head — between 1 and lay->k under
+ * top-p, the row -1 past them — (the selection docs/design.md §5 defines, for the strategies
+ * that select), every page the step attends equals its page in the host copy — read where the
+ * attention op will read it: slot_list with the op's row counts (s->head_tok) when use_slots,
+ * else the spans — and the summaries are current. */
 static int check_invariants(struct paged *s, struct paged_layer *L,
-			    const struct select_layout *lay, int len, bool use_slots, int64_t n_tok)
+			    const struct select_layout *lay, int len, bool use_slots)
 {
 	const int H = s->g.n_kv;
-	if (lay->compressed) {
-		for (int h = 0; h < H; h++)
-			for (int i = 0; i < lay->k; i++) {
-				int pg = L->att[h * s->k_sel + i];
-				if (pg < lay->cand_begin || pg >= lay->cand_end ||
-				    (i && pg <= L->att[h * s->k_sel + i - 1])) {
-					fprintf(stderr, "policy %s: layer %d head %d: selection is not "
-						"%d distinct candidates\n", s->strat->name, L->layer, h,
-						lay->k);
-					return -EIO;
-				}
-			}
+	for (int h = 0; h < H && lay->compressed; h++) {
+		const int *row = L->att + (size_t)h * s->k_sel, c = att_count(s, L, h, lay);
+		bool bad = c < 1 || (s->top_p == 0.0 && c != lay->k);
+		for (int i = 0; i < lay->k && !bad; i++)
+			bad = i >= c ? row[i] != -1
+			      : row[i] < lay->cand_begin || row[i] >= lay->cand_end ||
+					(i && row[i] <= row[i - 1]);
+		if (bad) {
+			fprintf(stderr, "policy %s: layer %d head %d: selection is not %s%d distinct "
+				"candidates\n", s->strat->name, L->layer, h,
+				s->top_p > 0.0 ? "1 to " : "", lay->k);
+			return -EIO;
+		}
 	}
 	if (lay->compressed && s->strat->recalls) {
 		int ret = check_selection(s, L, lay);
 		if (ret)
 			return ret;
 	}
-	/* Every head attends all of the sequence but the unselected candidates. */
-	const int64_t want = len - (int64_t)(lay->compressed ? lay->cand_end - lay->cand_begin -
-								lay->k : 0) * s->g.p;
+	/* Every head attends all of the sequence but its unselected candidates. */
 	for (int h = 0; h < H; h++) {
+		const int64_t want = len - (int64_t)(lay->compressed ? lay->cand_end - lay->cand_begin -
+									 att_count(s, L, h, lay)
+								      : 0) * s->g.p;
 		int64_t keys = 0;
 		for (int sp = s->first[h]; sp < s->first[h + 1]; sp++)
 			keys += s->spans[sp].n;
-		if (keys != want || (use_slots && n_tok != want)) {
+		if (keys != want || (use_slots && s->head_tok[h] != want)) {
 			fprintf(stderr, "policy %s: layer %d head %d attends %lld keys, not %lld\n",
-				s->strat->name, L->layer, h, (long long)(use_slots ? n_tok : keys),
-				(long long)want);
+				s->strat->name, L->layer, h,
+				(long long)(use_slots ? s->head_tok[h] : keys), (long long)want);
 			return -EIO;
 		}
 	}
@@ -656,7 +692,7 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 			layout_gather_unit(g, mine, h, s->hslot);
 			int n = !use_slots ? (int)s->spans[sp].n
 			      : sp + 1 < s->first[h + 1] ? s->g.p
-							 : (int)(n_tok - (int64_t)i * s->g.p);
+							 : s->head_tok[h] - i * s->g.p;
 			size_t rb = (size_t)g->d * dtype_size(g->dtype);
 			if (memcmp(mine, host, n * rb) ||
 			    memcmp(mine + (size_t)g->p * rb, host + (size_t)g->p * rb, n * rb)) {
@@ -699,13 +735,16 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		ret = s->strat->before_attend(s, L, s->hq, &lay);
 		if (ret)
 			return ret;
-		L->st.pages_selected += (int64_t)lay.k * s->g.n_kv;
+		for (int h = 0; h < s->g.n_kv; h++) {
+			int c = att_count(s, L, h, &lay);
+			L->st.pages_selected += c;
+			L->st.pages_max = c > L->st.pages_max ? c : L->st.pages_max;
+		}
 	}
 	ret = build_spans(s, L, &lay, len);
-	int64_t n_tok = 0;
-	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s, &n_tok);
+	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s);
 	if (!ret && s->p.opts.debug_invariants)
-		ret = check_invariants(s, L, &lay, len, use_slots, n_tok);
+		ret = check_invariants(s, L, &lay, len, use_slots);
 	if (ret)
 		return ret;
 	struct backend_attn a = s->p.attn;
@@ -713,13 +752,14 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	int64_t t0 = paged_now_ns();
 	if (use_slots)
 		ret = be->ops->attn_decode_slots(be->ctx, out, q, L->slots, s->n_slots,
-						 s->slot_list, s->n_slots, n_tok, s->g.p, &a);
+						 s->slot_list, s->n_slots, s->head_tok, s->g.p, &a);
 	else
 		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
 	L->st.ns_attend += paged_now_ns() - t0;
 	if (!ret && lay.compressed && s->strat->after_attend)
 		ret = s->strat->after_attend(s, L, s->hq, &lay);
 	memcpy(L->q_last, s->hq, qd * sizeof(float));
+	memcpy(L->theta_k_prev, L->theta_k, (size_t)s->g.n_kv * sizeof *L->theta_k);
 	L->have_q = true;
 	/* Once the layer's recall has landed, every head holds the top-k of this query here. */
 	L->prev_valid = !ret && lay.compressed && s->strat->recalls;
@@ -776,6 +816,9 @@ void paged_stats(void *st, struct kv_stats *out)
 		b->ns_recall_wait += a->ns_recall_wait;
 		b->ns_recall_hidden += a->ns_recall_hidden;
 		b->ns_attend += a->ns_attend;
+		b->pages_max = a->pages_max > b->pages_max ? a->pages_max : b->pages_max;
+		b->calibrations += a->calibrations;
+		b->ns_calibrate += a->ns_calibrate;
 	}
 }
 
@@ -820,7 +863,7 @@ void paged_select(const struct paged *s, const struct paged_layer *L, const floa
 		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns)
 {
 	int64_t t0 = paged_now_ns();
-	select_topk(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, pages, scratch);
+	select_with(s, L, q, lay, L->theta_k, pages, scratch);
 	*ns += paged_now_ns() - t0;
 }
 
@@ -828,24 +871,31 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 		    struct recall_unit *units, int *n)
 {
 	const int H = s->g.n_kv, K = s->k_sel, n0 = *n;
+	int np = 0; /* wanted pages: the row up to its first -1 */
+	while (np < K && pages[np] >= 0)
+		np++;
 	bool keep[K];
 	int old[K];
 	for (int i = 0; i < K; i++)
 		old[i] = L->res[i * H + h];
 	for (int i = 0; i < K; i++) {
 		keep[i] = false;
-		for (int j = 0; j < K && !keep[i]; j++)
-			keep[i] = L->res[i * H + h] == pages[j];
+		for (int j = 0; j < np && !keep[i]; j++)
+			keep[i] = old[i] == pages[j];
 	}
-	int next = 0;
-	for (int j = 0; j < K; j++) {
+	for (int j = 0; j < np; j++) {
 		bool resident = false;
 		for (int i = 0; i < K && !resident; i++)
 			resident = L->res[i * H + h] == pages[j];
 		if (resident)
 			continue;
-		while (keep[next])
-			next++;
+		/* An empty slot first: under top-p a slot no page wants still holds its page for a
+		 * later step that wants it again. */
+		int next = -1;
+		for (int i = 0; i < K && next < 0; i++)
+			next = !keep[i] && old[i] < 0 ? i : -1;
+		for (int i = 0; i < K && next < 0; i++)
+			next = !keep[i] ? i : -1;
 		keep[next] = true;
 		L->res[next * H + h] = pages[j];
 		units[(*n)++] = (struct recall_unit){
@@ -857,9 +907,11 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 		return 0;
 	/* Checked against the residency before planning: the units are exactly the pages that were
 	 * not resident, once each; pages that were resident stay in their slots; the head now holds
-	 * exactly pages, ascending. */
-	bool ok = true;
-	for (int j = 0; j < K; j++) {
+	 * every wanted page once, ascending, and the row is -1 past them. */
+	bool ok = np > 0 || K == 0;
+	for (int j = np; j < K; j++)
+		ok &= pages[j] == -1;
+	for (int j = 0; j < np; j++) {
 		int held = 0, was = 0, planned = 0;
 		for (int i = 0; i < K; i++) {
 			held += L->res[i * H + h] == pages[j];
@@ -871,12 +923,12 @@ int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const i
 	}
 	for (int i = 0; i < K; i++) {
 		bool wanted = false;
-		for (int j = 0; j < K; j++)
+		for (int j = 0; j < np; j++)
 			wanted |= old[i] == pages[j];
 		ok &= !wanted || L->res[i * H + h] == old[i];
 	}
 	int fresh = 0;
-	for (int j = 0; j < K; j++) {
+	for (int j = 0; j < np; j++) {
 		bool was = false;
 		for (int i = 0; i < K; i++)
 			was |= old[i] == pages[j];

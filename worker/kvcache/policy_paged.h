@@ -1,6 +1,6 @@
 /* policy_paged — the device-side paged KV state the retrieval policies share (streaming, quest,
- * freekv; docs/design.md §3, §5), and the seam through which each of them decides what a compressed
- * decode step attends to.
+ * freekv, hardkv; docs/design.md §3, §5), and the seam through which each of them decides what a
+ * compressed decode step attends to.
  *
  * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) f32 — S/p sink slots
  * (pages 0..S/p-1), W/p window slots (a ring: page j >= S/p lives in ring slot (j - S/p) % (W/p)
@@ -20,7 +20,9 @@
  * window, dense prefill), download (page summaries, debug checks), recall_units (recall) and
  * decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
  * each KV head's pages to attn_decode_slots as a slot list (sink, selected, window pages in
- * ascending page order, the partial tail last) when the backend has that op; attn_decode_heads
+ * ascending page order, the partial tail last) and a token count per head (a head attends
+ * between 1 and k selected pages under top-p selection, exactly k otherwise: rows of selected
+ * pages are -1 past a head's count) when the backend has that op; attn_decode_heads
  * over the same pages as spans is the fallback (a backend without the op, or a page list that
  * breaks the op's contract, which the paged layout never produces).
  * Everything here is owned by the paged state (paged_create / destroy); strategies borrow it. */
@@ -66,6 +68,10 @@ struct paged_layer {
 	struct paged *owner;
 	int layer;
 	struct kv_layer_stats st;
+	/* Top-p selection on calibrated scores (policy_hardkv.c, docs/design.md §5 "hardkv"): */
+	int8_t *theta_k;       /* (n_kv): head h's temperature is 2^(theta_k[h] / 2) */
+	int8_t *theta_k_prev;  /* (n_kv): theta_k as the previous step's selections saw it */
+	int since_cal;	       /* compressed steps since the last calibration; -1: none yet */
 };
 
 /* What makes streaming, quest and freekv differ. */
@@ -81,6 +87,8 @@ struct paged_strategy {
 	/* (optional) After the step's attention at that layer. */
 	int (*after_attend)(struct paged *s, struct paged_layer *L, const float *q,
 			    const struct select_layout *lay);
+	bool top_p;	      /* --kv-top-p applies: selection by calibrated mass (policy_hardkv.c) */
+	float top_p_default;  /* P when --kv-top-p is not given; 0: top-k */
 };
 
 struct paged {
@@ -93,6 +101,8 @@ struct paged {
 	int full_layers;
 	void *full;		/* nested `full` state for layers < full_layers, or NULL */
 	struct paged_layer *L;	/* n_layers; entries below full_layers unused */
+	double top_p;		/* P of top-p selection; 0: top-k */
+	int recal;		/* R: compressed steps between calibrations */
 	struct kv_wt wt;
 	struct recall *rc;	/* recall stream (strategies that recall) */
 	float *hq;		/* (n_q, d) host copy of the step's query */
@@ -100,6 +110,7 @@ struct paged {
 	int *span_page;		/* (n_kv * n_slots): the page each span holds */
 	int *first;		/* (n_kv + 1) */
 	int32_t *slot_list;	/* (n_kv, n_slots): head h's i-th span is slot_list[h][i] */
+	int32_t *head_tok;	/* (n_kv): tokens head h's slot list holds */
 	float *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) f32 */
 	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
@@ -121,14 +132,15 @@ int paged_restore(void *st, int64_t len);
 /* Helpers for strategies. */
 /* NHD slot s of a layer. */
 float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
-/* Top-k selection with q for every head at layout lay into pages (n_kv, k_sel); the time is
+/* The strategy's selection with q for every head at layout lay into pages (n_kv, k_sel): top-k,
+ * or top-p on the calibrated scores of L->theta_k (rows -1 past each head's count); the time is
  * added to *ns. scratch: L->scratch_c on the compute thread, L->scratch_r on the copy thread. */
 void paged_select(const struct paged *s, const struct paged_layer *L, const float *q,
 		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns);
-/* Makes head h's selected slots hold pages[0..k_sel) (ascending): pages already resident stay,
- * the others take the slots of pages no longer wanted; appends one unit per page to recall to
- * units at *n and updates L->res. With debug_invariants, -EIO unless exactly the changed pages
- * were planned. */
+/* Makes head h's selected slots hold pages[0..k_sel) (ascending, -1 past its count): pages
+ * already resident stay, the others take empty slots first, then those of pages no longer
+ * wanted; appends one unit per page to recall to units at *n and updates L->res. With
+ * debug_invariants, -EIO unless exactly the changed pages were planned. */
 int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,
 		    struct recall_unit *units, int *n);
 /* Recalls units on the stream and waits for them (recall on the critical path). */
@@ -138,6 +150,13 @@ void paged_drop_selection(struct paged *s, struct paged_layer *L);
 
 int64_t paged_now_ns(void);
 
+/* policy_hardkv.c: calibrates the temperatures of a layer with q at lay when it is due (the
+ * first compressed step, the first after a resume, then every R steps); 0 or -errno. */
+int paged_calibrate(struct paged *s, struct paged_layer *L, const float *q,
+		    const struct select_layout *lay);
+/* kv_policy_ops.layer_select of the paged policies. */
+int paged_layer_select(void *st, int layer, int *pages, float *theta);
+
 /* The kv_policy_ops of a paged policy: every op but create is the shared paged_* one. */
 #define PAGED_POLICY_OPS(NAME, CREATE)                                                        \
 	{                                                                                       \
@@ -145,7 +164,7 @@ int64_t paged_now_ns(void);
 		.step_begin = paged_step_begin, .layer_begin = NULL, .append = paged_append,   \
 		.attend = paged_attend, .layer_end = NULL, .step_end = paged_step_end,         \
 		.length = paged_length, .stats = paged_stats, .layer_stats = paged_layer_stats, \
-		.restore = paged_restore,                                                      \
+		.restore = paged_restore, .layer_select = paged_layer_select,                  \
 	}
 
 #endif

@@ -39,6 +39,7 @@ struct model_priv {
 /* A tensor as found in the file, dims in row-major order (dims[n_dims-1] contiguous). */
 struct raw {
 	enum fkv_dtype dtype;
+	enum fkv_quant quant;	/* GGUF block format, FKV_QNONE when dtype holds */
 	int n_dims;
 	int64_t dims[8];
 	const void *data;
@@ -142,7 +143,9 @@ static int find_raw(const struct model_priv *p, const char *name, struct raw *r)
 		if (i < 0)
 			return -ENOENT;
 		const struct gguf_tensor_info *t = gguf_tensor(p->gguf, i);
-		r->dtype = t->dtype;
+		r->dtype = t->has_dtype ? t->dtype : FKV_F32;
+		if (!t->has_dtype && quant_from_ggml(t->type, &r->quant))
+			return -EPROTO; /* gguf_check_types refused it already */
 		r->n_dims = t->n_dims;
 		for (int d = 0; d < t->n_dims; d++)
 			r->dims[d] = t->ne[t->n_dims - 1 - d];
@@ -188,8 +191,19 @@ static int bind(struct fkv_model *m, struct model_priv *p, const char *name, enu
 		fmt_shape(b, sizeof b, r.dims, r.n_dims);
 		return errmsg(err, errlen, -EINVAL, "model: tensor '%s' has shape %s, expected %s", name, b, a);
 	}
+	if (r.quant) {
+		/* blocks as they are: only matrices are quantized, whole blocks per row */
+		size_t rb = want_dims == 2 ? quant_row_bytes(r.quant, want[1]) : 0;
+		if (!rb)
+			return errmsg(err, errlen, -EINVAL, "model: tensor '%s' is %s, which needs a matrix whose "
+				    "rows are whole blocks of %d", name, quant_name(r.quant), quant_block_elems(r.quant));
+		if (r.size != (uint64_t)want[0] * rb)
+			return errmsg(err, errlen, -EINVAL, "model: tensor '%s' (%s) holds %" PRIu64 " bytes, expected "
+				    "%" PRId64 " rows of %zu", name, quant_name(r.quant), r.size, want[0], rb);
+	}
 	const void *data = r.data;
-	if ((uintptr_t)data % dtype_size(r.dtype)) {
+	/* blocks start with f16 fields: 2-byte alignment */
+	if ((uintptr_t)data % (r.quant ? 2 : dtype_size(r.dtype))) {
 		/* the format allows it; the backends read whole elements */
 		void **nc = realloc(p->copies, (size_t)(p->n_copies + 1) * sizeof *nc);
 		if (!nc)
@@ -204,6 +218,7 @@ static int bind(struct fkv_model *m, struct model_priv *p, const char *name, enu
 	}
 	dst->data = data;
 	dst->dtype = r.dtype;
+	dst->quant = r.quant;
 	dst->n_dims = want_dims;
 	dst->shape[0] = want[0];
 	dst->shape[1] = want_dims == 2 ? want[1] : 1;
@@ -248,8 +263,8 @@ static int bind_all(struct fkv_model *m, struct model_priv *p, char *err, size_t
 static void resolve_output(struct fkv_model *m)
 {
 	const struct fkv_tensor *e = &m->tok_embd, *o = &m->output;
-	bool same = o->data && o->dtype == e->dtype &&
-		    !memcmp(o->data, e->data, (size_t)(e->shape[0] * e->shape[1]) * dtype_size(e->dtype));
+	bool same = o->data && o->dtype == e->dtype && o->quant == e->quant &&
+		    !memcmp(o->data, e->data, model_tensor_bytes(e));
 	if (!o->data || same || (!m->is_gguf && m->cfg.tied_embeddings)) {
 		m->output = m->tok_embd;
 		m->cfg.tied_embeddings = true;
@@ -274,15 +289,17 @@ static int check_claimed(const struct fkv_model *m, const struct model_priv *p, 
 	return 0;
 }
 
-/* gguf_open() describes tensors of every ggml type; the backends compute on three. */
+/* gguf_open() describes tensors of every ggml type; the backends compute on F32, F16, BF16 and
+ * the block formats of quant.h. */
 static int gguf_check_types(const struct gguf_ctx *g, char *err, size_t errlen)
 {
 	for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
 		const struct gguf_tensor_info *t = gguf_tensor(g, i);
-		if (!t->has_dtype)
+		enum fkv_quant q;
+		if (!t->has_dtype && quant_from_ggml(t->type, &q))
 			return errmsg(err, errlen, -EPROTO,
-				    "gguf: tensor '%s' has type %s (%u); only F32, F16 and BF16 are supported "
-				    "(a quantized file cannot be loaded yet)", t->name, t->type_name, t->type);
+				    "gguf: tensor '%s' has type %s (%u); supported: F32, F16, BF16, Q8_0, Q4_0, "
+				    "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K", t->name, t->type_name, t->type);
 	}
 	return 0;
 }
@@ -538,6 +555,9 @@ static int bind_rope_freqs(struct fkv_model *m, struct model_priv *p, char *err,
 	const struct gguf_tensor_info *t = gguf_tensor(p->gguf, ti);
 	struct fkv_model_config *c = &m->cfg;
 	int n = c->head_dim / 2;
+	if (!t->has_dtype)
+		return errmsg(err, errlen, -EINVAL, "model: tensor 'rope_freqs.weight' is %s; it must be F32, F16 "
+			    "or BF16", t->type_name);
 	if (t->n_dims != 1 || t->ne[0] != n) {
 		int64_t dims[GGUF_MAX_DIMS];
 		char b[96];
@@ -583,9 +603,10 @@ static int fp_tensor(EVP_MD_CTX *h, const char *name, const struct fkv_tensor *t
 		int n = snprintf(line, sizeof line, "tensor %s absent\n", name);
 		return EVP_DigestUpdate(h, line, (size_t)n);
 	}
-	uint64_t size = (uint64_t)(t->shape[0] * t->shape[1]) * dtype_size(t->dtype);
+	uint64_t size = model_tensor_bytes(t);
 	int n = snprintf(line, sizeof line, "tensor %s %s %d %" PRId64 " %" PRId64 " %" PRIu64 "\n", name,
-			 dtype_name(t->dtype), t->n_dims, t->shape[0], t->shape[1], size);
+			 t->quant ? quant_name(t->quant) : dtype_name(t->dtype), t->n_dims, t->shape[0],
+			 t->shape[1], size);
 	if (!EVP_DigestUpdate(h, line, (size_t)n))
 		return 0;
 	const uint8_t *d = t->data;
@@ -637,6 +658,15 @@ static int fingerprint(struct fkv_model *m, char *err, size_t errlen)
 	return ok ? 0 : errmsg(err, errlen, -EIO, "model: SHA-256 failed (OpenSSL)");
 }
 
+size_t model_tensor_bytes(const struct fkv_tensor *t)
+{
+	if (!t->data)
+		return 0;
+	if (t->quant)
+		return (size_t)t->shape[0] * quant_row_bytes(t->quant, t->shape[1]);
+	return (size_t)(t->shape[0] * t->shape[1]) * dtype_size(t->dtype);
+}
+
 void model_fingerprint_hex(const struct fkv_model *m, char out[2 * FKV_FINGERPRINT_BYTES + 1])
 {
 	for (int i = 0; i < FKV_FINGERPRINT_BYTES; i++)
@@ -683,7 +713,7 @@ static int load(const char *path, struct fkv_model *m, struct model_priv *p, cha
 	if ((ret = bind_all(m, p, err, errlen)) || (ret = check_claimed(m, p, err, errlen)))
 		return ret;
 	resolve_output(m);
-	m->cfg.dtype = m->layers[0].wq.dtype;
+	m->cfg.dtype = m->layers[0].wq.quant ? FKV_F16 : m->layers[0].wq.dtype;
 	return fingerprint(m, err, errlen);
 }
 

@@ -2,7 +2,8 @@
  *
  * model_load() opens a GGUF file or a Hugging Face folder (config.json + safetensors), maps the
  * tensor data read-only and fills a struct fkv_model whose tensors point into those mappings:
- * weights stay in their file dtype (f32, f16, bf16) and are converted by the backend. The model
+ * weights stay in their file dtype (f32, f16, bf16) or GGUF block-quantized format (Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; docs/quant.md) and are converted by the backend. The model
  * owns the mappings and every allocation; model_free() releases them all. Loaders never crash on
  * bad files: they return a negative errno and write a message naming the key or tensor to err.
  *
@@ -35,6 +36,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "quant.h"
 
 #define FKV_MAX_LAYERS 256
 #define FKV_FINGERPRINT_BYTES 32
@@ -46,11 +48,15 @@ enum fkv_rope_style {
 	FKV_ROPE_HALVES = 1,	  /* pairs (i, i + d/2): Hugging Face Llama/Mistral/Qwen2 */
 };
 
+/* A quantized tensor (quant != FKV_QNONE) holds ggml blocks as the file has them, each row
+ * quant_row_bytes(quant, cols) bytes (docs/quant.md); its dtype is FKV_F32, what the blocks
+ * dequantize to. Only 2-D weights are ever quantized. */
 struct fkv_tensor {
 	const void *data;	 /* borrowed: points into the model's mapping (or arena) */
 	enum fkv_dtype dtype;
 	int n_dims;		 /* 1 or 2 */
 	int64_t shape[2];	 /* (rows, cols); for 1-D tensors shape[0] = n, shape[1] = 1 */
+	enum fkv_quant quant;	 /* FKV_QNONE: elements of dtype (last, so positional initialisers hold) */
 };
 
 struct fkv_model_config {
@@ -78,7 +84,8 @@ struct fkv_model_config {
 	int n_eos;		/* all end-of-sequence ids (Llama 3.1 lists three) */
 	int eos_ids[FKV_MAX_EOS];
 	int sliding_window;	/* Mistral v0.1 sliding-window attention span; 0 = none */
-	enum fkv_dtype dtype;	/* dtype of the large weights; also the KV dtype */
+	enum fkv_dtype dtype;	/* dtype of the large weights; also the KV dtype (f16 when the
+				 * weights are quantized, as llama.cpp keeps its KV) */
 };
 
 struct fkv_layer_weights {
@@ -120,6 +127,9 @@ struct fkv_model {
 int model_load(const char *path, struct fkv_model *m, char *err, size_t errlen);
 /* Releases everything model_load() allocated or mapped. Safe on a zeroed struct. */
 void model_free(struct fkv_model *m);
+
+/* Bytes of t's data (blocks for a quantized tensor); 0 when t is absent. */
+size_t model_tensor_bytes(const struct fkv_tensor *t);
 
 /* Writes the fingerprint as 64 lowercase hex digits and a NUL. */
 void model_fingerprint_hex(const struct fkv_model *m, char out[2 * FKV_FINGERPRINT_BYTES + 1]);

@@ -44,6 +44,10 @@ void serve_metrics_end(struct serve_metrics *m, const char *reason, const struct
 		prom_inc(&m->recall_hidden_ns, (uint64_t)st->sum.ns_recall_hidden);
 		prom_inc(&m->corrections, (uint64_t)st->sum.corrections);
 		prom_inc(&m->head_checks, (uint64_t)st->sum.head_checks);
+		prom_inc(&m->retrieval_steps, (uint64_t)st->sum.steps);
+		prom_inc(&m->full_steps, (uint64_t)st->sum.full_steps);
+		prom_inc(&m->tokens_fetched, (uint64_t)st->sum.tokens_fetched);
+		prom_inc(&m->full_ns, (uint64_t)st->sum.ns_full);
 	}
 }
 
@@ -82,6 +86,17 @@ void serve_metrics_collect(void *ctx, struct prom_buf *b)
 		 "KV heads whose speculative selection was corrected", (double)prom_get(&m->corrections));
 	prom_one(b, "freekv_worker_correction_checks_total", "counter",
 		 "KV heads checked for correction", (double)prom_get(&m->head_checks));
+	prom_one(b, "freekv_worker_retrieval_steps_total", "counter",
+		 "Decode steps past the budget at retrieval layers, summed over layers",
+		 (double)prom_get(&m->retrieval_steps));
+	prom_one(b, "freekv_worker_full_steps_total", "counter",
+		 "refreshkv: of those, full-attention steps; full-step rate = full / retrieval steps",
+		 (double)prom_get(&m->full_steps));
+	prom_one(b, "freekv_worker_tokens_fetched_total", "counter",
+		 "refreshkv: head-token rows fetched into the partial sets",
+		 (double)prom_get(&m->tokens_fetched));
+	prom_one(b, "freekv_worker_full_step_seconds_total", "counter",
+		 "refreshkv: time in full steps", (double)prom_get(&m->full_ns) / 1e9);
 	prom_family(b, "freekv_worker_time_to_first_token_seconds", "histogram",
 		    "Admission to the first sampled token");
 	prom_hist_write(b, "freekv_worker_time_to_first_token_seconds", NULL, 0, &m->ttft);

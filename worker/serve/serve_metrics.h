@@ -2,7 +2,8 @@
  * how they ended, refusals, prompt and generated tokens, time to first token and per output
  * token, engine step time and batch size, active and queued requests, and the retrieval
  * counters of the policies (recall bytes, recall time waited for and hidden, head corrections
- * and checks) summed over finished requests. serve_batch.c records them on its one thread;
+ * and checks; refreshkv's steps past the budget, full steps, rows fetched and time in full
+ * steps) summed over finished requests. serve_batch.c records them on its one thread;
  * kvworker serve's --metrics server (metrics/prom_http.c) renders them on another, which is why
  * every field is atomic or a locked histogram.
  *
@@ -21,6 +22,7 @@ enum sm_end { SM_EOS, SM_LENGTH, SM_CONTEXT, SM_CANCELLED, SM_SHUTDOWN, SM_ERROR
 struct serve_metrics {
 	struct prom_counter ended[SM_N_ENDS], refused, prompt_tokens, generated_tokens, steps;
 	struct prom_counter recall_bytes, recall_wait_ns, recall_hidden_ns, corrections, head_checks;
+	struct prom_counter retrieval_steps, full_steps, tokens_fetched, full_ns;
 	_Atomic int active, queued;
 	struct prom_hist ttft, tpot, step, batch;
 };

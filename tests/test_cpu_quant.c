@@ -1,0 +1,178 @@
+/* Tests for worker/backend/cpu_quant.c and the CPU backend's quantized paths: for every block
+ * format, on random blocks, the tile kernel equals the reference quant_dequant() bit for bit
+ * (itself checked against float64 in test_quant.c); the dot kernel is within 1e-5 of the
+ * float64 dot product of the reference values (normalised by Σ|w x|, since a sum that cancels
+ * has no relative error to speak of); and through the ops table, matmul with one activation row
+ * (the dot path) and with several (dequantized tiles + sgemm) and embed agree with the same
+ * float64 reference, bit for bit across thread counts. */
+#include "test_util.h"
+
+#include <errno.h>
+#include <math.h>
+
+#include "backend.h"
+#include "cpu_quant.h"
+#include "dtype.h"
+
+static struct backend *be;
+
+static int setup(void **state)
+{
+	(void)state;
+	return backend_cpu_new(&be, 2);
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	backend_free(be);
+	return 0;
+}
+
+static uint64_t seed = 0xc0ffee;
+
+static const enum fkv_quant formats[] = { FKV_Q8_0, FKV_Q4_0, FKV_Q4_1, FKV_Q5_0,
+					  FKV_Q5_1, FKV_Q4_K, FKV_Q5_K, FKV_Q6_K };
+#define N_FMT (sizeof formats / sizeof formats[0])
+
+/* A random (rows, cols) matrix of format q with finite f16 scales of magnitude <= 1/8. */
+static uint8_t *rand_matrix(enum fkv_quant q, int64_t rows, int64_t cols)
+{
+	const size_t rb = quant_row_bytes(q, cols), bb = quant_block_bytes(q);
+	assert_true(rb > 0);
+	uint8_t *w = malloc(rb * (size_t)rows);
+	assert_non_null(w);
+	for (size_t i = 0; i < rb * (size_t)rows; i++)
+		w[i] = (uint8_t)test_rand(&seed);
+	for (uint8_t *b = w; b < w + rb * (size_t)rows; b += bb) {
+		uint16_t h[2] = { f32_to_f16(test_randf(&seed) / 8), f32_to_f16(test_randf(&seed) / 8) };
+		if (q == FKV_Q6_K)
+			memcpy(b + 208, h, 2);
+		else
+			memcpy(b, h, q == FKV_Q8_0 || q == FKV_Q4_0 || q == FKV_Q5_0 ? 2 : 4);
+	}
+	return w;
+}
+
+static float *randv(int64_t n)
+{
+	float *v = malloc((size_t)n * sizeof *v);
+	assert_non_null(v);
+	for (int64_t i = 0; i < n; i++)
+		v[i] = test_randf(&seed);
+	return v;
+}
+
+/* Largest |got - want| / Σ|w x| over the rows of y = w x, want in float64 from dequantized w. */
+static double dot_err(const float *got, const float *wd, const float *x, int64_t rows, int64_t cols)
+{
+	double worst = 0;
+	for (int64_t r = 0; r < rows; r++) {
+		double s = 0, a = 1e-30;
+		for (int64_t c = 0; c < cols; c++) {
+			s += (double)wd[r * cols + c] * x[c];
+			a += fabs((double)wd[r * cols + c] * x[c]);
+		}
+		assert_false(isnan(got[r]));
+		worst = fmax(worst, fabs(got[r] - s) / a);
+	}
+	return worst;
+}
+
+static void test_kernels(void **state)
+{
+	(void)state;
+	for (size_t f = 0; f < N_FMT; f++) {
+		const enum fkv_quant q = formats[f];
+		const int be = quant_block_elems(q);
+		const int64_t colss[] = { be, 3 * be, 4096 };
+		for (size_t ci = 0; ci < 3; ci++) {
+			const int64_t rows = 37, cols = colss[ci];
+			uint8_t *w = rand_matrix(q, rows, cols);
+			float *ref = malloc(sizeof(float) * (size_t)(rows * cols));
+			float *tile = malloc(sizeof(float) * (size_t)(rows * cols));
+			float *x = randv(cols), *y = malloc(sizeof(float) * (size_t)rows);
+			assert_non_null(ref);
+			assert_non_null(tile);
+			assert_non_null(y);
+			quant_dequant(q, ref, w, rows * cols);
+			/* rows 5 .. 5+m: the tile kernel starts where it is told */
+			cpu_quant_dequant_rows(tile, w, q, cols, 5, rows - 5);
+			assert_memory_equal(tile, ref + 5 * cols, sizeof(float) * (size_t)((rows - 5) * cols));
+			for (int64_t r = 0; r < rows; r++)
+				y[r] = NAN;
+			cpu_quant_dot_rows(y, x, w, q, cols, 1, rows);
+			assert_true(isnan(y[0])); /* rows before r0 untouched */
+			double e = dot_err(y + 1, ref + cols, x, rows - 1, cols);
+			if (!(e < 1e-5))
+				fail_msg("%s, %lld columns: dot error %g", quant_name(q), (long long)cols, e);
+			free(w);
+			free(ref);
+			free(tile);
+			free(x);
+			free(y);
+		}
+	}
+}
+
+/* matmul (n = 1 and n = 5) and embed through the ops table, 1 and 2 threads. */
+static void test_backend_ops(void **state)
+{
+	(void)state;
+	for (size_t f = 0; f < N_FMT; f++) {
+		const enum fkv_quant q = formats[f];
+		const int64_t rows = 300, cols = 512, n = 5;
+		uint8_t *w = rand_matrix(q, rows, cols);
+		float *wd = malloc(sizeof(float) * (size_t)(rows * cols)), *x = randv(n * cols);
+		float *y[2], *e[2];
+		assert_non_null(wd);
+		quant_dequant(q, wd, w, rows * cols);
+		struct fkv_tensor t = { .data = w, .dtype = FKV_F32, .n_dims = 2, .shape = { rows, cols }, .quant = q };
+		struct backend_mat m;
+		assert_int_equal(be->ops->weight_load(be->ctx, &t, &m), 0);
+		assert_int_equal(m.quant, q);
+		int32_t ids[3] = { 7, 0, 299 };
+		for (int th = 0; th < 2; th++) {
+			assert_int_equal(be->ops->set_threads(be->ctx, th + 1), 0);
+			y[th] = malloc(sizeof(float) * (size_t)((n + 1) * rows));
+			e[th] = malloc(sizeof(float) * (size_t)(3 * cols));
+			assert_non_null(y[th]);
+			assert_non_null(e[th]);
+			assert_int_equal(be->ops->matmul(be->ctx, y[th], x, &m, 1), 0);
+			assert_int_equal(be->ops->matmul(be->ctx, y[th] + rows, x, &m, n), 0);
+			assert_int_equal(be->ops->embed(be->ctx, e[th], &m, ids, 3), 0);
+			for (int64_t i = 0; i < n; i++) {
+				double err = dot_err(y[th] + rows + i * rows, wd, x + i * cols, rows, cols);
+				if (!(err < 1e-5))
+					fail_msg("%s matmul row %lld: error %g", quant_name(q), (long long)i, err);
+			}
+			assert_true(dot_err(y[th], wd, x, rows, cols) < 1e-5);
+			for (int i = 0; i < 3; i++)
+				assert_memory_equal(e[th] + i * cols, wd + ids[i] * cols, sizeof(float) * cols);
+		}
+		assert_memory_equal(y[0], y[1], sizeof(float) * (size_t)((n + 1) * rows));
+		be->ops->weight_release(be->ctx, &m);
+		for (int th = 0; th < 2; th++) {
+			free(y[th]);
+			free(e[th]);
+		}
+		free(w);
+		free(wd);
+		free(x);
+	}
+	/* a row of partial blocks is refused, not read past */
+	uint8_t blk[64] = { 0 };
+	struct fkv_tensor bad = { .data = blk, .dtype = FKV_F32, .n_dims = 2, .shape = { 1, 48 }, .quant = FKV_Q8_0 };
+	struct backend_mat m;
+	assert_int_equal(be->ops->weight_load(be->ctx, &bad, &m), -EINVAL);
+	assert_int_equal(be->ops->set_threads(be->ctx, 2), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_kernels),
+		cmocka_unit_test(test_backend_ops),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
