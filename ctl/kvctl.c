@@ -109,6 +109,10 @@ static json_object *seq_json(const Freekv__SequenceInfo *s, bool tokens)
 	json_object_object_add(j, "pages_in_flight", json_object_new_uint64(s->pages->in_flight));
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
 	json_object_object_add(j, "model_fingerprint", json_object_new_string(fp));
+	if (s->has_damaged_blocks) {
+		json_object_object_add(j, "damaged_blocks", json_object_new_int64(s->damaged_blocks));
+		json_object_object_add(j, "damaged_cut_from", json_object_new_uint64(s->damaged_cut_from));
+	}
 	if (tokens) {
 		json_object *t = json_object_new_array();
 		for (size_t i = 0; i < s->n_token_ids; i++)
@@ -133,6 +137,24 @@ static json_object *status_json(const Freekv__StatsReply *s)
 	json_object_object_add(j, "blocks_dram", json_object_new_uint64(s->blocks_dram));
 	json_object_object_add(j, "blocks_nvme", json_object_new_uint64(s->blocks_nvme));
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
+	if (s->journal) {
+		const Freekv__JournalStats *jr = s->journal;
+		json_object *o = json_object_new_object();
+		json_object_object_add(o, "path", json_object_new_string(jr->path));
+		json_object_object_add(o, "bytes", json_object_new_uint64(jr->bytes));
+		json_object_object_add(o, "records", json_object_new_uint64(jr->records));
+		json_object_object_add(o, "syncs", json_object_new_uint64(jr->syncs));
+		json_object_object_add(o, "last_compaction_unix", json_object_new_uint64(jr->last_compaction_unix));
+		json_object_object_add(o, "replayed", json_object_new_uint64(jr->replayed));
+		json_object_object_add(o, "replay_ms", json_object_new_uint64(jr->replay_ms));
+		json_object_object_add(o, "adopted_sequences", json_object_new_uint64(jr->adopted_sequences));
+		json_object_object_add(o, "adopted_blocks", json_object_new_uint64(jr->adopted_blocks));
+		json_object_object_add(o, "damaged_sequences", json_object_new_uint64(jr->damaged_sequences));
+		json_object_object_add(o, "damaged_blocks", json_object_new_uint64(jr->damaged_blocks));
+		json_object_object_add(o, "ignored_bytes", json_object_new_uint64(jr->ignored_bytes));
+		json_object_object_add(o, "failed", json_object_new_boolean(jr->failed));
+		json_object_object_add(j, "journal", o);
+	}
 	return j;
 }
 
@@ -163,6 +185,28 @@ static void show_status(const Freekv__StatsReply *s, bool json)
 		       s->workers, s->sequences, s->leases);
 		printf("  DRAM  %12s / %-12s %8" PRIu64 " blocks\n", a, b, s->blocks_dram);
 		printf("  NVMe  %12s / %-12s %8" PRIu64 " blocks\n", c, d, s->blocks_nvme);
+		const Freekv__JournalStats *jr = s->journal;
+		if (!jr) {
+			printf("  journal  off (persist = false, or no nvme_path / journal_path): a restart "
+			       "starts empty\n");
+			return;
+		}
+		char when[64] = "none since start";
+		if (jr->last_compaction_unix) {
+			time_t t = (time_t)jr->last_compaction_unix;
+			strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+		}
+		mib(a, sizeof a, jr->bytes);
+		printf("  journal  %s: %s, %" PRIu64 " records, %" PRIu64 " syncs; last compaction %s\n",
+		       jr->path, a, jr->records, jr->syncs, when);
+		printf("  at start %" PRIu64 " records replayed, %" PRIu64 " sequences and %" PRIu64
+		       " blocks adopted in %" PRIu64 " ms", jr->replayed, jr->adopted_sequences,
+		       jr->adopted_blocks, jr->replay_ms);
+		if (jr->damaged_sequences || jr->ignored_bytes)
+			printf("; DAMAGE: %" PRIu64 " sequences (%" PRIu64 " blocks), %" PRIu64
+			       " journal bytes ignored", jr->damaged_sequences, jr->damaged_blocks,
+			       jr->ignored_bytes);
+		printf("%s\n", jr->failed ? "; a record could not be journaled since start" : "");
 	}
 }
 
@@ -253,9 +297,9 @@ static void ls_table(const Freekv__SequenceList *l)
 		char w[16] = "-";
 		if (s->has_worker_id)
 			snprintf(w, sizeof w, "%u", s->worker_id);
-		printf("%-6" PRIu64 " %-24s %-9s %-6s %10" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 "\n",
+		printf("%-6" PRIu64 " %-24s %-9s %-6s %10" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 "%s\n",
 		       s->seq_id, s->name, state_name(s->state), w, s->committed_tokens, s->pages->dram, s->pages->nvme,
-		       s->pages->in_flight, s->leases);
+		       s->pages->in_flight, s->leases, s->has_damaged_blocks ? "  DAMAGED" : "");
 	}
 }
 
@@ -299,6 +343,10 @@ static int v_show(struct kvs *k, const struct opts *o)
 		       s->geometry->n_layers, s->geometry->n_kv_heads, s->geometry->head_dim, s->geometry->page_size,
 		       dtype_name(s->geometry->dtype), s->block_bytes);
 		printf("committed  %" PRIu64 " tokens\n", s->committed_tokens);
+		if (s->has_damaged_blocks)
+			printf("damaged    a block failed its checksum at a restart: %u blocks are never "
+			       "served, committed cut from %" PRIu64 " tokens (the token ids are kept: "
+			       "resume runs them again)\n", s->damaged_blocks, s->damaged_cut_from);
 		printf("pages      %" PRIu64 " DRAM, %" PRIu64 " NVMe, %" PRIu64 " in flight\n", s->pages->dram,
 		       s->pages->nvme, s->pages->in_flight);
 		printf("leases     %" PRIu64 "\n", s->leases);

@@ -1,5 +1,5 @@
 // page_score — Quest page scores for one sequence's decode query, exactly the semantics of
-// select_scores() (worker/kvcache/select.c, docs/design.md §5 "Selection"): the score of candidate page j for
+// select_scores() (worker/backend/select.c, docs/design.md §5 "Selection"): the score of candidate page j for
 // query head h is sum_i max(q_i * max_ji, q_i * min_ji) / sqrt(d), softmaxed over the candidates
 // per query head, then averaged over the G = n_q / n_kv query heads of each KV head.
 #pragma once

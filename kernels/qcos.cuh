@@ -1,5 +1,5 @@
 // qcos — FreeKV's correction check (docs/design.md §5 step 2): per KV head, the mean over its query
-// group of cos(q_t, q_{t-1}), exactly as select_group_cosine() (worker/kvcache/select.c): accumulated in
+// group of cos(q_t, q_{t-1}), exactly as select_group_cosine() (worker/backend/select.c): accumulated in
 // double; a zero vector has cosine 1 with another zero vector and 0 with anything else.
 #pragma once
 #include <cuda_runtime.h>

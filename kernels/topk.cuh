@@ -1,5 +1,5 @@
 // topk — per KV head, the k best-scoring candidate pages, ties to the lower page, listed in
-// ascending page order: the selection step of select_topk() (worker/kvcache/select.c) run on the
+// ascending page order: the selection step of select_topk() (worker/backend/select.c) run on the
 // scores of page_score(). Exact for any candidate count: a 4-pass radix select finds the k-th
 // largest score, then one ordered pass lists every page above it and the lowest-indexed pages
 // equal to it.

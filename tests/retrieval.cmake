@@ -4,6 +4,8 @@ freekv_add_test(test_policy_opts SOURCES test_policy_opts.c LIBS freekv_runtime 
 freekv_add_test(test_recall SOURCES test_recall.c LIBS freekv_runtime LABELS unit)
 # Greedy generations of stories260K under every policy over an embedded host copy.
 freekv_add_test(test_policies SOURCES test_policies.c LIBS freekv_runtime LABELS unit)
+# The backend's selection ops (CPU twins against select.c) and the policies' use of them.
+freekv_add_test(test_policy_ops SOURCES test_policy_ops.c LIBS freekv_runtime LABELS unit)
 # hardkv and top-p selection against a float64 reference, on stories260K.
 freekv_add_test(test_hardkv SOURCES test_hardkv.c LIBS freekv_runtime LABELS unit)
 # refreshkv against `full` and an independent float64 reference of its semantics.

@@ -4,7 +4,7 @@
 freekv_add_test(test_hostkv SOURCES test_hostkv.c LIBS freekv_runtime LABELS integration
   TIMEOUT 120)
 add_dependencies(test_hostkv kvstored)
-foreach(t resume two_workers)
+foreach(t resume two_workers restart_workers)
   if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_${t}.c)
     freekv_add_test(test_${t} SOURCES test_${t}.c LIBS freekv_runtime LABELS integration
       TIMEOUT 180)
@@ -18,3 +18,9 @@ foreach(t lease_budget lease_resume)
     TIMEOUT 180)
   add_dependencies(test_${t} kvstored kvworker)
 endforeach()
+# kvstored killed at 20 random moments while two workers decode: every run stays exact.
+if(TARGET test_restart_workers)
+  add_test(NAME test_restart_workers_slow COMMAND test_restart_workers --slow)
+  set_tests_properties(test_restart_workers_slow PROPERTIES LABELS slow SKIP_RETURN_CODE 77
+    TIMEOUT 900)
+endif()

@@ -7,7 +7,7 @@ if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_rpc.c)
   freekv_add_test(test_rpc SOURCES test_rpc.c LIBS freekv_store_service LABELS unit)
 endif()
 
-foreach(t data liveness badinput lifecycle kvctl identity swap access)
+foreach(t data liveness badinput lifecycle kvctl identity swap access restart)
   if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_kvstored_${t}.c)
     freekv_add_test(test_kvstored_${t} SOURCES test_kvstored_${t}.c
       LIBS freekv_store PkgConfig::JSONC LABELS integration TIMEOUT 120)

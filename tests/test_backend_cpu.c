@@ -720,6 +720,28 @@ static void test_attn_decode_slots(void **state)
 								    MP, n_tok, p, &a), 0);
 			assert_int_equal(be->ops->set_threads(be->ctx, 2), 0);
 			assert_memory_equal(out, o2, (size_t)H * d * sizeof *out);
+			/* 16-bit slots (CUDA's slot dtype) read as f32 slots holding the same values:
+			 * bit for bit, the accumulation being f32 either way. */
+			const size_t nf = (size_t)NS * 2 * p * row;
+			for (size_t t = 1; t < 3; t++) {
+				float *r32 = malloc(nf * sizeof *r32);
+				void *r16 = malloc(nf * 2);
+				assert_true(r32 && r16);
+				memcpy(r32, slots, nf * sizeof *r32);
+				dtype_round(r32, dtypes[t], nf);
+				dtype_from_f32(r16, r32, dtypes[t], nf);
+				struct backend_attn a16 = a;
+				a16.kv_dtype = dtypes[t];
+				assert_int_equal(be->ops->attn_decode_slots(be->ctx, out, q, r32, NS,
+									    list, MP, n_tok, p, &a),
+						 0);
+				assert_int_equal(be->ops->attn_decode_slots(be->ctx, o2, q, r16, NS,
+									    list, MP, n_tok, p, &a16),
+						 0);
+				assert_memory_equal(out, o2, (size_t)H * d * sizeof *out);
+				free(r32);
+				free(r16);
+			}
 		}
 		/* Refusals: nothing written. */
 		for (int i = 0; i < H * d; i++)
@@ -753,10 +775,8 @@ static void test_attn_decode_slots(void **state)
 		list[(KV - 1) * MP + last] = -1;
 		REFUSE(&a, slots, NS, list, MP, n_tok, p);
 		list[(KV - 1) * MP + last] = saved;
-		for (size_t t = 1; t < 3; t++) {
-			bad.kv_dtype = dtypes[t];
-			REFUSE(&bad, slots, NS, list, MP, n_tok, p);
-		}
+		bad.kv_dtype = (enum fkv_dtype)7; /* no such dtype */
+		REFUSE(&bad, slots, NS, list, MP, n_tok, p);
 		bad = a;
 		bad.n_heads = H + 1;
 		if (KV > 1)

@@ -133,7 +133,7 @@ static int dm_attn_decode_heads(void *c, float *o, const float *q,
 	return ret;
 }
 
-static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+static int dm_attn_decode_slots(void *c, float *o, const float *q, const void *slots,
 				int n_slots, const int32_t *list, int max_pages, const int32_t *n_tok,
 				int p, const struct backend_attn *a)
 {
@@ -141,16 +141,68 @@ static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *
 					   n_tok, p, a);
 }
 
-static int dm_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
-			   int p, int n_kv, int d, enum fkv_dtype dt)
+static void **dm_slot_ptrs(void *const *slots, int n)
 {
 	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
 	assert_non_null(t);
 	for (int i = 0; i < n; i++)
 		t[i] = dv(slots[i]);
-	int ret = dm_real->recall_units(c, t, heads, units, n, p, n_kv, d, dt);
+	return t;
+}
+
+static int dm_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
+			   int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
+{
+	void **t = dm_slot_ptrs(slots, n);
+	int ret = dm_real->recall_units(c, t, heads, units, n, p, n_kv, d, dt, sdt, done);
 	free(t);
 	return ret;
+}
+
+/* The units (srcs) lie in the host copy, host memory on a device too. */
+static int dm_recall_direct(void *c, void *const *slots, const int *heads,
+			    const void *const *srcs, int n, int p, int n_kv, int d, enum fkv_dtype dt,
+			    enum fkv_dtype sdt, void *done)
+{
+	void **t = dm_slot_ptrs(slots, n);
+	int ret = dm_real->recall_direct(c, t, heads, srcs, n, p, n_kv, d, dt, sdt, done);
+	free(t);
+	return ret;
+}
+
+static int dm_recall_mapped(void *c, void *const *slots, const int *heads,
+			    const void *const *srcs, int n, int p, int n_kv, int d, enum fkv_dtype dt,
+			    enum fkv_dtype sdt, void *done)
+{
+	void **t = dm_slot_ptrs(slots, n);
+	int ret = dm_real->recall_mapped(c, t, heads, srcs, n, p, n_kv, d, dt, sdt, done);
+	free(t);
+	return ret;
+}
+
+static int dm_page_summary(void *c, float *mn, float *mx, int stride, int page,
+			   const void *slot, enum fkv_dtype dt, int p, int n_kv, int d)
+{
+	return dm_real->page_summary(c, dv(mn), dv(mx), stride, page, dv(slot), dt, p, n_kv, d);
+}
+
+static int dm_select_pages(void *c, const struct backend_select *g, const float *q,
+			   const float *mn, const float *mx, const uint8_t *res, int32_t *pages,
+			   int32_t *chg, int32_t *nchg)
+{
+	return dm_real->select_pages(c, g, dv(q), dv(mn), dv(mx), res, dv(pages), dv(chg),
+				     dv(nchg)); /* the resident mask is host memory */
+}
+
+static int dm_group_cosine(void *c, float *o, const float *a, const float *b, int n_q, int n_kv,
+			   int d)
+{
+	return dm_real->group_cosine(c, dv(o), dv(a), dv(b), n_q, n_kv, d);
+}
+
+static int dm_download_async(void *c, void *d, const void *s, size_t n, void *f)
+{
+	return dm_real->download_async(c, d, dv(s), n, f);
 }
 
 static int dm_store_rows(void *c, void *const *blocks, int t0, const float *k, const float *v,
@@ -215,6 +267,12 @@ static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 	ops->attn_decode_heads = dm_attn_decode_heads;
 	ops->attn_decode_slots = dm_real->attn_decode_slots ? dm_attn_decode_slots : NULL;
 	ops->recall_units = dm_recall_units;
+	ops->recall_direct = dm_real->recall_direct ? dm_recall_direct : NULL;
+	ops->recall_mapped = dm_real->recall_mapped ? dm_recall_mapped : NULL;
+	ops->page_summary = dm_real->page_summary ? dm_page_summary : NULL;
+	ops->select_pages = dm_real->select_pages ? dm_select_pages : NULL;
+	ops->group_cosine = dm_real->group_cosine ? dm_group_cosine : NULL;
+	ops->download_async = dm_real->download_async ? dm_download_async : NULL;
 	ops->store_rows = dm_store_rows;
 	ops->round_to = dm_round_to;
 	ops->attn_scores = dm_real->attn_scores ? dm_attn_scores : NULL;

@@ -2,7 +2,8 @@
  * against an independent float64 forward pass written here (its own embedding, RMSNorm, RoPE,
  * attention and MLP loops; it reads tensors only through model.h and dtype.h), on models built
  * in memory, on stories260K (GGUF and HF) and on synthetic models of each preset geometry;
- * GGUF vs HF agreement; batching; chunking; context limit and bad input.
+ * GGUF vs HF agreement; batching; chunking; context limit and bad input; decode through the
+ * fused QKV and gate/up GEMMs (weight_concat) with exactly the logits of separate GEMMs.
  *
  * `test_engine --presets` runs only the full-width preset geometries (registered as a slow
  * test); the tiny presets run with the rest. */
@@ -585,6 +586,93 @@ static void test_presets_vs_reference(void **state)
 	assert_true(done >= (big ? 3 : 1));
 }
 
+/* ---- fused QKV and gate/up ---- */
+static const struct backend_ops *fz_real;
+static int64_t fz_matmuls;
+
+static int fz_matmul(void *c, float *y, const float *x, const struct backend_mat *w, int64_t n)
+{
+	fz_matmuls++;
+	return fz_real->matmul(c, y, x, w, n);
+}
+
+/* Prefill 8 ids, then 12 greedy decode steps on be; logits (13, V); *per_step the matmuls of
+ * the last decode step. */
+static void fz_run(struct fkv_model *m, struct backend *be, float *logits, int64_t *per_step)
+{
+	const int64_t V = m->cfg.vocab_size;
+	struct engine_opts o = { .max_ctx = 64, .policy = "full" };
+	struct engine *e;
+	char err[256];
+	if (engine_new(&e, m, be, &o, err, sizeof err))
+		fail_msg("engine_new: %s", err);
+	int seq;
+	assert_int_equal(engine_seq_open(e, NULL, &seq, err, sizeof err), 0);
+	int32_t ids[8] = { 1 };
+	uint64_t sd = 99;
+	for (int i = 1; i < 8; i++)
+		ids[i] = 3 + (int32_t)(test_rand(&sd) % (uint64_t)(V - 3));
+	assert_int_equal(engine_prefill(e, seq, ids, 8, logits, false, err, sizeof err), 0);
+	for (int t = 0; t < 12; t++) {
+		const float *lg = logits + (size_t)t * V;
+		int32_t next = 0;
+		for (int64_t i = 1; i < V; i++)
+			next = lg[i] > lg[next] ? (int32_t)i : next;
+		int64_t before = fz_matmuls;
+		assert_int_equal(engine_decode(e, 1, &seq, &next, logits + (size_t)(t + 1) * V, err,
+					       sizeof err), 0);
+		*per_step = fz_matmuls - before;
+	}
+	engine_seq_free(e, seq);
+	engine_free(e);
+}
+
+/* Decode runs one GEMM for q, k, v and one for gate, up per layer (weights concatenated at
+ * load, weight_concat) where the backend can, with the logits of separate GEMMs (exactly on
+ * the CPU backend: each output row is the same dot product either way), on an f32 model
+ * (stories260K) and a bf16 one (the tiny preset); without the op, the separate GEMMs. */
+static void test_fused_projections(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/freekv-test-fused-XXXXXX", err[512];
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(synth_write("tiny", 2, FKV_BF16, dir, 11, synth_min_vocab() > 512 ?
+				     synth_min_vocab() : 512, err, sizeof err), 0);
+	const char *paths[] = { test_model_path("stories260K/stories260K.gguf"), dir };
+	struct backend *cpu;
+	assert_int_equal(backend_cpu_new(&cpu, 2), 0);
+	fz_real = cpu->ops;
+	struct backend_ops fused = *cpu->ops, split = *cpu->ops;
+	fused.matmul = split.matmul = fz_matmul;
+	split.weight_concat = NULL;
+	struct backend bf = { &fused, cpu->ctx }, bs = { &split, cpu->ctx };
+	int done = 0;
+	for (int i = 0; i < 2; i++) {
+		struct fkv_model m;
+		if (!paths[i] || model_load(paths[i], &m, err, sizeof err))
+			continue;
+		const size_t n = (size_t)13 * m.cfg.vocab_size;
+		float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+		assert_true(a && b);
+		int64_t steps_fused, steps_split;
+		fz_run(&m, &bf, a, &steps_fused);
+		fz_run(&m, &bs, b, &steps_split);
+		const int64_t L = m.cfg.n_layers;
+		assert_int_equal(steps_fused, 4 * L + 1); /* qkv, wo, gate/up, down; output */
+		assert_int_equal(steps_split, 7 * L + 1);
+		if (memcmp(a, b, n * sizeof *a))
+			fail_msg("%s: fused projections change the logits", paths[i]);
+		free(a);
+		free(b);
+		model_free(&m);
+		done++;
+	}
+	backend_free(cpu);
+	snprintf(err, sizeof err, "rm -rf '%s'", dir);
+	assert_int_equal(system(err), 0);
+	assert_true(done >= 1);
+}
+
 int main(int argc, char **argv)
 {
 	static bool small = false, big = true;
@@ -594,6 +682,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cache_growth),
 		cmocka_unit_test(test_policy_full_direct),
 		cmocka_unit_test(test_batch_matches_alone),
+		cmocka_unit_test(test_fused_projections),
 		cmocka_unit_test(test_limits_and_bad_input),
 		cmocka_unit_test(test_stories_vs_reference),
 		cmocka_unit_test(test_stories_gguf_vs_hf),

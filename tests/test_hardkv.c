@@ -247,7 +247,7 @@ static float cap_q[NL][NQ * D];
 static int32_t cap_tok[NL][NKV];
 static int cap_calls;
 
-static int cap_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+static int cap_attn_decode_slots(void *c, float *o, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages,
 				 const int32_t *n_tok, int p, const struct backend_attn *a)
 {

@@ -52,21 +52,12 @@ static inline const char *h_kvstored_path(void)
 	return p;
 }
 
-/* Start kvstored with the test defaults plus `extra` --set arguments (NULL-terminated). */
-static inline void harness_start_env(struct harness *h, const char *const *extra, char *const *env_add)
+/* Start (again) the kvstored that h names — same dir, endpoint, shm name and NVMe file — with
+ * the test defaults plus `extra` --set arguments (NULL-terminated); wait until it answers. The
+ * defaults turn persistence off (each test starts empty and a stop unlinks the pool); the
+ * restart tests turn it on in `extra`. */
+static inline void harness_spawn(struct harness *h, const char *const *extra, char *const *env_add)
 {
-	static int counter;
-	memset(h, 0, sizeof *h);
-	strcpy(h->dir, "/tmp/fkv-h2-XXXXXX");
-	assert_non_null(mkdtemp(h->dir));
-	snprintf(h->endpoint, sizeof h->endpoint, "ipc://%s/kvstored.sock", h->dir);
-	snprintf(h->shm, sizeof h->shm, "/fkv-t%d-%d", (int)getpid(), counter++);
-	snprintf(h->nvme, sizeof h->nvme, "%s/tier.bin", h->dir);
-	/* An endpoint among the extra settings replaces the default one (they come later). */
-	for (int i = 0; extra && extra[i]; i++)
-		if (strncmp(extra[i], "endpoint=", 9) == 0)
-			snprintf(h->endpoint, sizeof h->endpoint, "%s", extra[i] + 9);
-
 	char sets[8][300];
 	snprintf(sets[0], 300, "endpoint=%s", h->endpoint);
 	snprintf(sets[1], 300, "shm_name=%s", h->shm);
@@ -75,11 +66,12 @@ static inline void harness_start_env(struct harness *h, const char *const *extra
 	snprintf(sets[4], 300, "dram_bytes=32M");
 	snprintf(sets[5], 300, "nvme_bytes=32M");
 	snprintf(sets[6], 300, "log_level=warn");
+	snprintf(sets[7], 300, "persist=false");
 	const char *argv[H_MAX_ARGS];
 	int n = 0;
 	argv[n++] = h_kvstored_path();
 	argv[n++] = "--foreground";
-	for (int i = 0; i < 7; i++) {
+	for (int i = 0; i < 8; i++) {
 		argv[n++] = "--set";
 		argv[n++] = sets[i];
 	}
@@ -118,6 +110,23 @@ static inline void harness_start_env(struct harness *h, const char *const *extra
 		}
 		h_sleep_ms(20);
 	}
+}
+
+/* Start kvstored with the test defaults plus `extra` --set arguments (NULL-terminated). */
+static inline void harness_start_env(struct harness *h, const char *const *extra, char *const *env_add)
+{
+	static int counter;
+	memset(h, 0, sizeof *h);
+	strcpy(h->dir, "/tmp/fkv-h2-XXXXXX");
+	assert_non_null(mkdtemp(h->dir));
+	snprintf(h->endpoint, sizeof h->endpoint, "ipc://%s/kvstored.sock", h->dir);
+	snprintf(h->shm, sizeof h->shm, "/fkv-t%d-%d", (int)getpid(), counter++);
+	snprintf(h->nvme, sizeof h->nvme, "%s/tier.bin", h->dir);
+	/* An endpoint among the extra settings replaces the default one (they come later). */
+	for (int i = 0; extra && extra[i]; i++)
+		if (strncmp(extra[i], "endpoint=", 9) == 0)
+			snprintf(h->endpoint, sizeof h->endpoint, "%s", extra[i] + 9);
+	harness_spawn(h, extra, env_add);
 }
 
 static inline void harness_start(struct harness *h, const char *const *extra)

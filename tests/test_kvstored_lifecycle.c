@@ -218,7 +218,8 @@ static void test_same_pool_refused(void **state)
 }
 
 /* What a kill -9 leaves (the pool segment, a ring segment, the lock files) is removed by the next
- * daemon on that name, which says so; a look-alike name is left alone. */
+ * daemon on that name, which says so; a look-alike name is left alone. With persist = false: a
+ * persistent daemon adopts the pool segment instead (test_kvstored_restart). */
 static void test_stale_segments_cleaned(void **state)
 {
 	(void)state;
@@ -244,7 +245,8 @@ static void test_stale_segments_cleaned(void **state)
 	char cmd[8192];
 	snprintf(cmd, sizeof cmd,
 		 "timeout 5 %s --set endpoint=%s --set shm_name=%s --set lock_memory=false "
-		 "--set dram_bytes=32M --set nvme_path=%s --set nvme_bytes=32M 2>&1 | tee /dev/stderr | "
+		 "--set dram_bytes=32M --set nvme_path=%s --set nvme_bytes=32M --set persist=false 2>&1 | "
+		 "tee /dev/stderr | "
 		 "grep -c 'removed the stale' | grep -qx 2",
 		 h_kvstored_path(), h.endpoint, h.shm, h.nvme);
 	/* timeout stops the daemon (SIGTERM) once it has served for 5 s: its log is complete. */

@@ -91,9 +91,15 @@ static void test_no_budget(void **state)
 			      NULL };
 	assert_int_equal(lb_run(&p, run, err, sizeof err), 1);
 	assert_non_null(strstr(err, "No space left on device"));
-	/* ... and says what to do about it. */
-	assert_non_null(strstr(err, "--lease-budget N lets the store move the rest to NVMe"));
+	/* ... says what fills the pool (this worker's leases) and what to do about it ... */
+	assert_non_null(strstr(err, "pool full"));
+	assert_non_null(strstr(err, "leased by workers"));
+	assert_non_null(strstr(err, "`kvctl evict --detached`"));
+	assert_non_null(strstr(err, "--lease-budget N"));
 	assert_true(p.n_ids > 0 && p.n_ids < LB_N);
+	/* ... and keeps the failed run's sequence only because it can be resumed, saying how. */
+	assert_non_null(strstr(err, "kept in the store"));
+	assert_non_null(strstr(err, "kvworker resume --seq"));
 	harness_stop(&hs);
 }
 

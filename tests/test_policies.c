@@ -528,7 +528,7 @@ static int dm_attn_decode_heads(void *c, float *o, const float *q,
 	return ret;
 }
 
-static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+static int dm_attn_decode_slots(void *c, float *o, const float *q, const void *slots,
 				int n_slots, const int32_t *list, int max_pages, const int32_t *n_tok,
 				int p, const struct backend_attn *a)
 {
@@ -537,13 +537,26 @@ static int dm_attn_decode_slots(void *c, float *o, const float *q, const float *
 }
 
 static int dm_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
-			   int p, int n_kv, int d, enum fkv_dtype dt)
+			   int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
 {
 	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
 	assert_non_null(t);
 	for (int i = 0; i < n; i++)
 		t[i] = dv(slots[i]);
-	int ret = real_ops->recall_units(c, t, heads, units, n, p, n_kv, d, dt);
+	int ret = real_ops->recall_units(c, t, heads, units, n, p, n_kv, d, dt, sdt, done);
+	free(t);
+	return ret;
+}
+
+static int dm_recall_direct(void *c, void *const *slots, const int *heads,
+			    const void *const *srcs, int n, int p, int n_kv, int d, enum fkv_dtype dt,
+			    enum fkv_dtype sdt, void *done)
+{
+	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
+	assert_non_null(t);
+	for (int i = 0; i < n; i++)
+		t[i] = dv(slots[i]);
+	int ret = real_ops->recall_direct(c, t, heads, srcs, n, p, n_kv, d, dt, sdt, done);
 	free(t);
 	return ret;
 }
@@ -557,6 +570,31 @@ static int dm_store_rows(void *c, void *const *blocks, int t0, const float *k, c
 static int dm_round_to(void *c, float *x, int64_t n, enum fkv_dtype dt)
 {
 	return real_ops->round_to(c, dv(x), n, dt);
+}
+
+static int dm_page_summary(void *c, float *mn, float *mx, int stride, int page,
+			   const void *slot, enum fkv_dtype dt, int p, int n_kv, int d)
+{
+	return real_ops->page_summary(c, dv(mn), dv(mx), stride, page, dv(slot), dt, p, n_kv, d);
+}
+
+static int dm_select_pages(void *c, const struct backend_select *g, const float *q,
+			   const float *mn, const float *mx, const uint8_t *res, int32_t *pages,
+			   int32_t *chg, int32_t *nchg)
+{
+	return real_ops->select_pages(c, g, dv(q), dv(mn), dv(mx), res, dv(pages), dv(chg),
+				      dv(nchg)); /* the resident mask is host memory */
+}
+
+static int dm_group_cosine(void *c, float *o, const float *a, const float *b, int n_q, int n_kv,
+			   int d)
+{
+	return real_ops->group_cosine(c, dv(o), dv(a), dv(b), n_q, n_kv, d);
+}
+
+static int dm_download_async(void *c, void *d, const void *s, size_t n, void *f)
+{
+	return real_ops->download_async(c, d, dv(s), n, f);
 }
 
 /* ---- an offload that lands late ----
@@ -660,8 +698,13 @@ static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 	ops->attn_decode_heads = dm_attn_decode_heads;
 	ops->attn_decode_slots = real_ops->attn_decode_slots ? dm_attn_decode_slots : NULL;
 	ops->recall_units = dm_recall_units;
+	ops->recall_direct = dm_recall_direct;
 	ops->store_rows = dm_store_rows;
 	ops->round_to = dm_round_to;
+	ops->page_summary = dm_page_summary;
+	ops->select_pages = dm_select_pages;
+	ops->group_cosine = dm_group_cosine;
+	ops->download_async = dm_download_async;
 	return (struct backend){ .ops = ops, .ctx = cpu->ctx };
 }
 
@@ -835,7 +878,7 @@ static void test_offload_paths(void **state)
 static const struct backend_ops *cnt_real;
 static int64_t cnt_slots, cnt_heads;
 
-static int cnt_attn_decode_slots(void *c, float *o, const float *q, const float *slots,
+static int cnt_attn_decode_slots(void *c, float *o, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages,
 				 const int32_t *n_tok, int p, const struct backend_attn *a)
 {

@@ -4,7 +4,8 @@
  * poisoned staging (a buffer reused while read would leave NaN bytes in a slot), many jobs in
  * flight, a prepare step on the copy thread, a failing source, and the backend path (the
  * recall_units op the paged policies use, here the CPU backend's, counted and made to fail), and
- * a real host copy under a lease budget, pinned a staging buffer's worth at a time. */
+ * a real host copy under a lease budget, pinned a staging buffer's worth at a time; an urgent
+ * job (a correction's recall) goes before the queued ones. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -88,7 +89,7 @@ static int random_units(uint64_t *seed, float *slots, struct recall_unit *u, int
 static void expect_units(float *ref, const float *slots, const struct recall_unit *u, int n)
 {
 	for (int i = 0; i < n; i++) {
-		size_t off = (size_t)(u[i].slot - slots);
+		size_t off = (size_t)((const float *)u[i].slot - slots);
 		const char *unit = (const char *)blocks[u[i].layer][u[i].page] +
 				   (size_t)u[i].head * layout_unit_bytes(&geom);
 		layout_scatter_unit(&geom, ref + off, u[i].head, unit);
@@ -258,19 +259,31 @@ static void test_accounting_excludes_prepare(void **state)
 	free(slots);
 }
 
-/* A CPU backend whose recall_units counts units and fails on demand: the convert thread hands
- * whole staging buffers to the backend op, whose failure fails the job. */
+/* A CPU backend whose recall ops count units and fail on demand: the convert thread hands
+ * whole staging buffers to the backend op — recall_units with the units copied (staged), or
+ * recall_direct with where each unit lies (the default when the backend has it) — whose
+ * failure fails the job. */
 static const struct backend_ops *cpu_ops;
-static int be_units, be_fail;
+static int be_units, be_direct, be_fail;
 
 static int counting_recall_units(void *ctx, void *const *slots, const int *heads,
 				 const void *units, int n, int p, int n_kv, int d,
-				 enum fkv_dtype dt)
+				 enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
 {
 	be_units += n;
 	if (be_fail)
 		return -EIO;
-	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt);
+	return cpu_ops->recall_units(ctx, slots, heads, units, n, p, n_kv, d, dt, sdt, done);
+}
+
+static int counting_recall_direct(void *ctx, void *const *slots, const int *heads,
+				  const void *const *srcs, int n, int p, int n_kv, int d,
+				  enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
+{
+	be_direct += n;
+	if (be_fail)
+		return -EIO;
+	return cpu_ops->recall_direct(ctx, slots, heads, srcs, n, p, n_kv, d, dt, sdt, done);
 }
 
 static void test_backend_recall_units(void **state)
@@ -280,34 +293,116 @@ static void test_backend_recall_units(void **state)
 	assert_int_equal(backend_cpu_new(&cpu, 1), 0);
 	cpu_ops = cpu->ops;
 	assert_non_null(cpu_ops->recall_units);
+	assert_non_null(cpu_ops->recall_direct);
 	struct backend_ops ops = *cpu_ops;
 	ops.recall_units = counting_recall_units;
+	ops.recall_direct = counting_recall_direct;
 	struct backend be = { .ops = &ops, .ctx = cpu->ctx };
-	struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src, .poison = true,
-				 .be = &be };
+	for (int staged = 0; staged < 2; staged++) {
+		struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src,
+					 .poison = true, .be = &be,
+					 .path = staged ? RECALL_STAGED : RECALL_DMA };
+		struct recall *r;
+		assert_int_equal(recall_new(&o, &r), 0);
+		size_t nf = SLOTS * slot_floats();
+		float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
+		struct recall_unit units[SLOTS * N_KV];
+		uint64_t seed = 99, ticket;
+		int n = random_units(&seed, slots, units, SLOTS * N_KV);
+		expect_units(ref, slots, units, n);
+		be_units = be_direct = 0;
+		assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+		assert_int_equal(recall_wait(r, ticket, NULL), 0);
+		assert_int_equal(staged ? be_units : be_direct, n);
+		assert_int_equal(staged ? be_direct : be_units, 0);
+		assert_memory_equal(slots, ref, nf * sizeof(float));
+		be_fail = 1;
+		assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+		assert_int_equal(recall_wait(r, ticket, NULL), -EIO);
+		be_fail = 0;
+		recall_free(r);
+		free(slots);
+		free(ref);
+	}
+	/* A backend without recall_units cannot carry a recall stream. */
+	struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src, .be = &be };
+	struct recall *r;
+	ops.recall_units = NULL;
+	assert_int_equal(recall_new(&o, &r), -EOPNOTSUPP);
+	backend_free(cpu);
+}
+
+/* The copy thread's fetch log: the layer of every unit's block, in fetch order; layer 0's
+ * fetches are slow, so the jobs submitted after it are all queued while it runs. */
+static int fetch_log[256], n_fetch;
+
+static int slow_src(void *arg, int layer, int page, const void **block)
+{
+	(void)arg;
+	if (n_fetch < 256)
+		fetch_log[n_fetch++] = layer;
+	if (layer == 0)
+		usleep(3000);
+	*block = blocks[layer][page];
+	return 0;
+}
+
+/* Four units of one layer into distinct (slot, head) pairs of one slot row. */
+static void layer_units(struct recall_unit *u, float *slots, int layer, int slot0)
+{
+	for (int i = 0; i < 4; i++)
+		u[i] = (struct recall_unit){ .layer = layer, .page = 3 * i + layer, .head = i,
+					     .slot = slots + (size_t)(slot0 + i % 2) * slot_floats() };
+}
+
+/* An urgent job (a correction's blocking recall) goes before every job not yet started: with a
+ * slow job A (layer 0) being copied and jobs B, C (layer 1) queued behind it, an urgent job U
+ * (layer 2) submitted last is fetched right after A, before B and C; every slot still lands
+ * right, and the tickets of both kinds complete. */
+static void test_urgent_first(void **state)
+{
+	(void)state;
+	struct recall_opts o = { .g = geom, .units_per_buffer = 2, .src = slow_src };
 	struct recall *r;
 	assert_int_equal(recall_new(&o, &r), 0);
 	size_t nf = SLOTS * slot_floats();
 	float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
-	struct recall_unit units[SLOTS * N_KV];
-	uint64_t seed = 99, ticket;
-	int n = random_units(&seed, slots, units, SLOTS * N_KV);
-	expect_units(ref, slots, units, n);
-	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
-	assert_int_equal(recall_wait(r, ticket, NULL), 0);
-	assert_int_equal(be_units, n);
+	struct recall_unit a[4], b[4], c[4], u[4];
+	layer_units(a, slots, 0, 0);
+	layer_units(b, slots, 1, 2);
+	layer_units(c, slots, 1, 4);
+	layer_units(u, slots, 2, 6);
+	n_fetch = 0;
+	uint64_t ta, tb, tc, tu;
+	assert_int_equal(recall_submit(r, a, 4, NULL, NULL, &ta), 0);
+	assert_int_equal(recall_submit(r, b, 4, NULL, NULL, &tb), 0);
+	assert_int_equal(recall_submit(r, c, 4, NULL, NULL, &tc), 0);
+	assert_int_equal(recall_submit_urgent(r, u, 4, &tu), 0);
+	assert_int_equal(recall_wait(r, tu, NULL), 0);
+	assert_int_equal(recall_wait(r, ta, NULL), 0);
+	assert_int_equal(recall_wait(r, tb, NULL), 0);
+	assert_int_equal(recall_wait(r, tc, NULL), 0);
+	assert_int_equal(recall_wait(r, tu, NULL), -EINVAL); /* waited once */
+	assert_int_equal(n_fetch, 16);
+	int first2 = -1, first1 = -1;
+	for (int i = 0; i < n_fetch; i++) {
+		if (fetch_log[i] == 2 && first2 < 0)
+			first2 = i;
+		if (fetch_log[i] == 1 && first1 < 0)
+			first1 = i;
+	}
+	assert_true(first2 >= 0 && first1 >= 0);
+	if (first2 > first1)
+		fail_msg("the urgent job was fetched at %d, after a queued job at %d", first2,
+			 first1);
+	expect_units(ref, slots, a, 4);
+	expect_units(ref, slots, b, 4);
+	expect_units(ref, slots, c, 4);
+	expect_units(ref, slots, u, 4);
 	assert_memory_equal(slots, ref, nf * sizeof(float));
-	be_fail = 1;
-	assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
-	assert_int_equal(recall_wait(r, ticket, NULL), -EIO);
-	be_fail = 0;
 	recall_free(r);
-	/* A backend without the op cannot carry a recall stream. */
-	ops.recall_units = NULL;
-	assert_int_equal(recall_new(&o, &r), -EOPNOTSUPP);
 	free(slots);
 	free(ref);
-	backend_free(cpu);
 }
 
 /* Units from a real host copy (hostkv's embedded store with a lease budget of 2 blocks, so most
@@ -391,6 +486,7 @@ int main(void)
 		cmocka_unit_test(test_accounting_excludes_prepare),
 		cmocka_unit_test(test_backend_recall_units),
 		cmocka_unit_test(test_host_pins),
+		cmocka_unit_test(test_urgent_first),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

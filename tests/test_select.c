@@ -1,4 +1,4 @@
-/* Tests worker/kvcache/select.c: page layouts worked out by hand, scores and top-k against a float64
+/* Tests worker/backend/select.c: page layouts worked out by hand, scores and top-k against a float64
  * reference that sorts every candidate, ties to the lower page, group cosine. */
 #include "test_util.h"
 

@@ -8,9 +8,10 @@
  * weight_load copies each to the device (the numbers are meaningless, the bytes moved are the
  * real model's). Each run prefills every sequence of the batch through the engine, then times
  * every decode step of the batch (engine_decode: projections, RoPE, KV append, attention, MLP,
- * logits, download); it prints the mean and median step time, the step's floor (weight bytes +
- * KV bytes read, over the device-to-device copy bandwidth measured here), and the ratios
- * freekv / streaming and quest / freekv when those policies ran.
+ * logits, download); it prints per row the mean and median step time, the step's floor (weight
+ * bytes + KV bytes read, over the device-to-device copy bandwidth measured here), the recall
+ * traffic per step, the fraction of recall time hidden beside the step and the correction
+ * rate, and the ratios freekv / streaming and quest / freekv when those policies ran.
  *
  * The retrieval policies (streaming, quest, freekv) run on cuda like `full`: each sequence gets a
  * host copy in an embedded store sized for the run (the engine page-locks its pool for DMA
@@ -18,7 +19,20 @@
  * that fails is reported as not run with the engine's reason, and the ratios are printed only
  * for policies that ran.
  *
- * usage: bench_decode_gpu [--quick] [--layers N] [--policies LIST] [--batches LIST]
+ * Time budget (--budget S, default 480 s, under bench/gpu/run.sh's 540 s timeout): a run that
+ * cannot finish in what is left is stopped — before a sequence's prefill once the budget is
+ * spent, or after 8 timed steps when their mean says the rest would overrun — and reported as
+ * skipped with the time it needed, so every printed row is complete.
+ *
+ * usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|both] [--batch LIST]
+ *                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--layers N]
+ *                         [--budget S]
+ *   --recall  how the retrieval policies' recalls reach the device, a row each: dma (from the
+ *   registered pool, no host copy; the default until measured otherwise), mapped (zero-copy
+ *   gather kernel), staged (host copies first)
+ *   defaults: both shapes (long-input: 32768 prompt, 256 generated; long-gen: 600 prompt,
+ *   4096 generated), batch 1, policies full,streaming,quest,freekv;
+ *   --gen / --ctx replace every chosen shape's generated / prompt length;
  *   --quick  4 layers, vocab 32000, one shape: 2048 prompt, 32 generated, batch 1 and 4 */
 #include <errno.h>
 #include <math.h>
@@ -44,8 +58,13 @@ struct shape {
 	int prompt, gen;
 };
 
+static const char *const recall_names[] = { "dma", "staged", "mapped" }; /* enum recall_path */
+
 struct args {
 	int layers, vocab;
+	double budget_s;
+	int recalls[3];		/* enum recall_path values to run the retrieval policies with */
+	int n_recalls;
 	const char *policies[MAX_LIST];
 	int n_policies;
 	int batches[MAX_LIST];
@@ -168,11 +187,21 @@ static int cmp_double(const void *x, const void *y)
 	return (a > b) - (a < b);
 }
 
-/* One (shape, policy, batch) run; mean and median step ms, or a negative errno with err. The
- * retrieval policies get a host copy per sequence in an embedded store sized for the run. */
+/* What one run measured. */
+struct result {
+	double mean, median;	/* step ms */
+	double recall_mb;	/* recalled per step, all sequences */
+	double hidden;		/* recall time hidden / (hidden + waited); NAN: no recall */
+	double corr;		/* corrections / head checks; NAN: no checks */
+	double need_s;		/* with -ETIME: the time the run would have needed */
+};
+
+/* One (shape, policy, batch) run into *r, or a negative errno with err; -ETIME when the run
+ * would not finish by deadline (clock_ms_f). The retrieval policies get a host copy per
+ * sequence in an embedded store sized for the run. */
 static int run(const struct fkv_model *m, struct backend *be, const struct shape *sh,
-	       const char *policy, int batch, double *mean, double *median, char *err,
-	       size_t errlen)
+	       const char *policy, int recall, int batch, double deadline, struct result *r,
+	       char *err, size_t errlen)
 {
 	struct engine *e = NULL;
 	struct hostkv *hk = NULL;
@@ -180,12 +209,12 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 	struct engine_opts o = { .max_ctx = sh->prompt + sh->gen + 1, .max_seqs = batch,
 				 .policy = policy,
 				 .kv = { .page = 32, .budget = 2048, .sink = 512, .window = 512,
-					 .full_layers = 1, .tau = 0.9f } };
+					 .full_layers = 1, .tau = 0.9f, .recall_path = recall } };
 	int ret = engine_new(&e, m, be, &o, err, errlen);
 	if (ret)
 		return ret;
 	const int V = m->cfg.vocab_size;
-	int seqs[MAX_LIST * 2];
+	int seqs[MAX_LIST * 2], opened = 0;
 	int32_t *ids = malloc((size_t)sh->prompt * sizeof *ids), tok[MAX_LIST * 2];
 	float *lg = malloc((size_t)batch * V * sizeof *lg);
 	double *t = malloc((size_t)sh->gen * sizeof *t);
@@ -204,7 +233,13 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 		};
 		ret = hostkv_open(&ho, &hk, err, errlen);
 	}
+	const double start = clock_ms_f();
 	for (int b = 0; b < batch && !ret; b++) {
+		if (clock_ms_f() > deadline) {
+			r->need_s = b ? (clock_ms_f() - start) / b * batch / 1e3 : 0;
+			ret = -ETIME;
+			break;
+		}
 		char name[32];
 		snprintf(name, sizeof name, "bench-%d", b);
 		for (int i = 0; i < sh->prompt; i++)
@@ -213,29 +248,60 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 			ret = hostkv_seq_open(hk, name, m->fingerprint, m->cfg.n_layers, &g, true,
 					      &hs[b], err, errlen);
 		if (!ret)
-			ret = engine_seq_open(e, hs[b], &seqs[b], err, errlen) ?:
-			      engine_prefill(e, seqs[b], ids, sh->prompt, lg + (size_t)b * V,
-					     false, err, errlen);
+			ret = engine_seq_open(e, hs[b], &seqs[b], err, errlen);
+		if (!ret) {
+			opened++;
+			ret = engine_prefill(e, seqs[b], ids, sh->prompt, lg + (size_t)b * V, false,
+					     err, errlen);
+		}
 	}
+	const double decode_start = clock_ms_f();
 	for (int s = 0; s < sh->gen && !ret; s++) {
 		for (int b = 0; b < batch; b++)
 			tok[b] = sampler_argmax(lg + (size_t)b * V, V);
 		double t0 = clock_ms_f();
 		ret = engine_decode(e, batch, seqs, tok, lg, err, errlen);
 		t[s] = clock_ms_f() - t0;
+		/* After 8 steps, whether the rest fits what is left of the budget. */
+		if (!ret && s == 7) {
+			double per = (clock_ms_f() - decode_start) / 8;
+			double end = clock_ms_f() + per * (sh->gen - 8);
+			if (end > deadline) {
+				r->need_s = (end - start) / 1e3;
+				ret = -ETIME;
+			}
+		}
 	}
 	if (!ret) {
 		double sum = 0;
 		for (int s = 0; s < sh->gen; s++)
 			sum += t[s];
-		*mean = sum / sh->gen;
+		r->mean = sum / sh->gen;
 		qsort(t, (size_t)sh->gen, sizeof *t, cmp_double);
-		*median = t[sh->gen / 2];
+		r->median = t[sh->gen / 2];
+		struct kv_layer_stats a = { 0 };
+		for (int b = 0; b < batch; b++) {
+			struct kv_stats st;
+			if (engine_seq_stats(e, seqs[b], &st))
+				continue;
+			a.bytes_recalled += st.sum.bytes_recalled;
+			a.ns_recall_hidden += st.sum.ns_recall_hidden;
+			a.ns_recall_wait += st.sum.ns_recall_wait;
+			a.head_checks += st.sum.head_checks;
+			a.corrections += st.sum.corrections;
+		}
+		/* the prefill recalls nothing: every recalled byte is the decode's */
+		r->recall_mb = (double)a.bytes_recalled / sh->gen / 1e6;
+		double rt = (double)a.ns_recall_hidden + (double)a.ns_recall_wait;
+		r->hidden = rt > 0 ? a.ns_recall_hidden / rt : NAN;
+		r->corr = a.head_checks ? (double)a.corrections / a.head_checks : NAN;
 	}
 out:
 	free(ids);
 	free(lg);
 	free(t);
+	for (int b = 0; b < opened; b++)
+		engine_seq_free(e, seqs[b]);
 	engine_free(e);
 	for (int b = 0; b < batch; b++)
 		if (hs[b])
@@ -256,14 +322,25 @@ static int parse_list(const char *s, int *out)
 	return n;
 }
 
+static int parse_len(const char *v, int *out)
+{
+	char *end;
+	long n = strtol(v, &end, 10);
+	if (end == v || *end || n <= 0 || n > 131072)
+		return -1;
+	*out = (int)n;
+	return 0;
+}
+
 static int parse(int argc, char **argv, struct args *a)
 {
 	static char pol[256];
-	*a = (struct args){ .layers = 32, .vocab = 128256, .n_policies = 4,
+	*a = (struct args){ .layers = 32, .vocab = 128256, .budget_s = 480, .n_recalls = 1,
+			    .recalls = { 0 }, .n_policies = 4,
 			    .policies = { "full", "streaming", "quest", "freekv" },
-			    .n_batches = 3, .batches = { 1, 4, 8 }, .n_shapes = 2,
-			    .shapes = { { "long-input", 32768, 512 },
-					{ "long-generation", 600, 16384 } } };
+			    .n_batches = 1, .batches = { 1 }, .n_shapes = 2,
+			    .shapes = { { "long-input", 32768, 256 }, { "long-gen", 600, 4096 } } };
+	int gen = 0, ctx = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(argv[i], "--quick")) {
@@ -272,25 +349,73 @@ static int parse(int argc, char **argv, struct args *a)
 			a->n_shapes = 1;
 			a->shapes[0] = (struct shape){ "quick", 2048, 32 };
 			a->n_batches = 2;
-		} else if (!strcmp(argv[i], "--layers") && v) {
+			a->batches[1] = 4;
+			continue;
+		}
+		if (!v)
+			return -1;
+		i++;
+		if (!strcmp(argv[i - 1], "--layers")) {
 			a->layers = atoi(v);
-			i++;
 			if (a->layers <= 0 || a->layers > 32)
 				return -1;
-		} else if (!strcmp(argv[i], "--batches") && v) {
+		} else if (!strcmp(argv[i - 1], "--batch") || !strcmp(argv[i - 1], "--batches")) {
 			if ((a->n_batches = parse_list(v, a->batches)) <= 0)
 				return -1;
-			i++;
-		} else if (!strcmp(argv[i], "--policies") && v) {
+		} else if (!strcmp(argv[i - 1], "--shape")) {
+			const struct shape in = { "long-input", 32768, 256 };
+			const struct shape lg = { "long-gen", 600, 4096 };
+			if (!strcmp(v, "long-input"))
+				a->shapes[0] = in, a->n_shapes = 1;
+			else if (!strcmp(v, "long-gen"))
+				a->shapes[0] = lg, a->n_shapes = 1;
+			else if (!strcmp(v, "both"))
+				a->shapes[0] = in, a->shapes[1] = lg, a->n_shapes = 2;
+			else
+				return -1;
+		} else if (!strcmp(argv[i - 1], "--gen")) {
+			if (parse_len(v, &gen))
+				return -1;
+		} else if (!strcmp(argv[i - 1], "--ctx")) {
+			if (parse_len(v, &ctx))
+				return -1;
+		} else if (!strcmp(argv[i - 1], "--budget")) {
+			a->budget_s = atof(v);
+			if (!(a->budget_s > 0))
+				return -1;
+		} else if (!strcmp(argv[i - 1], "--recall")) {
+			static char rl[64];
+			snprintf(rl, sizeof rl, "%s", v);
+			a->n_recalls = 0;
+			for (char *sv, *p = strtok_r(rl, ",", &sv); p; p = strtok_r(NULL, ",", &sv)) {
+				int k = 0;
+				while (k < 3 && strcmp(p, recall_names[k]))
+					k++;
+				if (k == 3 || a->n_recalls == 3)
+					return -1;
+				a->recalls[a->n_recalls++] = k;
+			}
+			if (!a->n_recalls)
+				return -1;
+		} else if (!strcmp(argv[i - 1], "--policies")) {
 			snprintf(pol, sizeof pol, "%s", v);
 			a->n_policies = 0;
 			for (char *sv, *p = strtok_r(pol, ",", &sv); p && a->n_policies < MAX_LIST;
 			     p = strtok_r(NULL, ",", &sv))
 				a->policies[a->n_policies++] = p;
-			i++;
+			if (!a->n_policies)
+				return -1;
 		} else {
 			return -1;
 		}
+	}
+	for (int si = 0; si < a->n_shapes; si++) {
+		if (gen)
+			a->shapes[si].gen = gen;
+		if (ctx)
+			a->shapes[si].prompt = ctx;
+		if (a->shapes[si].gen < 8)
+			return -1; /* the budget check needs 8 timed steps */
 	}
 	return 0;
 }
@@ -299,10 +424,12 @@ int main(int argc, char **argv)
 {
 	struct args a;
 	if (parse(argc, argv, &a)) {
-		fprintf(stderr, "usage: bench_decode_gpu [--quick] [--layers N] [--policies LIST] "
-				"[--batches LIST]\n");
+		fprintf(stderr, "usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|"
+				"both] [--batch LIST] [--policies LIST] [--recall dma,mapped,staged] "
+				"[--gen N >= 8] [--ctx N] [--layers N] [--budget S]\n");
 		return 2;
 	}
+	const double deadline = clock_ms_f() + a.budget_s * 1e3;
 	struct backend *be = NULL;
 	char err[512];
 	if (backend_open("cuda", 0, &be, err, sizeof err)) {
@@ -324,8 +451,9 @@ int main(int argc, char **argv)
 	printf("device: %s; d2d bandwidth %.0f GB/s; Llama-3.1-8B geometry, %d layers, vocab %d, "
 	       "bf16 (%.2f GB of weights); B=2048 S=W=512 p=32\n",
 	       prop.name, bw / 1e9, a.layers, a.vocab, wbytes / 1e9);
-	printf("%-16s %-10s %5s %10s %10s %10s\n", "shape", "policy", "batch", "mean_ms",
-	       "median_ms", "floor_ms");
+	printf("%-12s %6s %6s %-10s %-6s %5s %9s %9s %9s %10s %7s %6s\n", "shape", "ctx", "gen",
+	       "policy", "recall", "batch", "mean_ms", "median_ms", "floor_ms", "recall_MB",
+	       "hidden", "corr");
 	int status = 0;
 	for (int si = 0; si < a.n_shapes; si++)
 		for (int bi = 0; bi < a.n_batches; bi++) {
@@ -334,24 +462,48 @@ int main(int argc, char **argv)
 			double med[MAX_LIST];
 			for (int pi = 0; pi < a.n_policies; pi++) {
 				const char *pol = a.policies[pi];
-				double mean = 0, median = 0;
+				const bool full = !strcmp(pol, "full");
 				med[pi] = NAN;
-				int ret = run(&m, be, sh, pol, batch, &mean, &median, err, sizeof err);
-				if (ret) {
-					printf("%-16s %-10s %5d not run: %s\n", sh->name, pol, batch, err);
-					if (!strcmp(pol, "full"))
-						status = 1;
-					continue;
+				for (int ri = 0; ri < (full ? 1 : a.n_recalls); ri++) {
+					const int rp = a.recalls[ri];
+					const char *rn = full ? "-" : recall_names[rp];
+					struct result r = { 0 };
+					int ret = run(&m, be, sh, pol, rp, batch, deadline, &r, err,
+						      sizeof err);
+					if (ret == -ETIME) {
+						if (r.need_s > 0)
+							printf("%-12s %6d %6d %-10s %-6s %5d skipped: needs "
+							       "about %.0f s, past the time budget\n",
+							       sh->name, sh->prompt, sh->gen, pol, rn, batch,
+							       r.need_s);
+						else
+							printf("%-12s %6d %6d %-10s %-6s %5d skipped: the "
+							       "time budget is spent\n", sh->name,
+							       sh->prompt, sh->gen, pol, rn, batch);
+						fflush(stdout);
+						continue;
+					}
+					if (ret) {
+						printf("%-12s %6d %6d %-10s %-6s %5d not run: %s\n",
+						       sh->name, sh->prompt, sh->gen, pol, rn, batch, err);
+						if (full)
+							status = 1;
+						continue;
+					}
+					/* KV read per step at mid-run: full reads the whole context,
+					 * the others the budget. */
+					double toks = full ? sh->prompt + sh->gen / 2.0 : 2048;
+					double kvb = 2.0 * a.layers * toks * KVD * 2 * batch;
+					double floor_ms = bw > 0 ? (wbytes + kvb) / bw * 1e3 : NAN;
+					/* the ratios use the first recall path that ran */
+					if (isnan(med[pi]))
+						med[pi] = r.median;
+					printf("%-12s %6d %6d %-10s %-6s %5d %9.3f %9.3f %9.3f %10.3f "
+					       "%7.3f %6.3f\n", sh->name, sh->prompt, sh->gen, pol, rn,
+					       batch, r.mean, r.median, floor_ms, r.recall_mb, r.hidden,
+					       r.corr);
+					fflush(stdout);
 				}
-				/* KV read per step at mid-run: full reads the whole context, the
-				 * others the budget. */
-				double toks = !strcmp(pol, "full") ? sh->prompt + sh->gen / 2.0 : 2048;
-				double kvb = 2.0 * a.layers * toks * KVD * 2 * batch;
-				double floor_ms = bw > 0 ? (wbytes + kvb) / bw * 1e3 : NAN;
-				med[pi] = median;
-				printf("%-16s %-10s %5d %10.3f %10.3f %10.3f\n", sh->name, pol, batch,
-				       mean, median, floor_ms);
-				fflush(stdout);
 			}
 			double fk = NAN, st = NAN, qu = NAN;
 			for (int pi = 0; pi < a.n_policies; pi++) {

@@ -17,8 +17,21 @@
 #              kvworker) and on ONE decode step of `kvworker generate --backend cuda`;
 #   racecheck  racecheck on the retrieval kernels' tests, the policies' test and the decode step;
 #   bench_kernels  kernel micro-benchmarks (recall units vs one copy, decode attention vs HBM);
-#   bench_decode   bench_decode_gpu (Llama-3.1-8B geometry, per policy); DECODE_ARGS adds flags,
-#              e.g. DECODE_ARGS=--quick.
+#   bench_decode   bench_decode_gpu (Llama-3.1-8B geometry, per policy); its rows: step time
+#              (mean, median), the floor (weights + KV read over measured HBM bandwidth), recall
+#              MB per step, the hidden fraction of recall and the correction rate. Picked with
+#              --shape long-input|long-gen|both, --batch LIST, --policies LIST, --recall LIST
+#              (dma: from the registered pool, the default; mapped: the zero-copy gather
+#              kernel; staged: host copies first; a row each), --gen N, --ctx N and --budget S
+#              (seconds of runs: a run that would overrun is skipped and said so, every printed
+#              row is complete; default BENCH_TIMEOUT - 60, or what --deadline leaves, less
+#              60). Defaults: both shapes (32768 + 256 generated, 600 + 4096), batch 1,
+#              full,streaming,quest,freekv, dma: as many rows as fit in 480 s. DECODE_ARGS
+#              adds raw flags, e.g. DECODE_ARGS=--quick.
+#              Not measured yet: this build's decode step (device-side selection, 16-bit slots,
+#              flash_decode for full, fused QKV/gate-up, recall from the pool by DMA or by the
+#              gather kernel) has never run on a GPU, so which recall path is faster is not
+#              known; CUDA Graphs and device prefill are not built.
 #   Aliases: sanitize = memcheck,racecheck; bench = bench_kernels,bench_decode.
 # Splitting across calls that must each end in a few minutes: --steps picks steps, --only REGEX
 # keeps the runs whose name (step:target, e.g. racecheck:test_kernel_topk) matches, and
@@ -31,7 +44,8 @@
 # bench_decode_gpu.log and logs.tar.gz (all logs). Exit status 1 when any run failed, 2 on a
 # usage or setup error.
 # Usage: bench/gpu/run.sh [--pack DIR | --build DIR | BUILD_DIR] [--steps LIST] [--only REGEX]
-#                         [--deadline S] [--work DIR]
+#                         [--deadline S] [--work DIR] [--shape S] [--batch LIST]
+#                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--budget S]
 #        bench/gpu/run.sh --list-binaries   (what gpu_pack.sh must pack, relative to the build)
 set -uo pipefail
 
@@ -60,7 +74,8 @@ usage() {
   exit 2
 }
 
-mode="" dir="" steps="all" only="" deadline=0 WORK="" list=0
+mode="" dir="" steps="all" only="" deadline=0 WORK="" list=0 budget=""
+BENCH_FLAGS=()
 while [ $# -gt 0 ]; do
   case $1 in
   --list-binaries) list=1 ;;
@@ -70,6 +85,9 @@ while [ $# -gt 0 ]; do
   --only) only=${2:?--only needs a regex}; shift ;;
   --deadline) deadline=${2:?--deadline needs seconds}; shift ;;
   --work) WORK=${2:?--work needs a directory}; shift ;;
+  --shape | --batch | --policies | --gen | --ctx | --recall)
+    BENCH_FLAGS+=("$1" "${2:?$1 needs a value}"); shift ;;
+  --budget) budget=${2:?--budget needs seconds}; shift ;;
   -h | --help) usage ;;
   -*) echo "run.sh: unknown option $1" >&2; usage ;;
   *) mode=build dir=$1 ;;
@@ -81,6 +99,7 @@ if [ -z "$mode" ]; then
     mode=build dir=$SRC/build-gpu; fi
 fi
 case $deadline in '' | *[!0-9]*) echo "run.sh: --deadline takes whole seconds" >&2; exit 2 ;; esac
+case $budget in *[!0-9]*) echo "run.sh: --budget takes whole seconds" >&2; exit 2 ;; esac
 steps=,${steps//sanitize/memcheck,racecheck},
 steps=${steps//,bench,/,bench_kernels,bench_decode,}
 [ "$steps" = ",all," ] && steps=",build,tests,memcheck,racecheck,bench_kernels,bench_decode,"
@@ -363,7 +382,18 @@ for b in bench_kernels bench_decode; do
     continue
   fi
   args=()
-  [ "$b" = bench_decode ] && read -ra args <<<"${DECODE_ARGS:-}"
+  if [ "$b" = bench_decode ]; then
+    # The bench's own budget stays 60 s inside the run's timeout (and the deadline), so it
+    # prints its complete rows and exits before it is killed.
+    limit=$BENCH_TIMEOUT
+    [ "$deadline" -gt 0 ] && [ $((deadline - (SECONDS - START))) -lt "$limit" ] &&
+      limit=$((deadline - (SECONDS - START)))
+    b_s=${budget:-$((limit - 60))}
+    [ "$b_s" -gt $((limit - 60)) ] && b_s=$((limit - 60))
+    [ "$b_s" -lt 10 ] && b_s=10
+    read -ra args <<<"${DECODE_ARGS:-}"
+    args=(--budget "$b_s" "${BENCH_FLAGS[@]}" "${args[@]}")
+  fi
   run "bench:$exe" "$BENCH_TIMEOUT" "$BIN/bench/$exe" "${args[@]}"
   [ -f "$WORK/logs/bench_$exe.log" ] && cat "$WORK/logs/bench_$exe.log"
 done

@@ -52,6 +52,13 @@ static const struct cfg_key keys[] = {
 	  "file or block device of the NVMe tier, opened O_DIRECT (empty: no tier)" },
 	{ "nvme_bytes", CFG_T_BYTES, F(nvme_bytes), 0, 1ull << 50, "4G", false,
 	  "size of the NVMe tier file (preallocated)" },
+	{ "persist", CFG_T_BOOL, F(persist), 0, 1, "true", false,
+	  "journal sequence and block metadata and re-adopt the pool and tier at start, so a "
+	  "restart loses no committed token (needs nvme_path or journal_path)" },
+	{ "journal_path", CFG_T_STRING, F(journal_path), 0, CFG_STR_MAX - 1, "", false,
+	  "metadata journal (empty: <nvme_path>.journal)" },
+	{ "journal_compact_bytes", CFG_T_BYTES, F(journal_compact_bytes), 4096, 1ull << 40, "64M",
+	  true, "compact the journal into a snapshot once it grows past this size" },
 	{ "dram_high_watermark", CFG_T_U64, F(dram_high_watermark), 1, 100, "90", true,
 	  "percent of the pool in use above which blocks are demoted to NVMe" },
 	{ "dram_low_watermark", CFG_T_U64, F(dram_low_watermark), 0, 99, "75", true,

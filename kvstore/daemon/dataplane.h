@@ -68,6 +68,19 @@ struct dp_seq_usage {
 int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen);
 void dp_shutdown(struct dp *dp);
 
+struct persist;
+/* Restart without loss (persist.h): replays ps's journal into the sequence table, adopting the
+ * blocks it names in the pool (mapped as the previous daemon left it: dp_init adopts a segment
+ * when cfg->persist) and the tier; from then on every metadata change is journaled and every
+ * completion waits for the group commit, and the pool segment outlives dp_shutdown. ps NULL:
+ * nothing (persistence off). ps is borrowed and must outlive dp. */
+int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen);
+/* Periodic upkeep from the control loop: journal compaction when it is due. */
+void dp_maintain(struct dp *dp);
+/* The committed length of s moved (CommitTokens): journal the blocks whose committed rows grew.
+ * The caller journals the ids and the length. */
+void dp_seq_committed(struct dp *dp, struct seq *s, uint64_t old_committed);
+
 const char *dp_pool_name(const struct dp *dp);
 uint64_t dp_pool_bytes(const struct dp *dp);
 

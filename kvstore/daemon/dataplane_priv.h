@@ -1,5 +1,6 @@
 /* dataplane_priv — the data plane's state, shared by its source files: dataplane.c (ring ops,
- * leases, demotion, promotion), dataplane_swap.c (DRAM <-> NVMe swaps when both tiers are full)
+ * leases, demotion, promotion), dataplane_persist.c (group commit and journal records),
+ * dataplane_swap.c (DRAM <-> NVMe swaps when both tiers are full)
  * and dataplane_thread.c (the data-plane thread and its lock). Private to those files; everyone
  * else uses dataplane.h. */
 #ifndef FREEKV_DATAPLANE_PRIV_H
@@ -65,8 +66,19 @@ struct dp_worker {
 	uint64_t last_op_ms;		/* when its ring last carried an op (dp_now_us clock) */
 };
 
+/* A completion waiting for the journal's group commit (see dp_flush_completions). */
+struct dp_done {
+	uint32_t wid;
+	struct ring_entry e;
+};
+
+struct persist;
+
 struct dp {
 	const struct cfg *cfg;
+	struct persist *ps;		/* durable metadata; NULL: persistence off (borrowed) */
+	struct dp_done *outbox;		/* (cap_outbox,) completions not posted yet */
+	size_t n_outbox, cap_outbox;
 	struct seq_table *seqs;
 	struct pool *pool;
 	struct tier *tier;
@@ -89,6 +101,14 @@ struct dp {
 };
 
 uint64_t dp_now_us(void);
+/* Syncs the journal when it has records, then posts every completion queued since: a worker
+ * never hears of a COMMIT (or of a slot freed by a move) before it is durable. */
+void dp_flush_completions(struct dp *dp);
+/* Journals block id of s where it is now (persist_block). */
+void dp_log_block(struct dp *dp, uint32_t id);
+/* The committed length of s moved from old: journals the blocks whose committed rows changed
+ * (every layer's pages from the old tail page to the new one). dataplane_persist.c. */
+void dp_log_committed(struct dp *dp, struct seq *s, uint64_t old);
 /* Demotion's ranking of a DRAM block as a victim (pool_victims): -1 never (uncommitted), 0 a
  * detached or orphaned sequence's, 1 an attached one's; the swap ranks the same way. */
 struct pool_block;

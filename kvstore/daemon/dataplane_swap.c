@@ -142,6 +142,11 @@ static void write_done(struct dp *dp, struct dp_swap *sw, const struct tier_resu
 	(void)ret;
 	dp->swapped++;
 	sw->phase = DP_SWAP_FREE;
+	/* Both moves journaled; the promoted block's rows are checksummed afresh. */
+	pool_block_get(dp->pool, sw->block)->rows = 0;
+	pool_block_get(dp->pool, sw->block)->rows_crc = 0;
+	dp_log_block(dp, sw->victim);
+	dp_log_block(dp, sw->block);
 	dp_retry_recalls_of(dp, sw->block);
 }
 

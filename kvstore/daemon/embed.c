@@ -175,6 +175,7 @@ int kvs_embed_open(uint64_t pool_bytes, struct kvs_embed **out, uint8_t **base, 
 	m->cfg.dram_bytes = (want + EMB_UNIT - 1) / EMB_UNIT * EMB_UNIT;
 	m->cfg.lock_memory = false;
 	m->cfg.nvme_path[0] = '\0';
+	m->cfg.persist = false; /* lives as long as the worker: nothing to restart into */
 	m->cfg.group[0] = '\0';
 	m->cfg.max_workers = 1;
 	m->cfg.ring_entries = 64;

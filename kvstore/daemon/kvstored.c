@@ -21,6 +21,7 @@
 #include "dataplane.h"
 #include "freekv_store.h"
 #include "owner.h"
+#include "persist.h"
 #include "rpc.h"
 #include "sdnotify.h"
 #include "seq.h"
@@ -54,6 +55,7 @@ struct daemon_state {
 	struct sdn sdn;
 	struct owner owner;
 	struct access access;
+	struct persist *ps;
 	void *zctx;
 	int sigfd;
 	struct store_metrics sm;	/* metrics_listen (docs/design.md §6) */
@@ -235,6 +237,7 @@ static void event_loop(struct daemon_state *d)
 		}
 		if (t - last_status >= STATUS_EVERY_MS) {
 			send_status(d);
+			dp_maintain(d->dp);
 			last_status = t;
 		}
 	}
@@ -285,7 +288,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: %s\n", err);
 		goto out_sig;
 	}
-	owner_clean_stale(&d.owner, &d.cfg);
+	if ((ret = persist_open(&d.cfg, &d.ps, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", strerror(-ret));
+		goto out_owner;
+	}
+	if (!d.ps)
+		fprintf(stderr, "kvstored: %s\n", err);
+	/* With persistence the pool segment a dead owner left is adopted, not removed. */
+	owner_clean_stale(&d.owner, &d.cfg, d.ps != NULL);
 	if ((ret = sdn_init(&d.sdn))) {
 		fprintf(stderr, "kvstored: NOTIFY_SOCKET: %s\n", strerror(-ret));
 		goto out_owner;
@@ -301,6 +311,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: %s\n", err[0] ? err : strerror(-ret));
 		goto out_wk;
 	}
+	if ((ret = dp_restore(d.dp, d.ps, err, sizeof err))) {
+		fprintf(stderr, "kvstored: %s\n", err);
+		goto out_dp;
+	}
 	d.zctx = zmq_ctx_new();
 	if (!d.zctx) {
 		fprintf(stderr, "kvstored: zmq_ctx_new: %s\n", zmq_strerror(errno));
@@ -308,6 +322,7 @@ int main(int argc, char **argv)
 	}
 	struct rpc_ctx rctx = {
 		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp, .access = &d.access,
+		.ps = d.ps,
 		.start_ms = clock_ms(), .now_ms = clock_ms,
 	};
 	if ((ret = rpc_init(&d.rpc, d.zctx, &rctx, err, sizeof err))) {
@@ -356,6 +371,7 @@ out_seq:
 	seq_table_shutdown(&d.seqs);
 out_sdn:
 	sdn_shutdown(&d.sdn);
+	persist_close(d.ps);
 out_owner:
 	owner_release(&d.owner);
 out_sig:

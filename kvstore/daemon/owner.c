@@ -95,12 +95,12 @@ int owner_take(struct owner *o, const struct cfg *cfg, char *err, size_t errlen)
 	return 0;
 }
 
-int owner_clean_stale(const struct owner *o, const struct cfg *cfg)
+int owner_clean_stale(const struct owner *o, const struct cfg *cfg, bool keep_pool)
 {
 	(void)o; /* the caller holds the locks: that is what makes these leftovers */
 	int removed = 0;
 	const char *hdir = cfg->hugetlbfs_path[0] ? cfg->hugetlbfs_path : NULL;
-	if (pool_segment_unlink(cfg->shm_name, hdir) == 0) {
+	if (!keep_pool && pool_segment_unlink(cfg->shm_name, hdir) == 0) {
 		fprintf(stderr, "kvstored: removed the stale pool segment %s left by a previous "
 			"kvstored\n", cfg->shm_name);
 		removed++;

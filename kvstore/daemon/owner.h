@@ -14,6 +14,7 @@
 #ifndef FREEKV_OWNER_H
 #define FREEKV_OWNER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -30,9 +31,10 @@ struct owner {
  * made. On failure nothing is held. */
 int owner_take(struct owner *o, const struct cfg *cfg, char *err, size_t errlen);
 
-/* With the locks held: removes the pool segment and ring segments a dead owner left under
- * cfg's shm_name, logging each to stderr. Returns how many were removed. */
-int owner_clean_stale(const struct owner *o, const struct cfg *cfg);
+/* With the locks held: removes the pool segment (unless keep_pool: a persistent daemon adopts
+ * it, docs/design.md §4 "Restart without loss") and ring segments a dead owner left under cfg's
+ * shm_name, logging each to stderr. Returns how many were removed. */
+int owner_clean_stale(const struct owner *o, const struct cfg *cfg, bool keep_pool);
 
 void owner_release(struct owner *o);
 

@@ -27,6 +27,8 @@ struct pool {
 	uint64_t bytes;
 	int fd;
 	bool locked;
+	bool adopted;         /* the segment was a previous daemon's, mapped as it was */
+	bool keep;            /* pool_destroy leaves the segment (a persistent pool) */
 	struct slab_alloc *slab;
 	struct pool_block **chunks;
 	uint32_t n_chunks;
@@ -73,7 +75,22 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 		.group = cfg->group,
 		.unlink_existing = cfg->unlink_existing,
 	};
-	ret = pool_segment_create(&sc, &p->base, &p->fd, err, err_len);
+	ret = -ENOENT;
+	if (cfg->adopt) {
+		/* Restart without loss (docs/design.md §4): the previous daemon's segment holds the
+		 * committed blocks; map it as it is. A different size cannot hold the same offsets. */
+		uint64_t got = 0;
+		char why[POOL_ERR_LEN] = "";
+		ret = pool_segment_map(cfg->shm_name, cfg->hugetlbfs_dir, cfg->dram_bytes, &p->base,
+				       &got, &p->fd, why, sizeof why);
+		if (ret == 0)
+			p->adopted = true;
+		else if (ret != -ENOENT)
+			fprintf(stderr, "kvstored: cannot adopt the pool segment %s (%s): making a new "
+				"one; the blocks it held are lost\n", cfg->shm_name, why);
+	}
+	if (ret)
+		ret = pool_segment_create(&sc, &p->base, &p->fd, err, err_len);
 	if (ret < 0) {
 		slab_shutdown(p->slab);
 		free(p);
@@ -89,7 +106,8 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 				"lock_memory=false to run without locking",
 				(unsigned long long)p->bytes, strerror(-ret));
 			pool_segment_unmap(p->base, p->bytes, p->fd);
-			pool_segment_unlink(p->name, p->huge_dir);
+			if (!p->adopted) /* an adopted segment still holds the committed blocks */
+				pool_segment_unlink(p->name, p->huge_dir);
 			slab_shutdown(p->slab);
 			free(p);
 			return ret;
@@ -109,13 +127,24 @@ void pool_destroy(struct pool *p)
 	if (p->locked)
 		munlock(p->base, p->bytes);
 	pool_segment_unmap(p->base, p->bytes, p->fd);
-	pool_segment_unlink(p->name, p->huge_dir);
+	if (!p->keep)
+		pool_segment_unlink(p->name, p->huge_dir);
 	for (uint32_t i = 0; i < p->n_chunks; i++)
 		free(p->chunks[i]);
 	free(p->chunks);
 	free(p->free_ids);
 	slab_shutdown(p->slab);
 	free(p);
+}
+
+bool pool_adopted(const struct pool *p)
+{
+	return p->adopted;
+}
+
+void pool_keep_segment(struct pool *p, bool keep)
+{
+	p->keep = keep;
 }
 
 void *pool_base(const struct pool *p)
@@ -287,6 +316,76 @@ int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id_out)
 	p->u.blocks++;
 	*id_out = id;
 	return 0;
+}
+
+/* A fresh descriptor with no location yet (adoption fills it in). */
+static int desc_adopt(struct pool *p, unsigned cls, uint32_t *id_out, struct slab_class_info *ci)
+{
+	if (slab_class_info(p->slab, cls, ci) < 0)
+		return -EINVAL;
+	int ret = desc_new(p, id_out);
+	if (ret < 0)
+		return ret;
+	struct pool_block *b = desc(p, *id_out);
+	memset(b, 0, sizeof *b);
+	b->dram_off = POOL_NO_OFFSET;
+	b->nvme_off = POOL_NO_OFFSET;
+	b->bytes = (uint32_t)ci->block_bytes;
+	b->cls = (uint16_t)cls;
+	b->lru = ++p->clock;
+	b->committed = true;
+	return 0;
+}
+
+int pool_block_adopt_dram(struct pool *p, unsigned cls, uint64_t slab_base, uint64_t off,
+			  uint32_t *id_out)
+{
+	struct slab_class_info ci;
+	uint32_t id;
+	int ret = desc_adopt(p, cls, &id, &ci);
+	if (ret < 0)
+		return ret;
+	ret = slab_adopt(p->slab, cls, slab_base, off);
+	if (ret < 0) {
+		p->free_ids[p->n_free_ids++] = id;
+		return ret;
+	}
+	slab_set_tag(p->slab, off, id);
+	p->u.dram_used_bytes += ci.stride;
+	struct pool_block *b = desc(p, id);
+	b->dram_off = off;
+	set_tier(p, b, POOL_TIER_DRAM);
+	p->u.blocks++;
+	p->u.blocks_committed++;
+	*id_out = id;
+	return 0;
+}
+
+int pool_block_adopt_nvme(struct pool *p, unsigned cls, uint64_t nvme_off, uint32_t crc,
+			  uint32_t *id_out)
+{
+	struct slab_class_info ci;
+	uint32_t id;
+	int ret = desc_adopt(p, cls, &id, &ci);
+	if (ret < 0)
+		return ret;
+	struct pool_block *b = desc(p, id);
+	b->nvme_off = nvme_off;
+	b->crc = crc;
+	b->has_crc = true;
+	set_tier(p, b, POOL_TIER_NVME);
+	p->u.blocks++;
+	p->u.blocks_committed++;
+	*id_out = id;
+	return 0;
+}
+
+int pool_block_slab_base(const struct pool *p, uint32_t id, uint64_t *base)
+{
+	const struct pool_block *b = desc(p, id);
+	if (!b || b->tier == POOL_TIER_FREE || b->dram_off == POOL_NO_OFFSET)
+		return -EINVAL;
+	return slab_base_of(p->slab, b->dram_off, base);
 }
 
 int pool_block_free(struct pool *p, uint32_t id)

@@ -42,6 +42,7 @@ struct pool_config {
 	mode_t mode;                /* 0 means 0660 */
 	uint64_t slab_unit_bytes;   /* 0: SLAB_UNIT_DEFAULT */
 	bool unlink_existing;
+	bool adopt;                 /* map an existing segment of this name and size as it is */
 };
 
 enum pool_tier {
@@ -68,6 +69,8 @@ struct pool_block {
 	uint32_t leases;        /* a leased block is never moved */
 	uint32_t refs;          /* sequences sharing this block */
 	uint32_t crc;           /* crc32c of the block bytes, valid when has_crc */
+	uint32_t rows;          /* token rows of the page committed when rows_crc was taken */
+	uint32_t rows_crc;      /* crc32c of those rows (persist.h), checked after a restart */
 	uint16_t cls;           /* slab class */
 	uint8_t tier;           /* enum pool_tier */
 	bool committed;
@@ -99,6 +102,11 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 /* Unmaps, unlinks the segment, frees all metadata. NULL is fine. */
 void pool_destroy(struct pool *p);
 
+/* Whether pool_create mapped a previous daemon's segment (cfg->adopt) instead of a new one. */
+bool pool_adopted(const struct pool *p);
+/* With keep, pool_destroy unmaps the segment but leaves it for the next daemon to adopt. */
+void pool_keep_segment(struct pool *p, bool keep);
+
 void *pool_base(const struct pool *p);
 uint64_t pool_bytes(const struct pool *p);
 int pool_fd(const struct pool *p);
@@ -117,6 +125,16 @@ int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id);
  * first. -EINVAL for an unknown id, -EBUSY for a leased or in-flight block. */
 int pool_block_free(struct pool *p, uint32_t id);
 
+/* Restart (persist.h): a committed block that a previous daemon left in DRAM at off, inside the
+ * slab that starts at slab_base (see slab_adopt), or on NVMe at nvme_off with its crc. The
+ * descriptor comes back committed, unleased, with zero owner fields. -EEXIST / -EINVAL /
+ * -ERANGE from slab_adopt when the offset cannot be taken as it was. */
+int pool_block_adopt_dram(struct pool *p, unsigned cls, uint64_t slab_base, uint64_t off,
+			  uint32_t *id);
+int pool_block_adopt_nvme(struct pool *p, unsigned cls, uint64_t nvme_off, uint32_t crc,
+			  uint32_t *id);
+/* Start of the slab holding a DRAM-resident block (journaled with it). -EINVAL otherwise. */
+int pool_block_slab_base(const struct pool *p, uint32_t id, uint64_t *base);
 /* For an ALLOC of class cls that found no block while every slab unit is owned: the range of
  * the other class's slab to empty (see slab_reclaim_pick). -EAGAIN when a unit is free. */
 int pool_reclaim_pick(struct pool *p, unsigned cls, uint64_t *base, uint64_t *bytes,

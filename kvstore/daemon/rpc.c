@@ -3,6 +3,7 @@
 #include "access.h"
 #include "freekv_store.h"
 #include "pbcheck.h"
+#include "persist.h"
 #include "prom.h"
 
 #include <errno.h>
@@ -111,6 +112,11 @@ static Freekv__SequenceInfo *seq_info(struct call *c, const struct seq *s, bool 
 	i->model_fingerprint.data = (uint8_t *)s->fp;
 	i->model_fingerprint.len = s->fp_len;
 	i->block_bytes = s->block_bytes;
+	if (s->damaged_blocks) {
+		i->has_damaged_blocks = i->has_damaged_cut_from = true;
+		i->damaged_blocks = s->damaged_blocks;
+		i->damaged_cut_from = s->damaged_cut_from;
+	}
 	if (tokens) {
 		i->n_token_ids = s->n_tokens;
 		i->token_ids = s->tokens;
@@ -319,7 +325,8 @@ static int h_open(struct call *c)
 		o->geometry->n_layers, o->geometry->n_kv_heads, o->geometry->head_dim,
 		o->geometry->page_size, (uint32_t)o->geometry->dtype,
 	};
-	struct seq *s;
+	struct seq *s = seq_find_name(x->seqs, o->name);
+	size_t had = s ? s->n_tokens : 0;
 	bool created;
 	int ret = seq_open(x->seqs, o->name, o->model_fingerprint.data, o->model_fingerprint.len, &g,
 			   o->token_ids, o->n_token_ids, x->cfg->max_tokens, o->create, &s, &created, c->err,
@@ -329,9 +336,12 @@ static int h_open(struct call *c)
 	if (created) {
 		s->has_owner = c->w != NULL;
 		s->owner_uid = c->w ? c->w->uid : 0;
-	} else if ((ret = may_use(c, s))) {
-		return ret;
+		persist_seq_open(x->ps, s);
+	} else if (s->n_tokens > had) {
+		persist_seq_tokens(x->ps, s, had, s->tokens + had, s->n_tokens - had);
 	}
+	if (!created && (ret = may_use(c, s)))
+		return ret;
 	return reply_seq(c, s, false);
 }
 
@@ -385,6 +395,7 @@ static int h_close(struct call *c)
 	ret = dp_drop_seq(x->dp, s, &blocks, c->err, sizeof c->err);
 	if (ret)
 		return ret;
+	persist_seq_remove(x->ps, s->id);
 	seq_remove(x->seqs, s);
 	return reply_evicted(c, 1, blocks);
 }
@@ -483,8 +494,10 @@ static int evict_one(struct call *c, struct seq *s, bool demote, uint64_t *seqs,
 			return fail(c, -EBUSY, "sequence '%s' is attached to worker %u (demote it instead)",
 				    s->name, s->worker_id);
 		ret = dp_drop_seq(x->dp, s, &n, c->err, sizeof c->err);
-		if (!ret)
+		if (!ret) {
+			persist_seq_remove(x->ps, s->id);
 			seq_remove(x->seqs, s);
+		}
 	}
 	if (ret)
 		return ret;
@@ -553,6 +566,30 @@ static Freekv__CommandStat *cmd_stat(struct call *c, const char *name, uint64_t 
 	return cs;
 }
 
+static Freekv__JournalStats *journal_stats_msg(struct call *c, const struct persist *ps)
+{
+	struct persist_stats p;
+	Freekv__JournalStats *j = NEW(c, Freekv__JournalStats, FREEKV__JOURNAL_STATS__INIT);
+	if (!j)
+		return NULL;
+	persist_stats(ps, &p);
+	j->path = (char *)persist_journal_path(ps);
+	j->bytes = p.journal_bytes;
+	j->records = p.records;
+	j->syncs = p.syncs;
+	j->compactions = p.compactions;
+	j->last_compaction_unix = (uint64_t)p.last_compaction;
+	j->replayed = p.replayed;
+	j->replay_ms = p.replay_ms;
+	j->adopted_sequences = p.adopted_seqs;
+	j->adopted_blocks = p.adopted_blocks;
+	j->damaged_sequences = p.damaged_seqs;
+	j->damaged_blocks = p.damaged_blocks;
+	j->ignored_bytes = p.ignored_bytes;
+	j->failed = p.failed;
+	return j;
+}
+
 static int h_stats(struct call *c)
 {
 	struct rpc_ctx *x = &c->s->ctx;
@@ -582,6 +619,8 @@ static int h_stats(struct call *c)
 	r->has_swaps = r->has_swap_failures = true;
 	r->swaps = d.swaps;
 	r->swap_failures = d.swap_failures;
+	if (x->ps && !(r->journal = journal_stats_msg(c, x->ps)))
+		return -ENOMEM;
 	for (size_t i = 0; i < nc; i++) {
 		struct rpc_stat *st = &c->s->stats[i];
 		if (!(r->commands[r->n_commands++] = cmd_stat(c, rpc_command_name(i), st->calls, st->errors, st->total_us,
@@ -651,9 +690,17 @@ static int h_commit_tokens(struct call *c)
 	if (ct->committed_tokens > (uint64_t)s->n_pages * s->geo.page_size)
 		return fail(c, -ERANGE, "committed_tokens %" PRIu64 " beyond the %u allocated pages",
 			    ct->committed_tokens, s->n_pages);
+	uint64_t old = s->committed_tokens;
 	int ret = seq_commit(s, ct->committed_tokens, ct->first, ct->token_ids, ct->n_token_ids,
 			     c->s->ctx.cfg->max_tokens, c->err, sizeof c->err);
-	return ret ? ret : reply_ack(c);
+	if (ret)
+		return ret;
+	/* The tail blocks' new rows, then ids and length; synced before the reply (rpc_process). */
+	if (ct->n_token_ids || old != s->committed_tokens) {
+		dp_seq_committed(c->s->ctx.dp, s, old);
+		persist_seq_tokens(c->s->ctx.ps, s, ct->first, ct->token_ids, ct->n_token_ids);
+	}
+	return reply_ack(c);
 }
 
 /* A clean exit: attached sequences become detached (not orphaned), then the worker is gone. */
@@ -778,6 +825,9 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 		c.req = req;
 		rep.id = req->id;
 		status = dispatch(&c, &row);
+		/* What a reply reports as done is durable first (docs/design.md §4). */
+		if (persist_dirty(s->ctx.ps))
+			persist_sync(s->ctx.ps);
 	}
 	if (status) {
 		rep.body_case = FREEKV__REPLY__BODY__NOT_SET;
@@ -873,33 +923,6 @@ void rpc_shutdown(struct rpc_server *s)
 		unlink(s->ipc_path);
 	free(s->stats);
 	memset(s, 0, sizeof *s);
-}
-
-int rpc_peer_parse(const char *a, struct rpc_peer *p)
-{
-	uint32_t v[3];
-	if (!a)
-		return -EINVAL;
-	const char *end = a + strlen(a);
-	for (int k = 2; k >= 0; k--) {
-		const char *f = end;
-		uint64_t x = 0;
-		while (f > a && f[-1] >= '0' && f[-1] <= '9')
-			f--;
-		if (f == end || end - f > 10 || f == a || f[-1] != ':')
-			return -EINVAL;
-		for (const char *q = f; q < end; q++)
-			x = x * 10 + (uint64_t)(*q - '0');
-		if (x > UINT32_MAX)
-			return -EINVAL;
-		v[k] = (uint32_t)x;
-		end = f - 1;
-	}
-	p->uid = v[0];
-	p->gid = v[1];
-	p->pid = v[2];
-	p->has_cred = true;
-	return 0;
 }
 
 /* The sender of m as libzmq saw the connection (see rpc.h). */

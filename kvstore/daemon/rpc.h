@@ -40,6 +40,7 @@
 #include "seq.h"
 #include "workers.h"
 
+struct persist;
 struct prom_hist;
 
 #define RPC_ERR_MAX 256
@@ -50,6 +51,7 @@ struct rpc_ctx {
 	struct wk_registry *workers;
 	struct dp *dp;
 	const struct access *access;	/* rights; NULL: every caller is trusted (tests) */
+	struct persist *ps;		/* durable metadata; NULL: persistence off */
 	uint64_t start_ms;
 	uint64_t (*now_ms)(void);
 };

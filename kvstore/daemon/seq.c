@@ -121,6 +121,10 @@ static int reserve_tokens(struct seq *s, size_t n)
 	return 0;
 }
 
+static int seq_new(struct seq_table *t, uint64_t id, const char *name, const uint8_t *fp,
+		   size_t fp_len, const struct seq_geometry *g, const uint32_t *tokens,
+		   size_t n_tokens, struct seq **out, char *err, size_t errlen);
+
 int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp_len,
 	     const struct seq_geometry *g, const uint32_t *tokens, size_t n_tokens, size_t max_tokens,
 	     bool create, struct seq **out, bool *created, char *err, size_t errlen)
@@ -171,6 +175,19 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 		errmsg_set(err, errlen, "no sequence '%s'", name);
 		return -ENOENT;
 	}
+	ret = seq_new(t, t->next_id, name, fp, fp_len, g, tokens, n_tokens, out, err, errlen);
+	if (ret)
+		return ret;
+	*created = true;
+	return 0;
+}
+
+static int seq_new(struct seq_table *t, uint64_t id, const char *name, const uint8_t *fp,
+		   size_t fp_len, const struct seq_geometry *g, const uint32_t *tokens,
+		   size_t n_tokens, struct seq **out, char *err, size_t errlen)
+{
+	size_t nlen = strlen(name);
+	struct seq *s;
 	if (t->n >= t->max) {
 		errmsg_set(err, errlen, "max_sequences (%zu) reached", t->max);
 		return -ENOSPC;
@@ -188,7 +205,9 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 		free(s);
 		return -ENOMEM;
 	}
-	s->id = t->next_id++;
+	s->id = id;
+	if (id >= t->next_id)
+		t->next_id = id + 1;
 	memcpy(s->name, name, nlen + 1);
 	memcpy(s->fp, fp, fp_len);
 	s->fp_len = fp_len;
@@ -214,8 +233,26 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 	s->slot = t->n;
 	t->v[t->n++] = s;
 	*out = s;
-	*created = true;
 	return 0;
+}
+
+int seq_restore(struct seq_table *t, uint64_t id, const char *name, const uint8_t *fp,
+		size_t fp_len, const struct seq_geometry *g, struct seq **out, char *err,
+		size_t errlen)
+{
+	size_t nlen = strnlen(name, SEQ_NAME_MAX);
+	if (nlen == 0 || nlen >= SEQ_NAME_MAX || fp_len == 0 || fp_len > SEQ_FP_MAX || id == 0) {
+		errmsg_set(err, errlen, "sequence %" PRIu64 ": bad name or fingerprint", id);
+		return -EINVAL;
+	}
+	int ret = seq_check_geometry(g, err, errlen);
+	if (ret)
+		return ret;
+	if (seq_find(t, id) || seq_find_name(t, name)) {
+		errmsg_set(err, errlen, "sequence %" PRIu64 " ('%s') restored twice", id, name);
+		return -EEXIST;
+	}
+	return seq_new(t, id, name, fp, fp_len, g, NULL, 0, out, err, errlen);
 }
 
 int seq_attach(struct seq *s, uint32_t wid, char *err, size_t errlen)

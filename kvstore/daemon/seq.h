@@ -49,6 +49,10 @@ struct seq {
 	uint32_t *blocks;		/* (n_layers, pages_cap) pool block ids */
 	uint32_t pages_cap;
 	uint32_t n_pages;		/* 1 + highest page with a block in any layer, 0 when none */
+	/* Blocks that failed their checksum when a restarted daemon adopted them (persist.h):
+	 * never served; the committed length was cut to the first of them. */
+	uint32_t damaged_blocks;
+	uint64_t damaged_cut_from;	/* committed length before the cut */
 	size_t slot;			/* index in seq_table.v */
 	UT_hash_handle hh_id, hh_name;	/* the table's indexes by id and by name */
 };
@@ -76,6 +80,13 @@ uint64_t seq_block_bytes(const struct seq_geometry *g);
 int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp_len,
 	     const struct seq_geometry *g, const uint32_t *tokens, size_t n_tokens, size_t max_tokens,
 	     bool create, struct seq **out, bool *created, char *err, size_t errlen);
+
+/* Restart (persist.h): re-creates sequence `id` as a previous daemon journaled it, detached,
+ * with no tokens or blocks yet. -EEXIST for a known id or name, -ENOSPC past max_sequences,
+ * -EINVAL for a bad name, fingerprint or geometry. Later opens get ids above every restored one. */
+int seq_restore(struct seq_table *t, uint64_t id, const char *name, const uint8_t *fp,
+		size_t fp_len, const struct seq_geometry *g, struct seq **out, char *err,
+		size_t errlen);
 
 struct seq *seq_find(const struct seq_table *t, uint64_t id);
 struct seq *seq_find_name(const struct seq_table *t, const char *name);

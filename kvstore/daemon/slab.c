@@ -186,14 +186,10 @@ static uint32_t find_units(const struct slab_alloc *sa, uint32_t n)
 	return NO_SLAB;
 }
 
-static int slab_new(struct slab_alloc *sa, unsigned cls, uint32_t *out_id)
+/* Makes a slab of class cls on the free units [first, first + units_per_slab). */
+static int slab_new_at(struct slab_alloc *sa, unsigned cls, uint32_t first, uint32_t *out_id)
 {
 	struct slab_class *c = &sa->classes[cls];
-	if (c->units_per_slab > sa->free_units)
-		return -ENOSPC;
-	uint32_t first = find_units(sa, c->units_per_slab);
-	if (first == NO_SLAB)
-		return -ENOSPC;
 	uint32_t id;
 	if (sa->n_free_ids) {
 		id = sa->free_ids[--sa->n_free_ids];
@@ -245,6 +241,17 @@ static int slab_new(struct slab_alloc *sa, unsigned cls, uint32_t *out_id)
 	return 0;
 }
 
+static int slab_new(struct slab_alloc *sa, unsigned cls, uint32_t *out_id)
+{
+	struct slab_class *c = &sa->classes[cls];
+	if (c->units_per_slab > sa->free_units)
+		return -ENOSPC;
+	uint32_t first = find_units(sa, c->units_per_slab);
+	if (first == NO_SLAB)
+		return -ENOSPC;
+	return slab_new_at(sa, cls, first, out_id);
+}
+
 static void slab_retire(struct slab_alloc *sa, uint32_t id)
 {
 	struct slab *s = &sa->slabs[id];
@@ -259,6 +266,62 @@ static void slab_retire(struct slab_alloc *sa, uint32_t id)
 	slab_release_arrays(s);
 	s->n_units = 0;
 	sa->free_ids[sa->n_free_ids++] = id;
+}
+
+int slab_adopt(struct slab_alloc *sa, unsigned cls, uint64_t base, uint64_t off)
+{
+	if (cls >= sa->n_classes || base % sa->unit || off < base)
+		return -EINVAL;
+	struct slab_class *c = &sa->classes[cls];
+	uint64_t first = base / sa->unit;
+	if (first + c->units_per_slab > sa->n_units)
+		return -ERANGE;
+	uint32_t id = sa->unit_slab[first];
+	if (id == NO_SLAB) {
+		for (uint32_t u = 0; u < c->units_per_slab; u++)
+			if (sa->unit_slab[first + u] != NO_SLAB)
+				return -EEXIST;
+		int ret = slab_new_at(sa, cls, (uint32_t)first, &id);
+		if (ret < 0)
+			return ret;
+		assert(sa->slabs[id].first_unit == first);
+	}
+	struct slab *s = &sa->slabs[id];
+	if (s->base != base || s->cls != cls)
+		return -EEXIST; /* the units belong to a slab of another class or start */
+	uint64_t rel = off - base;
+	if (rel % c->info.stride || rel / c->info.stride >= c->info.blocks_per_slab)
+		return -EINVAL;
+	uint32_t idx = (uint32_t)(rel / c->info.stride);
+	if (s->used[idx / 64] & (1ull << (idx % 64)))
+		return -EEXIST;
+	for (uint32_t i = 0; i < s->nfree; i++) {
+		if (s->free_stack[i] == idx) {
+			memmove(s->free_stack + i, s->free_stack + i + 1,
+				(s->nfree - i - 1) * sizeof *s->free_stack);
+			break;
+		}
+	}
+	s->nfree--;
+	s->used[idx / 64] |= 1ull << (idx % 64);
+	s->tag[idx] = 0;
+	if (s->nfree == 0 && s->on_partial)
+		partial_remove(sa, id);
+	c->info.used++;
+	c->info.free--;
+	return 0;
+}
+
+int slab_base_of(const struct slab_alloc *sa, uint64_t off, uint64_t *base)
+{
+	uint64_t unit = off / sa->unit;
+	if (unit >= sa->n_units)
+		return -ERANGE;
+	uint32_t sid = sa->unit_slab[unit];
+	if (sid == NO_SLAB)
+		return -EINVAL;
+	*base = sa->slabs[sid].base;
+	return 0;
 }
 
 int slab_alloc(struct slab_alloc *sa, unsigned cls, uint64_t *off)

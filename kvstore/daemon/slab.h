@@ -47,6 +47,14 @@ unsigned slab_class_count(const struct slab_alloc *sa);
  * -ENOSPC when no slab has a free block and no run of free units is left; -EINVAL bad class. */
 int slab_alloc(struct slab_alloc *sa, unsigned cls, uint64_t *off);
 
+/* Restart (persist.h): marks the block at off allocated inside the slab of class cls that starts
+ * at byte base, making that slab when its units are free. Blocks are named by offsets that a
+ * previous daemon handed out, so the slab must sit exactly where it sat then. -EEXIST when the
+ * units or the block are taken otherwise, -EINVAL / -ERANGE for offsets that fit no slab. */
+int slab_adopt(struct slab_alloc *sa, unsigned cls, uint64_t base, uint64_t off);
+/* Start of the slab holding off (what slab_adopt needs again after a restart). */
+int slab_base_of(const struct slab_alloc *sa, uint64_t off, uint64_t *base);
+
 /* Frees the block that starts at off. -EINVAL when off is not the start of an allocated block
  * (double free, interior offset), -ERANGE when off is outside the range. */
 int slab_free(struct slab_alloc *sa, uint64_t off);

@@ -244,6 +244,35 @@ int tier_extent_alloc(struct tier *t, uint64_t len, uint64_t *off)
 	return 0;
 }
 
+int tier_extent_adopt(struct tier *t, uint64_t off, uint64_t len)
+{
+	uint64_t l = round_up(len, TIER_ALIGN);
+	if (len == 0 || off % TIER_ALIGN || off > t->bytes || l > t->bytes - off)
+		return -EINVAL;
+	/* The free extent that contains [off, off+l) whole, if any (sorted, binary search). */
+	size_t lo = 0, hi = t->n_free_ext;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (t->free_ext[mid].off <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0 || t->free_ext[lo - 1].off + t->free_ext[lo - 1].len < off + l)
+		return -EEXIST; /* overlaps an extent in use */
+	int ret = ext_map_put(&t->used, off, l);
+	if (ret < 0)
+		return ret;
+	ret = take(t, lo - 1, off, l);
+	if (ret < 0) {
+		ext_map_del(&t->used, ext_map_find(&t->used, off));
+		return ret;
+	}
+	t->u.used_bytes += l;
+	t->u.extents++;
+	return 0;
+}
+
 int tier_extent_free(struct tier *t, uint64_t off, uint64_t len)
 {
 	uint64_t l = round_up(len, TIER_ALIGN);

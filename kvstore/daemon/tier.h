@@ -94,6 +94,9 @@ void tier_close(struct tier *t);
  * such a free position exists (one block size per host packs exactly), else any aligned free
  * position. -ENOSPC when nothing fits, -EINVAL len 0. */
 int tier_extent_alloc(struct tier *t, uint64_t len, uint64_t *off);
+/* Marks [off, off+len) allocated, as an extent a previous daemon recorded (restart, see
+ * persist.h). -EINVAL misaligned or outside the file, -EEXIST when it overlaps one in use. */
+int tier_extent_adopt(struct tier *t, uint64_t off, uint64_t len);
 /* -EINVAL when [off, off+len) is not exactly allocated (double free, wrong length). */
 int tier_extent_free(struct tier *t, uint64_t off, uint64_t len);
 

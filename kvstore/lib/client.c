@@ -65,7 +65,9 @@ static void drain_monitor(struct kvs *k)
 		zmq_msg_init(&addr); /* the second frame: the endpoint */
 		if (zmq_msg_recv(&addr, k->mon, ZMQ_DONTWAIT) >= 0)
 			zmq_msg_close(&addr);
-		if (id == ZMQ_EVENT_CONNECTED)
+		/* A lost link stays lost: ZeroMQ may reconnect to a restarted daemon, which knows
+		 * neither this session's worker id nor its ring (docs/design.md §4). */
+		if (id == ZMQ_EVENT_CONNECTED && k->link != LINK_LOST)
 			k->link = LINK_UP;
 		else if (id == ZMQ_EVENT_DISCONNECTED && k->link == LINK_UP)
 			k->link = LINK_LOST;
@@ -279,6 +281,11 @@ int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 	poll_notices(k); /* late replies of timed-out requests are dropped here too */
 	if (k->shutdown)
 		return seterr(k, -ESHUTDOWN, "%s", k->notice);
+	if (k->mon) {
+		drain_monitor(k);
+		if (k->link == LINK_LOST)
+			return link_error(k);
+	}
 	req->version = FREEKV__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
 	req->id = k->next_id++;
 	if (k->worker_id) {

@@ -440,7 +440,7 @@ static void recall_run(struct backend *be, enum fkv_dtype dt, bool locked, int n
 		}
 		memcpy(units, units_in[r], (size_t)n * ub);
 		assert_int_equal(be->ops->recall_units(be->ctx, slots, pairs[r][1], units, n, g->p,
-						       g->n_kv, g->d, dt), 0);
+						       g->n_kv, g->d, dt, FKV_F32, NULL), 0);
 		memset(units, 0xff, (size_t)n * ub); /* consumed on return: must not land */
 		assert_int_equal(be->ops->add(be->ctx, A, Y, (int64_t)ns), 0);
 	}
@@ -565,7 +565,8 @@ static void test_recall_growth(void **state)
 			memcpy(copy, units, (size_t)n * ub);
 			lag(bes[k], Z);
 			assert_int_equal(bes[k]->ops->recall_units(bes[k]->ctx, ptrs, head, copy, n,
-								   g.p, g.n_kv, g.d, FKV_F16), 0);
+								   g.p, g.n_kv, g.d, FKV_F16,
+								   FKV_F32, NULL), 0);
 			memset(copy, 0xff, (size_t)n * ub);
 		}
 		free(f);
@@ -617,7 +618,7 @@ static void *recall_thread_main(void *arg)
 	for (int r = 0; r < t->rounds && !t->ret; r++) {
 		memcpy(buf, t->units[r], bytes);
 		t->ret = gpu->ops->recall_units(gpu->ctx, ptrs, heads, buf, n, t->g->p, t->g->n_kv,
-						t->g->d, FKV_F32);
+						t->g->d, FKV_F32, FKV_F32, NULL);
 		memset(buf, 0xff, bytes);
 	}
 out:

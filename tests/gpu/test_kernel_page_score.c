@@ -1,4 +1,4 @@
-/* Tests kernels/page_score.cu against select_scores() (worker/kvcache/select.c): random queries and
+/* Tests kernels/page_score.cu against select_scores() (worker/backend/select.c): random queries and
  * page summaries (min <= max), the candidate range of select_layout_of() for a long sequence,
  * Llama-3.1-8B geometry, a GQA-free one and a tiny head. Bound 1e-5: f32 sums in a different
  * order, expf by ulps. */

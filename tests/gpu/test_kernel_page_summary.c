@@ -1,4 +1,4 @@
-/* Tests kernels/page_summary.cu against select_page_summary() (worker/kvcache/select.c) for pages held
+/* Tests kernels/page_summary.cu against select_page_summary() (worker/backend/select.c) for pages held
  * in NHD slots and in dense prefill keys, every dtype. Min and max are exact (bound: equality);
  * summary pages not named stay untouched (still the poison). */
 #include "gpu_test.h"

@@ -1,4 +1,4 @@
-/* Tests kernels/qcos.cu against select_group_cosine() (worker/kvcache/select.c) per sequence of a batch:
+/* Tests kernels/qcos.cu against select_group_cosine() (worker/backend/select.c) per sequence of a batch:
  * random drifts of q_{t-1}, plus the zero-vector rules (cos(0, 0) = 1, cos(0, x) = 0). Both sides
  * accumulate in double; bound 1e-6 absolute per KV head. */
 #include "gpu_test.h"

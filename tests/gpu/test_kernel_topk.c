@@ -1,5 +1,5 @@
 /* Tests kernels/topk.cu. Exact equality throughout:
- * - page_score + topk_pages against select_topk() (worker/kvcache/select.c) on random inputs whose
+ * - page_score + topk_pages against select_topk() (worker/backend/select.c) on random inputs whose
  *   k-th and (k+1)-th group scores are well apart (no near-ties, so f32 rounding cannot flip
  *   the choice);
  * - against a sort-based reference on scores with many exact ties (and -0 vs +0), which must

@@ -5,11 +5,12 @@
  * equal the CPU backend's for a run well past a small budget, with the debug invariants on
  * (slots equal the host copy, summaries fresh, recall plans exact); and a synthetic
  * Llama-3.1-8B-geometry model (2 layers, small vocab, bf16 weights and KV) fed the same tokens
- * on both backends gives logits within tolerance at every step past the budget. Both runs check
- * that retrieval engaged (pages recalled; refreshkv: full steps, whose rows the CUDA backend
- * streams through the recall stream where the CPU reads the host copy in place, and on
- * stories260K the same full steps and fetched rows). specache on stories260K: tokens equal,
- * rows fetched. Skips (77) without a CUDA device. */
+ * on both backends gives logits within tolerance at every step past the budget (bf16 slots on
+ * cuda, f32 slots holding the same values on the cpu). Both runs check that retrieval engaged
+ * (pages recalled; refreshkv: full steps, whose rows the CUDA backend streams through the
+ * recall stream where the CPU reads the host copy in place, and on stories260K the same full
+ * steps and fetched rows; specache on stories260K: tokens equal, rows fetched). Skips (77)
+ * without a CUDA device. */
 #include "gpu_test.h"
 
 #include <string.h>

@@ -106,6 +106,15 @@ struct backend_attn {
 			 * included; 0 = all. Decode reads what the spans hold. */
 };
 
+/* The geometry of a select_pages call: candidates [cand_begin, cand_begin + n_cand) of the
+ * page_stride pages a head's summaries hold, k kept per KV head (0 <= k <= n_cand). */
+struct backend_select {
+	int n_q, n_kv, d;
+	int page_stride;
+	int cand_begin, n_cand;
+	int k;
+};
+
 struct backend_ops {
 	const char *name;
 	/* Backend buffers are host memory: ops may also be handed host pointers (the pinned host
@@ -128,6 +137,14 @@ struct backend_ops {
 	/* Weights: make a model tensor resident / release it. */
 	int (*weight_load)(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst);
 	void (*weight_release)(void *ctx, struct backend_mat *w);
+	/* (optional) Makes n model tensors of one dtype and one column count resident as one
+	 * weight, stacked by rows (the fused QKV and gate/up GEMMs of docs/design.md "The GPU
+	 * decode step": one matmul gives a token's [q | k | v] row). The backend owns the copy
+	 * until weight_release; the caller may view part i as the rows at its offset (a
+	 * backend_mat with priv NULL, which weight_release frees nothing of). -EINVAL when the
+	 * parts do not stack, -EOPNOTSUPP when one is quantized (those keep separate GEMMs). */
+	int (*weight_concat)(void *ctx, const struct fkv_tensor *const *parts, int n,
+			     struct backend_mat *dst);
 
 	/* y (n, w.rows) = x (n, w.cols) · wᵀ, w in its dtype. */
 	int (*matmul)(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n);
@@ -170,17 +187,18 @@ struct backend_ops {
 				 const struct backend_attn *a);
 
 	/* (optional) Decode attention of one token over whole pages of a slot buffer, the device
-	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv, d) f32
-	 * NHD (each slot a page's K rows, then its V rows) is a backend buffer; KV head h reads
-	 * n_tok[h] tokens from the slots list[h * max_pages + i] for i < ceil(n_tok[h] / p), in
-	 * that order — every page full (p tokens) but the last, which holds the remaining
-	 * n_tok[h] - (pages - 1) * p tokens — and every query head of its group reads the same
-	 * pages. Heads may read different numbers of pages (hardkv's per-head budgets, §5).
-	 * list (n_kv, max_pages) and n_tok (n_kv) are host memory; every entry read in
-	 * [0, n_slots), every n_tok[h] in [1, max_pages * p]. Equals attn_decode_heads over the
-	 * same rows (on CUDA the split-K flash-decoding kernel). q (n_heads, d), out (n_heads, d);
-	 * a->kv_dtype must be FKV_F32. -EINVAL for a bad geometry, count or slot index. */
-	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const float *slots,
+	 * layout of the paged policies (docs/design.md §3, §5 step 4): slots (n_slots, 2, p, n_kv,
+	 * d) NHD in a->kv_dtype (f32, f16 or bf16; each slot a page's K rows, then its V rows) is
+	 * a backend buffer; KV head h reads n_tok[h] tokens from the slots
+	 * list[h * max_pages + i] for i < ceil(n_tok[h] / p), in that order — every page full
+	 * (p tokens) but the last, which holds the remaining n_tok[h] - (pages - 1) * p tokens —
+	 * and every query head of its group reads the same pages. Heads may read different
+	 * numbers of pages (hardkv's per-head budgets, §5). list (n_kv, max_pages) and n_tok
+	 * (n_kv) are host memory; every entry read in [0, n_slots), every n_tok[h] in
+	 * [1, max_pages * p]. Equals attn_decode_heads over the same rows (on CUDA the split-K
+	 * flash-decoding kernel, reading 16-bit K/V and accumulating in f32). q (n_heads, d), out
+	 * (n_heads, d). -EINVAL for a bad geometry, dtype, count or slot index. */
+	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages,
 				 const int32_t *n_tok, int p, const struct backend_attn *a);
 
@@ -215,15 +233,43 @@ struct backend_ops {
 
 	/* (optional) The device half of a recall (docs/design.md §3, §5): n recall units in host memory,
 	 * units (n, 2, p, d) in unit_dt (one KV head's K rows, then V rows, as layout.h stores a
-	 * head of a block), each scattered into head heads[i] of the NHD f32 slot slots[i]
-	 * (2, p, n_kv, d), a backend address. May be called from one thread besides the one
+	 * head of a block), each scattered into head heads[i] of the NHD slot slots[i]
+	 * (2, p, n_kv, d) in slot_dt, a backend address. May be called from one thread besides the one
 	 * queueing the other ops (the recall thread); the units are consumed before it returns,
 	 * so the caller may reuse them at once. The scatter is ordered after every op queued
 	 * before the call and before every op queued after it returns (on CUDA: by events between
-	 * the recall streams and the compute stream; on the CPU: done on return). No two units
-	 * may name the same (slot, head). */
+	 * the recall streams and the compute stream; on the CPU: done on return) — or, with a
+	 * fence `done` (fence_new), only before the ops queued after a fence_stream_wait on it:
+	 * the per-layer event of docs/design.md §5 step 6, so a speculative recall of layer l
+	 * holds up nothing until step t+1 reaches layer l. No two units may name the same (slot,
+	 * head). */
 	int (*recall_units)(void *ctx, void *const *slots, const int *heads, const void *units,
-			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt);
+			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+			    enum fkv_dtype slot_dt, void *done);
+	/* (optional) recall_units with every unit read where it lies, no copy on the host
+	 * (docs/design.md "The GPU decode step": recall straight from the registered pool):
+	 * srcs[i] is unit i (2, p, d) in unit_dt in host memory (a pinned block of the kvstored
+	 * pool's mapping; on CUDA a DMA source when host_register covers it, else staged by the
+	 * driver), DMA'd into the device staging (cudaMemcpyBatchAsync where the toolkit has it,
+	 * else a run of cudaMemcpyAsync) and scattered as recall_units does. Ordered as
+	 * recall_units; every source has been read when the call returns, so the caller may
+	 * unpin them then. */
+	int (*recall_direct)(void *ctx, void *const *slots, const int *heads,
+			     const void *const *srcs, int n, int p, int n_kv, int d,
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
+	/* (optional) recall_direct's zero-copy variant: the device reads every unit itself
+	 * through the mapped pool (on CUDA kernels/recall_gather over the aliases host_register
+	 * keeps), with no staging and no DMA call per unit. -EOPNOTSUPP, nothing queued, when a
+	 * unit lies outside what the backend mapped. The CPU backend's is recall_direct. */
+	int (*recall_mapped)(void *ctx, void *const *slots, const int *heads,
+			     const void *const *srcs, int n, int p, int n_kv, int d,
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
+	/* (optional) The dtype of the paged policies' slots for a sequence whose KV dtype is kv
+	 * (docs/design.md §3 "Device slots"): the CUDA backend keeps the KV dtype itself (half the
+	 * bytes of f32 in slot memory, recall scatter and attention); NULL means f32 (the CPU
+	 * backend, whose f32 slots hold the KV dtype's values exactly). Either way a slot holds
+	 * exactly the values of the host copy. */
+	enum fkv_dtype (*slot_dtype)(void *ctx, enum fkv_dtype kv);
 
 	/* (optional) The offload half of a write-through (docs/design.md §3, §5): backend rows k, v
 	 * (n_tok, n_kv, d) f32 into host page blocks (HND, dt), token i to block (t0 + i) / p,
@@ -241,6 +287,52 @@ struct backend_ops {
 	 * dtype.c), so a slot holds exactly what a block of dt holds. */
 	int (*round_to)(void *ctx, float *x, int64_t n, enum fkv_dtype dt);
 
+	/* Selection on the backend (docs/design.md §5 "Selection" and "The GPU decode step"): the
+	 * paged policies keep page summaries, queries and the selection's outputs in backend
+	 * buffers, so a decode step downloads no query and no page. The CPU backend's ops call
+	 * select.c; the CUDA backend's are the kernels page_summary, page_score,
+	 * topk_pages_changed and qcos. All pointers but the geometry (and select_pages' resident
+	 * mask) are backend buffers. */
+
+	/* (optional) Min and max over the p keys of one NHD slot (2, p, n_kv, d) in slot_dt (its
+	 * K rows) into page `page` of kmin, kmax (n_kv, page_stride, d) f32, for every KV head:
+	 * select_page_summary head by head, exact. */
+	int (*page_summary)(void *ctx, float *kmin, float *kmax, int page_stride, int page,
+			    const void *slot, enum fkv_dtype slot_dt, int p, int n_kv, int d);
+	/* (optional) select_topk over candidates [g->cand_begin, + g->n_cand): q (n_q, d) f32;
+	 * kmin, kmax (n_kv, page_stride, d) f32; pages (n_kv, k) int32, each head's top k
+	 * ascending (ties to the lower page); resident (n_kv, page_stride) uint8 — HOST memory,
+	 * read before the call returns (staged like attn_decode_slots' list, so the host never
+	 * waits for a copy) — non-zero where the head already holds the page on the device;
+	 * changed (n_kv, k) int32 the selected pages not resident, ascending, padded with -1, and
+	 * n_changed (n_kv) int32 their counts. The page lists equal select_topk's exactly;
+	 * -EINVAL for a bad geometry. */
+	int (*select_pages)(void *ctx, const struct backend_select *g, const float *q,
+			    const float *kmin, const float *kmax, const uint8_t *resident,
+			    int32_t *pages, int32_t *changed, int32_t *n_changed);
+	/* (optional) FreeKV's correction check: out (n_kv) f32, per KV head the mean over its
+	 * query group of cos(q_t, q_prev), q_t, q_prev (n_q, d) f32; select_group_cosine. */
+	int (*group_cosine)(void *ctx, float *out, const float *q_t, const float *q_prev, int n_q,
+			    int n_kv, int d);
+
+	/* (optional, all five or none) Downloads that do not wait: host_alloc gives host memory a
+	 * device can copy into without staging (page-locked on CUDA), released by host_free;
+	 * download_async queues a copy of src into such memory after every op queued before and
+	 * marks its completion on a fence (fence_new / fence_free; reusable: each call re-arms
+	 * it); fence_wait blocks until the last copy marked on the fence has landed, and may be
+	 * called from any thread (the recall thread waits there for a selection, never the
+	 * compute thread). On the CPU the copy is done on return. */
+	void *(*host_alloc)(void *ctx, size_t bytes);
+	void (*host_free)(void *ctx, void *p);
+	int (*fence_new)(void *ctx, void **fence);
+	void (*fence_free)(void *ctx, void *fence);
+	int (*download_async)(void *ctx, void *host_dst, const void *src, size_t bytes,
+			      void *fence);
+	int (*fence_wait)(void *ctx, void *fence);
+	/* (optional, with the recall ops' `done`) Orders every op queued after the call after
+	 * the last work marked on fence (on CUDA the compute stream waits on its event; nothing
+	 * waits on the host). The CPU backend has nothing to order. */
+	int (*fence_stream_wait)(void *ctx, void *fence);
 	/* (optional) Quantises positions [t0, t0 + n) of q — whole key groups: t0 and n multiples
 	 * of q->p — from rows k, v (n, n_kv, d) in dtype dt, as docs/design.md §5 `specache`
 	 * defines: per group its min mn and max mx; bits 2: z = mn, s = (mx − mn)/3; bits 1:

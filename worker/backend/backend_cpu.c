@@ -182,10 +182,62 @@ static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backe
 	return 0;
 }
 
+/* A concatenation is the one weight the CPU backend copies (priv: this, owning the buffer);
+ * loaded weights borrow the model's mapping (priv NULL). matmul splits each part as it would
+ * split the part alone: sgemv's sums depend on the block's shape, and the fused GEMM must give
+ * the separate GEMMs' bits. */
+#define CPU_CONCAT_MAX 4
+struct cpu_concat {
+	char *buf;
+	int n;
+	int64_t rows[CPU_CONCAT_MAX]; /* of each part, stacked in this order */
+};
+
 static void cpu_weight_release(void *ctx, struct backend_mat *w)
 {
 	(void)ctx;
+	struct cpu_concat *cc = w->priv;
+	if (cc)
+		free(cc->buf);
+	free(cc);
 	memset(w, 0, sizeof *w);
+}
+
+static int cpu_weight_concat(void *ctx, const struct fkv_tensor *const *parts, int n,
+			     struct backend_mat *dst)
+{
+	(void)ctx;
+	if (n <= 0 || n > CPU_CONCAT_MAX)
+		return -EINVAL;
+	const int64_t cols = parts[0]->n_dims == 2 ? parts[0]->shape[1] : 1;
+	int64_t rows = 0;
+	for (int i = 0; i < n; i++) {
+		if (parts[i]->quant != FKV_QNONE)
+			return -EOPNOTSUPP; /* the engine keeps quantized weights apart */
+		if (!parts[i]->data || parts[i]->dtype != parts[0]->dtype ||
+		    (parts[i]->n_dims == 2 ? parts[i]->shape[1] : 1) != cols)
+			return -EINVAL;
+		rows += parts[i]->shape[0];
+	}
+	const size_t row_bytes = (size_t)cols * dtype_size(parts[0]->dtype);
+	struct cpu_concat *cc = calloc(1, sizeof *cc);
+	char *buf = malloc((size_t)rows * row_bytes);
+	if (!cc || !buf) {
+		free(cc);
+		free(buf);
+		return -ENOMEM;
+	}
+	cc->buf = buf;
+	cc->n = n;
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(buf + off, parts[i]->data, (size_t)parts[i]->shape[0] * row_bytes);
+		off += (size_t)parts[i]->shape[0] * row_bytes;
+		cc->rows[i] = parts[i]->shape[0];
+	}
+	*dst = (struct backend_mat){ .data = buf, .dtype = parts[0]->dtype, .rows = rows,
+				     .cols = cols, .priv = cc };
+	return 0;
 }
 
 /* Rows [r0, r1) of y[j] (rows) = w · x[j] for j < nx (1 or 2) activation rows, 16-bit w of
@@ -283,24 +335,41 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 	const bool rowwise = n <= CPU_GEMV_MAX_ROWS;
 	const bool par = (rowwise ? 1 : n) * rows * cols > CPU_PAR_MIN;
 	const int nt = par ? omp_get_max_threads() : 1;
-	int64_t blk = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / cols;
-	/* the split must not depend on nt: sgemm's sums differ with the block's shape, and results
-	 * must not change with the thread count */
-	if (blk > (rows + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT)
-		blk = (rows + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT;
-	if (blk < 16)
-		blk = 16;
+	/* Segments split alike: the whole weight, or each part of a concatenation. */
+	const struct cpu_concat *cc = w->priv;
+	const int nseg = cc ? cc->n : 1;
+	int64_t seg_r0[CPU_CONCAT_MAX + 1], seg_blk[CPU_CONCAT_MAX], seg_b0[CPU_CONCAT_MAX + 1];
+	int64_t blk_max = 0;
+	seg_r0[0] = seg_b0[0] = 0;
+	for (int sg = 0; sg < nseg; sg++) {
+		const int64_t sr = cc ? cc->rows[sg] : rows;
+		int64_t blk = (int64_t)(CPU_TILE_BYTES / sizeof(float)) / cols;
+		/* the split must not depend on nt: sgemm's sums differ with the block's shape, and
+		 * results must not change with the thread count */
+		if (blk > (sr + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT)
+			blk = (sr + CPU_TILE_SPLIT - 1) / CPU_TILE_SPLIT;
+		if (blk < 16)
+			blk = 16;
+		seg_blk[sg] = blk;
+		seg_r0[sg + 1] = seg_r0[sg] + sr;
+		seg_b0[sg + 1] = seg_b0[sg] + (sr + blk - 1) / blk;
+		blk_max = blk > blk_max ? blk : blk_max;
+	}
 	float *tiles = NULL;
 	if ((w->dtype != FKV_F32 || w->quant) &&
-	    !(tiles = scratch_get(c, (size_t)nt * (size_t)(blk * cols))))
+	    !(tiles = scratch_get(c, (size_t)nt * (size_t)(blk_max * cols))))
 		return -ENOMEM;
-	const int64_t nblk = (rows + blk - 1) / blk;
+	const int64_t nblk = seg_b0[nseg];
 	#pragma omp parallel for schedule(dynamic) num_threads(nt) if (par)
 	for (int64_t b = 0; b < nblk; b++) {
-		int64_t r0 = b * blk, m = rows - r0 < blk ? rows - r0 : blk;
+		int sg = 0;
+		while (b >= seg_b0[sg + 1])
+			sg++;
+		const int64_t blk = seg_blk[sg], r0 = seg_r0[sg] + (b - seg_b0[sg]) * blk;
+		const int64_t m = seg_r0[sg + 1] - r0 < blk ? seg_r0[sg + 1] - r0 : blk;
 		const float *wt = w->quant ? NULL : (const float *)w->data + r0 * cols;
 		if (tiles) {
-			float *t = tiles + (size_t)omp_get_thread_num() * (size_t)(blk * cols);
+			float *t = tiles + (size_t)omp_get_thread_num() * (size_t)(blk_max * cols);
 			if (w->quant)
 				cpu_quant_dequant_rows(t, w->data, w->quant, cols, r0, m);
 			else
@@ -691,7 +760,7 @@ static int slot_tables(struct cpu_ctx *c, size_t n_spans, int n_kv)
 /* The slot list becomes one span per page (the slot's K rows, then its V rows, rows n_kv * d
  * apart) and one source per KV head, exactly the spans and sources attn_decode_heads would get
  * for the same rows: the same attn_run, so the same bits. */
-static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
+static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages,
 				 const int32_t *n_tok, int p, const struct backend_attn *a)
 {
@@ -699,7 +768,7 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 	int ret = cpu_check_attn(a);
 	if (ret)
 		return ret;
-	if (a->kv_dtype != FKV_F32 || !slots || !list || !n_tok || n_slots <= 0 ||
+	if (!cpu_kv_dtype_ok(a->kv_dtype) || !slots || !list || !n_tok || n_slots <= 0 ||
 	    max_pages <= 0 || p <= 0)
 		return -EINVAL;
 	const int KV = a->n_kv_heads;
@@ -718,15 +787,15 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const fl
 	if ((ret = slot_tables(c, n_spans, KV)))
 		return ret;
 	const int64_t row = (int64_t)KV * a->head_dim;
-	const size_t slot_floats = (size_t)(2 * p) * (size_t)row;
+	const size_t es = dtype_size(a->kv_dtype), slot_bytes = (size_t)(2 * p) * (size_t)row * es;
 	struct backend_kv_span *sp = c->slot_spans;
 	for (int h = 0; h < KV; h++) {
 		const int pages = (n_tok[h] + p - 1) / p;
 		const int32_t *lh = list + (size_t)h * max_pages;
 		for (int i = 0; i < pages; i++) {
-			const float *sl = slots + (size_t)lh[i] * slot_floats;
+			const char *sl = (const char *)slots + (size_t)lh[i] * slot_bytes;
 			sp[i] = (struct backend_kv_span){
-				.k = sl, .v = sl + (size_t)p * row,
+				.k = sl, .v = sl + (size_t)p * row * es,
 				.n = i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 				.row_stride = row,
 			};
@@ -763,51 +832,6 @@ static int cpu_get_threads(void *ctx)
 	return omp_get_max_threads();
 }
 
-/* Recall units land in host slots: layout_scatter_unit, the reference of the recall_scatter
- * kernel. */
-static int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
-			    int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
-{
-	(void)ctx;
-	const struct kv_geom g = { .n_kv = n_kv, .p = p, .d = d, .dtype = unit_dt };
-	const size_t ub = layout_unit_bytes(&g);
-	for (int i = 0; i < n; i++)
-		layout_scatter_unit(&g, slots[i], heads[i], (const char *)units + (size_t)i * ub);
-	return 0;
-}
-
-static bool kv_dtype_ok(enum fkv_dtype dt)
-{
-	return dt == FKV_F32 || dt == FKV_F16 || dt == FKV_BF16;
-}
-
-/* Backend rows are host memory, so the write-through is layout_store_tokens block by block:
- * the same bytes as a download followed by a host store. */
-static int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
-			  int n_tok, int p, int n_kv, int d, enum fkv_dtype dt)
-{
-	(void)ctx;
-	if (t0 < 0 || t0 >= p || n_tok < 0 || n_kv <= 0 || d <= 0 || !kv_dtype_ok(dt))
-		return -EINVAL;
-	const struct kv_geom g = { .n_kv = n_kv, .p = p, .d = d, .dtype = dt };
-	const size_t row = (size_t)n_kv * d;
-	for (int i = 0, b = 0; i < n_tok; b++) {
-		int r0 = b ? 0 : t0, r1 = r0 + (n_tok - i) < p ? r0 + (n_tok - i) : p;
-		layout_store_tokens(&g, blocks[b], r0, r1, k + (size_t)i * row, v + (size_t)i * row);
-		i += r1 - r0;
-	}
-	return 0;
-}
-
-static int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
-{
-	(void)ctx;
-	if (!kv_dtype_ok(dt) || n < 0)
-		return -EINVAL;
-	dtype_round(x, dt, (size_t)n);
-	return 0;
-}
-
 static const struct backend_ops cpu_ops = {
 	.name = "cpu",
 	.host_memory = true,
@@ -821,6 +845,7 @@ static const struct backend_ops cpu_ops = {
 	.gather_rows = cpu_gather_rows,
 	.weight_load = cpu_weight_load,
 	.weight_release = cpu_weight_release,
+	.weight_concat = cpu_weight_concat,
 	.matmul = cpu_matmul,
 	.rmsnorm = cpu_rmsnorm,
 	.rope = cpu_rope,
@@ -837,8 +862,20 @@ static const struct backend_ops cpu_ops = {
 	.attn_accum = cpu_attn_accum,
 	.gather_heads = cpu_gather_heads,
 	.recall_units = cpu_recall_units,
+	.recall_direct = cpu_recall_direct,
+	.recall_mapped = cpu_recall_direct, /* host memory is the device's: read where it lies */
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,
+	.page_summary = cpu_page_summary,
+	.select_pages = cpu_select_pages,
+	.group_cosine = cpu_group_cosine,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
+	.fence_new = cpu_fence_new,
+	.fence_free = cpu_fence_free,
+	.download_async = cpu_download_async,
+	.fence_wait = cpu_fence_wait,
+	.fence_stream_wait = cpu_fence_stream_wait,
 	.kivi_quant = cpu_kivi_quant,
 	.kivi_dequant = cpu_kivi_dequant,
 	.attn_kivi = cpu_attn_kivi,

@@ -1,10 +1,13 @@
 /* backend_cpu_priv — what the CPU backend's files share (backend_cpu.c: the ops table and most
- * ops; backend_cpu_refresh.c: refreshkv's full-step ops; backend_cpu_kivi.c: specache's KIVI
- * ops): the hot-loop cloning, the 16-bit to f32 conversions, the double-lane vectors of the
- * attention scores, attention's sources, query-row units, score kernel and loop, so every
- * attention op computes the same bits, and the backend's context (made by backend_cpu_new,
- * freed by its free op, which calls cpu_kivi_free for the KIVI scratch). Static inline helpers
- * and declarations only; nothing here owns memory. */
+ * ops; backend_cpu_refresh.c: refreshkv's full-step ops; backend_cpu_select.c: the selection
+ * ops and the fences of download_async; backend_cpu_xfer.c: the KV transfers — recall,
+ * offload, rounding; backend_cpu_kivi.c: specache's KIVI ops): the hot-loop cloning, the
+ * 16-bit to f32 conversions, the double-lane vectors of the attention scores, attention's
+ * sources, query-row units, score kernel and loop, so every attention op computes the same
+ * bits; the ops those files define for the ops table; and the backend's context (made by
+ * backend_cpu_new, freed by its free op, which calls cpu_kivi_free for the KIVI scratch). The
+ * selection and transfer ops keep no state in the CPU context, so any thread may call them.
+ * Static inline helpers and declarations only; nothing here owns memory. */
 #ifndef FREEKV_BACKEND_CPU_PRIV_H
 #define FREEKV_BACKEND_CPU_PRIV_H
 
@@ -23,6 +26,11 @@
 /* Largest head_dim the stack buffers accept. */
 #define CPU_MAX_HEAD_DIM 1024
 
+static inline bool cpu_kv_dtype_ok(enum fkv_dtype dt)
+{
+	return dt == FKV_F32 || dt == FKV_F16 || dt == FKV_BF16;
+}
+
 /* Most query rows one attention unit takes; it converts each K/V row once for all of them. */
 #define CPU_ATTN_ROWS 64
 
@@ -35,6 +43,33 @@
 #define CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define CPU_HOT
+/* The selection ops and download_async's fences (backend_cpu_select.c), the KV transfers
+ * (backend_cpu_xfer.c); backend.h describes them. */
+int cpu_page_summary(void *ctx, float *kmin, float *kmax, int page_stride, int page,
+		     const void *slot, enum fkv_dtype slot_dt, int p, int n_kv, int d);
+int cpu_select_pages(void *ctx, const struct backend_select *g, const float *q,
+		     const float *kmin, const float *kmax, const uint8_t *resident, int32_t *pages,
+		     int32_t *changed, int32_t *n_changed);
+int cpu_group_cosine(void *ctx, float *out, const float *q_t, const float *q_prev, int n_q,
+		     int n_kv, int d);
+void *cpu_host_alloc(void *ctx, size_t bytes);
+void cpu_host_free(void *ctx, void *p);
+int cpu_fence_new(void *ctx, void **fence);
+void cpu_fence_free(void *ctx, void *fence);
+int cpu_download_async(void *ctx, void *host_dst, const void *src, size_t bytes, void *fence);
+int cpu_fence_wait(void *ctx, void *fence);
+
+int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
+		     int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt,
+		     void *done);
+int cpu_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
+		      int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		      enum fkv_dtype slot_dt, void *done);
+int cpu_fence_stream_wait(void *ctx, void *fence);
+int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
+		   int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
+int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt);
+
 #endif
 
 static inline float bf16_val(uint16_t b)
@@ -226,5 +261,32 @@ int cpu_attn_accum(void *ctx, float *out, const float *p, int64_t ld,
 		   const struct backend_attn *a);
 int cpu_gather_heads(void *ctx, float *dst, const float *src, const int32_t *map, int n,
 		     int n_kv, int d);
+
+/* The selection ops and download_async's fences (backend_cpu_select.c), the KV transfers
+ * (backend_cpu_xfer.c); backend.h describes them. */
+int cpu_page_summary(void *ctx, float *kmin, float *kmax, int page_stride, int page,
+		     const void *slot, enum fkv_dtype slot_dt, int p, int n_kv, int d);
+int cpu_select_pages(void *ctx, const struct backend_select *g, const float *q,
+		     const float *kmin, const float *kmax, const uint8_t *resident, int32_t *pages,
+		     int32_t *changed, int32_t *n_changed);
+int cpu_group_cosine(void *ctx, float *out, const float *q_t, const float *q_prev, int n_q,
+		     int n_kv, int d);
+void *cpu_host_alloc(void *ctx, size_t bytes);
+void cpu_host_free(void *ctx, void *p);
+int cpu_fence_new(void *ctx, void **fence);
+void cpu_fence_free(void *ctx, void *fence);
+int cpu_download_async(void *ctx, void *host_dst, const void *src, size_t bytes, void *fence);
+int cpu_fence_wait(void *ctx, void *fence);
+
+int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
+		     int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt,
+		     void *done);
+int cpu_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
+		      int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		      enum fkv_dtype slot_dt, void *done);
+int cpu_fence_stream_wait(void *ctx, void *fence);
+int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
+		   int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
+int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt);
 
 #endif

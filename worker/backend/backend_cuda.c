@@ -7,8 +7,9 @@
  * through gemm_xwt (cublasGemmEx, f32 accumulation) with a workspace grown on demand; the
  * workspaces of the compute stream (GEMM, split-K decode attention) are replaced in stream
  * order (cudaFreeAsync/cudaMallocAsync where the device has memory pools, else after the
- * compute stream drained), never by waiting for the device. Decode attention over span lists
- * (the `full` policy's dense caches) and over slot lists (attn_decode_slots, the paged
+ * compute stream drained), never by waiting for the device. Decode attention over one dense
+ * span (the `full` policy's cache) is kernels/flash_decode, split-K over the whole context;
+ * over span lists and over slot lists (attn_decode_slots, the paged
  * policies: kernels/decode_attention, split-K flash decoding with per-head slot indirection;
  * pages too large for its shared memory go to the span kernel as spans) stages its small host
  * tables in a ring of pinned buffers, each reused only after the event of its last copy, so a
@@ -17,8 +18,9 @@
  * attn_accum over staged span lists, pool_topk (its sets come back as positions, not as the
  * probabilities), gather_heads with a staged map.
  *
- * Recall, offload and the pool registration: backend_cuda_xfer.c. The shared state is in
- * backend_cuda_priv.h.
+ * Recall, offload and the pool registration: backend_cuda_xfer.c; selection (page summaries,
+ * scores + top-k, the correction check) and the fences of download_async:
+ * backend_cuda_select.c. The shared state is in backend_cuda_priv.h.
  *
  * Without FREEKV_HAVE_CUDA only the constructor is built, and it reports that no device is
  * available. */
@@ -40,6 +42,7 @@
 #include "cuda_check.h"
 #include "decode_attention.cuh"
 #include "embedding.cuh"
+#include "flash_decode.cuh"
 #include "gather_heads.cuh"
 #include "gather_rows.cuh"
 #include "gemm.cuh"
@@ -98,7 +101,7 @@ static void *dev_alloc(struct cuda_ctx *c, size_t bytes)
 /* Grows a workspace of the compute stream to at least bytes. Ops queued before may still read
  * the old one, so it is freed in stream order, or after the compute stream drained where the
  * device has no memory pools. */
-static int ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
+int cuda_ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
 {
 	if (bytes <= *cap)
 		return 0;
@@ -117,11 +120,6 @@ static int ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
 	}
 	*cap = bytes;
 	return 0;
-}
-
-int cuda_ws_grow(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
-{
-	return ws_reserve(c, ws, cap, bytes);
 }
 
 /* With every stream drained. */
@@ -155,6 +153,8 @@ static void cuda_free(void *ctx)
 	(void)cuda_drain(c);
 	ws_release(c, &c->gemm_ws, &c->gemm_ws_bytes);
 	ws_release(c, &c->dec_ws, &c->dec_ws_bytes);
+	ws_release(c, &c->sel_ws, &c->sel_ws_bytes);
+	ws_release(c, &c->fd_ws, &c->fd_ws_bytes);
 	ws_release(c, &c->pool_ws, &c->pool_ws_bytes);
 	ws_release(c, &c->kivi_ws, &c->kivi_ws_bytes);
 	for (size_t i = 0; i < c->n_bufs; i++)
@@ -271,6 +271,48 @@ static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct back
 	return 0;
 }
 
+/* The parts copied back to back into one device allocation, in stream order, then waited
+ * for (the parts may be page-locked: nothing of them is read after return). */
+static int cuda_weight_concat(void *ctx, const struct fkv_tensor *const *parts, int n,
+			      struct backend_mat *dst)
+{
+	struct cuda_ctx *c = ctx;
+	if (n <= 0)
+		return -EINVAL;
+	const int64_t cols = parts[0]->n_dims == 2 ? parts[0]->shape[1] : 1;
+	int64_t rows = 0;
+	for (int i = 0; i < n; i++) {
+		if (parts[i]->quant != FKV_QNONE)
+			return -EOPNOTSUPP; /* as weight_load: no kernels for quantized weights */
+		if (!parts[i]->data || parts[i]->dtype != parts[0]->dtype ||
+		    (parts[i]->n_dims == 2 ? parts[i]->shape[1] : 1) != cols)
+			return -EINVAL;
+		rows += parts[i]->shape[0];
+	}
+	const size_t row_bytes = (size_t)cols * dtype_size(parts[0]->dtype);
+	char *p = dev_alloc(c, (size_t)rows * row_bytes);
+	if (!p)
+		return -ENOMEM;
+	cudaError_t e = cudaSuccess;
+	size_t off = 0;
+	for (int i = 0; i < n && e == cudaSuccess; i++) {
+		size_t b = (size_t)parts[i]->shape[0] * row_bytes;
+		e = cudaMemcpyAsync(p + off, parts[i]->data, b, cudaMemcpyHostToDevice, c->stream);
+		off += b;
+	}
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(c->stream);
+	if (e != cudaSuccess) {
+		track_del(c, p);
+		cudaFree(p);
+		return cuda_check_fail(e, "cudaMemcpyAsync(weight part)", __func__, __FILE__,
+				       __LINE__);
+	}
+	*dst = (struct backend_mat){ .data = p, .dtype = parts[0]->dtype, .rows = rows,
+				     .cols = cols, .priv = p };
+	return 0;
+}
+
 static void cuda_weight_release(void *ctx, struct backend_mat *w)
 {
 	struct cuda_ctx *c = ctx;
@@ -282,7 +324,7 @@ static void cuda_weight_release(void *ctx, struct backend_mat *w)
 static int cuda_matmul(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	struct cuda_ctx *c = ctx;
-	int ret = ws_reserve(c, &c->gemm_ws, &c->gemm_ws_bytes,
+	int ret = cuda_ws_reserve(c, &c->gemm_ws, &c->gemm_ws_bytes,
 			     gemm_workspace_bytes(w->dtype, n, w->cols));
 	if (ret)
 		return ret;
@@ -383,8 +425,8 @@ static int cuda_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q,
 }
 
 /* Takes the next ring slot, with room for bytes; the caller fills its host copy, then
- * stage_push() queues the copy to the device. */
-static int stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
+ * cuda_stage_push() queues the copy to the device. */
+int cuda_stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 {
 	struct stage_slot *s = &c->ring[c->ring_next];
 	c->ring_next = (c->ring_next + 1) % CUDA_STAGE_RING;
@@ -397,7 +439,7 @@ static int stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 		cudaFreeHost(s->host); /* its last copy has run */
 		s->host = NULL;
 		s->cap = 0;
-		int ret = ws_reserve(c, &s->dev, &dcap, cap);
+		int ret = cuda_ws_reserve(c, &s->dev, &dcap, cap);
 		if (ret)
 			return ret;
 		CUDA_CHECK(cudaMallocHost(&s->host, cap));
@@ -407,7 +449,7 @@ static int stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 	return 0;
 }
 
-static int stage_push(struct cuda_ctx *c, struct stage_slot *s, size_t bytes)
+int cuda_stage_push(struct cuda_ctx *c, struct stage_slot *s, size_t bytes)
 {
 	CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, c->stream));
 	s->used = 1;
@@ -424,7 +466,7 @@ static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, 
 	size_t span_bytes = (size_t)n_spans * sizeof(struct span_desc);
 	size_t bytes = span_bytes + (size_t)(n_kv + 1) * sizeof(int32_t);
 	struct stage_slot *s;
-	int ret = stage_take(c, bytes, &s);
+	int ret = cuda_stage_take(c, bytes, &s);
 	if (ret)
 		return ret;
 	struct span_desc *hs = s->host;
@@ -433,7 +475,7 @@ static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, 
 	int32_t *hf = (int32_t *)((char *)s->host + span_bytes);
 	for (int i = 0; i <= n_kv; i++)
 		hf[i] = first ? first[i] : (i ? n_spans : 0);
-	if ((ret = stage_push(c, s, bytes)))
+	if ((ret = cuda_stage_push(c, s, bytes)))
 		return ret;
 	*dspans = s->dev;
 	*dfirst = (const int32_t *)((char *)s->dev + span_bytes);
@@ -467,11 +509,31 @@ static int attn_spans(struct cuda_ctx *c, float *out, const float *q,
 	return 0;
 }
 
+/* One dense span (the `full` policy's cache) goes to the flash-decoding kernel, split-K over
+ * the whole context with a fixed-size workspace; span lists, and geometries past that kernel's
+ * limits, to the span kernel. */
 static int cuda_attn_decode(void *ctx, float *out, const float *q,
 			    const struct backend_kv_span *spans, int n_spans,
 			    const struct backend_attn *a)
 {
-	return attn_spans(ctx, out, q, spans, n_spans, NULL, a);
+	struct cuda_ctx *c = ctx;
+	int ret = check_attn(a);
+	if (ret)
+		return ret;
+	if (n_spans == 1 && spans[0].n > 0 && a->head_dim <= FLASH_DECODE_MAX_D &&
+	    a->n_heads / a->n_kv_heads <= FLASH_DECODE_MAX_GROUP &&
+	    spans[0].row_stride >= (int64_t)a->n_kv_heads * a->head_dim) {
+		ret = cuda_ws_reserve(c, &c->fd_ws, &c->fd_ws_bytes,
+				      flash_decode_workspace_bytes(a->n_heads, a->head_dim));
+		if (ret)
+			return ret;
+		CUDA_CHECK(flash_decode(out, q, spans[0].k, spans[0].v, a->kv_dtype, spans[0].n,
+					spans[0].row_stride, a->n_heads, a->n_kv_heads,
+					a->head_dim, a->scale, c->fd_ws, c->fd_ws_bytes,
+					c->stream));
+		return 0;
+	}
+	return attn_spans(c, out, q, spans, n_spans, NULL, a);
 }
 
 static int cuda_attn_decode_heads(void *ctx, float *out, const float *q,
@@ -548,7 +610,7 @@ static int cuda_pool_topk(void *ctx, int32_t *pos, float *uval, const float *pro
 		return -EINVAL;
 	const size_t u_bytes = ((size_t)n_kv * (size_t)T * sizeof(float) + 255) & ~(size_t)255;
 	const size_t set_bytes = (size_t)n_kv * B * sizeof(int32_t);
-	int ret = ws_reserve(c, &c->pool_ws, &c->pool_ws_bytes, u_bytes + 2 * set_bytes);
+	int ret = cuda_ws_reserve(c, &c->pool_ws, &c->pool_ws_bytes, u_bytes + 2 * set_bytes);
 	if (ret)
 		return ret;
 	char *ws = c->pool_ws;
@@ -576,11 +638,11 @@ static int cuda_gather_heads(void *ctx, float *dst, const float *src, const int3
 		return 0;
 	struct stage_slot *s;
 	size_t bytes = (size_t)n * 3 * sizeof(int32_t);
-	int ret = stage_take(c, bytes, &s);
+	int ret = cuda_stage_take(c, bytes, &s);
 	if (ret)
 		return ret;
 	memcpy(s->host, map, bytes);
-	if ((ret = stage_push(c, s, bytes)))
+	if ((ret = cuda_stage_push(c, s, bytes)))
 		return ret;
 	CUDA_CHECK(gather_heads(dst, src, s->dev, n, n_kv, d, c->stream));
 	return 0;
@@ -589,12 +651,14 @@ static int cuda_gather_heads(void *ctx, float *dst, const float *src, const int3
 /* The arguments of attn_decode_slots, checked on the host before anything is queued: the
  * geometry (what the kernel takes, in int), every head's token count and every slot index it
  * reads. */
-static int check_slots(const float *slots, int n_slots, const int32_t *list, int max_pages,
+static int check_slots(const void *slots, int n_slots, const int32_t *list, int max_pages,
 		       const int32_t *n_tok, int p, const struct backend_attn *a)
 {
 	const int n_kv = a->n_kv_heads;
+	const enum fkv_dtype dt = a->kv_dtype;
 	if (!slots || !list || !n_tok || a->n_heads <= 0 || n_kv <= 0 || n_kv > 65535 ||
-	    a->n_heads % n_kv || a->head_dim <= 0 || a->window < 0 || a->kv_dtype != FKV_F32 ||
+	    a->n_heads % n_kv || a->head_dim <= 0 || a->window < 0 ||
+	    (dt != FKV_F32 && dt != FKV_F16 && dt != FKV_BF16) ||
 	    n_slots <= 0 || max_pages <= 0 || p <= 0 || (int64_t)max_pages * p > INT32_MAX ||
 	    (int64_t)n_kv * max_pages > INT32_MAX - n_kv)
 		return -EINVAL;
@@ -614,12 +678,13 @@ static int check_slots(const float *slots, int n_slots, const int32_t *list, int
 /* attn_decode_slots as what it equals, attn_decode_heads over the same rows (one span per page,
  * as the CPU backend builds them): for pages too large for the split-K kernel's shared memory
  * (p * (2d + 1) floats a block, so p > ~220 at d = 128), which span_attention walks in tiles. */
-static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const float *slots,
+static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const void *slots,
 			  const int32_t *list, int max_pages, const int32_t *n_tok, int p,
 			  const struct backend_attn *a)
 {
 	const int n_kv = a->n_kv_heads;
-	const size_t row = (size_t)n_kv * a->head_dim, slot_floats = 2 * (size_t)p * row;
+	const size_t es = dtype_size(a->kv_dtype), row = (size_t)n_kv * a->head_dim;
+	const size_t slot_bytes = 2 * (size_t)p * row * es;
 	struct backend_kv_span *spans = malloc((size_t)n_kv * max_pages * sizeof *spans);
 	int *first = malloc((size_t)(n_kv + 1) * sizeof *first);
 	int ret = -ENOMEM;
@@ -629,10 +694,10 @@ static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const 
 			const int pages = (n_tok[h] + p - 1) / p;
 			first[h] = ns;
 			for (int i = 0; i < pages; i++) {
-				const float *k = slots + (size_t)list[(size_t)h * max_pages + i] *
-								 slot_floats;
+				const char *k = (const char *)slots +
+						(size_t)list[(size_t)h * max_pages + i] * slot_bytes;
 				spans[ns++] = (struct backend_kv_span){
-					.k = k, .v = k + (size_t)p * row,
+					.k = k, .v = k + (size_t)p * row * es,
 					.n = i + 1 < pages ? p : n_tok[h] - (int64_t)(pages - 1) * p,
 					.row_stride = (int64_t)row,
 				};
@@ -650,7 +715,7 @@ static int slots_as_spans(struct cuda_ctx *c, float *out, const float *q, const 
 /* Batch 1 of kernels/decode_attention: the list and the per-head counts go through the staging
  * ring (one copy), the split-K partials into dec_ws, sized for max_pages so that it settles
  * after the first steps of a run. */
-static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const float *slots,
+static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const void *slots,
 				  int n_slots, const int32_t *list, int max_pages,
 				  const int32_t *n_tok, int p, const struct backend_attn *a)
 {
@@ -660,22 +725,22 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 		return ret;
 	const int n_kv = a->n_kv_heads;
 	const size_t n_list = (size_t)n_kv * max_pages;
-	ret = ws_reserve(c, &c->dec_ws, &c->dec_ws_bytes,
+	ret = cuda_ws_reserve(c, &c->dec_ws, &c->dec_ws_bytes,
 			 decode_attention_workspace_bytes(1, a->n_heads, n_kv, a->head_dim,
 							  max_pages));
 	if (ret)
 		return ret;
 	struct stage_slot *s;
 	const size_t bytes = (n_list + (size_t)n_kv) * sizeof(int32_t);
-	if ((ret = stage_take(c, bytes, &s)))
+	if ((ret = cuda_stage_take(c, bytes, &s)))
 		return ret;
 	int32_t *hl = s->host;
 	memcpy(hl, list, n_list * sizeof *hl);
 	memcpy(hl + n_list, n_tok, (size_t)n_kv * sizeof *hl);
-	if ((ret = stage_push(c, s, bytes)))
+	if ((ret = cuda_stage_push(c, s, bytes)))
 		return ret;
 	const int32_t *dl = s->dev;
-	cudaError_t e = decode_attention(out, q, slots, FKV_F32, dl, dl + n_list, 1, a->n_heads,
+	cudaError_t e = decode_attention(out, q, slots, a->kv_dtype, dl, dl + n_list, 1, a->n_heads,
 					 n_kv, a->head_dim, p, max_pages, a->scale, c->dec_ws,
 					 c->dec_ws_bytes, c->stream);
 	/* check_slots ruled out every other cause of an invalid value (geometry, workspace), so
@@ -689,6 +754,14 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const f
 
 
 
+
+/* Slots in the KV dtype (docs/design.md §3 "Device slots"): 16-bit K/V in slot memory, recall
+ * scatter and attention, which accumulates in f32. */
+static enum fkv_dtype cuda_slot_dtype(void *ctx, enum fkv_dtype kv)
+{
+	(void)ctx;
+	return kv;
+}
 
 static int cuda_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt)
 {
@@ -720,6 +793,7 @@ static const struct backend_ops cuda_ops = {
 	.gather_rows = cuda_gather_rows,
 	.weight_load = cuda_weight_load,
 	.weight_release = cuda_weight_release,
+	.weight_concat = cuda_weight_concat,
 	.matmul = cuda_matmul,
 	.rmsnorm = cuda_rmsnorm,
 	.rope = cuda_rope,
@@ -737,8 +811,21 @@ static const struct backend_ops cuda_ops = {
 	.pool_topk = cuda_pool_topk,
 	.gather_heads = cuda_gather_heads,
 	.recall_units = cuda_recall_units,
+	.recall_direct = cuda_recall_direct,
+	.recall_mapped = cuda_recall_mapped,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,
+	.slot_dtype = cuda_slot_dtype,
+	.page_summary = cuda_page_summary,
+	.select_pages = cuda_select_pages,
+	.group_cosine = cuda_group_cosine,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.fence_new = cuda_fence_new,
+	.fence_free = cuda_fence_free,
+	.download_async = cuda_download_async,
+	.fence_wait = cuda_fence_wait,
+	.fence_stream_wait = cuda_fence_stream_wait,
 	.kivi_quant = cuda_kivi_quant,
 	.kivi_dequant = cuda_kivi_dequant,
 	.attn_kivi = cuda_attn_kivi,

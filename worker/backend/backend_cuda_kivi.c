@@ -63,7 +63,7 @@ int cuda_attn_kivi(void *ctx, float *out, const float *q, int n_q,
 	const size_t row = (size_t)KV * d, rows = (size_t)n_ctx * row;
 	const bool probs = ka->probs && ka->n_prob;
 	const size_t bytes = (2 * rows + (probs ? (size_t)H * (n_ctx + 2) : 0)) * sizeof(float);
-	int ret = cuda_ws_grow(c, &c->kivi_ws, &c->kivi_ws_bytes, bytes);
+	int ret = cuda_ws_reserve(c, &c->kivi_ws, &c->kivi_ws_bytes, bytes);
 	if (ret)
 		return ret;
 	float *dk = c->kivi_ws, *dv = dk + rows, *sc = dv + rows;

@@ -1,7 +1,7 @@
 /* backend_cuda_priv — the state the CUDA backend's files share (backend_cuda.c: the ops
  * table, compute and attention; backend_cuda_xfer.c: recall, offload, pool registration;
- * backend_cuda_kivi.c: the KIVI ops of specache). One
- * struct cuda_ctx per backend, owned by backend_cuda.c (made by backend_cuda_new, freed by its
+ * backend_cuda_select.c: selection and download fences; backend_cuda_kivi.c: the KIVI ops of
+ * specache). One struct cuda_ctx per backend, owned by backend_cuda.c (made by backend_cuda_new, freed by its
  * free op, which calls cuda_xfer_free for the transfer state). Only built with CUDA. */
 #ifndef FREEKV_BACKEND_CUDA_PRIV_H
 #define FREEKV_BACKEND_CUDA_PRIV_H
@@ -83,6 +83,10 @@ struct cuda_ctx {
 	size_t gemm_ws_bytes;
 	void *dec_ws;		/* split-K partials of attn_decode_slots */
 	size_t dec_ws_bytes;
+	void *sel_ws;		/* select_pages: group scores and per-head raw scores */
+	size_t sel_ws_bytes;
+	void *fd_ws;		/* flash-decoding partials of attn_decode over one span */
+	size_t fd_ws_bytes;
 	void *pool_ws;		/* pool_topk: pooled scores, then positions and their scores */
 	size_t pool_ws_bytes;
 	void **bufs;		/* live buf_alloc/weight_load allocations */
@@ -110,9 +114,28 @@ static inline void cuda_event_destroy(cudaEvent_t e)
 
 /* backend_cuda.c: waits for every stream the backend owns. */
 int cuda_drain(struct cuda_ctx *c);
-/* backend_cuda.c: grows a workspace of the compute stream to at least bytes, replacing it in
- * stream order; freed by the backend's free op. */
-int cuda_ws_grow(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes);
+/* backend_cuda.c: grows a workspace of the compute stream to at least bytes, in stream order. */
+int cuda_ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes);
+/* backend_cuda.c: the next slot of the staging ring with room for bytes; the caller fills its
+ * host copy, then cuda_stage_push queues the copy to its device twin on the compute stream. */
+int cuda_stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out);
+int cuda_stage_push(struct cuda_ctx *c, struct stage_slot *s, size_t bytes);
+
+/* backend_cuda_select.c: the selection ops and download_async's fences (backend.h). */
+int cuda_page_summary(void *ctx, float *kmin, float *kmax, int page_stride, int page,
+		      const void *slot, enum fkv_dtype slot_dt, int p, int n_kv, int d);
+int cuda_select_pages(void *ctx, const struct backend_select *g, const float *q,
+		      const float *kmin, const float *kmax, const uint8_t *resident,
+		      int32_t *pages, int32_t *changed, int32_t *n_changed);
+int cuda_group_cosine(void *ctx, float *out, const float *q_t, const float *q_prev, int n_q,
+		      int n_kv, int d);
+void *cuda_host_alloc(void *ctx, size_t bytes);
+void cuda_host_free(void *ctx, void *p);
+int cuda_fence_new(void *ctx, void **fence);
+void cuda_fence_free(void *ctx, void *fence);
+int cuda_download_async(void *ctx, void *host_dst, const void *src, size_t bytes, void *fence);
+int cuda_fence_wait(void *ctx, void *fence);
+int cuda_fence_stream_wait(void *ctx, void *fence);
 
 /* backend_cuda_kivi.c: the KIVI ops of the table (docs/design.md §5 specache). */
 int cuda_kivi_quant(void *ctx, const struct backend_kivi *q, int64_t t0, const void *k,
@@ -124,7 +147,14 @@ int cuda_attn_kivi(void *ctx, float *out, const float *q, int n_q,
 
 /* backend_cuda_xfer.c: the ops of the table that move data between host and device. */
 int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
-		      int p, int n_kv, int d, enum fkv_dtype unit_dt);
+		      int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt,
+		      void *done);
+int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
+		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		       enum fkv_dtype slot_dt, void *done);
+int cuda_recall_mapped(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
+		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		       enum fkv_dtype slot_dt, void *done);
 int cuda_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
 		    int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
 int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen);

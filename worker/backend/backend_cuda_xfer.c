@@ -1,5 +1,8 @@
 /* backend_cuda_xfer — the CUDA backend's transfers between the host and the device: recall
- * (recall_units), offload (store_rows) and the page-locking of the kvstored pool mapping
+ * (recall_units; recall_direct, which DMAs each unit from where it lies in the registered pool
+ * into the device staging — cudaMemcpyBatchAsync, else a run of cudaMemcpyAsync — with no
+ * host copy, then steps 2-4 below as for page-locked units; recall_mapped, the zero-copy
+ * variant: kernels/recall_gather reads each unit through the pool's device alias), offload (store_rows) and the page-locking of the kvstored pool mapping
  * (host_register, in CUDA_REGISTER_CHUNK chunks). The ops table and compute are in
  * backend_cuda.c; the shared state in backend_cuda_priv.h.
  *
@@ -53,6 +56,7 @@
 
 #include "cuda_check.h"
 #include "offload_gather.cuh"
+#include "recall_gather.cuh"
 #include "recall_scatter.cuh"
 
 static void unregister_all(struct cuda_ctx *c)
@@ -93,21 +97,73 @@ static int recall_take(struct cuda_ctx *c, size_t bytes, struct recall_set **out
 	return 0;
 }
 
+/* Step 3's last act: the compute stream waits for "scattered" now, or (a per-layer fence
+ * `done`) the scatter's completion is marked on done for a later fence_stream_wait, and the
+ * compute stream runs on meanwhile (docs/design.md §5 step 6). */
+static cudaError_t order_after(struct cuda_ctx *c, cudaEvent_t scattered, cudaEvent_t done)
+{
+	if (!done)
+		return cudaStreamWaitEvent(c->stream, scattered, 0);
+	return cudaEventRecord(done, c->rc_stream);
+}
+
+/* The n units at srcs[i] (ub bytes each, where they lie in host memory) into dev, unit i at
+ * i * ub, on stream: one batched call where the toolkit has cudaMemcpyBatchAsync (the sources
+ * read in stream order), else a run of cudaMemcpyAsync. */
+static int dma_units(char *dev, const void *const *srcs, int n, size_t ub, cudaStream_t stream)
+{
+#if CUDART_VERSION >= 12080
+	void **dsts = malloc((size_t)n * sizeof *dsts);
+	size_t *sizes = malloc((size_t)n * sizeof *sizes);
+	if (!dsts || !sizes) {
+		free(dsts);
+		free(sizes);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < n; i++) {
+		dsts[i] = dev + (size_t)i * ub;
+		sizes[i] = ub;
+	}
+	struct cudaMemcpyAttributes attr = { .srcAccessOrder = cudaMemcpySrcAccessOrderStream };
+	size_t first = 0;
+#if CUDART_VERSION >= 13000
+	cudaError_t e = cudaMemcpyBatchAsync(dsts, srcs, sizes, (size_t)n, &attr, &first, 1,
+					     stream);
+#else
+	size_t fail = 0;
+	cudaError_t e = cudaMemcpyBatchAsync(dsts, (void **)srcs, sizes, (size_t)n, &attr, &first,
+					     1, &fail, stream);
+#endif
+	free(dsts);
+	free(sizes);
+	if (e != cudaSuccess)
+		return cuda_check_fail(e, "cudaMemcpyBatchAsync", __func__, __FILE__, __LINE__);
+#else
+	for (int i = 0; i < n; i++)
+		CUDA_CHECK(cudaMemcpyAsync(dev + (size_t)i * ub, srcs[i], ub,
+					   cudaMemcpyHostToDevice, stream));
+#endif
+	return 0;
+}
+
 /* With recall_mu held; the steps of the header comment. Slot indices count from the lowest slot
  * address when every slot lies a whole number of slots from it (one layer's slot buffer: one
- * launch); otherwise each unit is its own launch with its slot as the base. */
+ * launch); otherwise each unit is its own launch with its slot as the base. The units are
+ * units[0..n) back to back, or (recall_direct, srcs not NULL) each where srcs[i] says, DMA'd
+ * from there: no host copy, and the call waits for "copied" like page-locked units. */
 static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
-			 const void *units, int n, int p, int n_kv, int d, enum fkv_dtype dt)
+			 const void *units, const void *const *srcs, int n, int p, int n_kv, int d,
+			 enum fkv_dtype dt, enum fkv_dtype sdt, cudaEvent_t done)
 {
 	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
-	const size_t sb = (size_t)2 * p * n_kv * d * sizeof(float);
+	const size_t sb = (size_t)2 * p * n_kv * d * dtype_size(sdt);
 	const size_t ubytes = (size_t)n * ub;
 	const size_t toff = (ubytes + CUDA_RECALL_ALIGN - 1) / CUDA_RECALL_ALIGN * CUDA_RECALL_ALIGN;
 	const size_t tbytes = (size_t)n * 2 * sizeof(int32_t);
 	CUDA_CHECK(cudaSetDevice(c->device));
 	struct cudaPointerAttributes at;
-	const bool locked = cudaPointerGetAttributes(&at, units) == cudaSuccess &&
-			    at.type == cudaMemoryTypeHost;
+	const bool locked = srcs || (cudaPointerGetAttributes(&at, units) == cudaSuccess &&
+				     at.type == cudaMemoryTypeHost);
 	(void)cudaGetLastError();
 	struct recall_set *s;
 	int ret = recall_take(c, toff + tbytes, &s);
@@ -134,7 +190,13 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	if (s->used)
 		CUDA_CHECK(cudaStreamWaitEvent(c->rc_copy, s->scattered, 0));
 	s->used = 1;
-	if (locked) {
+	if (srcs) {
+		int r2 = dma_units(s->dev, srcs, n, ub, c->rc_copy);
+		if (r2)
+			return r2;
+		CUDA_CHECK(cudaMemcpyAsync(s->dev + toff, tab, tbytes, cudaMemcpyHostToDevice,
+					   c->rc_copy));
+	} else if (locked) {
 		CUDA_CHECK(cudaMemcpyAsync(s->dev, units, ubytes, cudaMemcpyHostToDevice,
 					   c->rc_copy));
 		CUDA_CHECK(cudaMemcpyAsync(s->dev + toff, tab, tbytes, cudaMemcpyHostToDevice,
@@ -151,14 +213,14 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	const int32_t *dtab = (const int32_t *)(s->dev + toff);
 	cudaError_t se = cudaSuccess;
 	if (one)
-		se = recall_scatter(base, FKV_F32, s->dev, dt, dtab, n, n_kv, p, d, c->rc_stream);
+		se = recall_scatter(base, sdt, s->dev, dt, dtab, n, n_kv, p, d, c->rc_stream);
 	for (int i = 0; !one && i < n && se == cudaSuccess; i++)
-		se = recall_scatter(slots[i], FKV_F32, s->dev + i * ub, dt, dtab + 2 * i, 1, n_kv,
+		se = recall_scatter(slots[i], sdt, s->dev + i * ub, dt, dtab + 2 * i, 1, n_kv,
 				    p, d, c->rc_stream);
 	/* Recorded and waited for after a failed launch too: the launches before it still read
 	 * the staging (the set's next use waits for them) and write slots (later ops wait). */
 	CUDA_CHECK(cudaEventRecord(s->scattered, c->rc_stream));
-	CUDA_CHECK(cudaStreamWaitEvent(c->stream, s->scattered, 0));
+	CUDA_CHECK(order_after(c, s->scattered, done));
 	if (locked)
 		CUDA_CHECK(cudaEventSynchronize(s->copied));
 	if (se != cudaSuccess)
@@ -167,11 +229,13 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 }
 
 int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
-			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt)
+			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+			     enum fkv_dtype slot_dt, void *done)
 {
 	struct cuda_ctx *c = ctx;
 	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
-	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16))
+	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16) ||
+	    (slot_dt != FKV_F32 && slot_dt != FKV_F16 && slot_dt != FKV_BF16))
 		return -EINVAL;
 	for (int i = 0; i < n; i++)
 		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i])
@@ -179,7 +243,29 @@ int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const voi
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, units, n, p, n_kv, d, unit_dt);
+	int ret = recall_locked(c, slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt,
+				(cudaEvent_t)done);
+	pthread_mutex_unlock(&c->recall_mu);
+	return ret;
+}
+
+int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
+		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		       enum fkv_dtype slot_dt, void *done)
+{
+	struct cuda_ctx *c = ctx;
+	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
+	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16) ||
+	    (slot_dt != FKV_F32 && slot_dt != FKV_F16 && slot_dt != FKV_BF16))
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i] || !srcs[i])
+			return -EINVAL;
+	if (!n)
+		return 0;
+	pthread_mutex_lock(&c->recall_mu);
+	int ret = recall_locked(c, slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt,
+				(cudaEvent_t)done);
 	pthread_mutex_unlock(&c->recall_mu);
 	return ret;
 }
@@ -198,6 +284,96 @@ static char *alias_of(const struct cuda_ctx *c, const char *p, size_t bytes)
 		return r->alias[ch] + (off - ch * CUDA_REGISTER_CHUNK);
 	}
 	return NULL;
+}
+
+/* With recall_mu held: the zero-copy recall. The table [n device aliases][(n, 2) (slot, head)]
+ * goes through a recall set like the units' table (steps 2-3 of the header comment, with no
+ * units staged); recall_gather reads every unit through its alias. The units are read by the
+ * kernel, so the call waits on the host for "scattered" (the caller unpins them on return). */
+static int mapped_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
+			 char *const *alias, bool aligned, int n, int p, int n_kv, int d,
+			 enum fkv_dtype dt, enum fkv_dtype sdt, cudaEvent_t done)
+{
+	const size_t sb = (size_t)2 * p * n_kv * d * dtype_size(sdt);
+	const size_t pbytes = (size_t)n * sizeof(void *), tbytes = (size_t)n * 2 * sizeof(int32_t);
+	struct recall_set *s;
+	int ret = recall_take(c, pbytes + tbytes, &s);
+	if (ret)
+		return ret;
+	char *base = slots[0];
+	for (int i = 1; i < n; i++)
+		if ((char *)slots[i] < base)
+			base = slots[i];
+	bool one = true;
+	for (int i = 0; i < n && one; i++) {
+		size_t off = (size_t)((char *)slots[i] - base);
+		one = off % sb == 0 && off / sb <= INT32_MAX;
+	}
+	memcpy(s->host, alias, pbytes);
+	int32_t *tab = (int32_t *)(s->host + pbytes);
+	for (int i = 0; i < n; i++) {
+		tab[2 * i] = one ? (int32_t)((size_t)((char *)slots[i] - base) / sb) : 0;
+		tab[2 * i + 1] = heads[i];
+	}
+	if (s->used)
+		CUDA_CHECK(cudaStreamWaitEvent(c->rc_copy, s->scattered, 0));
+	s->used = 1;
+	CUDA_CHECK(cudaMemcpyAsync(s->dev, s->host, pbytes + tbytes, cudaMemcpyHostToDevice,
+				   c->rc_copy));
+	CUDA_CHECK(cudaEventRecord(s->copied, c->rc_copy));
+	CUDA_CHECK(cudaEventRecord(c->rc_entry, c->stream));
+	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, c->rc_entry, 0));
+	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, s->copied, 0));
+	const void *const *dsrc = (const void *const *)s->dev;
+	const int32_t *dtab = (const int32_t *)(s->dev + pbytes);
+	cudaError_t ge = cudaSuccess;
+	if (one)
+		ge = recall_gather(base, sdt, dsrc, aligned, dt, dtab, n, n_kv, p, d, c->rc_stream);
+	for (int i = 0; !one && i < n && ge == cudaSuccess; i++)
+		ge = recall_gather(slots[i], sdt, dsrc + i, aligned, dt, dtab + 2 * i, 1, n_kv, p,
+				   d, c->rc_stream);
+	CUDA_CHECK(cudaEventRecord(s->scattered, c->rc_stream));
+	CUDA_CHECK(order_after(c, s->scattered, done));
+	CUDA_CHECK(cudaEventSynchronize(s->scattered));
+	if (ge != cudaSuccess)
+		return cuda_check_fail(ge, "recall_gather", __func__, __FILE__, __LINE__);
+	return 0;
+}
+
+int cuda_recall_mapped(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
+		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		       enum fkv_dtype slot_dt, void *done)
+{
+	struct cuda_ctx *c = ctx;
+	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
+	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16) ||
+	    (slot_dt != FKV_F32 && slot_dt != FKV_F16 && slot_dt != FKV_BF16))
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i] || !srcs[i])
+			return -EINVAL;
+	if (!n)
+		return 0;
+	const size_t ub = (size_t)2 * p * d * dtype_size(unit_dt);
+	char **alias = malloc((size_t)n * sizeof *alias);
+	if (!alias)
+		return -ENOMEM;
+	pthread_mutex_lock(&c->recall_mu);
+	int ret = cudaSetDevice(c->device) == cudaSuccess ? 0 : -EIO;
+	bool aligned = true;
+	for (int i = 0; i < n && !ret; i++) {
+		alias[i] = alias_of(c, srcs[i], ub);
+		if (!alias[i])
+			ret = -EOPNOTSUPP; /* not in a mapped registration: nothing queued */
+		else
+			aligned &= (uintptr_t)alias[i] % 16 == 0;
+	}
+	if (!ret)
+		ret = mapped_locked(c, slots, heads, alias, aligned, n, p, n_kv, d, unit_dt,
+				    slot_dt, (cudaEvent_t)done);
+	pthread_mutex_unlock(&c->recall_mu);
+	free(alias);
+	return ret;
 }
 
 /* Takes the next offload slot with room for dev_bytes on the device and nb offsets; step 1 of

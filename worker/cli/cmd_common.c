@@ -133,7 +133,7 @@ static void on_stop(int sig)
 
 void cmd_session_defaults(struct cmd_session_opts *o, const char *prog)
 {
-	*o = (struct cmd_session_opts){ .prog = prog, .n = 64,
+	*o = (struct cmd_session_opts){ .prog = prog, .n = 64, .store_retry = 30,
 					.sp = { .temp = 0.8f, .top_k = 40, .top_p = 0.95f } };
 	o->sp.seed = (uint64_t)time(NULL);
 	policy_opts_default(&o->po);
@@ -161,6 +161,8 @@ void cmd_session_usage(FILE *f)
 		"                       with --store the others may go to kvstored's NVMe tier and\n"
 		"                       are recalled when read, so the KV may exceed the DRAM pool\n"
 		"                       (default 0: every block leased, the KV stays in DRAM)\n"
+		"      --store-retry S  when kvstored goes away, reconnect for up to S seconds and\n"
+		"                       go on where it left off (default 30; 0: fail at once)\n"
 		"      --seq NAME       the sequence's name in the store (default: generated)\n"
 		"      --keep           keep the sequence in the store when done (detach), so a\n"
 		"                       later `kvworker resume` can continue it; without it the\n"
@@ -211,7 +213,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, c
 }
 
 enum sflag { SF_MODEL, SF_N, SF_THREADS, SF_CTX, SF_CTX2, SF_TEMP, SF_TOPK, SF_TOPP, SF_SEED,
-	     SF_STORE, SF_SEQ, SF_BACKEND, SF_LEASE };
+	     SF_STORE, SF_SEQ, SF_BACKEND, SF_LEASE, SF_RETRY };
 
 static const struct {
 	const char *flag, *brief;
@@ -222,7 +224,7 @@ static const struct {
 	[SF_TOPK] = { "--top-k", NULL },      [SF_TOPP] = { "--top-p", NULL },
 	[SF_SEED] = { "--seed", "-s" },	      [SF_STORE] = { "--store", NULL },
 	[SF_SEQ] = { "--seq", NULL },	      [SF_BACKEND] = { "--backend", NULL },
-	[SF_LEASE] = { "--lease-budget", NULL },
+	[SF_LEASE] = { "--lease-budget", NULL }, [SF_RETRY] = { "--store-retry", NULL },
 };
 
 static int bad_value(const struct cmd_session_opts *o, const char *flag, const char *val)
@@ -308,6 +310,10 @@ int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i)
 				return bad_value(o, "--lease-budget", v);
 			o->lease_budget = (uint32_t)l;
 			break;
+		case SF_RETRY:
+			if (cmd_parse_long(v, 0, 86400, &o->store_retry))
+				return bad_value(o, "--store-retry", v);
+			break;
 		}
 		return 1;
 	}
@@ -371,6 +377,30 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 			 (long long)time(NULL));
 	ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g, !resume,
 			      &s->hs, err, sizeof err);
+	/* kvstored went away while the sequence was being opened (it answered Hello, so this is
+	 * not a missing daemon): ride it out as a run does (docs/design.md §4). A sequence the
+	 * dead daemon journaled comes back empty and detached; opening it again is fine. */
+	uint64_t deadline = clock_ms() + (uint64_t)o->store_retry * 1000;
+	long backoff = 50;
+	bool said = false;
+	while (ret && o->endpoint && o->store_retry > 0 && clock_ms() < deadline &&
+	       (!s->hk || hostkv_store_gone(s->hk))) {
+		if (!said)
+			fprintf(stderr, "%s: kvstored at %s is gone; reconnecting\n", o->prog,
+				o->endpoint);
+		said = true;
+		hostkv_close(s->hk);
+		s->hk = NULL;
+		struct timespec ts = { backoff / 1000, (backoff % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+		backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+		if (hostkv_open(&ho, &s->hk, err, sizeof err)) {
+			s->hk = NULL;
+			continue;
+		}
+		ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g,
+				      !resume, &s->hs, err, sizeof err);
+	}
 	if (ret) {
 		fprintf(stderr, "%s: sequence '%s': %s\n", o->prog, s->seq_name, err);
 		return ret;
@@ -588,12 +618,142 @@ static void report(struct cmd_session *s, const struct run_times *t, bool print)
 	json_object_put(j);
 }
 
+/* The run's token ids: what the store keeps plus what this run decided (prompt, sampled). A
+ * reconnect runs again the part the restarted store did not keep. */
+struct hist {
+	int32_t *v;
+	int64_t n, cap;
+	int64_t n_prefill;	/* h[0..n_prefill) ran through prefill, the rest through decode */
+};
+
+static int hist_push(struct hist *h, const int32_t *ids, int64_t n)
+{
+	if (h->n + n > h->cap) {
+		int64_t cap = h->cap ? h->cap : 1024;
+		while (cap < h->n + n)
+			cap *= 2;
+		int32_t *v = realloc(h->v, (size_t)cap * sizeof *v);
+		if (!v)
+			return -ENOMEM;
+		h->v = v;
+		h->cap = cap;
+	}
+	memcpy(h->v + h->n, ids, (size_t)n * sizeof *ids);
+	h->n += n;
+	return 0;
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+/* kvstored went away: drop the dead handles (the store keeps the sequence, docs/design.md §4
+ * "Restart without loss"), reconnect with backoff for o.store_retry seconds, re-open the
+ * sequence as a resume does and run again what the store lost (h[len..]): logits then follow
+ * h's last id, exactly as if nothing had happened. 0, or -errno after saying why. */
+static int reconnect(struct cmd_session *s, const struct hist *h, float *logits)
+{
+	const struct cmd_session_opts *o = &s->o;
+	char err[512];
+	fprintf(stderr, "\n%s: kvstored at %s is gone; reconnecting\n", o->prog, o->endpoint);
+	uint64_t t0 = clock_ms(), deadline = t0 + (uint64_t)o->store_retry * 1000;
+	long backoff = 50;
+	for (int attempt = 0;; attempt++) {
+		if (s->seq >= 0)
+			engine_seq_free(s->e, s->seq);
+		s->seq = -1;
+		if (s->hs)
+			hostkv_seq_close(s->hs, false); /* fails against a dead store: nothing to undo */
+		s->hs = NULL;
+		hostkv_close(s->hk);
+		s->hk = NULL;
+		if (attempt && clock_ms() >= deadline)
+			break;
+		char wname[64];
+		snprintf(wname, sizeof wname, "kvworker-%d", (int)getpid());
+		struct hostkv_opts ho = { .endpoint = o->endpoint, .worker_name = wname,
+					  .lease_budget = o->lease_budget };
+		int ret = hostkv_open(&ho, &s->hk, err, sizeof err);
+		if (ret) {
+			s->hk = NULL;
+			if (clock_ms() >= deadline)
+				break;
+			sleep_ms(backoff);
+			backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+			continue;
+		}
+		struct kv_geom g;
+		engine_kv_geom(s->e, &g);
+		ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g,
+				      false, &s->hs, err, sizeof err);
+		if (ret && hostkv_store_gone(s->hk))
+			continue; /* gone again while we reopened: next attempt */
+		if (ret) {
+			fprintf(stderr, "%s: kvstored at %s is back but sequence '%s' cannot be reopened "
+				"(%s): was it restarted with persist = false?\n", o->prog, o->endpoint,
+				s->seq_name, err);
+			return ret;
+		}
+		const int32_t *ids;
+		int64_t n_ids = hostkv_seq_tokens(s->hs, &ids);
+		if (n_ids > h->n || memcmp(ids, h->v, (size_t)n_ids * sizeof *ids) != 0) {
+			fprintf(stderr, "%s: kvstored at %s is back but sequence '%s' holds other token "
+				"ids than this run: not continuing it\n", o->prog, o->endpoint,
+				s->seq_name);
+			return -EPROTO;
+		}
+		if ((ret = engine_seq_open(s->e, s->hs, &s->seq, err, sizeof err))) {
+			if (hostkv_store_gone(s->hk))
+				continue;
+			fprintf(stderr, "%s: %s\n", o->prog, err);
+			return ret;
+		}
+		/* Each id runs again the way it ran first — the prompt's through prefill, sampled
+		 * ones one decode step at a time — since the two differ numerically (a retrieval
+		 * policy's prefill attends to every token, its decode to the selected pages). */
+		int64_t len = engine_seq_len(s->e, s->seq), at = len;
+		ret = 0;
+		if (at < h->n_prefill) {
+			ret = engine_prefill(s->e, s->seq, h->v + at, (int)(h->n_prefill - at), logits,
+					     false, err, sizeof err);
+			at = h->n_prefill;
+		}
+		for (; !ret && at < h->n; at++)
+			ret = engine_decode(s->e, 1, &s->seq, h->v + at, logits, err, sizeof err);
+		if (ret && hostkv_store_gone(s->hk))
+			continue;
+		if (ret) {
+			fprintf(stderr, "%s: after reconnecting: %s\n", o->prog, err);
+			return ret;
+		}
+		fprintf(stderr, "%s: reconnected to kvstored at %s after %.1f s: sequence '%s' "
+			"continues at %lld tokens (%lld run again)\n", o->prog, o->endpoint,
+			(clock_ms() - t0) / 1e3, s->seq_name, (long long)h->n,
+			(long long)(h->n - len));
+		return 0;
+	}
+	fprintf(stderr, "%s: kvstored at %s did not come back within %ld s; sequence '%s' is kept "
+		"in its journal up to the last commit: continue it with `kvworker resume --seq %s` "
+		"once kvstored runs again\n", o->prog, o->endpoint, o->store_retry, s->seq_name,
+		s->seq_name);
+	return -ECONNRESET;
+}
+
+/* Whether a failed step should reconnect: kvstored went away and retrying is allowed. */
+static bool store_lost(const struct cmd_session *s)
+{
+	return s->o.endpoint && s->o.store_retry > 0 && hostkv_store_gone(s->hk);
+}
+
 int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 {
 	char err[512];
 	const struct cmd_session_opts *o = &s->o;
 	int V = engine_vocab(s->e), ret;
 	struct sampler smp = { 0 };
+	struct hist hist = { 0 };
 	float *logits = malloc((size_t)V * sizeof *logits);
 	if (!logits || sampler_init(&smp, &o->sp, V)) {
 		fprintf(stderr, "%s: out of memory\n", o->prog);
@@ -613,9 +773,32 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
 	struct run_times t = { .n_first = n_first, .t0 = clock_ms_f() };
-	ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
-	if (ret) {
+	const int32_t *kept;
+	hostkv_seq_tokens(s->hs, &kept);
+	if (hist_push(&hist, kept, engine_seq_len(s->e, s->seq)) ||
+	    hist_push(&hist, first, n_first)) {
+		fprintf(stderr, "%s: out of memory\n", o->prog);
+		ret = -ENOMEM;
+		goto restore;
+	}
+	if (s->first_by_decode) {
+		/* Sampled ids a dead or stopped worker kept: run as it ran them, one decode step
+		 * each (a retrieval policy's prefill attends to every token, its decode to the
+		 * selected pages, and the two differ numerically). */
+		hist.n_prefill = hist.n - n_first;
+		ret = 0;
+		for (int i = 0; i < n_first && !ret; i++)
+			ret = engine_decode(s->e, 1, &s->seq, first + i, logits, err, sizeof err);
+	} else {
+		hist.n_prefill = hist.n;
+		ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
+	}
+	if (ret && store_lost(s))
+		ret = reconnect(s, &hist, logits);
+	else if (ret)
 		fprintf(stderr, "%s: prefill: %s\n", o->prog, err);
+	if (ret) {
+		s->store_lost = hostkv_store_gone(s->hk) || !s->hk;
 		goto restore;
 	}
 	t.t1 = t.t2 = clock_ms_f();
@@ -625,10 +808,21 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 		int32_t next = sampler_sample(&smp, logits);
 		if (is_eos(&s->m, s->tok, next))
 			break;
-		/* Kept before it is shown: what the user saw survives a crash. */
-		if ((ret = engine_seq_keep(s->e, s->seq, &next, 1, err, sizeof err))) {
-			fprintf(stderr, "\n%s: %s\n", o->prog, err);
+		if ((ret = hist_push(&hist, &next, 1))) {
+			fprintf(stderr, "\n%s: out of memory\n", o->prog);
 			goto restore;
+		}
+		/* Kept before it is shown: what the user saw survives a crash. A store that went
+		 * away is reconnected to, and `next` run there (its logits are the next step's). */
+		bool decoded = false;
+		if ((ret = engine_seq_keep(s->e, s->seq, &next, 1, err, sizeof err))) {
+			if (!store_lost(s) || (ret = reconnect(s, &hist, logits))) {
+				if (!store_lost(s) && s->hk)
+					fprintf(stderr, "\n%s: %s\n", o->prog, err);
+				s->store_lost = !s->hk || hostkv_store_gone(s->hk);
+				goto restore;
+			}
+			decoded = true;
 		}
 		emit(s->tok, next, o->ids, t.generated++);
 		if (t.generated == o->n)
@@ -637,9 +831,14 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 			hit_limit = true;
 			break;
 		}
-		if ((ret = engine_decode(s->e, 1, &s->seq, &next, logits, err, sizeof err))) {
-			fprintf(stderr, "\n%s: decode: %s\n", o->prog, err);
-			goto restore;
+		if (!decoded &&
+		    (ret = engine_decode(s->e, 1, &s->seq, &next, logits, err, sizeof err))) {
+			if (!store_lost(s) || (ret = reconnect(s, &hist, logits))) {
+				if (!store_lost(s) && s->hk)
+					fprintf(stderr, "\n%s: decode: %s\n", o->prog, err);
+				s->store_lost = !s->hk || hostkv_store_gone(s->hk);
+				goto restore;
+			}
 		}
 		t.steps++;
 		t.t2 = clock_ms_f();
@@ -669,6 +868,7 @@ restore:
 out:
 	sampler_free(&smp);
 	free(logits);
+	free(hist.v);
 	return ret;
 }
 
@@ -676,13 +876,24 @@ void cmd_session_close(struct cmd_session *s)
 {
 	if (s->seq >= 0)
 		engine_seq_free(s->e, s->seq);
-	if (s->hs) {
-		/* A failed run keeps what it has: dropping it could lose a resumable sequence. */
-		bool keep = s->o.keep || s->interrupted || !s->completed;
+	if (s->hs && s->store_lost) {
+		/* The store is gone: the sequence stays in its journal; nothing to close there. */
+		hostkv_seq_close(s->hs, false);
+	} else if (s->hs) {
+		/* A failed run keeps what it has when there is something to resume; a sequence that
+		 * holds no token id is only clutter (resume refuses it), so it goes unless --keep. */
+		const int32_t *ids;
+		int64_t n_ids = hostkv_seq_tokens(s->hs, &ids);
+		bool failed = !s->interrupted && !s->completed;
+		bool keep = s->o.keep || s->interrupted || (failed && n_ids > 0);
 		int ret = hostkv_seq_close(s->hs, !keep);
 		if (ret)
 			fprintf(stderr, "%s: closing sequence '%s': %s\n", s->o.prog, s->seq_name,
 				strerror(-ret));
+		else if (keep && failed && !s->o.keep && hostkv_is_remote(s->hk))
+			fprintf(stderr, "%s: sequence '%s' kept in the store (%lld token ids): continue "
+				"it with `kvworker resume --seq %s`, or drop it with `kvctl evict %s`\n",
+				s->o.prog, s->seq_name, (long long)n_ids, s->seq_name, s->seq_name);
 		else if (keep && hostkv_is_remote(s->hk))
 			fprintf(stderr, "%s: sequence '%s' kept in the store\n", s->o.prog,
 				s->seq_name);

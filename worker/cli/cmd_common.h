@@ -69,6 +69,7 @@ struct cmd_session_opts {
 	bool ids, stats, keep;
 	const char *endpoint;	/* --store; NULL: an embedded in-process store */
 	uint32_t lease_budget;	/* --lease-budget; 0: lease-all */
+	long store_retry;	/* --store-retry: seconds to wait for a kvstored that went away */
 	const char *seq_name;	/* --seq; NULL: a fresh name */
 	const char *backend;	/* --backend cuda|cpu|auto; NULL: auto */
 	struct policy_opts po;
@@ -103,6 +104,8 @@ struct cmd_session {
 	char seq_name[128];
 	bool interrupted;	/* SIGINT/SIGTERM stopped the run: the sequence is kept */
 	bool completed;		/* the run finished; only then is the sequence dropped */
+	bool store_lost;	/* kvstored went away for good: the sequence stays in its journal */
+	bool first_by_decode;	/* cmd_session_run runs `first` by decode steps, not prefill */
 };
 
 /* Loads the model, creates the backend and engine, opens the store and the sequence: a new
@@ -112,7 +115,12 @@ struct cmd_session {
 int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bool resume);
 /* Runs first[0..n_first) (the prompt, or a resumed sequence's pending ids), then samples and
  * decodes up to o.n tokens, each kept in the host copy before it is printed. Prints the
- * --stats JSON to stderr and reports it to kvstored. 0 or -errno. */
+ * --stats JSON to stderr and reports it to kvstored. When kvstored goes away (killed,
+ * restarted) the run says so, reconnects with backoff for up to o.store_retry seconds,
+ * rebuilds the sequence from the store as a resume does and runs again what the store did not
+ * keep, so the tokens are those of an uninterrupted run (docs/design.md §4 "Restart without
+ * loss"); when it does not come back, the run fails and the store keeps the sequence.
+ * 0 or -errno. */
 int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first);
 /* Detaches the sequence (kept with --keep, after an interruption or a failure) or drops it
  * (a completed run without --keep); frees everything. Fine on a partly opened session. */

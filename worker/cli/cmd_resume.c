@@ -66,6 +66,10 @@ int cmd_resume(int argc, char **argv)
 		goto out;
 	}
 	memcpy(pending, ids + len, (size_t)(n_ids - len) * sizeof *pending);
+	/* One or two pending ids are what a decoding worker leaves (the id it sampled, and the
+	 * one whose length had not reached the store yet): they ran as decode steps, and run so
+	 * again to continue exactly. More are a prompt cut short: prefill, as it ran. */
+	s.first_by_decode = n_ids - len <= 2;
 	if (!cmd_session_run(&s, pending, (int)(n_ids - len)))
 		ret = CMD_OK;
 	free(pending);

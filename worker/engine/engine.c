@@ -16,6 +16,9 @@
 
 struct engine_layer {
 	struct backend_mat attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
+	/* Fused projections (docs/design.md "The GPU decode step"), where the backend has
+	 * weight_concat: wq, wk, wv are then row views of wqkv, w_gate and w_up of wgu. */
+	struct backend_mat wqkv, wgu;
 	bool has_bias;
 };
 
@@ -71,9 +74,12 @@ struct engine {
 
 	/* Activations (backend memory), T = ubatch rows each. */
 	float *x, *xb;	   /* (T, dim) */
-	float *q, *att;	   /* (T, n_heads * d) */
-	float *k, *v;	   /* (T, n_kv * d) */
-	float *hb, *hb2;   /* (T, ffn) */
+	float *att;	   /* (T, n_heads * d) */
+	/* q (T, n_heads * d), k, v (T, n_kv * d) back to back in qkv, and hb, hb2 (T, ffn) in gu,
+	 * for the ubatch's T: one token's fused projection row [q | k | v] (or [gate | up]) is
+	 * then exactly q, k, v (hb, hb2). */
+	float *qkv, *gu;
+	float *q, *k, *v, *hb, *hb2;
 	float *xo;	   /* (R, dim) rows whose logits are wanted */
 	float *logits;	   /* (R, vocab) */
 	int64_t logit_rows; /* R allocated */
@@ -101,22 +107,30 @@ static void buff(struct engine *e, void *p)
 }
 
 /* Makes a tensor resident after checking its shape; absent optional tensors stay zeroed. */
-static int load_w(struct engine *e, const struct fkv_tensor *t, const char *name, int layer,
-		  int64_t rows, int64_t cols, bool optional, struct backend_mat *dst,
-		  char *err, size_t errlen)
+static int check_w(const struct fkv_tensor *t, const char *name, int layer, int64_t rows,
+		   int64_t cols, char *err, size_t errlen)
 {
-	if (!t->data) {
-		if (optional)
-			return 0;
+	if (!t->data)
 		return errmsg(err, errlen, -EINVAL, "layer %d: tensor %s missing", layer, name);
-	}
 	int64_t tc = t->n_dims == 2 ? t->shape[1] : 1;
 	if (t->shape[0] != rows || tc != cols)
 		return errmsg(err, errlen, -EINVAL,
 			      "layer %d: tensor %s is (%lld, %lld), expected (%lld, %lld)", layer,
 			      name, (long long)t->shape[0], (long long)tc, (long long)rows,
 			      (long long)cols);
-	int ret = e->be->ops->weight_load(e->be->ctx, t, dst);
+	return 0;
+}
+
+static int load_w(struct engine *e, const struct fkv_tensor *t, const char *name, int layer,
+		  int64_t rows, int64_t cols, bool optional, struct backend_mat *dst,
+		  char *err, size_t errlen)
+{
+	if (!t->data && optional)
+		return 0;
+	int ret = check_w(t, name, layer, rows, cols, err, errlen);
+	if (ret)
+		return ret;
+	ret = e->be->ops->weight_load(e->be->ctx, t, dst);
 	if (ret)
 		return errmsg(err, errlen, ret, "layer %d: cannot load %s: %s", layer, name,
 			      strerror(-ret));
@@ -127,6 +141,43 @@ static void release_w(struct engine *e, struct backend_mat *w)
 {
 	if (w->data)
 		e->be->ops->weight_release(e->be->ctx, w);
+}
+
+/* Loads the n parts (checked shapes (rows[i], cols)) as one weight fused, stacked by rows, and
+ * points views[i] at their rows of it, when the backend has weight_concat and the parts share
+ * a dtype and none is quantized (a quantized part keeps its own GEMM); otherwise loads each
+ * part on its own. A view owns nothing (priv NULL). */
+static int load_fused(struct engine *e, const struct fkv_tensor *const *parts,
+		      const char *const *names, const int64_t *rows, int n, int64_t cols, int layer,
+		      struct backend_mat *fused, struct backend_mat *const *views, char *err,
+		      size_t errlen)
+{
+	int ret = 0;
+	bool same = true;
+	for (int i = 0; i < n && !ret; i++) {
+		ret = check_w(parts[i], names[i], layer, rows[i], cols, err, errlen);
+		same &= !ret && parts[i]->dtype == parts[0]->dtype && parts[i]->quant == FKV_QNONE;
+	}
+	if (ret)
+		return ret;
+	if (!same || !e->be->ops->weight_concat) {
+		for (int i = 0; i < n && !ret; i++)
+			ret = load_w(e, parts[i], names[i], layer, rows[i], cols, false, views[i],
+				     err, errlen);
+		return ret;
+	}
+	ret = e->be->ops->weight_concat(e->be->ctx, parts, n, fused);
+	if (ret)
+		return errmsg(err, errlen, ret, "layer %d: cannot load %s..%s fused: %s", layer,
+			      names[0], names[n - 1], strerror(-ret));
+	size_t off = 0, row_bytes = (size_t)cols * dtype_size(parts[0]->dtype);
+	for (int i = 0; i < n; i++) {
+		*views[i] = (struct backend_mat){ .data = (const char *)fused->data + off,
+						  .dtype = fused->dtype, .rows = rows[i],
+						  .cols = cols, .priv = NULL };
+		off += (size_t)rows[i] * row_bytes;
+	}
+	return 0;
 }
 
 static int load_weights(struct engine *e, char *err, size_t errlen)
@@ -143,17 +194,21 @@ static int load_weights(struct engine *e, char *err, size_t errlen)
 	for (int l = 0; l < c->n_layers; l++) {
 		const struct fkv_layer_weights *s = &m->layers[l];
 		struct engine_layer *d = &e->layers[l];
+		const struct fkv_tensor *qkv[] = { &s->wq, &s->wk, &s->wv };
+		const struct fkv_tensor *gu[] = { &s->w_gate, &s->w_up };
+		static const char *const qkv_n[] = { "wq", "wk", "wv" };
+		static const char *const gu_n[] = { "w_gate", "w_up" };
+		struct backend_mat *qkv_v[] = { &d->wq, &d->wk, &d->wv };
+		struct backend_mat *gu_v[] = { &d->w_gate, &d->w_up };
+		const int64_t qkv_r[] = { qd, kvd, kvd }, gu_r[] = { ffn, ffn };
 		ret = load_w(e, &s->attn_norm, "attn_norm", l, dim, 1, false, &d->attn_norm, err, errlen)
-		   ?: load_w(e, &s->wq, "wq", l, qd, dim, false, &d->wq, err, errlen)
-		   ?: load_w(e, &s->wk, "wk", l, kvd, dim, false, &d->wk, err, errlen)
-		   ?: load_w(e, &s->wv, "wv", l, kvd, dim, false, &d->wv, err, errlen)
+		   ?: load_fused(e, qkv, qkv_n, qkv_r, 3, dim, l, &d->wqkv, qkv_v, err, errlen)
 		   ?: load_w(e, &s->wo, "wo", l, dim, qd, false, &d->wo, err, errlen)
 		   ?: load_w(e, &s->bq, "bq", l, qd, 1, true, &d->bq, err, errlen)
 		   ?: load_w(e, &s->bk, "bk", l, kvd, 1, true, &d->bk, err, errlen)
 		   ?: load_w(e, &s->bv, "bv", l, kvd, 1, true, &d->bv, err, errlen)
 		   ?: load_w(e, &s->ffn_norm, "ffn_norm", l, dim, 1, false, &d->ffn_norm, err, errlen)
-		   ?: load_w(e, &s->w_gate, "w_gate", l, ffn, dim, false, &d->w_gate, err, errlen)
-		   ?: load_w(e, &s->w_up, "w_up", l, ffn, dim, false, &d->w_up, err, errlen)
+		   ?: load_fused(e, gu, gu_n, gu_r, 2, dim, l, &d->wgu, gu_v, err, errlen)
 		   ?: load_w(e, &s->w_down, "w_down", l, dim, ffn, false, &d->w_down, err, errlen);
 		if (ret)
 			return ret;
@@ -206,12 +261,9 @@ static int alloc_acts(struct engine *e)
 	size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
 	e->x = bufa(e, T * c->dim * f);
 	e->xb = bufa(e, T * c->dim * f);
-	e->q = bufa(e, T * qd * f);
+	e->qkv = bufa(e, T * (qd + 2 * kvd) * f);
 	e->att = bufa(e, T * qd * f);
-	e->k = bufa(e, T * kvd * f);
-	e->v = bufa(e, T * kvd * f);
-	e->hb = bufa(e, T * c->ffn_dim * f);
-	e->hb2 = bufa(e, T * c->ffn_dim * f);
+	e->gu = bufa(e, T * 2 * (size_t)c->ffn_dim * f);
 	e->ids_b = bufa(e, T * sizeof(int32_t));
 	e->pos_b = bufa(e, T * sizeof(int32_t));
 	e->rows_b = bufa(e, T * sizeof(int32_t));
@@ -220,8 +272,8 @@ static int alloc_acts(struct engine *e)
 	e->out_rows = calloc(T, sizeof *e->out_rows);
 	e->pieces = calloc(T, sizeof *e->pieces);
 	e->items = calloc((size_t)e->max_seqs, sizeof *e->items);
-	if (!e->x || !e->xb || !e->q || !e->att || !e->k || !e->v || !e->hb || !e->hb2 ||
-	    !e->ids || !e->pos || !e->out_rows || !e->pieces || !e->items || !e->ids_b || !e->pos_b ||
+	if (!e->x || !e->xb || !e->qkv || !e->att || !e->gu || !e->items ||
+	    !e->ids || !e->pos || !e->out_rows || !e->pieces || !e->ids_b || !e->pos_b ||
 	    !e->rows_b)
 		return -ENOMEM;
 	return alloc_logits(e, e->max_seqs < e->ubatch ? e->max_seqs : e->ubatch);
@@ -238,9 +290,11 @@ void engine_free(struct engine *e)
 	if (e->layers) {
 		for (int l = 0; l < e->cfg.n_layers; l++) {
 			struct engine_layer *d = &e->layers[l];
+			/* views (priv NULL) release nothing; the fused weights last */
 			struct backend_mat *w[] = { &d->attn_norm, &d->wq, &d->wk, &d->wv, &d->wo,
 						    &d->bq, &d->bk, &d->bv, &d->ffn_norm,
-						    &d->w_gate, &d->w_up, &d->w_down };
+						    &d->w_gate, &d->w_up, &d->w_down, &d->wqkv,
+						    &d->wgu };
 			for (size_t i = 0; i < sizeof w / sizeof *w; i++)
 				release_w(e, w[i]);
 		}
@@ -249,7 +303,7 @@ void engine_free(struct engine *e)
 	release_w(e, &e->tok_embd);
 	release_w(e, &e->out_norm);
 	release_w(e, &e->output);
-	void *bufs[] = { e->x, e->xb, e->q, e->att, e->k, e->v, e->hb, e->hb2, e->xo, e->logits,
+	void *bufs[] = { e->x, e->xb, e->qkv, e->att, e->gu, e->xo, e->logits,
 			 e->ids_b, e->pos_b, e->rows_b };
 	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
 		buff(e, bufs[i]);
@@ -560,17 +614,27 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 	void *c = e->be->ctx;
 	const struct fkv_model_config *cf = &e->cfg;
 	int64_t dim = cf->dim, ffn = cf->ffn_dim;
+	int64_t qd = (int64_t)cf->n_heads * cf->head_dim;
+	int64_t kvd = (int64_t)cf->n_kv_heads * cf->head_dim;
 	size_t i4 = sizeof(int32_t);
+	e->q = e->qkv;
+	e->k = e->q + T * qd;
+	e->v = e->k + T * kvd;
+	e->hb = e->gu;
+	e->hb2 = e->gu + T * ffn;
 	int ret = o->upload(c, e->ids_b, e->ids, (size_t)T * i4)
 	       ?: o->upload(c, e->pos_b, e->pos, (size_t)T * i4)
 	       ?: (n_out ? o->upload(c, e->rows_b, e->out_rows, (size_t)n_out * i4) : 0)
 	       ?: o->embed(c, e->x, &e->tok_embd, e->ids_b, T);
 	for (int l = 0; l < cf->n_layers && !ret; l++) {
 		const struct engine_layer *L = &e->layers[l];
+		/* One token: one GEMM over the fused weights, whose row is [q | k | v]. */
+		const bool fuse = T == 1 && L->wqkv.data;
 		ret = o->rmsnorm(c, e->xb, e->x, &L->attn_norm, T, dim, cf->norm_eps)
-		   ?: o->matmul(c, e->q, e->xb, &L->wq, T)
-		   ?: o->matmul(c, e->k, e->xb, &L->wk, T)
-		   ?: o->matmul(c, e->v, e->xb, &L->wv, T);
+		   ?: (fuse ? o->matmul(c, e->q, e->xb, &L->wqkv, T)
+			    : o->matmul(c, e->q, e->xb, &L->wq, T)
+			   ?: o->matmul(c, e->k, e->xb, &L->wk, T)
+			   ?: o->matmul(c, e->v, e->xb, &L->wv, T));
 		if (!ret && L->has_bias)
 			ret = o->add_bias(c, e->q, &L->bq, T) ?: o->add_bias(c, e->k, &L->bk, T)
 			   ?: o->add_bias(c, e->v, &L->bv, T);
@@ -580,8 +644,9 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 		   ?: o->matmul(c, e->xb, e->att, &L->wo, T)
 		   ?: o->add(c, e->x, e->xb, T * dim)
 		   ?: o->rmsnorm(c, e->xb, e->x, &L->ffn_norm, T, dim, cf->norm_eps)
-		   ?: o->matmul(c, e->hb, e->xb, &L->w_gate, T)
-		   ?: o->matmul(c, e->hb2, e->xb, &L->w_up, T)
+		   ?: (T == 1 && L->wgu.data ? o->matmul(c, e->hb, e->xb, &L->wgu, T)
+			   : o->matmul(c, e->hb, e->xb, &L->w_gate, T)
+			   ?: o->matmul(c, e->hb2, e->xb, &L->w_up, T))
 		   ?: o->silu_mul(c, e->hb, e->hb, e->hb2, T * ffn)
 		   ?: o->matmul(c, e->xb, e->hb, &L->w_down, T)
 		   ?: o->add(c, e->x, e->xb, T * dim);

@@ -209,6 +209,11 @@ bool hostkv_is_remote(const struct hostkv *h)
 	return h->remote;
 }
 
+bool hostkv_store_gone(const struct hostkv *h)
+{
+	return h && h->ops->gone && h->ops->gone(h->st);
+}
+
 int hostkv_seq_register(struct hostkv_seq *s, struct backend *be, char *err, size_t errlen)
 {
 	struct hostkv *h = s->h;
@@ -240,19 +245,22 @@ static int run_ring(struct hostkv *h, struct ring_entry *e, size_t n, char *err,
 	for (size_t i = 0; i < n && !ret; i += HOSTKV_RING_BATCH) {
 		unsigned m = n - i < HOSTKV_RING_BATCH ? (unsigned)(n - i) : HOSTKV_RING_BATCH;
 		ret = h->ops->ring(h->st, e + i, m, err, errlen);
-		for (unsigned j = 0; j < m && !ret; j++)
-			if (e[i + j].status)
-				ret = errmsg(err, errlen, e[i + j].status,
-					     "%s %s (layer %u, page %u): %s%s", h->ops->name,
-					     op_names[e[i + j].op <= RING_OP_MAX ? e[i + j].op : 0],
-					     e[i + j].layer, e[i + j].first_page,
-					     strerror(-e[i + j].status),
-					     e[i + j].status != -ENOSPC ? ""
-					     : h->lease_budget ? " (the lease budget, the pages allocated "
-								 "ahead and a ubatch must fit in the "
-								 "store's DRAM pool: lower --lease-budget)"
-					     : " (every block of an open sequence is leased: "
-					       "--lease-budget N lets the store move the rest to NVMe)");
+		for (unsigned j = 0; j < m && !ret; j++) {
+			const struct ring_entry *x = &e[i + j];
+			if (!x->status)
+				continue;
+			/* A full pool: say what fills it and what would make room (the store knows). */
+			char why[512] = "";
+			if (x->status == -ENOSPC && h->ops->explain_full)
+				h->ops->explain_full(h->st, why, sizeof why);
+			else if (x->status == -ENOSPC)
+				snprintf(why, sizeof why, " (the store's DRAM pool is full%s)",
+					 h->lease_budget ? "" : "; --lease-budget N lets it move blocks "
+					 "of open sequences to NVMe");
+			ret = errmsg(err, errlen, x->status, "%s %s (layer %u, page %u): %s%s",
+				     h->ops->name, op_names[x->op <= RING_OP_MAX ? x->op : 0], x->layer,
+				     x->first_page, strerror(-x->status), why);
+		}
 	}
 	unlock_store(h, false);
 	return ret;

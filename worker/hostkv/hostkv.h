@@ -56,6 +56,10 @@ struct hostkv_opts {
 int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, size_t errlen);
 void hostkv_close(struct hostkv *h);
 bool hostkv_is_remote(const struct hostkv *h);
+/* True once a call found kvstored gone (the connection lost, nothing answering, or its shutdown
+ * notice): every later call fails too. The caller closes the handle (its sequences are kept by
+ * the store, docs/design.md §4 "Restart without loss") and opens a new one to go on. */
+bool hostkv_store_gone(const struct hostkv *h);
 
 struct backend;
 /* Registers the pool mapping that s's blocks live in with be (its host_register op: page-locked

@@ -40,6 +40,13 @@ struct hostkv_store_ops {
 	int (*heartbeat)(void *st, const Freekv__WorkerStats *stats, char *err, size_t errlen);
 	/* (optional) Milliseconds between the control requests liveness needs; 0 = none needed. */
 	uint32_t (*heartbeat_ms)(void *st);
+	/* (optional) Why the store's DRAM pool is full and what would make room, one line for an
+	 * ALLOC that failed with -ENOSPC (what holds it: detached sequences, leases, the NVMe
+	 * tier). */
+	void (*explain_full)(void *st, char *buf, size_t len);
+	/* (optional) True once a call found the store gone (its daemon died, stopped or cannot
+	 * be reached any more): the handle is dead, a new one must be opened. */
+	bool (*gone)(void *st);
 	void (*close)(void *st);
 };
 

@@ -6,6 +6,7 @@
 #include "hostkv_impl.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +19,28 @@
 struct remote {
 	struct kvs *k;
 	uint64_t next_user;
+	_Atomic bool gone;	/* set by any thread's call (the heartbeat thread's too) */
 };
+
+/* The client library's verdicts for a daemon that is no more: the connection was lost
+ * (-ECONNRESET), nothing answers (-ECONNREFUSED), it announced its shutdown (-ESHUTDOWN). */
+static bool is_gone(int ret)
+{
+	return ret == -ECONNRESET || ret == -ECONNREFUSED || ret == -ESHUTDOWN;
+}
 
 static int kerr(struct remote *r, int ret, char *err, size_t errlen, const char *what)
 {
+	if (is_gone(ret))
+		r->gone = true;
 	return errmsg(err, errlen, ret, "%s: %s", what,
 		      kvs_error(r->k)[0] ? kvs_error(r->k) : strerror(-ret));
+}
+
+static bool r_gone(void *st)
+{
+	struct remote *r = st;
+	return r->gone;
 }
 
 static int r_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
@@ -145,6 +162,40 @@ static uint32_t r_heartbeat_ms(void *st)
 	return kvs_heartbeat_ms(r->k);
 }
 
+/* What fills the pool, from the daemon's own counters: detached and orphaned sequences'
+ * DRAM blocks (evictable now), leased blocks (pinned by running workers), the NVMe tier's room
+ * (where demotion would put blocks). */
+static void r_explain_full(void *st, char *buf, size_t len)
+{
+	struct remote *r = st;
+	Freekv__Reply *s = NULL, *l = NULL;
+	if (kvs_stats(r->k, &s) || kvs_list_sequences(r->k, &l)) {
+		snprintf(buf, len, " (the store's DRAM pool is full)");
+		kvs_reply_free(s);
+		return;
+	}
+	uint64_t idle_seqs = 0, idle_blocks = 0;
+	for (size_t i = 0; i < l->sequences->n_sequences; i++) {
+		const Freekv__SequenceInfo *q = l->sequences->sequences[i];
+		if (q->state != FREEKV__SEQUENCE_STATE__SEQUENCE_STATE_ATTACHED) {
+			idle_seqs++;
+			idle_blocks += q->pages->dram;
+		}
+	}
+	/* Short: it ends an error line that callers keep in a few hundred bytes. */
+	const Freekv__StatsReply *t = s->stats;
+	char tier[64] = "no NVMe tier";
+	if (t->nvme_bytes)
+		snprintf(tier, sizeof tier, "NVMe %" PRIu64 "/%" PRIu64 " MiB", t->nvme_used_bytes >> 20,
+			 t->nvme_bytes >> 20);
+	snprintf(buf, len, " (pool full: %" PRIu64 "/%" PRIu64 " MiB; %" PRIu64 " blocks in %" PRIu64
+		 " detached seqs, %" PRIu64 " leased by workers; %s. Try `kvctl evict --detached`, "
+		 "a larger dram_bytes or --lease-budget N)", t->dram_used_bytes >> 20,
+		 t->dram_bytes >> 20, idle_blocks, idle_seqs, t->has_leases ? t->leases : 0, tier);
+	kvs_reply_free(s);
+	kvs_reply_free(l);
+}
+
 static void r_close(void *st)
 {
 	struct remote *r = st;
@@ -163,6 +214,8 @@ static const struct hostkv_store_ops remote_ops = {
 	.ring = r_ring,
 	.heartbeat = r_heartbeat,
 	.heartbeat_ms = r_heartbeat_ms,
+	.explain_full = r_explain_full,
+	.gone = r_gone,
 	.close = r_close,
 };
 

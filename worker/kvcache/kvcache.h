@@ -53,6 +53,7 @@ struct kv_policy_opts {
 	int kv_bits;	 /* specache: bits of the KIVI copy, 2 or 1; 0 = 2 */
 	int spec_topk;	 /* specache: exact rows fetched per KV head and step; 0 = 64 */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
+	int recall_path; /* enum recall_path (recall.h): 0 DMA from the pool, 1 staged, 2 mapped */
 	/* Top-p selection on calibrated scores (docs/design.md §5 "hardkv"): P in (0, 1], 0 the
 	 * policy's default (hardkv 0.9; freekv keeps top-k); R, steps between calibrations, 0: 128. */
 	float top_p;

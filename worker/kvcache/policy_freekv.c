@@ -1,12 +1,13 @@
 /* policy_freekv — speculative retrieval with fine-grained correction (docs/design.md §5, the seed
  * paper). At a compressed decode step, at layer l:
- *   - correction check: per KV head, the group-mean cosine of q_t and q_{t-1}; below tau the
- *     head is flagged;
+ *   - correction check: per KV head, the group-mean cosine of q_t and q_{t-1} (group_cosine on
+ *     the backend); below tau the head is flagged;
  *   - if any head is flagged: selection with q_t for every head now, and a blocking recall of
  *     the flagged heads' changed pages; unflagged heads keep the pages selected with q_{t-1};
  *   - attention over sink + those pages + window;
- *   - beside the rest of the step, on the recall stream's copy thread: selection with q_t when
- *     it did not run above, and the recall of the unflagged heads' changed pages into their
+ *   - beside the rest of the step: selection with q_t when it did not run above, queued on the
+ *     backend behind the attention (select_pages) and taken by the recall stream's copy thread
+ *     behind a fence, and the recall of the unflagged heads' changed pages into their
  *     slots for step t+1 (staged through the double buffer). Step t+1 waits for it at layer l
  *     before touching the layer (paged_append).
  * The first compressed step (and the first after a resume) selects with the current query.
@@ -28,12 +29,12 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 			 const struct select_layout *lay)
 {
 	const int H = s->g.n_kv, K = s->k_sel;
-	int n = 0, ret = s->top_p > 0.0 ? paged_calibrate(s, L, q, lay) : 0;
+	int n = 0, ret = s->top_p > 0.0 ? paged_calibrate(s, L, s->hq, lay) : 0;
 	if (ret)
 		return ret;
 	memset(L->spec_heads, 0, (size_t)H);
 	if (!L->have_target || !L->have_q) {
-		paged_select(s, L, q, lay, L->target, L->scratch_c, &L->st.ns_select);
+		ret = paged_select(s, L, q, lay, L->target, &L->st.ns_select);
 		for (int h = 0; h < H && !ret; h++)
 			ret = paged_plan_head(s, L, h, L->target + h * K, L->units_c, &n);
 		if (ret)
@@ -44,8 +45,14 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 		set_att(s, L);
 		return paged_recall_now(s, L, L->units_c, n);
 	}
+	/* The check runs on the backend; its n_kv cosines are the one result the compute thread
+	 * waits for, because a flagged head's recall must land before this step's attention. */
 	float cos[H];
-	select_group_cosine(&s->g, q, L->q_last, cos);
+	struct backend *be = s->p.be;
+	ret = be->ops->group_cosine(be->ctx, L->dcos, q, L->dq, s->g.n_q, H, s->g.d)
+	   ?: be->ops->download(be->ctx, cos, L->dcos, sizeof cos);
+	if (ret)
+		return ret;
 	int flagged = 0;
 	for (int h = 0; h < H; h++) {
 		L->spec_heads[h] = !(s->p.opts.tau > 0.0f && cos[h] < s->p.opts.tau);
@@ -57,7 +64,7 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 	for (int h = 0; h < H; h++)
 		L->att_now[h] = !L->spec_heads[h];
 	if (flagged) {
-		paged_select(s, L, q, lay, L->fresh, L->scratch_c, &L->st.ns_select);
+		ret = paged_select(s, L, q, lay, L->fresh, &L->st.ns_select);
 		for (int h = 0; h < H && !ret; h++) {
 			if (L->spec_heads[h])
 				continue;
@@ -71,7 +78,8 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 	return paged_recall_now(s, L, L->units_c, n);
 }
 
-/* Copy thread: selection with q_t if needed, then the unflagged heads' recall plan. */
+/* Copy thread: the selection with q_t queued by freekv_after (waited for here, on its fence,
+ * not on the compute thread) if needed, then the unflagged heads' recall plan. */
 static int freekv_prepare(void *arg, struct recall_unit **units, int *n)
 {
 	struct paged_layer *L = arg;
@@ -79,9 +87,11 @@ static int freekv_prepare(void *arg, struct recall_unit **units, int *n)
 	const int K = s->k_sel;
 	*n = 0;
 	*units = L->units_r;
-	if (L->spec_select)
-		paged_select(s, L, L->q_spec, &L->spec_lay, L->fresh, L->scratch_r,
-			     &L->spec_ns_select);
+	if (L->spec_select) {
+		int ret = paged_select_finish(s, L, L->fresh, &L->spec_ns_select);
+		if (ret)
+			return ret;
+	}
 	for (int h = 0; h < s->g.n_kv; h++) {
 		if (!L->spec_heads[h])
 			continue;
@@ -101,9 +111,13 @@ static int freekv_after(struct paged *s, struct paged_layer *L, const float *q,
 		any |= L->spec_heads[h];
 	if (!any)
 		return 0;
-	memcpy(L->q_spec, q, (size_t)s->g.n_q * s->g.d * sizeof *L->q_spec);
-	L->spec_lay = *lay;
-	return recall_submit(s->rc, NULL, 0, freekv_prepare, L, &L->ticket);
+	/* Queued on the backend behind this step's attention; the recall thread waits for it. */
+	if (L->spec_select) {
+		int ret = paged_select_start(s, L, q, lay, &L->st.ns_select);
+		if (ret)
+			return ret;
+	}
+	return recall_submit_fenced(s->rc, NULL, 0, freekv_prepare, L, L->rc_done, &L->ticket);
 }
 
 static const struct paged_strategy freekv = {

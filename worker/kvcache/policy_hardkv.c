@@ -43,7 +43,7 @@ int paged_calibrate(struct paged *s, struct paged_layer *L, const float *q,
 			topp_logits(&s->g, q, k, a, b - a, len, z);
 	}
 	if (!ret)
-		ret = topp_calibrate(&s->g, lay, q, z, len, L->kmin, L->kmax, L->page_cap,
+		ret = topp_calibrate(&s->g, lay, q, z, len, L->hkmin, L->hkmax, L->page_cap,
 				     L->theta_k);
 	free(z);
 	free(k);
@@ -79,10 +79,11 @@ int paged_layer_select(void *st, int layer, int *pages, float *theta)
 static int hardkv_before(struct paged *s, struct paged_layer *L, const float *q,
 			 const struct select_layout *lay)
 {
-	int ret = paged_calibrate(s, L, q, lay);
+	/* top-p: the calibration and the selection read the query's host copy (policy_paged.h) */
+	int ret = paged_calibrate(s, L, s->hq, lay) ?: paged_select(s, L, q, lay, L->att,
+								     &L->st.ns_select);
 	if (ret)
 		return ret;
-	paged_select(s, L, q, lay, L->att, L->scratch_c, &L->st.ns_select);
 	memset(L->att_now, 1, (size_t)s->g.n_kv);
 	int n = 0;
 	for (int h = 0; h < s->g.n_kv && !ret; h++)

@@ -17,9 +17,25 @@ int64_t paged_now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot)
+void *paged_slot(const struct paged *s, const struct paged_layer *L, int slot)
 {
-	return L->slots + (size_t)slot * s->slot_floats;
+	return L->slots + (size_t)slot * s->slot_bytes;
+}
+
+/* Uploads n f32 values (already rounded to the KV dtype) as the slot dtype: converted on the
+ * host (exact), so the backend receives the bytes it keeps. */
+static int upload_as_slot(struct paged *s, void *dst, const float *src, size_t n)
+{
+	struct backend *be = s->p.be;
+	if (s->sdt == FKV_F32)
+		return be->ops->upload(be->ctx, dst, src, n * sizeof *src);
+	void *tmp = malloc(n * s->es);
+	if (!tmp)
+		return -ENOMEM;
+	dtype_from_f32(tmp, src, s->sdt, n);
+	int ret = be->ops->upload(be->ctx, dst, tmp, n * s->es);
+	free(tmp);
+	return ret;
 }
 
 static int win_slot(const struct paged *s, int page)
@@ -36,11 +52,25 @@ static void layer_free(struct paged *s, struct paged_layer *L)
 {
 	if (L->slots)
 		s->p.be->ops->buf_free(s->p.be->ctx, L->slots);
+	struct backend *be = s->p.be;
+	void *bufs[] = { L->kmin, L->kmax, L->dq, L->dsel, L->dcos };
+	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+		if (bufs[i])
+			be->ops->buf_free(be->ctx, bufs[i]);
+	if (L->fence)
+		be->ops->fence_free(be->ctx, L->fence);
+	if (L->rc_done)
+		be->ops->fence_free(be->ctx, L->rc_done);
+	if (L->hsel && L->fence)
+		be->ops->host_free(be->ctx, L->hsel);
+	else
+		free(L->hsel);
 	free(L->res);
 	free(L->target);
 	free(L->fresh);
-	free(L->kmin);
-	free(L->kmax);
+	free(L->res_mask);
+	free(L->hkmin);
+	free(L->hkmax);
 	free(L->q_last);
 	free(L->q_spec);
 	free(L->scratch_c);
@@ -80,43 +110,71 @@ void paged_destroy(void *st)
 	free(s->head_tok);
 	free(s->chk);
 	free(s->hslot);
+	free(s->hraw);
 	free(s);
 }
 
-/* Grows every summary array (and the selection scratch that scales with it) to hold need pages.
- * Called on the compute thread with no speculative job in flight for the layer. */
+/* Grows the summaries (backend buffers), the resident mask and the host scratch that scale
+ * with them to hold need pages. Called on the compute thread with no speculative job in flight
+ * for the layer; the old buffers are copied head by head on the backend, in stream order. */
 static int grow_summaries(struct paged *s, struct paged_layer *L, int need)
 {
 	if (need <= L->page_cap)
 		return 0;
+	struct backend *be = s->p.be;
 	int cap = L->page_cap ? L->page_cap : 2 * s->n_slots;
 	while (cap < need)
 		cap *= 2;
 	size_t d = (size_t)s->g.d, H = (size_t)s->g.n_kv, old = (size_t)L->page_cap;
-	float *mn = calloc(H * cap * d, sizeof *mn), *mx = calloc(H * cap * d, sizeof *mx);
-	/* top-p selection reads the scratch as doubles (topp.h) */
+	size_t fb = H * cap * d * sizeof(float);
+	float *mn = be->ops->buf_alloc(be->ctx, fb), *mx = be->ops->buf_alloc(be->ctx, fb);
+	uint8_t *rm = calloc(H * cap, 1);
+	/* top-p selection reads the scratch as doubles (topp.h), on both threads, and the
+	 * summaries from their host copies */
+	const bool tp = s->top_p > 0.0;
 	size_t sf = select_scratch_floats(&s->g, cap), tf = 2 * topp_scratch_doubles(&s->g, cap);
-	sf = sf > tf ? sf : tf;
-	float *sc = malloc(sf * sizeof *sc), *sr = malloc(sf * sizeof *sr);
-	if (!mn || !mx || !sc || !sr) {
-		free(mn);
-		free(mx);
-		free(sc);
+	sf = tp && tf > sf ? tf : sf;
+	float *sc = malloc(sf * sizeof *sc), *sr = tp ? malloc(sf * sizeof *sr) : NULL;
+	float *hmn = tp ? calloc(H * cap * d, sizeof *hmn) : NULL;
+	float *hmx = tp ? calloc(H * cap * d, sizeof *hmx) : NULL;
+	int ret = mn && mx && rm && sc && (!tp || (sr && hmn && hmx)) ? 0 : -ENOMEM;
+	for (size_t h = 0; old && h < H && !ret; h++)
+		ret = be->ops->copy(be->ctx, mn + h * cap * d, L->kmin + h * old * d,
+				    old * d * sizeof *mn)
+		   ?: be->ops->copy(be->ctx, mx + h * cap * d, L->kmax + h * old * d,
+				    old * d * sizeof *mx);
+	for (size_t h = 0; old && tp && h < H && !ret; h++) {
+		memcpy(hmn + h * cap * d, L->hkmin + h * old * d, old * d * sizeof *hmn);
+		memcpy(hmx + h * cap * d, L->hkmax + h * old * d, old * d * sizeof *hmx);
+	}
+	if (ret) {
+		void *bufs[] = { mn, mx };
+		for (size_t i = 0; i < 2; i++)
+			if (bufs[i])
+				be->ops->buf_free(be->ctx, bufs[i]);
+		free(rm);
 		free(sr);
-		return -ENOMEM;
+		free(hmn);
+		free(hmx);
+		free(sc);
+		return ret;
 	}
-	for (size_t h = 0; old && h < H; h++) {
-		memcpy(mn + h * cap * d, L->kmin + h * old * d, old * d * sizeof *mn);
-		memcpy(mx + h * cap * d, L->kmax + h * old * d, old * d * sizeof *mx);
+	if (L->kmin) {
+		be->ops->buf_free(be->ctx, L->kmin);
+		be->ops->buf_free(be->ctx, L->kmax);
 	}
-	free(L->kmin);
-	free(L->kmax);
+	free(L->res_mask);
 	free(L->scratch_c);
 	free(L->scratch_r);
+	free(L->hkmin);
+	free(L->hkmax);
 	L->kmin = mn;
 	L->kmax = mx;
+	L->res_mask = rm;
 	L->scratch_c = sc;
 	L->scratch_r = sr;
+	L->hkmin = hmn;
+	L->hkmax = hmx;
 	L->page_cap = cap;
 	return 0;
 }
@@ -127,13 +185,28 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	size_t H = (size_t)s->g.n_kv, K = (size_t)s->k_sel, QD = (size_t)s->g.n_q * s->g.d;
 	L->owner = s;
 	L->layer = l;
-	L->slots = be->ops->buf_alloc(be->ctx, (size_t)s->n_slots * s->slot_floats * sizeof(float));
+	L->slots = be->ops->buf_alloc(be->ctx, (size_t)s->n_slots * s->slot_bytes);
 	L->res = malloc(K * H * sizeof *L->res);
 	L->target = calloc(H * K, sizeof *L->target);
 	L->fresh = calloc(H * K, sizeof *L->fresh);
 	L->att = calloc(H * K, sizeof *L->att);
 	L->q_last = calloc(QD, sizeof *L->q_last);
-	L->q_spec = calloc(QD, sizeof *L->q_spec);
+	if (s->top_p > 0.0) /* the copy thread's top-p selection reads a host copy of q_t */
+		L->q_spec = calloc(QD, sizeof *L->q_spec);
+	L->dq = be->ops->buf_alloc(be->ctx, QD * sizeof(float));
+	L->dcos = be->ops->buf_alloc(be->ctx, H * sizeof(float));
+	const size_t sel_bytes = (2 * H * K + H) * sizeof(int32_t);
+	L->dsel = be->ops->buf_alloc(be->ctx, sel_bytes);
+	/* The selection's result lands in memory the device can write without staging, so the
+	 * speculative path's download need not wait (docs/design.md "The GPU decode step"). */
+	if (be->ops->download_async && be->ops->fence_new(be->ctx, &L->fence) == 0)
+		L->hsel = be->ops->host_alloc(be->ctx, sel_bytes);
+	else
+		L->hsel = malloc(sel_bytes);
+	/* The speculative recall's per-layer event (docs/design.md §5 step 6), where the backend
+	 * can order its compute after one; else each scatter orders it when queued. */
+	if (be->ops->fence_stream_wait && be->ops->fence_new(be->ctx, &L->rc_done))
+		L->rc_done = NULL;
 	L->units_c = calloc(H * K, sizeof *L->units_c);
 	L->units_r = calloc(H * K, sizeof *L->units_r);
 	L->spec_heads = calloc(H, 1);
@@ -142,8 +215,9 @@ static int layer_init(struct paged *s, struct paged_layer *L, int l)
 	L->theta_k_prev = calloc(H, sizeof *L->theta_k_prev);
 	L->since_cal = -1;
 	if (!L->slots || !L->res || !L->target || !L->fresh || !L->att || !L->q_last ||
-	    !L->q_spec || !L->units_c || !L->units_r || !L->spec_heads || !L->att_now ||
-	    !L->theta_k || !L->theta_k_prev)
+	    !L->dq || !L->dcos || !L->dsel || !L->hsel || !L->units_c || !L->units_r ||
+	    !L->spec_heads || !L->att_now || !L->theta_k || !L->theta_k_prev ||
+	    (s->top_p > 0.0 && !L->q_spec))
 		return -ENOMEM;
 	for (size_t i = 0; i < K * H; i++)
 		L->res[i] = -1;
@@ -158,7 +232,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	    p->max_tokens > INT32_MAX)
 		return -EINVAL;
 	const struct backend_ops *ops = be->ops;
-	if (!ops->attn_decode_heads || (strat->recalls && !ops->recall_units))
+	if (!ops->attn_decode_heads || !ops->page_summary ||
+	    (strat->recalls && (!ops->recall_units || !ops->select_pages || !ops->group_cosine)))
 		return -EOPNOTSUPP;
 	if (strat->recalls && !p->host)
 		return -EINVAL;
@@ -177,7 +252,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 		.n_q = p->attn.n_heads, .n_kv = p->attn.n_kv_heads, .d = p->attn.head_dim,
 		.p = o->page, .sink = o->sink, .window = o->window, .budget = o->budget,
 	};
-	if (select_geom_check(&s->g) || o->budget < o->sink + o->window + o->page) {
+	if (select_geom_check(&s->g) || o->budget < o->sink + o->window + o->page ||
+	    o->recall_path < RECALL_DMA || o->recall_path > RECALL_MAPPED) {
 		free(s);
 		return -EINVAL;
 	}
@@ -186,6 +262,9 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->k_sel = (o->budget - o->sink - o->window) / o->page;
 	s->n_slots = o->budget / o->page;
 	s->slot_floats = (size_t)2 * o->page * s->g.n_kv * s->g.d;
+	s->sdt = ops->slot_dtype ? ops->slot_dtype(be->ctx, p->attn.kv_dtype) : FKV_F32;
+	s->es = dtype_size(s->sdt);
+	s->slot_bytes = s->slot_floats * s->es;
 	s->full_layers = o->full_layers < p->n_layers ? o->full_layers : p->n_layers;
 	s->top_p = !strat->top_p ? 0.0 : o->top_p > 0.0f ? o->top_p : strat->top_p_default;
 	s->recal = o->recalibrate > 0 ? o->recalibrate : 128;
@@ -203,8 +282,9 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	s->head_tok = calloc((size_t)s->g.n_kv, sizeof *s->head_tok);
 	s->chk = malloc(2 * layout_unit_bytes(&s->wt.g));
 	s->hslot = malloc(s->slot_floats * sizeof *s->hslot);
+	s->hraw = malloc(s->slot_bytes);
 	bool ok = s->L && s->hq && s->spans && s->span_page && s->first && s->slot_list &&
-		  s->head_tok && s->chk && s->hslot;
+		  s->head_tok && s->chk && s->hslot && s->hraw;
 	ret = ok ? 0 : -ENOMEM;
 	for (int l = s->full_layers; l < p->n_layers && !ret; l++)
 		ret = layer_init(s, &s->L[l], l);
@@ -216,7 +296,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 	if (!ret && strat->recalls) {
 		/* A layer's speculative job stays unwaited until the next step reaches the layer;
 		 * meanwhile every layer submits at most one blocking and one speculative job. */
-		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be,
+		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be, .slot_dt = s->sdt,
+					  .path = (enum recall_path)o->recall_path,
 					  .max_jobs = 2 * p->n_layers + 2 };
 		ret = recall_new(&ro, &s->rc);
 	}
@@ -252,6 +333,11 @@ static int settle_layer(struct paged *s, struct paged_layer *L)
 	struct recall_done dn;
 	int ret = recall_wait(s->rc, L->ticket, &dn);
 	L->ticket = 0;
+	/* Everything from here on touches the layer's slots: after the recall's scatters. */
+	if (L->rc_done) {
+		int r2 = s->p.be->ops->fence_stream_wait(s->p.be->ctx, L->rc_done);
+		ret = ret ? ret : r2;
+	}
 	L->st.ns_recall_wait += dn.ns_waited;
 	L->st.ns_recall_hidden += dn.ns_hidden;
 	L->st.pages_recalled += dn.units;
@@ -260,6 +346,22 @@ static int settle_layer(struct paged *s, struct paged_layer *L)
 	L->spec_ns_select = 0;
 	if (ret)
 		paged_drop_selection(s, L);
+	return ret;
+}
+
+/* Top-p selection and calibration run on the host (topp.c): they read a host copy of the
+ * summaries, which takes page's rows of every head from the backend once page_summary has
+ * made them (the same bits on every backend). Nothing under top-k. */
+static int summary_to_host(struct paged *s, struct paged_layer *L, int page)
+{
+	struct backend *be = s->p.be;
+	const size_t d = (size_t)s->g.d, bytes = d * sizeof(float);
+	int ret = 0;
+	for (int h = 0; s->top_p > 0.0 && h < s->g.n_kv && !ret; h++) {
+		size_t at = ((size_t)h * L->page_cap + page) * d;
+		ret = be->ops->download(be->ctx, L->hkmin + at, L->kmin + at, bytes)
+		   ?: be->ops->download(be->ctx, L->hkmax + at, L->kmax + at, bytes);
+	}
 	return ret;
 }
 
@@ -288,8 +390,7 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 			if (!moved && (s->strat->keep_recent || gone - s->n_sink < s->k_sel)) {
 				ret = be->ops->copy(be->ctx,
 						    paged_slot(s, L, s->n_sink + s->n_win + si),
-						    paged_slot(s, L, win_slot(s, gone)),
-						    s->slot_floats * sizeof(float));
+						    paged_slot(s, L, win_slot(s, gone)), s->slot_bytes);
 				if (ret)
 					return ret;
 				for (int h = 0; h < H; h++)
@@ -297,31 +398,31 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 			}
 		}
 		int slot = page < s->n_sink ? page : win_slot(s, page);
-		float *sl = paged_slot(s, L, slot);
-		size_t bytes = (size_t)m * row * sizeof(float);
-		float *dk = sl + (size_t)off * row, *dv = sl + ((size_t)P + off) * row;
+		char *sl = paged_slot(s, L, slot);
+		const size_t cnt = (size_t)m * row, es = s->es;
+		char *dk = sl + (size_t)off * row * es, *dv = sl + ((size_t)P + off) * row * es;
 		enum fkv_dtype kt = s->p.attn.kv_dtype;
-		if (dev)
-			ret = be->ops->copy(be->ctx, dk, k + i * row, bytes)
-			   ?: be->ops->copy(be->ctx, dv, v + i * row, bytes)
-			   ?: be->ops->round_to(be->ctx, dk, m * (int64_t)row, kt)
-			   ?: be->ops->round_to(be->ctx, dv, m * (int64_t)row, kt);
+		if (dev && s->sdt != FKV_F32) /* f32 rows into 16-bit slots: rounded on the way */
+			ret = be->ops->convert(be->ctx, dk, s->sdt, k + i * row, (int64_t)cnt)
+			   ?: be->ops->convert(be->ctx, dv, s->sdt, v + i * row, (int64_t)cnt);
+		else if (dev)
+			ret = be->ops->copy(be->ctx, dk, k + i * row, cnt * sizeof(float))
+			   ?: be->ops->copy(be->ctx, dv, v + i * row, cnt * sizeof(float))
+			   ?: be->ops->round_to(be->ctx, (float *)dk, (int64_t)cnt, kt)
+			   ?: be->ops->round_to(be->ctx, (float *)dv, (int64_t)cnt, kt);
 		else
-			ret = be->ops->upload(be->ctx, dk, k + i * row, bytes)
-			   ?: be->ops->upload(be->ctx, dv, v + i * row, bytes);
+			ret = upload_as_slot(s, dk, k + i * row, cnt)
+			   ?: upload_as_slot(s, dv, v + i * row, cnt);
 		if (ret)
 			return ret;
-		if (off + m == P) {
-			ret = grow_summaries(s, L, page + 1)
-			   ?: be->ops->download(be->ctx, s->hslot, sl, (size_t)P * row * sizeof(float));
-			if (ret)
-				return ret;
-			for (int h = 0; h < H; h++) {
-				size_t at = ((size_t)h * L->page_cap + page) * d;
-				select_page_summary(P, d, s->hslot + (size_t)h * d, row, L->kmin + at,
-						    L->kmax + at);
-			}
-		}
+		/* Summarised on the backend from the slot's bytes, so the summaries are those of
+		 * what attention reads, and no page is downloaded (docs/design.md §3). */
+		if (off + m == P &&
+		    ((ret = grow_summaries(s, L, page + 1)) ||
+		     (ret = be->ops->page_summary(be->ctx, L->kmin, L->kmax, L->page_cap, page, sl,
+						  s->sdt, P, H, d)) ||
+		     (ret = summary_to_host(s, L, page))))
+			return ret;
 		i += m;
 	}
 	return 0;
@@ -352,8 +453,8 @@ static int grow_dense(struct paged *s, int64_t need)
 	int64_t cap = s->dense_cap ? s->dense_cap : 256;
 	while (cap < need)
 		cap *= 2;
-	size_t bytes = (size_t)cap * s->g.n_kv * s->g.d * sizeof(float);
-	float *k = be->ops->buf_alloc(be->ctx, bytes), *v = be->ops->buf_alloc(be->ctx, bytes);
+	size_t bytes = (size_t)cap * s->g.n_kv * s->g.d * s->es;
+	char *k = be->ops->buf_alloc(be->ctx, bytes), *v = be->ops->buf_alloc(be->ctx, bytes);
 	if (!k || !v) {
 		if (k)
 			be->ops->buf_free(be->ctx, k);
@@ -389,12 +490,12 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 	if (s->len > s->g.budget) {
 		if (!s->p.host)
 			return -EOPNOTSUPP;
-		size_t bytes = (size_t)s->len * row * sizeof(float);
-		float *hk = malloc(bytes), *hv = malloc(bytes);
+		size_t cnt = (size_t)s->len * row;
+		float *hk = malloc(cnt * sizeof *hk), *hv = malloc(cnt * sizeof *hv);
 		ret = hk && hv ? kv_wt_load(&s->wt, L->layer, 0, s->len, hk, hv) : -ENOMEM;
 		if (!ret)
-			ret = be->ops->upload(be->ctx, s->dense_k, hk, bytes)
-			   ?: be->ops->upload(be->ctx, s->dense_v, hv, bytes);
+			ret = upload_as_slot(s, s->dense_k, hk, cnt)
+			   ?: upload_as_slot(s, s->dense_v, hv, cnt);
 		free(hk);
 		free(hv);
 		if (ret)
@@ -406,28 +507,29 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 			int slot = find_slot(s, L, &lay, (int)(t / P), 0);
 			if (slot < 0)
 				return -EIO;
-			const float *sl = paged_slot(s, L, slot);
+			const char *sl = paged_slot(s, L, slot);
+			const size_t es = s->es;
 			int off = (int)(t % P);
 			int64_t m = s->len - t < P - off ? s->len - t : P - off;
-			size_t bytes = (size_t)m * row * sizeof(float);
-			ret = be->ops->copy(be->ctx, s->dense_k + t * row, sl + (size_t)off * row, bytes)
-			   ?: be->ops->copy(be->ctx, s->dense_v + t * row,
-					    sl + ((size_t)P + off) * row, bytes);
+			size_t bytes = (size_t)m * row * es;
+			ret = be->ops->copy(be->ctx, s->dense_k + t * row * es,
+					    sl + (size_t)off * row * es, bytes)
+			   ?: be->ops->copy(be->ctx, s->dense_v + t * row * es,
+					    sl + ((size_t)P + off) * row * es, bytes);
 			if (ret)
 				return ret;
 			t += m;
 		}
 	}
-	size_t bytes = (size_t)n * row * sizeof(float);
-	return be->ops->upload(be->ctx, s->dense_k + s->len * row, k, bytes)
-	    ?: be->ops->upload(be->ctx, s->dense_v + s->len * row, v, bytes);
+	return upload_as_slot(s, s->dense_k + s->len * row * s->es, k, (size_t)n * row)
+	    ?: upload_as_slot(s, s->dense_v + s->len * row * s->es, v, (size_t)n * row);
 }
 
 static int attend_dense(struct paged *s, float *out, const float *q, int64_t n)
 {
 	const int64_t ctx = s->len + n;
 	struct backend_attn a = s->p.attn;
-	a.kv_dtype = FKV_F32;
+	a.kv_dtype = s->sdt;
 	s->attended += ctx;
 	return s->p.be->ops->attn_prefill(s->p.be->ctx, out, q, n, s->dense_k, s->dense_v, ctx, &a);
 }
@@ -446,7 +548,7 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 		return ret;
 	/* Decode: the rows stay on the backend (offload op, device copy and rounding). Prefill
 	 * needs them on the host anyway for the dense context, so it downloads them once. */
-	if (n == 1 && s->p.be->ops->round_to)
+	if (n == 1 && (s->p.be->ops->round_to || s->sdt != FKV_F32))
 		return kv_wt_put(&s->wt, layer, s->len, k, v, n)
 		    ?: place_tokens(s, L, s->len, k, v, n, true);
 	const float *hk, *hv;
@@ -490,11 +592,11 @@ static int build_spans(struct paged *s, struct paged_layer *L, const struct sele
 					"resident\n", s->strat->name, L->layer, h, j);
 				return -EIO;
 			}
-			const float *sl = paged_slot(s, L, slot);
+			const char *sl = paged_slot(s, L, slot);
 			s->slot_list[(size_t)h * s->n_slots + (ns - s->first[h])] = slot;
 			s->span_page[ns] = j;
 			s->spans[ns++] = (struct backend_kv_span){
-				.k = sl, .v = sl + (size_t)P * H * s->g.d,
+				.k = sl, .v = sl + (size_t)P * H * s->g.d * s->es,
 				.n = j * P + P <= len ? P : len - j * P,
 				.row_stride = (int64_t)H * s->g.d,
 			};
@@ -532,16 +634,40 @@ static bool spans_fit_slots(const struct paged *s)
 	return true;
 }
 
-/* Debug: every full page's min/max summary equals one recomputed from the host copy. */
+/* Debug: the layer's summaries downloaded into *mn, *mx (n_kv, page_cap, d), malloc'd. */
+static int summaries_host(struct paged *s, struct paged_layer *L, float **mn, float **mx)
+{
+	struct backend *be = s->p.be;
+	size_t bytes = (size_t)s->g.n_kv * L->page_cap * s->g.d * sizeof(float);
+	*mn = malloc(bytes);
+	*mx = malloc(bytes);
+	int ret = *mn && *mx ? 0 : -ENOMEM;
+	if (!ret)
+		ret = be->ops->download(be->ctx, *mn, L->kmin, bytes)
+		   ?: be->ops->download(be->ctx, *mx, L->kmax, bytes);
+	if (ret) {
+		free(*mn);
+		free(*mx);
+		*mn = *mx = NULL;
+	}
+	return ret;
+}
+
+/* Debug: every full page's min/max summary (made by the backend's page_summary) equals one
+ * recomputed by select_page_summary from the host copy. */
 static int check_summaries(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
 {
 	const int P = s->g.p, d = s->g.d;
-	float *k = malloc((size_t)(2 * P + 2) * d * sizeof *k);
+	float *k = malloc((size_t)(2 * P + 2) * d * sizeof *k), *hmn, *hmx;
 	if (!k)
 		return -ENOMEM;
+	int ret = summaries_host(s, L, &hmn, &hmx);
+	if (ret) {
+		free(k);
+		return ret;
+	}
 	float *v = k + (size_t)P * d, *mn = v + (size_t)P * d, *mx = mn + d;
 	char err[256];
-	int ret = 0;
 	for (int j = 0; j < lay->n_full && !ret; j++) {
 		const void *block;
 		ret = hostkv_block_ro_pin(s->p.host, L->layer, j, &block, err, sizeof err);
@@ -551,8 +677,8 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 			layout_load_head(&s->wt.g, block, h, 0, P, k, v);
 			select_page_summary(P, d, k, (size_t)d, mn, mx);
 			size_t at = ((size_t)h * L->page_cap + j) * d;
-			if (memcmp(mn, L->kmin + at, d * sizeof *mn) ||
-			    memcmp(mx, L->kmax + at, d * sizeof *mx)) {
+			if (memcmp(mn, hmn + at, d * sizeof *mn) ||
+			    memcmp(mx, hmx + at, d * sizeof *mx)) {
 				fprintf(stderr, "policy %s: layer %d head %d: summary of page %d is "
 					"stale\n", s->strat->name, L->layer, h, j);
 				ret = -EIO;
@@ -562,21 +688,9 @@ static int check_summaries(struct paged *s, struct paged_layer *L, const struct 
 		ret = ret ? ret : r2;
 	}
 	free(k);
+	free(hmn);
+	free(hmx);
 	return ret;
-}
-
-/* The selection docs/design.md §5 defines for the strategy: top-k, or top-p on the calibrated
- * scores of temperatures theta_k. */
-static void select_with(const struct paged *s, const struct paged_layer *L, const float *q,
-			const struct select_layout *lay, const int8_t *theta_k, int *pages,
-			float *scratch)
-{
-	if (s->top_p > 0.0)
-		/* the scratch holds doubles here: grow_summaries sized it for both */
-		topp_select(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, theta_k, s->top_p, pages,
-			    (double *)(void *)scratch);
-	else
-		select_topk(&s->g, lay, q, L->kmin, L->kmax, L->page_cap, pages, scratch);
 }
 
 /* Selected pages head h attends at a compressed step: its row of L->att up to the first -1. */
@@ -590,22 +704,32 @@ static int att_count(const struct paged *s, const struct paged_layer *L, int h,
 	return c;
 }
 
-/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by select_with: a
- * head whose pages were selected with this step's query attends exactly the selection of q_t at
- * this layout (with the current temperatures); the others (freekv's unflagged heads) exactly the
- * selection of the previous query at the previous step's layout and temperatures. Every query
- * head of a group reads its KV head's pages (spans are per KV head), so the group shares one
- * selection. */
+/* Debug: group-consistent selection as docs/design.md §5 defines it, recomputed by
+ * paged_select_host
+ * from downloaded summaries and host queries (independent of the backend's select_pages the
+ * step ran): a head whose pages were selected with this step's query attends exactly the
+ * selection of q_t at this layout (with the current temperatures); the others (freekv's
+ * unflagged heads) exactly the selection of the previous query at the previous step's layout
+ * and temperatures. Every query head of a group reads its KV head's pages (spans are per KV
+ * head), so the group shares one selection. */
 static int check_selection(struct paged *s, struct paged_layer *L, const struct select_layout *lay)
 {
 	const int H = s->g.n_kv, K = s->k_sel;
 	int *now = malloc((size_t)2 * H * K * sizeof *now), *prev = now + (size_t)H * K;
+	float *mn, *mx;
 	if (!now)
 		return -ENOMEM;
-	select_with(s, L, s->hq, lay, L->theta_k, now, L->scratch_c);
+	int ret = summaries_host(s, L, &mn, &mx);
+	if (ret) {
+		free(now);
+		return ret;
+	}
+	paged_select_host(s, L, s->hq, lay, mn, mx, L->theta_k, now, L->scratch_c);
 	if (L->prev_valid)
-		select_with(s, L, L->q_last, &L->prev_lay, L->theta_k_prev, prev, L->scratch_c);
-	int ret = 0;
+		paged_select_host(s, L, L->q_last, &L->prev_lay, mn, mx, L->theta_k_prev, prev,
+				  L->scratch_c);
+	free(mn);
+	free(mx);
 	for (int h = 0; h < H && !ret; h++) {
 		const int *want = L->att_now[h] ? now : L->prev_valid ? prev : NULL;
 		if (want && memcmp(L->att + h * K, want + h * K, (size_t)K * sizeof *want)) {
@@ -685,10 +809,10 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 				return ret;
 			memcpy(host, (const char *)block + (size_t)h * ub, ub);
 			ret = hostkv_unpin(s->p.host, L->layer, page, err, sizeof err)
-			   ?: be->ops->download(be->ctx, s->hslot, at,
-						s->slot_floats * sizeof(float));
+			   ?: be->ops->download(be->ctx, s->hraw, at, s->slot_bytes);
 			if (ret)
 				return ret;
+			dtype_to_f32(s->hslot, s->hraw, s->sdt, s->slot_floats);
 			layout_gather_unit(g, mine, h, s->hslot);
 			int n = !use_slots ? (int)s->spans[sp].n
 			      : sp + 1 < s->first[h + 1] ? s->g.p
@@ -715,24 +839,29 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		return kv_policy_full.attend(s->full, layer, out, q, n);
 	struct paged_layer *L = &s->L[layer];
 	const size_t qd = (size_t)s->g.n_q * s->g.d;
+	const bool dbg = s->p.opts.debug_invariants;
 	if (n > 1) {
 		L->prev_valid = false;
-		int ret = attend_dense(s, out, q, n);
-		if (!ret)
-			ret = be->ops->download(be->ctx, L->q_last, q + (size_t)(n - 1) * qd,
-						qd * sizeof(float));
+		const float *last = q + (size_t)(n - 1) * qd;
+		int ret = attend_dense(s, out, q, n)
+		       ?: be->ops->copy(be->ctx, L->dq, last, qd * sizeof(float));
+		if (!ret && dbg)
+			ret = be->ops->download(be->ctx, L->q_last, last, qd * sizeof(float));
 		L->have_q = !ret;
 		return ret;
 	}
 	const int len = (int)(s->len + 1);
 	struct select_layout lay;
 	select_layout_of(&s->g, len, &lay);
-	int ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float));
-	if (ret)
+	int ret = 0;
+	/* Only top-p selection (topp.c, on the host) and the debug checks read the query on the
+	 * host; top-k decode keeps it on the backend (docs/design.md "The GPU decode step"). */
+	if ((dbg || (lay.compressed && s->top_p > 0.0)) &&
+	    (ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float))))
 		return ret;
 	if (lay.compressed) {
 		L->st.steps++;
-		ret = s->strat->before_attend(s, L, s->hq, &lay);
+		ret = s->strat->before_attend(s, L, q, &lay);
 		if (ret)
 			return ret;
 		for (int h = 0; h < s->g.n_kv; h++) {
@@ -748,7 +877,7 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	if (ret)
 		return ret;
 	struct backend_attn a = s->p.attn;
-	a.kv_dtype = FKV_F32;
+	a.kv_dtype = s->sdt;
 	int64_t t0 = paged_now_ns();
 	if (use_slots)
 		ret = be->ops->attn_decode_slots(be->ctx, out, q, L->slots, s->n_slots,
@@ -757,11 +886,14 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
 	L->st.ns_attend += paged_now_ns() - t0;
 	if (!ret && lay.compressed && s->strat->after_attend)
-		ret = s->strat->after_attend(s, L, s->hq, &lay);
-	memcpy(L->q_last, s->hq, qd * sizeof(float));
+		ret = s->strat->after_attend(s, L, q, &lay);
+	if (!ret)
+		ret = be->ops->copy(be->ctx, L->dq, q, qd * sizeof(float));
+	if (dbg)
+		memcpy(L->q_last, s->hq, qd * sizeof(float));
 	memcpy(L->theta_k_prev, L->theta_k, (size_t)s->g.n_kv * sizeof *L->theta_k);
-	L->have_q = true;
-	/* Once the layer's recall has landed, every head holds the top-k of this query here. */
+	L->have_q = !ret;
+	/* Once the layer's recall has landed, every head holds the selection of this query here. */
 	L->prev_valid = !ret && lay.compressed && s->strat->recalls;
 	L->prev_lay = lay;
 	return ret;
@@ -800,7 +932,7 @@ void paged_stats(void *st, struct kv_stats *out)
 		.tokens = s->len,
 		.capacity = (int64_t)s->n_slots * s->g.p,
 		.device_bytes = f.device_bytes +
-				(int64_t)retr * s->n_slots * (int64_t)(s->slot_floats * sizeof(float)),
+				(int64_t)retr * s->n_slots * (int64_t)s->slot_bytes,
 		.attended = f.attended + s->attended,
 	};
 	for (int l = s->full_layers; l < s->p.n_layers; l++) {
@@ -857,14 +989,6 @@ int paged_restore(void *st, int64_t len)
 	if (!ret)
 		s->len = len;
 	return ret;
-}
-
-void paged_select(const struct paged *s, const struct paged_layer *L, const float *q,
-		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns)
-{
-	int64_t t0 = paged_now_ns();
-	select_with(s, L, q, lay, L->theta_k, pages, scratch);
-	*ns += paged_now_ns() - t0;
 }
 
 int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,
@@ -948,7 +1072,8 @@ int paged_recall_now(struct paged *s, struct paged_layer *L, struct recall_unit 
 		return 0;
 	uint64_t ticket;
 	struct recall_done dn;
-	int ret = recall_submit(s->rc, units, n, NULL, NULL, &ticket);
+	/* Urgent: the step waits for it, so it goes before other layers' speculative jobs. */
+	int ret = recall_submit_urgent(s->rc, units, n, &ticket);
 	if (ret)
 		return ret;
 	ret = recall_wait(s->rc, ticket, &dn);

@@ -2,23 +2,29 @@
  * freekv, hardkv; docs/design.md §3, §5), and the seam through which each of them decides what a
  * compressed decode step attends to.
  *
- * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) f32 — S/p sink slots
+ * Per sequence and layer, on the backend: B/p NHD slots (2, p, n_kv, d) in the slot dtype
+ * (the backend's slot_dtype: the KV dtype on CUDA, f32 on the CPU) — S/p sink slots
  * (pages 0..S/p-1), W/p window slots (a ring: page j >= S/p lives in ring slot (j - S/p) % (W/p)
  * while it is in the window) and k = (B-S-W)/p selected slots, each head's slice of which may
  * hold a different host page (res). A page leaving the window moves into the selected slots
  * while there is room (the sequence still fits the budget, so every policy attends to
  * everything), and afterwards only when the strategy keeps recent pages (streaming); otherwise
  * it stays in the host copy until selected. Also per layer: min/max key summaries of every full
- * page (host memory, from a download of the page's keys: selection runs on the host, select.c),
- * the last query, and the counters.
+ * page and the last query (backend buffers: summaries are built by the
+ * page_summary op when a page fills, selection and the correction check are the select_pages
+ * and group_cosine ops, so no page or query is downloaded in decode under top-k selection;
+ * top-p selection and its calibration run topp.c on the host, so those runs also keep a host
+ * copy of the summaries, downloaded page by page, and download the query at compressed
+ * steps), and the counters.
  *
  * Dense prefill reads the past from the slots while everything fits, else from the host copy.
- * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (f32 on
- * every backend, whatever the KV dtype: the host copy keeps the dtype, the slots hold its values
- * exactly) touched only through backend ops — upload (appended prefill rows), copy and
- * round_to (appended decode rows, where the backend has round_to), copy (pages leaving the
- * window, dense prefill), download (page summaries, debug checks), recall_units (recall) and
- * decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
+ * The first `full_layers` layers are a nested `full` state. Slots are backend buffers (in the
+ * KV dtype on CUDA, f32 on the CPU: either way they hold the host copy's values exactly)
+ * touched only through backend ops — upload (appended prefill rows, converted on the host),
+ * copy and round_to (appended decode rows into f32 slots, where the backend has round_to) or
+ * convert (into 16-bit slots), copy (pages leaving the
+ * window, dense prefill), page_summary, select_pages, group_cosine (selection), download (the
+ * selection's page lists, the debug checks), recall_units (recall) and decode attention — so the same code runs on the CPU and the CUDA backend. A decode step hands
  * each KV head's pages to attn_decode_slots as a slot list (sink, selected, window pages in
  * ascending page order, the partial tail last) and a token count per head (a head attends
  * between 1 and k selected pages under top-p selection, exactly k otherwise: rows of selected
@@ -40,18 +46,31 @@
 struct paged;
 
 struct paged_layer {
-	float *slots;	       /* backend buffer: (n_slots, 2, p, n_kv, d) f32 */
+	char *slots;	       /* backend buffer: (n_slots, 2, p, n_kv, d) in the slot dtype */
 	int *res;	       /* (k_sel, n_kv): host page held by selected slot s for head h, -1 */
 	int *target;	       /* (n_kv, k_sel): pages the last selection chose, ascending */
 	int *fresh;	       /* (n_kv, k_sel): a selection not yet applied to every head */
 	bool have_target;
-	float *kmin, *kmax;    /* (n_kv, page_cap, d) summaries of full pages */
+	float *kmin, *kmax;    /* backend buffers: (n_kv, page_cap, d) summaries of full pages */
+	uint8_t *res_mask;     /* (n_kv, page_cap) select_pages' resident mask, rebuilt from res */
 	int page_cap;	       /* pages the summaries hold (grown by doubling) */
-	float *q_last;	       /* (n_q, d): the previous decode query at this layer */
+	float *dq;	       /* backend buffer: (n_q, d) the previous query at this layer */
 	bool have_q;
-	float *q_spec;	       /* (n_q, d): the query the copy thread selects with */
-	float *scratch_c;      /* selection scratch of the compute thread */
-	float *scratch_r;      /* ... and of the copy thread */
+	int32_t *dsel;	       /* backend buffer: select_pages' pages, changed (n_kv, k_sel) each,
+				* then n_changed (n_kv) */
+	int32_t *hsel;	       /* host_alloc'd (or malloc'd) image of dsel */
+	void *fence;	       /* download_async of dsel into hsel (NULL: downloads wait) */
+	float *dcos;	       /* backend buffer: (n_kv) group_cosine's output */
+	/* Debug checks only: the previous query on the host. */
+	float *q_last;	       /* (n_q, d) */
+	/* Host selection scratch (debug checks, top-p): of the compute thread, and of the copy
+	 * thread (top-p only); floats, or doubles under top-p (topp_scratch_doubles). */
+	float *scratch_c, *scratch_r;
+	/* Top-p only (NULL under top-k): host copies of the summaries, (n_kv, page_cap, d) each,
+	 * and the query and layout the copy thread selects with (paged_select_start). */
+	float *hkmin, *hkmax;
+	float *q_spec;	       /* (n_q, d) */
+	struct select_layout spec_lay;
 	int *att;	       /* (n_kv, k_sel): pages the current step attends to */
 	/* For the debug checks, set by the strategy at each compressed decode step: */
 	uint8_t *att_now;      /* (n_kv): att of the head was selected with this step's query */
@@ -60,10 +79,10 @@ struct paged_layer {
 	struct recall_unit *units_c; /* (n_kv * k_sel) blocking recall plan */
 	struct recall_unit *units_r; /* (n_kv * k_sel) speculative recall plan */
 	uint64_t ticket;       /* pending speculative recall of this layer (0: none) */
+	void *rc_done;	       /* its per-layer recall event (a backend fence), or NULL */
 	/* Set by the compute thread before submitting a speculative job, read by the copy thread. */
-	bool spec_select;      /* the copy thread selects with q_spec first */
+	bool spec_select;      /* the copy thread takes paged_select_start's selection first */
 	uint8_t *spec_heads;   /* (n_kv): heads whose changed pages the job recalls */
-	struct select_layout spec_lay; /* the layout that selection lays pages out for */
 	int64_t spec_ns_select; /* written by the copy thread, folded in after the wait */
 	struct paged *owner;
 	int layer;
@@ -74,14 +93,16 @@ struct paged_layer {
 	int since_cal;	       /* compressed steps since the last calibration; -1: none yet */
 };
 
-/* What makes streaming, quest and freekv differ. */
+/* What makes streaming, quest, freekv and hardkv differ. */
 struct paged_strategy {
 	const char *name;
 	bool recalls;	  /* selects and recalls from the host copy (needs host) */
 	bool keep_recent; /* pages leaving the window stay in the selected slots, oldest out */
 	/* A compressed decode step at a retrieval layer: fill L->att with the pages each head
 	 * attends besides sink and window (n_kv rows of k_sel, ascending) and make them resident.
-	 * q (n_q, d) host copy of the query; lay the layout at the current length. */
+	 * q (n_q, d) is the step's query, a backend buffer (docs/design.md "The GPU decode step":
+	 * no query download in decode under top-k; select with paged_select; under top-p s->hq
+	 * holds its host copy); lay the layout at the current length. */
 	int (*before_attend)(struct paged *s, struct paged_layer *L, const float *q,
 			     const struct select_layout *lay);
 	/* (optional) After the step's attention at that layer. */
@@ -96,7 +117,10 @@ struct paged {
 	const struct paged_strategy *strat;
 	struct select_geom g;
 	int n_sink, n_win, k_sel, n_slots; /* pages / slots */
-	size_t slot_floats;	/* 2 * p * n_kv * d */
+	size_t slot_floats;	/* elements of a slot: 2 * p * n_kv * d */
+	enum fkv_dtype sdt;	/* the slots' dtype: the backend's slot_dtype, else f32 */
+	size_t es;		/* bytes of an sdt element */
+	size_t slot_bytes;	/* slot_floats elements of sdt */
 	int64_t len, pending;
 	int full_layers;
 	void *full;		/* nested `full` state for layers < full_layers, or NULL */
@@ -105,16 +129,17 @@ struct paged {
 	int recal;		/* R: compressed steps between calibrations */
 	struct kv_wt wt;
 	struct recall *rc;	/* recall stream (strategies that recall) */
-	float *hq;		/* (n_q, d) host copy of the step's query */
+	float *hq;		/* (n_q, d) host copy of the step's query (debug checks, top-p) */
 	struct backend_kv_span *spans; /* (n_kv * n_slots) */
 	int *span_page;		/* (n_kv * n_slots): the page each span holds */
 	int *first;		/* (n_kv + 1) */
 	int32_t *slot_list;	/* (n_kv, n_slots): head h's i-th span is slot_list[h][i] */
 	int32_t *head_tok;	/* (n_kv): tokens head h's slot list holds */
-	float *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) f32 */
+	char *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) in sdt */
 	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
 	float *hslot;		/* host scratch: one slot downloaded, (2, p, n_kv, d) f32 */
+	void *hraw;		/* ... as the backend holds it, slot_bytes */
 	int64_t attended;
 };
 
@@ -131,27 +156,49 @@ int paged_restore(void *st, int64_t len);
 
 /* Helpers for strategies. */
 /* NHD slot s of a layer. */
-float *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
-/* The strategy's selection with q for every head at layout lay into pages (n_kv, k_sel): top-k,
- * or top-p on the calibrated scores of L->theta_k (rows -1 past each head's count); the time is
- * added to *ns. scratch: L->scratch_c on the compute thread, L->scratch_r on the copy thread. */
-void paged_select(const struct paged *s, const struct paged_layer *L, const float *q,
-		  const struct select_layout *lay, int *pages, float *scratch, int64_t *ns);
+void *paged_slot(const struct paged *s, const struct paged_layer *L, int slot);
+/* The strategy's selection with q (n_q, d), the step's query (a backend buffer), for every head
+ * at layout lay into pages (n_kv, k_sel) host memory; the time is added to *ns. Compute thread.
+ * Top-k runs on the backend (select_pages, with L->res as the resident mask) and the result is
+ * downloaded (a wait for the device: the blocking paths); with debug_invariants, -EIO unless
+ * the op's changed lists are exactly the selected pages L->res does not hold. Top-p (s->top_p
+ * > 0) runs topp.c on the host over s->hq (the step's query, which paged_attend downloads
+ * then) and the host summaries, with the temperatures L->theta_k: rows -1 past each head's
+ * count. */
+int paged_select(struct paged *s, struct paged_layer *L, const float *q,
+		 const struct select_layout *lay, int *pages, int64_t *ns);
+/* The same selection without a wait (freekv's speculative path): paged_select_start queues it
+ * on the compute thread (top-k: the op and the download of its result; top-p: a copy of s->hq
+ * and lay for the recall thread; L->res must not change until paged_select_finish);
+ * paged_select_finish, on the recall thread, waits for the download's fence and copies the
+ * pages out (top-k), or selects on the host (top-p, with L->scratch_r). */
+int paged_select_start(struct paged *s, struct paged_layer *L, const float *q,
+		       const struct select_layout *lay, int64_t *ns);
+int paged_select_finish(struct paged *s, struct paged_layer *L, int *pages, int64_t *ns);
+/* The strategy's selection on the host (select.c's top-k, or topp.c's top-p with temperatures
+ * theta_k (n_kv)): q (n_q, d), kmin, kmax (n_kv, L->page_cap, d) host memory; pages as for
+ * paged_select; scratch L->scratch_c on the compute thread, L->scratch_r on the recall thread.
+ * The top-p paths and the debug checks. */
+void paged_select_host(const struct paged *s, const struct paged_layer *L, const float *q,
+		       const struct select_layout *lay, const float *kmin, const float *kmax,
+		       const int8_t *theta_k, int *pages, float *scratch);
 /* Makes head h's selected slots hold pages[0..k_sel) (ascending, -1 past its count): pages
  * already resident stay, the others take empty slots first, then those of pages no longer
  * wanted; appends one unit per page to recall to units at *n and updates L->res. With
  * debug_invariants, -EIO unless exactly the changed pages were planned. */
 int paged_plan_head(const struct paged *s, struct paged_layer *L, int h, const int *pages,
 		    struct recall_unit *units, int *n);
-/* Recalls units on the stream and waits for them (recall on the critical path). */
+/* Recalls units on the stream as an urgent job (ahead of queued speculative jobs) and waits
+ * for them (recall on the critical path). */
 int paged_recall_now(struct paged *s, struct paged_layer *L, struct recall_unit *units, int n);
 /* Forgets the selection of a layer after a failed recall: every selected slot counts as empty. */
 void paged_drop_selection(struct paged *s, struct paged_layer *L);
 
 int64_t paged_now_ns(void);
 
-/* policy_hardkv.c: calibrates the temperatures of a layer with q at lay when it is due (the
- * first compressed step, the first after a resume, then every R steps); 0 or -errno. */
+/* policy_hardkv.c: calibrates the temperatures of a layer with q (n_q, d), host memory (s->hq),
+ * at lay when it is due (the first compressed step, the first after a resume, then every R
+ * steps), over the host summaries; 0 or -errno. */
 int paged_calibrate(struct paged *s, struct paged_layer *L, const float *q,
 		    const struct select_layout *lay);
 /* kv_policy_ops.layer_select of the paged policies. */

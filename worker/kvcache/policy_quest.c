@@ -1,6 +1,6 @@
 /* policy_quest — blocking page retrieval, Quest/ArkVale-style (docs/design.md §5): at every compressed
- * decode step each KV head selects its top-k pages with the current query (select_topk,
- * group-consistent), the pages not already resident are recalled, and attention waits for them:
+ * decode step each KV head selects its top-k pages with the current query (the backend's
+ * select_pages, group-consistent), the pages not already resident are recalled, and attention waits for them:
  * selection and recall sit on the critical path. */
 #include "policy_paged.h"
 
@@ -9,9 +9,10 @@
 static int quest_before(struct paged *s, struct paged_layer *L, const float *q,
 			const struct select_layout *lay)
 {
-	paged_select(s, L, q, lay, L->att, L->scratch_c, &L->st.ns_select);
+	int n = 0, ret = paged_select(s, L, q, lay, L->att, &L->st.ns_select);
+	if (ret)
+		return ret;
 	memset(L->att_now, 1, (size_t)s->g.n_kv);
-	int n = 0, ret = 0;
 	for (int h = 0; h < s->g.n_kv && !ret; h++)
 		ret = paged_plan_head(s, L, h, L->att + h * s->k_sel, L->units_c, &n);
 	if (ret)

@@ -1,8 +1,11 @@
 /* recall — see recall.h. One mutex and one condition variable guard the job ring and the two
  * staging buffers; the threads hold the mutex only to hand work over, never while copying. The
  * copy thread pins the blocks of a staging buffer's worth of units together (hostkv_pin_many
- * per layer: the ones not leased under a lease budget come back in one run of the ring), copies
- * the units and unpins them. */
+ * per layer: the ones not leased under a lease budget come back in one run of the ring), then
+ * either copies the units into the buffer and unpins them (staged), or (direct: the backend's
+ * recall_direct, docs/design.md "The GPU decode step") only notes where each unit lies: the
+ * convert thread has the backend read them there (DMA from the registered pool on CUDA) and
+ * unpins them once the op returns. */
 #include "recall.h"
 
 #include <errno.h>
@@ -20,23 +23,12 @@ struct recall_job {
 	int n;
 	recall_prepare_fn prepare;
 	void *arg;
+	void *fence;	/* backend fence the job's recall ops mark (NULL: ordered at once) */
 	int err;
 	bool in_use; /* submitted and not yet waited for */
 	bool done;
 	int64_t t_start, t_done; /* first copy begins, last conversion ends (monotonic ns) */
 	struct recall_done acc;
-};
-
-/* A staging buffer: up to cap units of the block dtype and where each one goes. */
-struct staging {
-	void *buf;		 /* (cap, 2, p, d) block dtype */
-	struct recall_unit *dst; /* (cap) */
-	void **slots;		 /* (cap) dst[i].slot, for backend recall_units */
-	int *heads;		 /* (cap) dst[i].head */
-	int n;
-	bool full;		 /* written by the copy thread, not yet converted */
-	bool last;		 /* converting it completes its job */
-	struct recall_job *job;
 };
 
 /* The copy thread's pins of one staging buffer's units, (cap) each. */
@@ -48,6 +40,24 @@ struct recall_pins {
 	bool *taken;
 };
 
+/* A staging buffer: up to cap units of the block dtype and where each one goes. */
+struct staging {
+	void *buf;		 /* (cap, 2, p, d) block dtype (staged) */
+	const void **at;	 /* (cap) where each unit lies, pinned (direct) */
+	struct recall_pins pin;	 /* the pins of its units: until copied, or until converted */
+	struct recall_unit *dst; /* (cap) */
+	void **slots;		 /* (cap) dst[i].slot, for backend recall_units */
+	int *heads;		 /* (cap) dst[i].head */
+	int n;
+	bool full;		 /* written by the copy thread, not yet converted */
+	bool last;		 /* converting it completes its job */
+	struct recall_job *job;
+};
+
+/* Urgent jobs (recall_submit_urgent) in a ring of their own; their tickets carry this bit. */
+#define RECALL_URGENT_JOBS 4
+#define RECALL_URGENT_BIT ((uint64_t)1 << 62)
+
 struct recall {
 	struct recall_opts o;
 	size_t unit_bytes;
@@ -58,8 +68,11 @@ struct recall {
 	int n_jobs;
 	uint64_t submitted;	/* last ticket handed out */
 	uint64_t copied;	/* last ticket the copy thread took */
+	struct recall_job ujobs[RECALL_URGENT_JOBS]; /* ring indexed by urgent seq % its size */
+	uint64_t usubmitted, ucopied; /* the same counters for urgent jobs (seq, no bit) */
 	struct staging st[2];
-	struct recall_pins pin;
+	bool direct;		/* units read where they lie (recall_direct), no host copy */
+	bool mapped;		/* ... by the device itself (recall_mapped) */
 	bool stop;
 	bool copy_exited; /* the copy thread will fill no more buffers */
 	bool threads_up;
@@ -73,10 +86,10 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Drops the pins pin_units took for the first m entries of pin.ord (units u). */
-static int unpin_units(struct recall *r, const struct recall_unit *u, int m)
+/* Drops the pins pin_units took for the first m entries of pn->ord (units u). */
+static int unpin_units(struct recall *r, const struct recall_pins *pn, const struct recall_unit *u,
+		       int m)
 {
-	const struct recall_pins *pn = &r->pin;
 	char err[256];
 	int ret = 0;
 	for (int c = 0; r->o.host && c < m;) {
@@ -95,9 +108,9 @@ static int unpin_units(struct recall *r, const struct recall_unit *u, int m)
  * one hostkv_pin_many per layer (pin.ord groups the units by layer, in order of first
  * appearance; pin.pages are their pages in that order), all or none; else *got units from the
  * source callback, up to the first that fails. */
-static int pin_units(struct recall *r, const struct recall_unit *u, int m, int *got)
+static int pin_units(struct recall *r, struct recall_pins *pn, const struct recall_unit *u, int m,
+		     int *got)
 {
-	struct recall_pins *pn = &r->pin;
 	*got = 0;
 	if (!r->o.host) {
 		int ret = 0;
@@ -127,7 +140,7 @@ static int pin_units(struct recall *r, const struct recall_unit *u, int m, int *
 		int ret = hostkv_pin_many(r->o.host, l, pn->pages + c, e - c, pn->blocks + c, err,
 					  sizeof err);
 		if (ret) {
-			unpin_units(r, u, c);
+			unpin_units(r, pn, u, c);
 			return ret;
 		}
 		for (int k = c; k < e; k++)
@@ -138,18 +151,23 @@ static int pin_units(struct recall *r, const struct recall_unit *u, int m, int *
 	return 0;
 }
 
-/* Copy thread: takes jobs in order, runs their prepare step, fills the staging buffers in turn. */
+/* Copy thread: takes jobs in order — an urgent one before any other not yet started — runs
+ * their prepare step, fills the staging buffers in turn. */
 static void *copy_main(void *arg)
 {
 	struct recall *r = arg;
 	int b = 0;
 	pthread_mutex_lock(&r->mu);
 	for (;;) {
-		while (!r->stop && r->copied == r->submitted)
+		while (!r->stop && r->copied == r->submitted && r->ucopied == r->usubmitted)
 			pthread_cond_wait(&r->cv, &r->mu);
-		if (r->copied == r->submitted)
+		struct recall_job *job;
+		if (r->ucopied != r->usubmitted)
+			job = &r->ujobs[++r->ucopied % RECALL_URGENT_JOBS];
+		else if (r->copied != r->submitted)
+			job = &r->jobs[++r->copied % (uint64_t)r->n_jobs];
+		else
 			break;
-		struct recall_job *job = &r->jobs[++r->copied % (uint64_t)r->n_jobs];
 		pthread_mutex_unlock(&r->mu);
 
 		int err = job->prepare ? job->prepare(job->arg, &job->units, &job->n) : 0;
@@ -163,20 +181,24 @@ static void *copy_main(void *arg)
 			while (s->full)
 				pthread_cond_wait(&r->cv, &r->mu);
 			pthread_mutex_unlock(&r->mu);
-			/* The buffer's units: their blocks pinned at once, copied, unpinned. */
+			/* The buffer's units: their blocks pinned at once, then copied and
+			 * unpinned (staged) or left pinned for the convert thread (direct). */
 			const struct recall_unit *u = job->units + i;
 			int m = 0, want = job->n - i < r->cap ? job->n - i : r->cap;
 			if (!err && want > 0) {
-				err = pin_units(r, u, want, &m);
+				err = pin_units(r, &s->pin, u, want, &m);
 				for (int j = 0; j < m; j++) {
-					memcpy((char *)s->buf + (size_t)j * r->unit_bytes,
-					       (const char *)r->pin.src[j] +
-						       (size_t)u[j].head * r->unit_bytes,
-					       r->unit_bytes);
+					const char *at = (const char *)s->pin.src[j] +
+							 (size_t)u[j].head * r->unit_bytes;
+					if (r->direct)
+						s->at[j] = at;
+					else
+						memcpy((char *)s->buf + (size_t)j * r->unit_bytes, at,
+						       r->unit_bytes);
 					s->dst[j] = u[j];
 				}
-				if (!err)
-					err = unpin_units(r, u, m);
+				if (!err && !r->direct)
+					err = unpin_units(r, &s->pin, u, m);
 				i += m;
 			}
 			last = err || i == job->n;
@@ -218,8 +240,22 @@ static int scatter(struct recall *r, struct staging *s)
 		s->slots[j] = s->dst[j].slot;
 		s->heads[j] = s->dst[j].head;
 	}
-	return be->ops->recall_units(be->ctx, s->slots, s->heads, s->buf, s->n, r->o.g.p,
-				     r->o.g.n_kv, r->o.g.d, r->o.g.dtype);
+	if (!r->direct)
+		return be->ops->recall_units(be->ctx, s->slots, s->heads, s->buf, s->n, r->o.g.p,
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
+					     s->job->fence);
+	/* Read where they lie; every source has been read when the op returns. */
+	int ret = -EOPNOTSUPP;
+	if (r->mapped)
+		ret = be->ops->recall_mapped(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
+					     s->job->fence);
+	if (ret == -EOPNOTSUPP) /* not mapped (or not asked for): DMA */
+		ret = be->ops->recall_direct(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
+					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
+					     s->job->fence);
+	int r2 = unpin_units(r, &s->pin, s->dst, s->n);
+	return ret ? ret : r2;
 }
 
 /* Convert thread: HND units of a full staging buffer into their NHD slots, then frees it. */
@@ -238,7 +274,7 @@ static void *conv_main(void *arg)
 
 		int64_t t0 = now_ns();
 		int err = scatter(r, s);
-		if (r->o.poison)
+		if (r->o.poison && !r->direct)
 			memset(s->buf, 0xff, (size_t)s->n * r->unit_bytes);
 		int64_t t1 = now_ns();
 
@@ -276,16 +312,18 @@ void recall_free(struct recall *r)
 	pthread_cond_destroy(&r->cv);
 	pthread_mutex_destroy(&r->mu);
 	for (int b = 0; b < 2; b++) {
-		free(r->st[b].buf);
-		free(r->st[b].dst);
-		free(r->st[b].slots);
-		free(r->st[b].heads);
+		struct staging *s = &r->st[b];
+		free(s->buf);
+		free(s->at);
+		free(s->dst);
+		free(s->slots);
+		free(s->heads);
+		free(s->pin.src);
+		free(s->pin.ord);
+		free(s->pin.pages);
+		free(s->pin.blocks);
+		free(s->pin.taken);
 	}
-	free(r->pin.src);
-	free(r->pin.ord);
-	free(r->pin.pages);
-	free(r->pin.blocks);
-	free(r->pin.taken);
 	free(r->jobs);
 	free(r);
 }
@@ -293,7 +331,7 @@ void recall_free(struct recall *r)
 int recall_new(const struct recall_opts *o, struct recall **out)
 {
 	if (o->g.n_kv <= 0 || o->g.p <= 0 || o->g.d <= 0 || (!o->host && !o->src) ||
-	    o->units_per_buffer < 0 || o->max_jobs < 0)
+	    o->units_per_buffer < 0 || o->max_jobs < 0 || (!o->be && o->slot_dt != FKV_F32))
 		return -EINVAL;
 	if (o->be && !o->be->ops->recall_units)
 		return -EOPNOTSUPP;
@@ -306,23 +344,30 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 	r->n_jobs = o->max_jobs ? o->max_jobs : 64;
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
+	const struct backend_ops *bo = o->be ? o->be->ops : NULL;
+	r->direct = bo && bo->recall_direct && o->path != RECALL_STAGED;
+	r->mapped = r->direct && bo->recall_mapped && o->path == RECALL_MAPPED;
 	r->jobs = calloc((size_t)r->n_jobs, sizeof *r->jobs);
-	r->pin.src = calloc((size_t)r->cap, sizeof *r->pin.src);
-	r->pin.ord = calloc((size_t)r->cap, sizeof *r->pin.ord);
-	r->pin.pages = calloc((size_t)r->cap, sizeof *r->pin.pages);
-	r->pin.blocks = calloc((size_t)r->cap, sizeof *r->pin.blocks);
-	r->pin.taken = calloc((size_t)r->cap, sizeof *r->pin.taken);
-	if (!r->jobs || !r->pin.src || !r->pin.ord || !r->pin.pages || !r->pin.blocks ||
-	    !r->pin.taken) {
+	if (!r->jobs) {
 		recall_free(r);
 		return -ENOMEM;
 	}
+	const size_t cap = (size_t)r->cap;
 	for (int b = 0; b < 2; b++) {
-		r->st[b].buf = malloc((size_t)r->cap * r->unit_bytes);
-		r->st[b].dst = calloc((size_t)r->cap, sizeof *r->st[b].dst);
-		r->st[b].slots = calloc((size_t)r->cap, sizeof *r->st[b].slots);
-		r->st[b].heads = calloc((size_t)r->cap, sizeof *r->st[b].heads);
-		if (!r->st[b].buf || !r->st[b].dst || !r->st[b].slots || !r->st[b].heads) {
+		struct staging *s = &r->st[b];
+		s->buf = r->direct ? NULL : malloc(cap * r->unit_bytes);
+		s->at = calloc(cap, sizeof *s->at);
+		s->dst = calloc(cap, sizeof *s->dst);
+		s->slots = calloc(cap, sizeof *s->slots);
+		s->heads = calloc(cap, sizeof *s->heads);
+		s->pin.src = calloc(cap, sizeof *s->pin.src);
+		s->pin.ord = calloc(cap, sizeof *s->pin.ord);
+		s->pin.pages = calloc(cap, sizeof *s->pin.pages);
+		s->pin.blocks = calloc(cap, sizeof *s->pin.blocks);
+		s->pin.taken = calloc(cap, sizeof *s->pin.taken);
+		if ((!s->buf && !r->direct) || !s->at || !s->dst || !s->slots || !s->heads ||
+		    !s->pin.src || !s->pin.ord || !s->pin.pages || !s->pin.blocks ||
+		    !s->pin.taken) {
 			recall_free(r);
 			return -ENOMEM;
 		}
@@ -350,7 +395,13 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_prepare_fn prepare,
 		  void *arg, uint64_t *ticket)
 {
-	if (n < 0 || (n && !units))
+	return recall_submit_fenced(r, units, n, prepare, arg, NULL, ticket);
+}
+
+int recall_submit_fenced(struct recall *r, struct recall_unit *units, int n,
+			 recall_prepare_fn prepare, void *arg, void *done, uint64_t *ticket)
+{
+	if (n < 0 || (n && !units) || (done && (!r->o.be || !r->o.be->ops->fence_stream_wait)))
 		return -EINVAL;
 	pthread_mutex_lock(&r->mu);
 	struct recall_job *job = &r->jobs[(r->submitted + 1) % (uint64_t)r->n_jobs];
@@ -358,7 +409,7 @@ int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_pre
 		pthread_cond_wait(&r->cv, &r->mu);
 	*job = (struct recall_job){
 		.ticket = r->submitted + 1, .units = units, .n = n, .prepare = prepare,
-		.arg = arg, .in_use = true,
+		.arg = arg, .fence = done, .in_use = true,
 	};
 	*ticket = ++r->submitted;
 	pthread_cond_broadcast(&r->cv);
@@ -374,8 +425,12 @@ int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done)
 		return 0;
 	int64_t t0 = now_ns();
 	pthread_mutex_lock(&r->mu);
-	struct recall_job *job = &r->jobs[ticket % (uint64_t)r->n_jobs];
-	if (ticket > r->submitted || !job->in_use || job->ticket != ticket) {
+	const bool urgent = ticket & RECALL_URGENT_BIT;
+	const uint64_t seq = ticket & ~RECALL_URGENT_BIT;
+	struct recall_job *job = urgent ? &r->ujobs[seq % RECALL_URGENT_JOBS]
+					: &r->jobs[ticket % (uint64_t)r->n_jobs];
+	if (seq > (urgent ? r->usubmitted : r->submitted) || !job->in_use ||
+	    job->ticket != ticket) {
 		pthread_mutex_unlock(&r->mu);
 		return -EINVAL;
 	}
@@ -394,4 +449,23 @@ int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done)
 	pthread_cond_broadcast(&r->cv);
 	pthread_mutex_unlock(&r->mu);
 	return err;
+}
+
+int recall_submit_urgent(struct recall *r, struct recall_unit *units, int n, uint64_t *ticket)
+{
+	if (n < 0 || (n && !units))
+		return -EINVAL;
+	pthread_mutex_lock(&r->mu);
+	struct recall_job *job = &r->ujobs[(r->usubmitted + 1) % RECALL_URGENT_JOBS];
+	while (job->in_use)
+		pthread_cond_wait(&r->cv, &r->mu);
+	*job = (struct recall_job){
+		.ticket = RECALL_URGENT_BIT | (r->usubmitted + 1), .units = units, .n = n,
+		.in_use = true,
+	};
+	*ticket = job->ticket;
+	r->usubmitted++;
+	pthread_cond_broadcast(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	return 0;
 }

@@ -1,16 +1,20 @@
-/* recall — the double-buffered recall stream of docs/design.md §5: copies one KV head's recall unit per
- * (layer, page, head) from the host copy into a staging buffer (a copy thread) while the other
- * staging buffer is converted HND -> NHD into the device slots (a convert thread): with a
- * backend, by its recall_units op (CPU: layout_scatter_unit; CUDA: an H2D copy and the
+/* recall — the double-buffered recall stream of docs/design.md §5: copies one KV head's recall
+ * unit per (layer, page, head) from the host copy into a staging buffer (a copy thread) while
+ * the other staging buffer is converted HND -> NHD into the device slots (a convert thread):
+ * with a backend, by its recall_units op (CPU: layout_scatter_unit; CUDA: an H2D copy and the
  * recall_scatter kernel queued on the backend's stream), else by layout_scatter_unit on host
- * slots (tests). The two threads hand the two buffers back
- * and forth with explicit full/empty flags, so no buffer is written while it is being read.
+ * slots (tests). With a backend that has recall_direct (recall_opts.path, below), the copy
+ * thread copies nothing: a staging buffer holds where each pinned unit lies, and the convert
+ * thread has the backend read it there (on CUDA a DMA from the registered pool, or a gather
+ * kernel through the mapped pool). The two threads hand the two buffers back and forth with
+ * explicit full/empty flags, so no buffer is written while it is being read.
  *
  * Work arrives as jobs in FIFO order; each job gets a ticket, and recall_wait(ticket) is the
- * completion event of that job (jobs complete in order). A job may carry a prepare callback that
- * the copy thread runs first: it decides the job's units (speculative selection runs there,
- * beside the compute thread). A job borrows its unit array, the slots it writes and the callback
- * argument until its ticket completes; the caller must not touch them before recall_wait.
+ * completion event of that job (jobs complete in order, but for urgent jobs, which go first).
+ * A job may carry a prepare callback that the copy thread runs first: it decides the job's
+ * units (speculative selection runs there, beside the compute thread). A job borrows its unit
+ * array, the slots it writes and the callback argument until its ticket completes; the caller
+ * must not touch them before recall_wait.
  *
  * Ownership: recall_new() allocates the engine, its staging buffers and starts both threads;
  * recall_free() drains the queue, joins the threads and frees everything. Errors are 0 or
@@ -27,12 +31,21 @@ struct backend;
 struct hostkv_seq;
 struct recall;
 
+/* How the units of a staging buffer reach a backend (docs/design.md "The GPU decode step"):
+ * RECALL_DMA, the default: read where they lie in the pool, no host copy (recall_direct: on
+ * CUDA a batched DMA into the device staging); RECALL_MAPPED: the same, the device reading
+ * through the mapped pool itself (recall_mapped: a gather kernel; recall_direct for a buffer
+ * it cannot map); RECALL_STAGED: copied into a host staging buffer first (recall_units). A
+ * backend without the op a path needs takes the next one down (mapped, dma, staged). */
+enum recall_path { RECALL_DMA = 0, RECALL_STAGED = 1, RECALL_MAPPED = 2 };
+
 /* One recall unit: head `head` of host page `page` of `layer` into head `head` of `slot`. */
 struct recall_unit {
 	int layer;
 	int page;
 	int head;
-	float *slot; /* NHD (2, p, n_kv, d) f32: a backend address when recall_opts.be is set */
+	void *slot; /* NHD (2, p, n_kv, d) in recall_opts.slot_dt: a backend address when
+		     * recall_opts.be is set */
 };
 
 /* Runs on the copy thread before the job's units are copied; sets *units / *n (may be 0).
@@ -56,6 +69,8 @@ struct recall_opts {
 	void *src_arg;
 	bool poison;		  /* fill a staging buffer with NaN bytes once converted (tests) */
 	struct backend *be;	  /* borrowed: its recall_units op writes the slots; NULL: host */
+	enum fkv_dtype slot_dt;	  /* the slots' dtype (backend slot_dtype); f32 without be */
+	enum recall_path path;	  /* how units reach the backend (below) */
 };
 
 struct recall_done {
@@ -74,6 +89,18 @@ void recall_free(struct recall *r);
 /* Queues a job: units[0..n) or, with prepare, whatever it produces. *ticket identifies it. */
 int recall_submit(struct recall *r, struct recall_unit *units, int n, recall_prepare_fn prepare,
 		  void *arg, uint64_t *ticket);
+/* recall_submit whose backend scatters do not order the backend's later ops at once: their
+ * completion is marked on `done`, a fence of the backend's (fence_new), and the caller orders
+ * what touches the job's slots after it with fence_stream_wait once the job is waited for
+ * (docs/design.md §5 step 6: the per-layer recall event step t+1 waits on at layer l). The
+ * fence is the job's until then. -EINVAL without a backend that has fence_stream_wait. */
+int recall_submit_fenced(struct recall *r, struct recall_unit *units, int n,
+			 recall_prepare_fn prepare, void *arg, void *done, uint64_t *ticket);
+/* Queues a job that must not wait behind others (docs/design.md §5 step 3: a correction's
+ * blocking recall): the copy thread takes it before any job not yet started (a job already
+ * being copied finishes first); urgent jobs keep their own order. No prepare step. At most 4
+ * urgent jobs unwaited at once (a fifth submission blocks until one is waited for). */
+int recall_submit_urgent(struct recall *r, struct recall_unit *units, int n, uint64_t *ticket);
 /* Blocks until the job of ticket has finished (a ticket of 0 is done at once); its result, and
  * its accounting in *done when not NULL. A ticket is waited for once. */
 int recall_wait(struct recall *r, uint64_t ticket, struct recall_done *done);

@@ -1,5 +1,6 @@
-/* select — page-wise, group-consistent top-k selection (docs/design.md §5 "Selection"), shared by the
- * quest and freekv policies and by every backend's reference tests.
+/* select — page-wise, group-consistent top-k selection (docs/design.md §5 "Selection"), the reference
+ * the CPU backend's selection ops call (backend_cpu_select.c; the policies reach it through
+ * those ops) and every kernel test compares with.
  *
  * Pages are p consecutive positions. For a sequence of len tokens: the sink is the first S/p
  * pages; the window is the tail page (partial, or absent when len % p == 0) plus the most recent

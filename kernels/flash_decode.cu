@@ -1,0 +1,162 @@
+// flash_decode — see flash_decode.cuh.
+#include <math.h>
+
+#include "flash_decode.cuh"
+#include "kv_dtype.cuh"
+
+#define FD_PER_LANE (FLASH_DECODE_MAX_D / 32)
+// Blocks a launch aims for: about two waves on a 132-SM H100, so that `full` at long contexts
+// keeps every SM busy (the span kernel runs one block per query head).
+#define FD_TARGET_BLOCKS 256
+// Fewest keys a chunk is given: below this the merge costs more than the split saves.
+#define FD_MIN_CHUNK 64
+
+static __device__ __forceinline__ float fd_warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// grid (splits, n_kv), block (group * 32): warp w of block (s, g) runs query head g * group + w
+// over keys [s * chunk, min(n, (s + 1) * chunk)). With one split it writes out directly;
+// otherwise part (n_heads, splits, d + 2): the unnormalised accumulator, then m and l.
+template <typename T>
+static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
+					   float *part,	      // (n_heads, splits, d + 2)
+					   const float *q,    // (n_heads, d)
+					   const T *k,	      // (n, n_kv, d), row stride row_stride
+					   const T *v,	      // (n, n_kv, d), row stride row_stride
+					   long long n, long long row_stride, int group, int d,
+					   float scale, long long chunk, int splits)
+{
+	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	const int kvh = blockIdx.y, split = blockIdx.x, h = kvh * group + w;
+	float qr[FD_PER_LANE], acc[FD_PER_LANE];
+#pragma unroll
+	for (int j = 0; j < FD_PER_LANE; j++) {
+		const int i = lane + 32 * j;
+		qr[j] = i < d ? q[(long long)h * d + i] : 0.0f;
+		acc[j] = 0.0f;
+	}
+	float m = -INFINITY, l = 0.0f;
+	const long long t0 = (long long)split * chunk;
+	const long long t1 = t0 + chunk < n ? t0 + chunk : n;
+	for (long long t = t0; t < t1; t++) {
+		const T *kr = k + t * row_stride + (long long)kvh * d;
+		const T *vr = v + t * row_stride + (long long)kvh * d;
+		float s = 0.0f;
+#pragma unroll
+		for (int j = 0; j < FD_PER_LANE; j++) {
+			const int i = lane + 32 * j;
+			if (i < d)
+				s += qr[j] * kv_to_f32(kr[i]);
+		}
+		s = fd_warp_sum(s) * scale;
+		const float mn = fmaxf(m, s), c = expf(m - mn), p = expf(s - mn);
+		l = l * c + p;
+#pragma unroll
+		for (int j = 0; j < FD_PER_LANE; j++) {
+			const int i = lane + 32 * j;
+			if (i < d)
+				acc[j] = acc[j] * c + p * kv_to_f32(vr[i]);
+		}
+		m = mn;
+	}
+	if (splits == 1) {
+		const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+		for (int j = 0; j < FD_PER_LANE; j++) {
+			const int i = lane + 32 * j;
+			if (i < d)
+				out[(long long)h * d + i] = acc[j] * inv;
+		}
+		return;
+	}
+	float *pp = part + ((long long)h * splits + split) * (d + 2);
+#pragma unroll
+	for (int j = 0; j < FD_PER_LANE; j++) {
+		const int i = lane + 32 * j;
+		if (i < d)
+			pp[i] = acc[j];
+	}
+	if (lane == 0) {
+		pp[d] = m;
+		pp[d + 1] = l;
+	}
+}
+
+// grid n_heads, block 128: the chunks' partials of one query head merged (each rescaled to the
+// largest running max); an empty chunk (m = -inf, l = 0) weighs nothing.
+static __global__ void flash_decode_merge(float *out,	     // (n_heads, d)
+					  const float *part, // (n_heads, splits, d + 2)
+					  int splits, int d)
+{
+	const int h = blockIdx.x;
+	const float *ph = part + (long long)h * splits * (d + 2);
+	float M = -INFINITY;
+	for (int s = 0; s < splits; s++)
+		M = fmaxf(M, ph[(long long)s * (d + 2) + d]);
+	float L = 0.0f;
+	for (int s = 0; s < splits; s++) {
+		const float *ps = ph + (long long)s * (d + 2);
+		if (ps[d + 1] > 0.0f)
+			L += ps[d + 1] * expf(ps[d] - M);
+	}
+	const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+	for (int i = threadIdx.x; i < d; i += blockDim.x) {
+		float o = 0.0f;
+		for (int s = 0; s < splits; s++) {
+			const float *ps = ph + (long long)s * (d + 2);
+			if (ps[d + 1] > 0.0f)
+				o += ps[i] * expf(ps[d] - M);
+		}
+		out[(long long)h * d + i] = o * inv;
+	}
+}
+
+int flash_decode_splits(long long n, int n_kv)
+{
+	if (n <= 0 || n_kv <= 0)
+		return 1;
+	long long by_len = (n + FD_MIN_CHUNK - 1) / FD_MIN_CHUNK;
+	long long by_grid = FD_TARGET_BLOCKS / n_kv > 1 ? FD_TARGET_BLOCKS / n_kv : 1;
+	long long s = by_len < by_grid ? by_len : by_grid;
+	return (int)(s < FLASH_DECODE_MAX_SPLITS ? s : FLASH_DECODE_MAX_SPLITS);
+}
+
+size_t flash_decode_workspace_bytes(int n_heads, int d)
+{
+	if (n_heads <= 0 || d <= 0)
+		return 0;
+	return (size_t)n_heads * FLASH_DECODE_MAX_SPLITS * (size_t)(d + 2) * sizeof(float);
+}
+
+cudaError_t flash_decode(float *out, const float *q, const void *k, const void *v,
+			 enum fkv_dtype dt, long long n, long long row_stride, int n_heads,
+			 int n_kv, int d, float scale, void *workspace, size_t workspace_bytes,
+			 cudaStream_t stream)
+{
+	if (n <= 0 || n_kv <= 0 || n_kv > 65535 || n_heads <= 0 || n_heads % n_kv || d <= 0 ||
+	    d > FLASH_DECODE_MAX_D || n_heads / n_kv > FLASH_DECODE_MAX_GROUP ||
+	    row_stride < (long long)n_kv * d)
+		return cudaErrorInvalidValue;
+	const int group = n_heads / n_kv, splits = flash_decode_splits(n, n_kv);
+	if (splits > 1 && workspace_bytes < flash_decode_workspace_bytes(n_heads, d))
+		return cudaErrorInvalidValue;
+	const long long chunk = (n + splits - 1) / splits;
+	float *part = (float *)workspace;
+	const dim3 grid((unsigned)splits, (unsigned)n_kv);
+	cudaError_t e = kv_dispatch(dt, [&](auto tag) {
+		using T = decltype(tag);
+		flash_decode_kernel<T><<<grid, group * 32, 0, stream>>>(
+			out, part, q, (const T *)k, (const T *)v, n, row_stride, group, d, scale,
+			chunk, splits);
+	});
+	if (e != cudaSuccess)
+		return e;
+	if ((e = cudaGetLastError()) != cudaSuccess || splits == 1)
+		return e;
+	flash_decode_merge<<<n_heads, 128, 0, stream>>>(out, part, splits, d);
+	return cudaGetLastError();
+}

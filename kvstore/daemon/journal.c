@@ -1,0 +1,340 @@
+/* journal — framing, group commit and compaction of the metadata journal. See journal.h. */
+#include "journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "errmsg.h"
+
+#define JOURNAL_MAGIC "FKVJRNL1"
+#define JOURNAL_VERSION 1u
+#define JOURNAL_FLUSH_BYTES (1u << 20)	/* write the buffer out (unsynced) past this */
+
+struct journal {
+	char path[PATH_MAX];
+	int fd;
+	uint64_t file_bytes;	/* written to the file */
+	uint8_t *buf;		/* (cap,) records not written yet */
+	size_t len, cap;
+	uint64_t records, syncs, compactions;
+	time_t last_compaction;
+	bool unsynced;		/* written but not fdatasync'd */
+};
+
+static uint32_t record_crc(uint32_t type, const void *payload, uint32_t len)
+{
+	uint32_t c = crc32c(0, &type, sizeof type);
+	return crc32c(c, payload, len);
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	while (n) {
+		ssize_t w = write(fd, b, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		b += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static void header(uint8_t h[JOURNAL_HEADER_BYTES])
+{
+	memset(h, 0, JOURNAL_HEADER_BYTES);
+	memcpy(h, JOURNAL_MAGIC, 8);
+	uint32_t v = JOURNAL_VERSION;
+	memcpy(h + 8, &v, sizeof v);
+}
+
+int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct journal_replay *r,
+		   char *err, size_t errlen)
+{
+	memset(r, 0, sizeof *r);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		if (e != ENOENT)
+			errmsg_set(err, errlen, "cannot open the journal %s: %s", path, strerror(e));
+		return -e;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		int e = errno;
+		close(fd);
+		return errmsg(err, errlen, -e, "journal %s: %s", path, strerror(e));
+	}
+	r->file_bytes = (uint64_t)st.st_size;
+	if (r->file_bytes == 0) {
+		close(fd);
+		return -ENOENT; /* created but never written: nothing to replay */
+	}
+	uint8_t *data = malloc(r->file_bytes);
+	if (!data) {
+		close(fd);
+		return errmsg(err, errlen, -ENOMEM, "journal %s: out of memory for %" PRIu64 " bytes",
+			      path, r->file_bytes);
+	}
+	size_t got = 0;
+	while (got < r->file_bytes) {
+		ssize_t n = read(fd, data + got, r->file_bytes - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int e = n < 0 ? errno : EIO;
+			free(data);
+			close(fd);
+			return errmsg(err, errlen, -e, "reading the journal %s: %s", path, strerror(e));
+		}
+		got += (size_t)n;
+	}
+	close(fd);
+	uint8_t h[JOURNAL_HEADER_BYTES];
+	header(h);
+	if (r->file_bytes < JOURNAL_HEADER_BYTES || memcmp(data, h, 12) != 0) {
+		free(data);
+		return errmsg(err, errlen, -EINVAL, "%s is not a freekv journal (format %u)", path,
+			      JOURNAL_VERSION);
+	}
+	uint64_t off = JOURNAL_HEADER_BYTES;
+	while (off < r->file_bytes) {
+		uint32_t len, crc, type;
+		if (r->file_bytes - off < JOURNAL_RECORD_HEADER) {
+			snprintf(r->why, sizeof r->why, "a record header cut short at byte %" PRIu64, off);
+			break;
+		}
+		memcpy(&len, data + off, 4);
+		memcpy(&crc, data + off + 4, 4);
+		memcpy(&type, data + off + 8, 4);
+		if (len > JOURNAL_MAX_RECORD) {
+			snprintf(r->why, sizeof r->why, "record at byte %" PRIu64 " claims %u bytes", off,
+				 len);
+			break;
+		}
+		if (r->file_bytes - off - JOURNAL_RECORD_HEADER < len) {
+			snprintf(r->why, sizeof r->why, "record at byte %" PRIu64 " cut short (%u bytes "
+				 "claimed, %" PRIu64 " left)", off, len,
+				 r->file_bytes - off - JOURNAL_RECORD_HEADER);
+			break;
+		}
+		const uint8_t *payload = data + off + JOURNAL_RECORD_HEADER;
+		if (record_crc(type, payload, len) != crc) {
+			snprintf(r->why, sizeof r->why, "record at byte %" PRIu64 " fails its checksum",
+				 off);
+			break;
+		}
+		char msg[200] = "";
+		int ret = fn(ctx, type, payload, len, msg, sizeof msg);
+		if (ret) {
+			snprintf(r->why, sizeof r->why, "record at byte %" PRIu64 " (type %u): %s", off,
+				 type, msg[0] ? msg : strerror(ret < 0 ? -ret : ret));
+			break;
+		}
+		off += JOURNAL_RECORD_HEADER + len;
+		r->records++;
+	}
+	r->valid_bytes = off;
+	r->damaged = off < r->file_bytes;
+	free(data);
+	return 0;
+}
+
+/* Opens (creating) path and makes it a journal of exactly keep bytes (0: a header only). */
+static int open_at(const char *path, uint64_t keep, int *fd_out, uint64_t *bytes, char *err,
+		   size_t errlen)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+	if (fd < 0)
+		return errmsg(err, errlen, -errno, "cannot open the journal %s: %s", path,
+			      strerror(errno));
+	int ret = 0;
+	if (keep < JOURNAL_HEADER_BYTES) {
+		uint8_t h[JOURNAL_HEADER_BYTES];
+		header(h);
+		if (ftruncate(fd, 0) < 0 || pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h)
+			ret = -errno;
+		keep = JOURNAL_HEADER_BYTES;
+	} else if (ftruncate(fd, (off_t)keep) < 0) {
+		ret = -errno;
+	}
+	if (!ret && (lseek(fd, (off_t)keep, SEEK_SET) < 0 || fdatasync(fd) < 0))
+		ret = -errno;
+	if (ret) {
+		close(fd);
+		return errmsg(err, errlen, ret, "cannot prepare the journal %s: %s", path,
+			      strerror(-ret));
+	}
+	*fd_out = fd;
+	*bytes = keep;
+	return 0;
+}
+
+int journal_open(const char *path, uint64_t append_at, struct journal **out, char *err,
+		 size_t errlen)
+{
+	*out = NULL;
+	struct journal *j = calloc(1, sizeof *j);
+	if (!j)
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	if (strlen(path) >= sizeof j->path) {
+		free(j);
+		return errmsg(err, errlen, -ENAMETOOLONG, "journal path too long");
+	}
+	strcpy(j->path, path);
+	int ret = open_at(path, append_at, &j->fd, &j->file_bytes, err, errlen);
+	if (ret) {
+		free(j);
+		return ret;
+	}
+	*out = j;
+	return 0;
+}
+
+static int flush_buf(struct journal *j)
+{
+	if (!j->len)
+		return 0;
+	int ret = write_all(j->fd, j->buf, j->len);
+	if (ret)
+		return ret; /* what was written stays; the buffer is kept for the next try */
+	j->file_bytes += j->len;
+	j->len = 0;
+	j->unsynced = true;
+	return 0;
+}
+
+int journal_append(struct journal *j, uint32_t type, const void *payload, uint32_t len)
+{
+	if (len > JOURNAL_MAX_RECORD)
+		return -E2BIG;
+	size_t need = JOURNAL_RECORD_HEADER + (size_t)len;
+	if (j->len + need > j->cap) {
+		size_t cap = j->cap ? j->cap : 64 * 1024;
+		while (cap < j->len + need)
+			cap *= 2;
+		uint8_t *b = realloc(j->buf, cap);
+		if (!b)
+			return -ENOMEM;
+		j->buf = b;
+		j->cap = cap;
+	}
+	uint32_t crc = record_crc(type, payload, len);
+	uint8_t *p = j->buf + j->len;
+	memcpy(p, &len, 4);
+	memcpy(p + 4, &crc, 4);
+	memcpy(p + 8, &type, 4);
+	if (len)
+		memcpy(p + JOURNAL_RECORD_HEADER, payload, len);
+	j->len += need;
+	j->records++;
+	if (j->len >= JOURNAL_FLUSH_BYTES)
+		return flush_buf(j);
+	return 0;
+}
+
+int journal_sync(struct journal *j)
+{
+	int ret = flush_buf(j);
+	if (ret)
+		return ret;
+	if (!j->unsynced)
+		return 0;
+	if (fdatasync(j->fd) < 0)
+		return -errno;
+	j->unsynced = false;
+	j->syncs++;
+	return 0;
+}
+
+bool journal_dirty(const struct journal *j)
+{
+	return j->len || j->unsynced;
+}
+
+static int sync_dir(const char *path)
+{
+	char tmp[PATH_MAX];
+	snprintf(tmp, sizeof tmp, "%s", path);
+	int fd = open(dirname(tmp), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int ret = fsync(fd) < 0 ? -errno : 0;
+	close(fd);
+	return ret;
+}
+
+int journal_compact(struct journal *j, journal_fill_fn fill, void *ctx, char *err, size_t errlen)
+{
+	int ret = journal_sync(j);
+	if (ret)
+		return errmsg(err, errlen, ret, "journal %s: %s", j->path, strerror(-ret));
+	struct journal snap = { .fd = -1 };
+	if (strlen(j->path) + 5 > sizeof snap.path)
+		return errmsg(err, errlen, -ENAMETOOLONG, "journal path too long");
+	memcpy(snap.path, j->path, strlen(j->path));
+	strcat(snap.path, ".tmp");
+	ret = open_at(snap.path, 0, &snap.fd, &snap.file_bytes, err, errlen);
+	if (ret)
+		return ret;
+	ret = fill(ctx, &snap);
+	if (!ret)
+		ret = journal_sync(&snap);
+	if (!ret && rename(snap.path, j->path) < 0)
+		ret = -errno;
+	if (!ret)
+		ret = sync_dir(j->path);
+	free(snap.buf);
+	if (ret) {
+		close(snap.fd);
+		unlink(snap.path);
+		return errmsg(err, errlen, ret, "compacting the journal %s: %s", j->path,
+			      strerror(-ret));
+	}
+	close(j->fd);
+	j->fd = snap.fd;
+	j->file_bytes = snap.file_bytes;
+	j->records = snap.records;
+	j->compactions++;
+	j->last_compaction = time(NULL);
+	return 0;
+}
+
+void journal_close(struct journal *j)
+{
+	if (!j)
+		return;
+	int ret = journal_sync(j);
+	if (ret)
+		fprintf(stderr, "kvstored: journal %s: final sync failed: %s\n", j->path,
+			strerror(-ret));
+	close(j->fd);
+	free(j->buf);
+	free(j);
+}
+
+void journal_stats(const struct journal *j, struct journal_stats *st)
+{
+	st->bytes = j->file_bytes + j->len;
+	st->records = j->records;
+	st->syncs = j->syncs;
+	st->compactions = j->compactions;
+	st->last_compaction = j->last_compaction;
+}
+
+const char *journal_path(const struct journal *j)
+{
+	return j->path;
+}

@@ -1,0 +1,82 @@
+/* journal — an append-only file of checksummed records: the on-disk form of kvstored's metadata
+ * (docs/design.md §4 "Restart without loss"). It knows nothing of what the records mean
+ * (persist.c does); it frames them, writes them in order and makes them durable.
+ *
+ * File: a 16-byte header ("FKVJRNL1", format version, reserved), then records. A record is a
+ * 12-byte header — payload length, crc32c of (type, payload), type — and the payload. Appends go
+ * to a buffer; journal_sync() writes the buffer and fdatasyncs, so one sync covers every record
+ * appended since the last (group commit: the caller syncs once per batch of COMMITs, before it
+ * tells anyone they are durable). Replay reads records in order and stops at the first one that
+ * is truncated, too long or fails its checksum: the prefix before it is valid, the rest is
+ * reported (offset, bytes) and never interpreted. Compaction writes a snapshot (the caller's
+ * records) to <path>.tmp, syncs it, renames it over the journal and syncs the directory, so a
+ * crash at any point leaves either the old journal or the new one whole.
+ *
+ * Ownership: journal_open allocates struct journal (file descriptor, buffer); journal_close
+ * syncs what is buffered and frees it. Not thread-safe: the daemon calls it under the data-plane
+ * lock. Errors are 0 or -errno, with a message where an err buffer is taken. */
+#ifndef FREEKV_JOURNAL_H
+#define FREEKV_JOURNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define JOURNAL_HEADER_BYTES 16u
+#define JOURNAL_RECORD_HEADER 12u
+#define JOURNAL_MAX_RECORD (64u << 20)	/* a longer length field is corruption */
+
+struct journal;
+
+/* What a replay found. valid_bytes is where the valid prefix ends (header included). */
+struct journal_replay {
+	uint64_t records;	/* records handed to the callback */
+	uint64_t valid_bytes;
+	uint64_t file_bytes;
+	bool damaged;		/* bytes after the valid prefix were ignored */
+	char why[256];		/* what was wrong there, when damaged */
+};
+
+/* Called once per valid record, in file order. A non-zero return (e.g. -EINVAL for a record
+ * whose payload makes no sense) ends the replay there as damage, with the callback's message
+ * copied from msg (may be left empty). */
+typedef int (*journal_record_fn)(void *ctx, uint32_t type, const void *payload, uint32_t len,
+				 char *msg, size_t msglen);
+
+/* Replays path. -ENOENT when there is no journal (a first start); -EINVAL when the file is not
+ * a journal at all (bad header: nothing is replayed, why says so); other -errno from reading. */
+int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct journal_replay *r,
+		   char *err, size_t errlen);
+
+/* Opens path for appending at append_at (the end of the valid prefix; 0 or a missing file: a new
+ * journal with only its header). Bytes past append_at are cut off. */
+int journal_open(const char *path, uint64_t append_at, struct journal **out, char *err,
+		 size_t errlen);
+/* Syncs what is buffered (errors are logged) and frees everything. NULL is fine. */
+void journal_close(struct journal *j);
+
+/* Buffers one record (-ENOMEM, -E2BIG over JOURNAL_MAX_RECORD). Large buffers are written out
+ * early, unsynced: order is all replay needs. */
+int journal_append(struct journal *j, uint32_t type, const void *payload, uint32_t len);
+/* Writes the buffer and fdatasyncs. 0 at once when nothing is pending. */
+int journal_sync(struct journal *j);
+bool journal_dirty(const struct journal *j);
+
+/* Writes the records that fill() appends to the journal it is given into a fresh file and puts
+ * that file in place of j's, as the header explains. Pending records of j are synced first. On
+ * failure j is unchanged and the temporary file removed. */
+typedef int (*journal_fill_fn)(void *ctx, struct journal *snap);
+int journal_compact(struct journal *j, journal_fill_fn fill, void *ctx, char *err, size_t errlen);
+
+struct journal_stats {
+	uint64_t bytes;		/* file size, buffered records included */
+	uint64_t records;	/* records appended since open or the last compaction */
+	uint64_t syncs;		/* fdatasyncs since open */
+	uint64_t compactions;
+	time_t last_compaction;	/* 0: none since start */
+};
+void journal_stats(const struct journal *j, struct journal_stats *st);
+const char *journal_path(const struct journal *j);
+
+#endif
