@@ -109,7 +109,8 @@ int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct jou
 		return errmsg(err, errlen, -EINVAL, "%s is not a freekv journal (format %u)", path,
 			      JOURNAL_VERSION);
 	}
-	uint64_t off = JOURNAL_HEADER_BYTES;
+	uint64_t off = JOURNAL_HEADER_BYTES, *aligned = NULL;
+	size_t aligned_cap = 0;
 	while (off < r->file_bytes) {
 		uint32_t len, crc, type;
 		if (r->file_bytes - off < JOURNAL_RECORD_HEADER) {
@@ -136,6 +137,22 @@ int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct jou
 				 off);
 			break;
 		}
+		/* Records are packed: hand each payload over 8-byte aligned, so the reader can
+		 * look at it through its struct. */
+		if ((uintptr_t)payload % 8) {
+			if (len > aligned_cap) {
+				free(aligned);
+				aligned_cap = len;
+				aligned = malloc(len);
+				if (!aligned) {
+					free(data);
+					return errmsg(err, errlen, -ENOMEM, "replaying %s: out of memory",
+						      path);
+				}
+			}
+			memcpy(aligned, payload, len);
+			payload = (const uint8_t *)aligned;
+		}
 		char msg[200] = "";
 		int ret = fn(ctx, type, payload, len, msg, sizeof msg);
 		if (ret) {
@@ -148,6 +165,7 @@ int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct jou
 	}
 	r->valid_bytes = off;
 	r->damaged = off < r->file_bytes;
+	free(aligned);
 	free(data);
 	return 0;
 }

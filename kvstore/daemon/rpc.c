@@ -311,8 +311,9 @@ static int h_heartbeat(struct call *c)
 		st->full_step_ms = h->stats->full_step_ms;
 		st->n_layer_rate = h->stats->n_layer_full_step_rate < WK_MAX_LAYER_STATS ?
 				   h->stats->n_layer_full_step_rate : WK_MAX_LAYER_STATS;
-		memcpy(st->layer_rate, h->stats->layer_full_step_rate,
-		       st->n_layer_rate * sizeof *st->layer_rate);
+		if (st->n_layer_rate) /* protobuf-c leaves an empty repeated field NULL */
+			memcpy(st->layer_rate, h->stats->layer_full_step_rate,
+			       st->n_layer_rate * sizeof *st->layer_rate);
 	}
 	return reply_ack(c);
 }

@@ -638,7 +638,8 @@ static int hist_push(struct hist *h, const int32_t *ids, int64_t n)
 		h->v = v;
 		h->cap = cap;
 	}
-	memcpy(h->v + h->n, ids, (size_t)n * sizeof *ids);
+	if (n) /* with nothing kept yet h->v is NULL, and memcpy's arguments must not be */
+		memcpy(h->v + h->n, ids, (size_t)n * sizeof *ids);
 	h->n += n;
 	return 0;
 }
