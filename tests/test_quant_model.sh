@@ -24,7 +24,15 @@ py=$venv/bin/python
 tmp=$(mktemp -d /tmp/freekv-qmodel-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-"$py" "$src/scripts/gguf_quantize.py" --check-dequant "$lib"
+# A sanitizer build's library needs its runtime loaded before Python's own libraries.
+preload=
+for rt in asan ubsan; do
+	so=$(ldd "$lib" 2>/dev/null | awk -v rt="lib$rt" '$1 ~ rt { print $3; exit }')
+	[ -n "$so" ] && preload="${preload:+$preload:}$so"
+done
+# Python itself leaks by LeakSanitizer's measure: only the checks on our library count here.
+LD_PRELOAD=$preload ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 \
+	"$py" "$src/scripts/gguf_quantize.py" --check-dequant "$lib"
 
 f32=$src/tests/data/models/stories260K/stories260K.gguf
 q8=$tmp/stories260K-q8_0.gguf
