@@ -39,11 +39,13 @@ wait_bytes() {
   return 1
 }
 
+# persist=false: this demo shows a worker crash and resume; a clean stop then leaves nothing
+# behind (with persistence the pool segment is kept for the next start to re-adopt).
 say "kvstored: 64 MiB pool /dev/shm$shm, 256 MiB NVMe tier at $tmp/nvme.img"
 "$BIN/kvstore/kvstored" --foreground \
   --set endpoint="$endpoint" --set shm_name="$shm" --set lock_memory=false \
   --set dram_bytes=64M --set nvme_path="$tmp/nvme.img" --set nvme_bytes=256M \
-  2>"$tmp/kvstored.log" &
+  --set persist=false 2>"$tmp/kvstored.log" &
 daemon_pid=$!
 for _ in $(seq 100); do
   if ! kill -0 "$daemon_pid" 2>/dev/null; then
