@@ -15,6 +15,7 @@
  *     and its download fallback give exactly the CPU backend's results, and the former
  *     downloads no K/V rows in decode. */
 #include "test_util.h"
+#include "test_devmem.h"
 
 #include <errno.h>
 #include <math.h>
@@ -403,199 +404,7 @@ static void test_refusals(void **state)
 	P->destroy(st);
 }
 
-/* ---- a backend whose buffers the host cannot address ----
- * The CPU backend's ops behind addresses with bit 62 set (non-canonical on x86-64: any host load
- * or store through one faults): the paged policies must reach their slots only through backend
- * ops, as on a device. Every buffer argument is translated back before the real op runs. */
-#define DEV_TAG ((uintptr_t)1 << 62)
-
-static const struct backend_ops *real_ops;
-
-static void *dv(const void *p)
-{
-	return p ? (void *)((uintptr_t)p ^ DEV_TAG) : NULL;
-}
-
-static void *dm_alloc(void *c, size_t bytes)
-{
-	return dv(real_ops->buf_alloc(c, bytes));
-}
-
-static void dm_free_buf(void *c, void *b)
-{
-	real_ops->buf_free(c, dv(b));
-}
-
-static int dm_upload(void *c, void *d, const void *s, size_t n)
-{
-	return real_ops->upload(c, dv(d), s, n);
-}
-
-static int dm_download(void *c, void *d, const void *s, size_t n)
-{
-	return real_ops->download(c, d, dv(s), n);
-}
-
-static int dm_copy(void *c, void *d, const void *s, size_t n)
-{
-	return real_ops->copy(c, dv(d), dv(s), n);
-}
-
-static int dm_convert(void *c, void *d, enum fkv_dtype t, const float *s, int64_t n)
-{
-	return real_ops->convert(c, dv(d), t, dv(s), n);
-}
-
-static int dm_gather_rows(void *c, float *d, const float *s, int64_t cols, const int32_t *idx,
-			  int64_t n)
-{
-	return real_ops->gather_rows(c, dv(d), dv(s), cols, dv(idx), n);
-}
-
-static int dm_matmul(void *c, float *y, const float *x, const struct backend_mat *w, int64_t n)
-{
-	return real_ops->matmul(c, dv(y), dv(x), w, n);
-}
-
-static int dm_rmsnorm(void *c, float *y, const float *x, const struct backend_mat *w, int64_t n,
-		      int64_t dim, float eps)
-{
-	return real_ops->rmsnorm(c, dv(y), dv(x), w, n, dim, eps);
-}
-
-static int dm_rope(void *c, float *x, int64_t n, int nh, int hd, const int32_t *pos,
-		   const struct backend_rope *r)
-{
-	return real_ops->rope(c, dv(x), n, nh, hd, dv(pos), r);
-}
-
-static int dm_silu_mul(void *c, float *o, const float *g, const float *u, int64_t n)
-{
-	return real_ops->silu_mul(c, dv(o), dv(g), dv(u), n);
-}
-
-static int dm_add(void *c, float *y, const float *x, int64_t n)
-{
-	return real_ops->add(c, dv(y), dv(x), n);
-}
-
-static int dm_add_bias(void *c, float *y, const struct backend_mat *b, int64_t n)
-{
-	return real_ops->add_bias(c, dv(y), b, n);
-}
-
-static int dm_embed(void *c, float *o, const struct backend_mat *t, const int32_t *ids, int64_t n)
-{
-	return real_ops->embed(c, dv(o), t, dv(ids), n);
-}
-
-static int dm_softmax(void *c, float *x, int64_t rows, int64_t cols)
-{
-	return real_ops->softmax(c, dv(x), rows, cols);
-}
-
-static int dm_attn_prefill(void *c, float *o, const float *q, int64_t n_q, const void *k,
-			   const void *v, int64_t n_ctx, const struct backend_attn *a)
-{
-	return real_ops->attn_prefill(c, dv(o), dv(q), n_q, dv(k), dv(v), n_ctx, a);
-}
-
-static struct backend_kv_span *dm_spans(const struct backend_kv_span *s, int n)
-{
-	struct backend_kv_span *t = malloc((size_t)(n ? n : 1) * sizeof *t);
-	assert_non_null(t);
-	for (int i = 0; i < n; i++)
-		t[i] = (struct backend_kv_span){ dv(s[i].k), dv(s[i].v), s[i].n, s[i].row_stride };
-	return t;
-}
-
-static int dm_attn_decode(void *c, float *o, const float *q, const struct backend_kv_span *s,
-			  int n, const struct backend_attn *a)
-{
-	struct backend_kv_span *t = dm_spans(s, n);
-	int ret = real_ops->attn_decode(c, dv(o), dv(q), t, n, a);
-	free(t);
-	return ret;
-}
-
-static int dm_attn_decode_heads(void *c, float *o, const float *q,
-				const struct backend_kv_span *s, const int *first,
-				const struct backend_attn *a)
-{
-	struct backend_kv_span *t = dm_spans(s, first[a->n_kv_heads]);
-	int ret = real_ops->attn_decode_heads(c, dv(o), dv(q), t, first, a);
-	free(t);
-	return ret;
-}
-
-static int dm_attn_decode_slots(void *c, float *o, const float *q, const void *slots,
-				int n_slots, const int32_t *list, int max_pages, const int32_t *n_tok,
-				int p, const struct backend_attn *a)
-{
-	return real_ops->attn_decode_slots(c, dv(o), dv(q), dv(slots), n_slots, list, max_pages,
-					   n_tok, p, a);
-}
-
-static int dm_recall_units(void *c, void *const *slots, const int *heads, const void *units, int n,
-			   int p, int n_kv, int d, enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
-{
-	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
-	assert_non_null(t);
-	for (int i = 0; i < n; i++)
-		t[i] = dv(slots[i]);
-	int ret = real_ops->recall_units(c, t, heads, units, n, p, n_kv, d, dt, sdt, done);
-	free(t);
-	return ret;
-}
-
-static int dm_recall_direct(void *c, void *const *slots, const int *heads,
-			    const void *const *srcs, int n, int p, int n_kv, int d, enum fkv_dtype dt,
-			    enum fkv_dtype sdt, void *done)
-{
-	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
-	assert_non_null(t);
-	for (int i = 0; i < n; i++)
-		t[i] = dv(slots[i]);
-	int ret = real_ops->recall_direct(c, t, heads, srcs, n, p, n_kv, d, dt, sdt, done);
-	free(t);
-	return ret;
-}
-
-static int dm_store_rows(void *c, void *const *blocks, int t0, const float *k, const float *v,
-			 int n, int p, int n_kv, int d, enum fkv_dtype dt)
-{
-	return real_ops->store_rows(c, blocks, t0, dv(k), dv(v), n, p, n_kv, d, dt);
-}
-
-static int dm_round_to(void *c, float *x, int64_t n, enum fkv_dtype dt)
-{
-	return real_ops->round_to(c, dv(x), n, dt);
-}
-
-static int dm_page_summary(void *c, float *mn, float *mx, int stride, int page,
-			   const void *slot, enum fkv_dtype dt, int p, int n_kv, int d)
-{
-	return real_ops->page_summary(c, dv(mn), dv(mx), stride, page, dv(slot), dt, p, n_kv, d);
-}
-
-static int dm_select_pages(void *c, const struct backend_select *g, const float *q,
-			   const float *mn, const float *mx, const uint8_t *res, int32_t *pages,
-			   int32_t *chg, int32_t *nchg)
-{
-	return real_ops->select_pages(c, g, dv(q), dv(mn), dv(mx), res, dv(pages), dv(chg),
-				      dv(nchg)); /* the resident mask is host memory */
-}
-
-static int dm_group_cosine(void *c, float *o, const float *a, const float *b, int n_q, int n_kv,
-			   int d)
-{
-	return real_ops->group_cosine(c, dv(o), dv(a), dv(b), n_q, n_kv, d);
-}
-
-static int dm_download_async(void *c, void *d, const void *s, size_t n, void *f)
-{
-	return real_ops->download_async(c, d, dv(s), n, f);
-}
+/* ---- a backend whose buffers the host cannot address: tests/test_devmem.h ---- */
 
 /* ---- an offload that lands late ----
  * store_rows as a device runs it: the rows are taken at the call (later ops may overwrite
@@ -637,7 +446,7 @@ static int dq_store_rows(void *c, void *const *blocks, int t0, const float *k, c
 	assert_non_null(poison);
 	for (size_t i = 0; i < bytes / sizeof *poison; i++)
 		poison[i] = -1e30f;
-	assert_int_equal(real_ops->store_rows(c, blocks, t0, poison, poison, n, p, n_kv, d, dt), 0);
+	assert_int_equal(dm_real->store_rows(c, blocks, t0, poison, poison, n, p, n_kv, d, dt), 0);
 	free(poison);
 	dq_calls++;
 	return 0;
@@ -647,7 +456,7 @@ static int dq_sync(void *c)
 {
 	for (int i = 0; i < dq_n; i++) {
 		struct dq_store *q = &dq[i];
-		int ret = real_ops->store_rows(c, q->blocks, q->t0, q->k, q->v, q->n, q->p, q->n_kv,
+		int ret = dm_real->store_rows(c, q->blocks, q->t0, q->k, q->v, q->n, q->p, q->n_kv,
 					       q->d, q->dt);
 		assert_int_equal(ret, 0);
 		free(q->k);
@@ -670,42 +479,6 @@ static int dl_store_rows(void *c, void *const *blocks, int t0, const float *k, c
 	(void)c, (void)blocks, (void)t0, (void)k, (void)v, (void)n, (void)p, (void)n_kv, (void)d,
 		(void)dt;
 	return -EOPNOTSUPP;
-}
-
-/* The devmem view of the CPU backend be (sharing its context); ops is filled here. */
-static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
-{
-	real_ops = cpu->ops;
-	*ops = *cpu->ops;
-	ops->name = "devmem";
-	ops->buf_alloc = dm_alloc;
-	ops->buf_free = dm_free_buf;
-	ops->upload = dm_upload;
-	ops->download = dm_download;
-	ops->copy = dm_copy;
-	ops->convert = dm_convert;
-	ops->gather_rows = dm_gather_rows;
-	ops->matmul = dm_matmul;
-	ops->rmsnorm = dm_rmsnorm;
-	ops->rope = dm_rope;
-	ops->silu_mul = dm_silu_mul;
-	ops->add = dm_add;
-	ops->add_bias = dm_add_bias;
-	ops->embed = dm_embed;
-	ops->softmax = dm_softmax;
-	ops->attn_prefill = dm_attn_prefill;
-	ops->attn_decode = dm_attn_decode;
-	ops->attn_decode_heads = dm_attn_decode_heads;
-	ops->attn_decode_slots = real_ops->attn_decode_slots ? dm_attn_decode_slots : NULL;
-	ops->recall_units = dm_recall_units;
-	ops->recall_direct = dm_recall_direct;
-	ops->store_rows = dm_store_rows;
-	ops->round_to = dm_round_to;
-	ops->page_summary = dm_page_summary;
-	ops->select_pages = dm_select_pages;
-	ops->group_cosine = dm_group_cosine;
-	ops->download_async = dm_download_async;
-	return (struct backend){ .ops = ops, .ctx = cpu->ctx };
 }
 
 /* Every policy on the devmem backend, past a small budget with the debug invariants on (slots
