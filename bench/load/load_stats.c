@@ -18,26 +18,38 @@ size_t load_block_bytes(const struct load_cfg *c)
 }
 
 /* xorshift64* seeded from the block's identity: any process can recompute a block's bytes. */
-void load_fill(uint8_t *p, size_t n, const char *seq, uint32_t layer, uint32_t page)
+static uint64_t fill_seed(const char *seq, uint32_t layer, uint32_t page)
 {
 	uint64_t s = crc32c(0, seq, strlen(seq)) * 0x9e3779b97f4a7c15ull ^
 		     ((uint64_t)layer << 32 | page) ^ 0x5bd1e995u;
-	if (!s)
-		s = 1;
+	return s ? s : 1;
+}
+
+static uint64_t fill_next(uint64_t *s)
+{
+	*s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+	return *s * 2685821657736338717ull;
+}
+
+void load_fill(uint8_t *p, size_t n, const char *seq, uint32_t layer, uint32_t page)
+{
+	uint64_t s = fill_seed(seq, layer, page);
 	for (size_t i = 0; i < n; i += 8) {
-		s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-		uint64_t v = s * 2685821657736338717ull;
+		uint64_t v = fill_next(&s);
 		memcpy(p + i, &v, n - i < 8 ? n - i : 8);
 	}
 }
 
+/* The same stream, compared as it is made: no buffer, any block size. */
 bool load_check(const uint8_t *p, size_t n, const char *seq, uint32_t layer, uint32_t page)
 {
-	uint8_t buf[1 << 16];
-	if (n > sizeof buf)
-		return false;
-	load_fill(buf, n, seq, layer, page);
-	return memcmp(buf, p, n) == 0;
+	uint64_t s = fill_seed(seq, layer, page);
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t v = fill_next(&s);
+		if (memcmp(p + i, &v, n - i < 8 ? n - i : 8) != 0)
+			return false;
+	}
+	return true;
 }
 
 static unsigned bucket(uint64_t v)
