@@ -37,6 +37,7 @@ struct cfg {
 	uint64_t journal_compact_bytes;	/* compact by snapshot once the journal grows past this */
 	uint64_t dram_high_watermark;	/* percent of the pool in use that starts demotion */
 	uint64_t dram_low_watermark;	/* percent demotion brings usage down to */
+	uint64_t alloc_wait_ms;		/* a full pool's ALLOC waits this long for room */
 	uint64_t heartbeat_timeout_ms;
 	uint64_t ring_entries;
 	uint64_t max_workers;

@@ -524,6 +524,22 @@ static int op_release(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 
 /* Queues p; -EBUSY when the worker already has a ring's worth of ops waiting (more could not
  * all complete into its completion ring, and the queue must not grow without bound). */
+/* An ALLOC that found DRAM full: start demotion; when nothing can be demoted yet (every block
+ * leased or not committed), wait up to alloc_wait_ms for a release or a commit. -EAGAIN: keep
+ * it pending; -ENOSPC: give up. */
+static int alloc_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
+{
+	demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+	if (!dp->demoting)
+		reclaim_unit_for(dp, w, &p->e);
+	if (dp->demoting)
+		return -EAGAIN;
+	uint64_t now = dp_now_us();
+	if (!p->deadline_us)
+		p->deadline_us = now + dp->cfg->alloc_wait_ms * 1000;
+	return now < p->deadline_us ? -EAGAIN : -ENOSPC;
+}
+
 static int defer(struct dp_worker *w, struct dp_pending *p)
 {
 	struct dp_pending **pp = &w->pending;
@@ -552,17 +568,12 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 	switch (in->op) {
 	case RING_OP_ALLOC:
 		ret = op_alloc(dp, w, &p->e);
+		if (ret == -EAGAIN)
+			ret = alloc_wait(dp, w, p);
 		if (ret == -EAGAIN) {
-			demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
-			if (!dp->demoting)
-				reclaim_unit_for(dp, w, &p->e);
-			if (dp->demoting) {
-				ret = defer(w, p);
-				if (!ret)
-					return;
-				break;
-			}
-			ret = -ENOSPC;
+			ret = defer(w, p);
+			if (!ret)
+				return;
 		}
 		break;
 	case RING_OP_COMMIT:
@@ -596,13 +607,8 @@ static void retry_pending(struct dp *dp, struct dp_worker *w)
 		int ret;
 		if (p->e.op == RING_OP_ALLOC) {
 			ret = op_alloc(dp, w, &p->e);
-			if (ret == -EAGAIN && !dp->demoting) {
-				demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
-				if (!dp->demoting)
-					reclaim_unit_for(dp, w, &p->e);
-				if (!dp->demoting)
-					ret = -ENOSPC;
-			}
+			if (ret == -EAGAIN && !dp->demoting)
+				ret = alloc_wait(dp, w, p);
 		} else {
 			ret = recall_step(dp, w, p);
 		}
@@ -738,6 +744,10 @@ int dp_poll_timeout(const struct dp *dp, int dflt)
 			return 0; /* left over by the bounded pass: no new doorbell will come */
 	if (dp->tier && tier_pending(dp->tier) && tier_eventfd(dp->tier) < 0)
 		return 1;
+	for (size_t i = 0; i < dp->max_w; i++)
+		for (const struct dp_pending *p = dp->w[i].pending; p; p = p->next)
+			if (p->deadline_us) /* an ALLOC waiting for room: retry, and fail it in time */
+				return dflt < DP_ALLOC_RETRY_MS ? dflt : DP_ALLOC_RETRY_MS;
 	for (unsigned i = 0; i < DP_SWAP_MAX; i++)
 		if (dp->swaps[i].phase == DP_SWAP_RESTORE && dp->swaps[i].restore_waiting)
 			return dflt < (int)(DP_SWAP_RETRY_US / 1000) ? dflt
