@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -189,6 +190,30 @@ void kvs_close(struct kvs *k)
 	zmq_close(k->sock);
 	zmq_ctx_term(k->zctx);
 	free(k);
+}
+
+void kvs_abandon(struct kvs *k)
+{
+	if (!k)
+		return;
+	k->shutdown = true;
+	kvs_close(k);
+}
+
+int kvs_pool_take(struct kvs *k, struct kvs *old)
+{
+	struct stat a, b;
+	if (!k->pool_mapped || !old->pool_mapped)
+		return seterr(k, -EINVAL, "no pool mapping to take");
+	if (fstat(k->pool.fd, &a) < 0 || fstat(old->pool.fd, &b) < 0)
+		return seterr(k, -errno, "fstat of the pool segment: %s", strerror(errno));
+	if (a.st_dev != b.st_dev || a.st_ino != b.st_ino || k->pool.bytes != old->pool.bytes)
+		return seterr(k, -ESTALE, "kvstored maps a new pool segment: what the old one held "
+			      "is gone");
+	pool_unmap(&k->pool);
+	k->pool = old->pool;
+	old->pool_mapped = false;
+	return 0;
 }
 
 const char *kvs_error(const struct kvs *k)

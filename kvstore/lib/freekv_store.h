@@ -58,6 +58,15 @@ uint32_t kvs_worker_id(const struct kvs *k);
 void *kvs_pool_base(const struct kvs *k);	/* NULL before a worker Hello */
 uint64_t kvs_pool_bytes(const struct kvs *k);
 uint32_t kvs_heartbeat_ms(const struct kvs *k);
+/* After a worker Hello on k to a restarted daemon: when k mapped the very segment old maps
+ * (same file, same size), k keeps old's mapping instead of its own, so that pointers into the
+ * pool (and a DMA registration of it) stay valid; old no longer owns it. -ESTALE when the
+ * segments differ (the daemon made a new pool: what the old one held is gone), -EINVAL when
+ * either is not a mapped worker. */
+int kvs_pool_take(struct kvs *k, struct kvs *old);
+/* Closes k without a Goodbye: for a connection to a daemon that is gone (a Goodbye would reach
+ * its successor, which does not know this connection). */
+void kvs_abandon(struct kvs *k);
 
 /* Any request, built by the caller: version, id and worker_id are filled in. The reply (status
  * 0 only) is returned in *out when out is not NULL. */

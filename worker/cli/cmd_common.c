@@ -365,7 +365,7 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	snprintf(wname, sizeof wname, "kvworker-%d", (int)getpid());
 	struct hostkv_opts ho = { .endpoint = o->endpoint, .worker_name = wname,
 				  .embedded_bytes = embedded_bytes(&s->m, &g, engine_max_ctx(s->e)),
-				  .lease_budget = o->lease_budget };
+				  .lease_budget = o->lease_budget, .retry_s = (int)o->store_retry };
 	if ((ret = hostkv_open(&ho, &s->hk, err, sizeof err))) {
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;
@@ -675,7 +675,8 @@ static int reconnect(struct cmd_session *s, const struct hist *h, float *logits)
 		char wname[64];
 		snprintf(wname, sizeof wname, "kvworker-%d", (int)getpid());
 		struct hostkv_opts ho = { .endpoint = o->endpoint, .worker_name = wname,
-					  .lease_budget = o->lease_budget };
+					  .lease_budget = o->lease_budget,
+					  .retry_s = (int)o->store_retry };
 		int ret = hostkv_open(&ho, &s->hk, err, sizeof err);
 		if (ret) {
 			s->hk = NULL;

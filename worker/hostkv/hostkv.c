@@ -43,6 +43,7 @@
 #include "backend.h"
 #include "errmsg.h"
 #include "hostkv_impl.h"
+#include "hostkv_table.h"
 
 #define HOSTKV_AHEAD 16u		/* pages per layer allocated at once */
 #define HOSTKV_ALLOC_MAX 64u		/* pages per ALLOC entry (ring.h) */
@@ -50,70 +51,13 @@
 #define HOSTKV_RELEASE_MAX 64u		/* leases per RELEASE entry */
 #define HOSTKV_MAX_PAGES (1u << 24)	/* per layer, as kvstored allows */
 
-struct hostkv {
-	const struct hostkv_store_ops *ops;
-	void *st;
-	uint8_t *base;
-	uint64_t bytes;
-	bool remote;
-	struct backend *reg_be;	/* the backend the pool mapping is registered with, or NULL */
-	pthread_mutex_t mu;	/* store ops, last_call_ms, seqs list */
-	uint64_t last_call_ms;
-	struct hostkv_seq *seqs;
-	uint32_t lease_budget;
-
-	pthread_t hb;		/* heartbeat thread, when the store needs one */
-	bool hb_running, hb_stop;
-	pthread_cond_t hb_cond;
-	uint32_t hb_ms;
-	int hb_err;		/* last heartbeat failure, 0 when fine */
-};
-
-/* One (layer, page) of a sequence. */
-struct hk_block {
-	uint64_t off;	/* pool offset, valid while leased */
-	uint64_t lease;	/* lease id, 0 when not leased */
-	uint64_t used;	/* LRU stamp (s->clock when last pinned or leased) */
-	uint32_t pins;
-};
-
-struct hostkv_seq {
-	struct hostkv *h;
-	struct hostkv_seq *next;
-	uint64_t id;
-	char name[128];
-	int n_layers;
-	struct kv_geom g;
-	size_t block_bytes;
-	uint64_t all_heads;	/* RECALL head mask */
-	uint32_t budget;	/* evictable leases kept; 0: lease-all */
-
-	pthread_mutex_t mu;	/* everything down to n_releases */
-	struct hk_block *blk;	/* (n_layers, cap) */
-	uint32_t cap;
-	uint32_t *n_alloc;	/* (n_layers,) pages [0, n) have a block */
-	uint32_t full;		/* pages [0, full) are full and committed: committed / p */
-	uint64_t clock;
-	uint64_t n_held;	/* blocks leased */
-	uint64_t n_evictable;	/* leased, unpinned, page < full */
-	uint64_t n_recalls;	/* blocks leased again on demand */
-	uint64_t n_recall_ops;	/* RECALL entries sent for them */
-	uint64_t n_releases;	/* leases released for the budget */
-
-	uint32_t n_commit_pages; /* pages [0, n) of every layer were COMMITted */
-	int64_t committed;	/* ours; the store's lags by a step while lagging is set */
-	bool lagging;
-	int32_t *ids;		/* ids kept by the store, (n_ids,) */
-	size_t n_ids, cap_ids;
-};
-
 /* Store ops are called with h->mu held; each marks the time for the heartbeat thread. */
-static void lock_store(struct hostkv *h)
+void hk_lock_store(struct hostkv *h)
 {
 	pthread_mutex_lock(&h->mu);
 }
 
-static void unlock_store(struct hostkv *h, bool control)
+void hk_unlock_store(struct hostkv *h, bool control)
 {
 	if (control)
 		h->last_call_ms = clock_ms();
@@ -168,6 +112,8 @@ int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, siz
 	}
 	pthread_mutex_init(&h->mu, NULL);
 	pthread_cond_init(&h->hb_cond, NULL);
+	pthread_rwlock_init(&h->life, NULL);
+	h->retry_ms = o->retry_s > 0 ? (uint32_t)o->retry_s * 1000u : 0;
 	h->last_call_ms = clock_ms();
 	h->hb_ms = h->ops->heartbeat_ms ? h->ops->heartbeat_ms(h->st) : 0;
 	if (h->hb_ms && h->ops->heartbeat) {
@@ -201,6 +147,7 @@ void hostkv_close(struct hostkv *h)
 	h->ops->close(h->st);
 	pthread_cond_destroy(&h->hb_cond);
 	pthread_mutex_destroy(&h->mu);
+	pthread_rwlock_destroy(&h->life);
 	free(h);
 }
 
@@ -209,10 +156,35 @@ bool hostkv_is_remote(const struct hostkv *h)
 	return h->remote;
 }
 
+static bool gone_locked(const struct hostkv *h)
+{
+	return h->ops->gone && h->ops->gone(h->st);
+}
+
 bool hostkv_store_gone(const struct hostkv *h)
 {
-	return h && h->ops->gone && h->ops->gone(h->st);
+	if (!h)
+		return false;
+	pthread_rwlock_rdlock((pthread_rwlock_t *)&h->life);
+	bool gone = gone_locked(h);
+	pthread_rwlock_unlock((pthread_rwlock_t *)&h->life);
+	return gone;
 }
+
+/* Runs a public op: under `life` for reading; when it failed because the store went away and
+ * the store comes back (hk_reconnect), runs it again. */
+#define WITH_RECONNECT(h, err, errlen, ret, call)					\
+	do {										\
+		for (;;) {								\
+			pthread_rwlock_rdlock(&(h)->life);				\
+			uint64_t gen_ = (h)->gen;					\
+			(ret) = (call);							\
+			bool gone_ = (ret) && gone_locked(h);				\
+			pthread_rwlock_unlock(&(h)->life);				\
+			if (!gone_ || hk_reconnect((h), gen_, (err), (errlen)))		\
+				break;							\
+		}									\
+	} while (0)
 
 int hostkv_seq_register(struct hostkv_seq *s, struct backend *be, char *err, size_t errlen)
 {
@@ -241,7 +213,7 @@ static int run_ring(struct hostkv *h, struct ring_entry *e, size_t n, char *err,
 	int ret = 0;
 	for (size_t i = 0; i < n; i++)
 		e[i].status = -ECANCELED;
-	lock_store(h);
+	hk_lock_store(h);
 	for (size_t i = 0; i < n && !ret; i += HOSTKV_RING_BATCH) {
 		unsigned m = n - i < HOSTKV_RING_BATCH ? (unsigned)(n - i) : HOSTKV_RING_BATCH;
 		ret = h->ops->ring(h->st, e + i, m, err, errlen);
@@ -262,7 +234,7 @@ static int run_ring(struct hostkv *h, struct ring_entry *e, size_t n, char *err,
 				     x->first_page, strerror(-x->status), why);
 		}
 	}
-	unlock_store(h, false);
+	hk_unlock_store(h, false);
 	return ret;
 }
 
@@ -294,7 +266,7 @@ static bool off_ok(const struct hostkv_seq *s, uint64_t off)
 
 /* ---------------------------------------------------------------- block table */
 
-static struct hk_block *blk(struct hostkv_seq *s, int layer, uint32_t page)
+struct hk_block *hk_blk(struct hostkv_seq *s, int layer, uint32_t page)
 {
 	return &s->blk[(size_t)layer * s->cap + page];
 }
@@ -378,7 +350,7 @@ static int recall_blocks(struct hostkv_seq *s, const uint32_t *lp, size_t n, boo
 		for (uint32_t j = 0; j < cnt[i]; j++) {
 			const uint32_t l = lp[2 * (at + j)], p = lp[2 * (at + j) + 1];
 			uint64_t off = e[i].payload[2 * j], lid = e[i].payload[2 * j + 1];
-			struct hk_block *b = blk(s, (int)l, p);
+			struct hk_block *b = hk_blk(s, (int)l, p);
 			if (!off_ok(s, off)) {
 				if (!ret)
 					ret = errmsg(err, errlen, -EPROTO, "store gave an offset "
@@ -410,14 +382,14 @@ static int recall_blocks(struct hostkv_seq *s, const uint32_t *lp, size_t n, boo
 }
 
 /* Leases the allocated blocks of pages [p0, p1) of layers [l0, l1) that hold no lease. */
-static int lease_missing(struct hostkv_seq *s, int l0, int l1, uint32_t p0, uint32_t p1,
+int hk_lease_missing(struct hostkv_seq *s, int l0, int l1, uint32_t p0, uint32_t p1,
 			 char *err, size_t errlen)
 {
 	pthread_mutex_lock(&s->mu);
 	size_t n = 0;
 	for (int l = l0; l < l1; l++)
 		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++)
-			n += !blk(s, l, p)->lease;
+			n += !hk_blk(s, l, p)->lease;
 	uint32_t *lp = n ? malloc(2 * n * sizeof *lp) : NULL;
 	if (!lp) {
 		pthread_mutex_unlock(&s->mu);
@@ -426,7 +398,7 @@ static int lease_missing(struct hostkv_seq *s, int l0, int l1, uint32_t p0, uint
 	size_t k = 0;
 	for (int l = l0; l < l1; l++)
 		for (uint32_t p = p0; p < p1 && p < s->n_alloc[l]; p++)
-			if (!blk(s, l, p)->lease) {
+			if (!hk_blk(s, l, p)->lease) {
 				lp[k++] = (uint32_t)l;
 				lp[k++] = p;
 			}
@@ -460,7 +432,7 @@ static int enforce_budget(struct hostkv_seq *s, char *err, size_t errlen)
 	size_t n = 0;
 	for (int l = 0; l < s->n_layers; l++)
 		for (uint32_t p = 0; p < s->full && p < s->n_alloc[l]; p++) {
-			const struct hk_block *b = blk(s, l, p);
+			const struct hk_block *b = hk_blk(s, l, p);
 			if (evictable(s, p, b) && n < s->n_evictable) {
 				c[3 * n] = b->used;
 				c[3 * n + 1] = (uint64_t)l;
@@ -473,7 +445,7 @@ static int enforce_budget(struct hostkv_seq *s, char *err, size_t errlen)
 	if (want > n)
 		want = n;
 	for (size_t i = 0; i < want; i++) {
-		struct hk_block *b = blk(s, (int)c[3 * i + 1], (uint32_t)c[3 * i + 2]);
+		struct hk_block *b = hk_blk(s, (int)c[3 * i + 1], (uint32_t)c[3 * i + 2]);
 		c[i] = b->lease;	/* c[0..i) is past every entry still read */
 		b->lease = 0;
 	}
@@ -489,7 +461,7 @@ static int enforce_budget(struct hostkv_seq *s, char *err, size_t errlen)
 }
 
 /* Allocates pages [n_alloc[l], upto) of every layer, then leases them. */
-static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t errlen)
+int hk_alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t errlen)
 {
 	int ret = grow_table(s, upto);
 	if (ret)
@@ -524,7 +496,7 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 			    e[i].first_page != s->n_alloc[l])
 				continue;
 			for (uint32_t j = 0; j < e[i].count; j++)
-				blk(s, (int)l, e[i].first_page + j)->off = e[i].payload[j];
+				hk_blk(s, (int)l, e[i].first_page + j)->off = e[i].payload[j];
 			s->n_alloc[l] += e[i].count;
 		}
 		pthread_mutex_unlock(&s->mu);
@@ -532,7 +504,7 @@ static int alloc_pages(struct hostkv_seq *s, uint32_t upto, char *err, size_t er
 		if (ret)
 			return ret;
 	}
-	return lease_missing(s, 0, s->n_layers, lo, upto, err, errlen);
+	return hk_lease_missing(s, 0, s->n_layers, lo, upto, err, errlen);
 }
 
 /* ---------------------------------------------------------------- sequences */
@@ -556,7 +528,7 @@ static void seq_free(struct hostkv_seq *s)
 	free(s);
 }
 
-static int keep_ids(struct hostkv_seq *s, const int32_t *ids, size_t first, size_t n)
+int hk_keep_ids(struct hostkv_seq *s, const int32_t *ids, size_t first, size_t n)
 {
 	if (first + n > s->cap_ids) {
 		size_t cap = s->cap_ids ? s->cap_ids : 256;
@@ -603,21 +575,23 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 	}
 	struct kvs_geometry kg = { (uint32_t)n_layers, (uint32_t)g->n_kv, (uint32_t)g->d,
 				   (uint32_t)g->p, (uint32_t)geom_dtype(g->dtype) };
+	s->kg = kg;
+	memcpy(s->fp, fingerprint, sizeof s->fp);
 	uint64_t committed = 0;
 	uint32_t *ids = NULL;
 	size_t n_ids = 0;
-	lock_store(h);
+	hk_lock_store(h);
 	int ret = h->ops->open_seq(h->st, name, fingerprint, FKV_FINGERPRINT_BYTES, &kg, create,
 				   &s->id, err, errlen);
 	if (!ret)
 		ret = h->ops->attach(h->st, s->id, &committed, &ids, &n_ids, err, errlen);
-	unlock_store(h, true);
+	hk_unlock_store(h, true);
 	if (ret) {
 		seq_free(s);
 		return ret;
 	}
 	s->committed = (int64_t)committed;
-	if (n_ids && keep_ids(s, (const int32_t *)ids, 0, n_ids))
+	if (n_ids && hk_keep_ids(s, (const int32_t *)ids, 0, n_ids))
 		ret = errmsg(err, errlen, -ENOMEM, "out of memory");
 	free(ids);
 	uint32_t pages = (uint32_t)((committed + (uint64_t)g->p - 1) / (uint64_t)g->p);
@@ -632,13 +606,13 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 		for (int l = 0; l < n_layers; l++)
 			s->n_alloc[l] = pages;
 		s->full = (uint32_t)(committed / (uint64_t)g->p);
-		ret = lease_missing(s, 0, n_layers, s->budget ? s->full : 0, pages, err, errlen);
+		ret = hk_lease_missing(s, 0, n_layers, s->budget ? s->full : 0, pages, err, errlen);
 	}
 	s->n_commit_pages = pages;
-	lock_store(h);
+	hk_lock_store(h);
 	s->next = h->seqs;
 	h->seqs = s;
-	unlock_store(h, false);
+	hk_unlock_store(h, false);
 	if (!ret)
 		ret = enforce_budget(s, err, errlen);
 	if (ret) {
@@ -660,8 +634,8 @@ int64_t hostkv_seq_tokens(const struct hostkv_seq *s, const int32_t **ids)
 	return (int64_t)s->n_ids;
 }
 
-int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *err,
-		 size_t errlen)
+static int block_once(struct hostkv_seq *s, int layer, int page, void **block, char *err,
+		      size_t errlen)
 {
 	if (layer < 0 || layer >= s->n_layers || page < 0 || (uint32_t)page >= HOSTKV_MAX_PAGES)
 		return errmsg(err, errlen, -EINVAL, "no block (layer %d, page %d) in a %d-layer "
@@ -675,17 +649,17 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 			upto = s->n_alloc[layer] + HOSTKV_AHEAD;
 		if (upto > HOSTKV_MAX_PAGES)
 			upto = HOSTKV_MAX_PAGES;
-		int ret = alloc_pages(s, upto, err, errlen);
+		int ret = hk_alloc_pages(s, upto, err, errlen);
 		if (ret)
 			return ret;
 	}
 	/* Leased since allocation unless that lease failed: lease it now. */
-	int ret = lease_missing(s, layer, layer + 1, (uint32_t)page, (uint32_t)page + 1, err,
+	int ret = hk_lease_missing(s, layer, layer + 1, (uint32_t)page, (uint32_t)page + 1, err,
 				errlen);
 	if (ret)
 		return ret;
 	pthread_mutex_lock(&s->mu);
-	struct hk_block *b = blk(s, layer, (uint32_t)page);
+	struct hk_block *b = hk_blk(s, layer, (uint32_t)page);
 	const bool leased = b->lease != 0;
 	if (leased) {
 		b->used = ++s->clock;
@@ -698,10 +672,18 @@ int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *
 	return 0;
 }
 
+int hostkv_block(struct hostkv_seq *s, int layer, int page, void **block, char *err,
+		 size_t errlen)
+{
+	int ret;
+	WITH_RECONNECT(s->h, err, errlen, ret, block_once(s, layer, page, block, err, errlen));
+	return ret;
+}
+
 /* Adds one pin of (layer, page) (s->mu held): the block leaves the budget's count. */
 static void pin_locked(struct hostkv_seq *s, int layer, uint32_t page)
 {
-	struct hk_block *b = blk(s, layer, page);
+	struct hk_block *b = hk_blk(s, layer, page);
 	s->n_evictable -= evictable(s, page, b);
 	b->pins++;
 }
@@ -709,7 +691,7 @@ static void pin_locked(struct hostkv_seq *s, int layer, uint32_t page)
 /* Drops one pin of (layer, page) (s->mu held); false when it had none. */
 static bool unpin_locked(struct hostkv_seq *s, int layer, uint32_t page)
 {
-	struct hk_block *b = blk(s, layer, page);
+	struct hk_block *b = hk_blk(s, layer, page);
 	if (!b->pins)
 		return false;
 	b->pins--;
@@ -723,8 +705,8 @@ static int cmp_u32(const void *a, const void *b)
 	return *x < *y ? -1 : *x > *y;
 }
 
-int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
-		    const void **blocks, char *err, size_t errlen)
+static int pin_many_once(struct hostkv_seq *s, int layer, const int *pages, int n,
+			 const void **blocks, char *err, size_t errlen)
 {
 	if (layer < 0 || layer >= s->n_layers || n < 0 || (n && (!pages || !blocks)))
 		return errmsg(err, errlen, -EINVAL, "no blocks (layer %d, %d pages)", layer, n);
@@ -739,7 +721,7 @@ int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
 	size_t n_miss = 0;
 	for (int i = 0; i < n; i++) {
 		pin_locked(s, layer, (uint32_t)pages[i]);
-		struct hk_block *b = blk(s, layer, (uint32_t)pages[i]);
+		struct hk_block *b = hk_blk(s, layer, (uint32_t)pages[i]);
 		b->used = ++s->clock;
 		n_miss += !b->lease;
 	}
@@ -749,7 +731,7 @@ int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
 	size_t m = 0;
 	if (lp) {
 		for (int i = 0; i < n; i++)
-			if (!blk(s, layer, (uint32_t)pages[i])->lease)
+			if (!hk_blk(s, layer, (uint32_t)pages[i])->lease)
 				lp[m++] = (uint32_t)pages[i];
 		qsort(lp, m, sizeof *lp, cmp_u32);
 		size_t u = 0;
@@ -767,7 +749,7 @@ int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
 	free(lp);
 	pthread_mutex_lock(&s->mu);
 	for (int i = 0; i < n && !ret; i++) {
-		const struct hk_block *b = blk(s, layer, (uint32_t)pages[i]);
+		const struct hk_block *b = hk_blk(s, layer, (uint32_t)pages[i]);
 		if (b->lease)
 			blocks[i] = s->h->base + b->off;
 		else
@@ -790,6 +772,14 @@ int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
 			unpin_locked(s, layer, (uint32_t)pages[i]);
 		pthread_mutex_unlock(&s->mu);
 	}
+	return ret;
+}
+
+int hostkv_pin_many(struct hostkv_seq *s, int layer, const int *pages, int n,
+		    const void **blocks, char *err, size_t errlen)
+{
+	int ret;
+	WITH_RECONNECT(s->h, err, errlen, ret, pin_many_once(s, layer, pages, n, blocks, err, errlen));
 	return ret;
 }
 
@@ -818,7 +808,9 @@ int hostkv_unpin_many(struct hostkv_seq *s, int layer, const int *pages, int n, 
 			      "not pinned", s->name, layer, bad);
 	}
 	pthread_mutex_unlock(&s->mu);
-	return enforce_budget(s, err, errlen);
+	int ret;
+	WITH_RECONNECT(s->h, err, errlen, ret, enforce_budget(s, err, errlen));
+	return ret;
 }
 
 int hostkv_unpin(struct hostkv_seq *s, int layer, int page, char *err, size_t errlen)
@@ -832,7 +824,7 @@ void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st)
 	pthread_mutex_lock(&s->mu);
 	for (int l = 0; l < s->n_layers; l++)
 		for (uint32_t p = 0; p < s->n_alloc[l]; p++) {
-			const struct hk_block *b = blk(s, l, p);
+			const struct hk_block *b = hk_blk(s, l, p);
 			st->held += b->lease != 0;
 			st->pinned += b->pins != 0;
 			st->evictable += evictable(s, p, b);
@@ -847,7 +839,7 @@ void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st)
 /* COMMITs the blocks of pages [n_commit_pages, pages) of every layer, moving the committed
  * length to `committed` with the last entry (the earlier ones carry the old length). Those
  * pages are at or past the tail page, so they are leased. */
-static int commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed, char *err,
+int hk_commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed, char *err,
 			 size_t errlen)
 {
 	size_t nb = (size_t)(pages - s->n_commit_pages) * (size_t)s->n_layers;
@@ -864,7 +856,7 @@ static int commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed
 	for (uint32_t p = s->n_commit_pages; p < pages; p++)
 		for (int l = 0; l < s->n_layers; l++, k++) {
 			struct ring_entry *x = &e[k / RING_PAYLOAD_MAX];
-			x->payload[x->n_payload++] = blk(s, l, p)->off;
+			x->payload[x->n_payload++] = hk_blk(s, l, p)->off;
 			x->count = x->n_payload;
 		}
 	pthread_mutex_unlock(&s->mu);
@@ -875,8 +867,8 @@ static int commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed
 	return ret;
 }
 
-int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
-		  int64_t first, int64_t n, char *err, size_t errlen)
+static int commit_once(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
+		       int64_t first, int64_t n, char *err, size_t errlen)
 {
 	if (committed_tokens < s->committed)
 		return errmsg(err, errlen, -EINVAL, "committed length %" PRId64 " below %" PRId64,
@@ -907,8 +899,8 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 	bool sent = false;
 	int ret = 0;
 	if (pages > s->n_commit_pages) {
-		ret = lease_missing(s, 0, s->n_layers, s->n_commit_pages, pages, err, errlen)
-		   ?: commit_blocks(s, pages, committed_tokens, err, errlen);
+		ret = hk_lease_missing(s, 0, s->n_layers, s->n_commit_pages, pages, err, errlen)
+		   ?: hk_commit_blocks(s, pages, committed_tokens, err, errlen);
 		sent = true;
 	}
 	if (!ret && fresh > 0) {
@@ -918,12 +910,12 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 		for (int64_t i = 0; i < fresh; i++)
 			u[i] = (uint32_t)ids[same + i];
 		struct hostkv *h = s->h;
-		lock_store(h);
+		hk_lock_store(h);
 		ret = h->ops->commit_tokens(h->st, s->id, (uint64_t)committed_tokens, s->n_ids, u,
 					    (size_t)fresh, err, errlen);
-		unlock_store(h, true);
+		hk_unlock_store(h, true);
 		free(u);
-		if (!ret && keep_ids(s, ids + same, s->n_ids, (size_t)fresh))
+		if (!ret && hk_keep_ids(s, ids + same, s->n_ids, (size_t)fresh))
 			ret = errmsg(err, errlen, -ENOMEM, "out of memory");
 		sent = true;
 	}
@@ -939,13 +931,22 @@ int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t 
 	pthread_mutex_lock(&s->mu);
 	for (uint32_t p = s->full; p < full; p++)
 		for (int l = 0; l < s->n_layers; l++) {
-			const struct hk_block *b = blk(s, l, p);
+			const struct hk_block *b = hk_blk(s, l, p);
 			s->n_evictable += b->lease && !b->pins;
 		}
 	if (full > s->full)
 		s->full = full;
 	pthread_mutex_unlock(&s->mu);
 	return enforce_budget(s, err, errlen);
+}
+
+int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
+		  int64_t first, int64_t n, char *err, size_t errlen)
+{
+	int ret;
+	WITH_RECONNECT(s->h, err, errlen, ret,
+		       commit_once(s, committed_tokens, ids, first, n, err, errlen));
+	return ret;
 }
 
 int hostkv_seq_close(struct hostkv_seq *s, bool drop)
@@ -955,30 +956,39 @@ int hostkv_seq_close(struct hostkv_seq *s, bool drop)
 	struct hostkv *h = s->h;
 	char err[256];
 	int ret = 0;
+	/* A store that went away and comes back gets the final length, as if it had stayed. */
+	pthread_rwlock_rdlock(&h->life);
+	uint64_t gen = h->gen;
+	bool gone = gone_locked(h);
+	pthread_rwlock_unlock(&h->life);
+	if (gone && h->retry_ms)
+		hk_reconnect(h, gen, err, sizeof err);
+	pthread_rwlock_rdlock(&h->life);
 	if (s->lagging && !drop)
-		ret = commit_blocks(s, s->n_commit_pages, s->committed, err, sizeof err);
+		ret = hk_commit_blocks(s, s->n_commit_pages, s->committed, err, sizeof err);
 	size_t n = 0;
 	uint64_t *ids = s->n_held ? malloc(s->n_held * sizeof *ids) : NULL;
 	if (ids) {
 		pthread_mutex_lock(&s->mu);
 		for (int l = 0; l < s->n_layers; l++)
 			for (uint32_t p = 0; p < s->n_alloc[l]; p++)
-				if (blk(s, l, p)->lease && n < s->n_held)
-					ids[n++] = blk(s, l, p)->lease;
+				if (hk_blk(s, l, p)->lease && n < s->n_held)
+					ids[n++] = hk_blk(s, l, p)->lease;
 		pthread_mutex_unlock(&s->mu);
 	}
 	/* Without the list (no memory) the store still drops the leases with the sequence. */
 	int r = release_leases(h, ids, n, err, sizeof err);
 	ret = ret ? ret : r;
 	free(ids);
-	lock_store(h);
+	hk_lock_store(h);
 	int r2 = h->ops->close_seq(h->st, s->id, drop, err, sizeof err);
 	for (struct hostkv_seq **pp = &h->seqs; *pp; pp = &(*pp)->next)
 		if (*pp == s) {
 			*pp = s->next;
 			break;
 		}
-	unlock_store(h, true);
+	hk_unlock_store(h, true);
+	pthread_rwlock_unlock(&h->life);
 	seq_free(s);
 	return ret ? ret : r2;
 }
@@ -1025,9 +1035,9 @@ int hostkv_report_stats(struct hostkv *h, const char *json)
 	st.layer_full_step_rate = rates;
 	st.json = (char *)json;
 	char err[256];
-	lock_store(h);
+	hk_lock_store(h);
 	int ret = h->ops->heartbeat(h->st, &st, err, sizeof err);
-	unlock_store(h, true);
+	hk_unlock_store(h, true);
 	json_object_put(o);
 	free(rates);
 	return ret;

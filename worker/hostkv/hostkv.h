@@ -46,6 +46,9 @@ struct hostkv_opts {
 	const char *worker_name;  /* shown by `kvctl workers` */
 	size_t embedded_bytes;	  /* pool size of the embedded store (0: a default) */
 	int timeout_ms;		  /* control request timeout (0: a default) */
+	/* kvstored found gone: for up to this many seconds, reconnect and continue in place
+	 * (0: every later call fails; the caller closes the handle). */
+	int retry_s;
 	/* Leases kept per sequence on full, committed, unpinned blocks (0: every block leased,
 	 * the default; at most HOSTKV_MAX_BUDGET). */
 	uint32_t lease_budget;

@@ -47,6 +47,10 @@ struct hostkv_store_ops {
 	/* (optional) True once a call found the store gone (its daemon died, stopped or cannot
 	 * be reached any more): the handle is dead, a new one must be opened. */
 	bool (*gone)(void *st);
+	/* (optional) Connects again to a store found gone (restarted): *st is a new state whose
+	 * pool mapping is the old one (same base), and old_st is freed; on failure old_st is
+	 * kept. -ESTALE when the store's pool is a new segment (what it held is gone). */
+	int (*reopen)(void *old_st, void **st, char *err, size_t errlen);
 	void (*close)(void *st);
 };
 

@@ -18,6 +18,8 @@
 
 struct remote {
 	struct kvs *k;
+	char endpoint[256], name[64];
+	int timeout_ms;
 	uint64_t next_user;
 	_Atomic bool gone;	/* set by any thread's call (the heartbeat thread's too) */
 };
@@ -205,6 +207,8 @@ static void r_close(void *st)
 	free(r);
 }
 
+static int r_reopen(void *old_st, void **st, char *err, size_t errlen);
+
 static const struct hostkv_store_ops remote_ops = {
 	.name = "kvstored",
 	.open_seq = r_open_seq,
@@ -216,8 +220,54 @@ static const struct hostkv_store_ops remote_ops = {
 	.heartbeat_ms = r_heartbeat_ms,
 	.explain_full = r_explain_full,
 	.gone = r_gone,
+	.reopen = r_reopen,
 	.close = r_close,
 };
+
+/* Connects and says Hello as a worker: r->k, or -errno with err filled. */
+static int r_connect(struct remote *r, char *err, size_t errlen)
+{
+	int ret = kvs_connect(r->endpoint, r->timeout_ms, &r->k);
+	if (ret)
+		return errmsg(err, errlen, ret, "cannot connect to %s: %s", r->endpoint,
+			      strerror(-ret));
+	ret = kvs_hello(r->k, KVS_ROLE_WORKER, r->name);
+	if (ret) {
+		errmsg_set(err, errlen, "kvstored at %s: %s", r->endpoint, kvs_error(r->k));
+		kvs_close(r->k);
+		r->k = NULL;
+	}
+	return ret;
+}
+
+/* A new connection to the (restarted) daemon that keeps old's pool mapping; old is freed
+ * either way on success, kept on failure. */
+static int r_reopen(void *old_st, void **st, char *err, size_t errlen)
+{
+	struct remote *old = old_st;
+	struct remote *r = calloc(1, sizeof *r);
+	if (!r)
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	memcpy(r->endpoint, old->endpoint, sizeof r->endpoint);
+	memcpy(r->name, old->name, sizeof r->name);
+	r->timeout_ms = old->timeout_ms;
+	r->next_user = 1;
+	int ret = r_connect(r, err, errlen);
+	if (ret) {
+		free(r);
+		return ret;
+	}
+	ret = kvs_pool_take(r->k, old->k);
+	if (ret) {
+		errmsg_set(err, errlen, "%s", kvs_error(r->k));
+		r_close(r);
+		return ret;
+	}
+	kvs_abandon(old->k);
+	free(old);
+	*st = r;
+	return 0;
+}
 
 int hostkv_remote_open(const struct hostkv_opts *o, const struct hostkv_store_ops **ops,
 		       void **st, uint8_t **base, uint64_t *bytes, char *err, size_t errlen)
@@ -225,18 +275,18 @@ int hostkv_remote_open(const struct hostkv_opts *o, const struct hostkv_store_op
 	struct remote *r = calloc(1, sizeof *r);
 	if (!r)
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
-	r->next_user = 1;
-	int ret = kvs_connect(o->endpoint, o->timeout_ms > 0 ? o->timeout_ms : REMOTE_TIMEOUT_MS,
-			      &r->k);
-	if (ret) {
-		errmsg_set(err, errlen, "cannot connect to %s: %s", o->endpoint, strerror(-ret));
+	if (strlen(o->endpoint) >= sizeof r->endpoint) {
 		free(r);
-		return ret;
+		return errmsg(err, errlen, -ENAMETOOLONG, "endpoint longer than %zu bytes",
+			      sizeof r->endpoint - 1);
 	}
-	ret = kvs_hello(r->k, KVS_ROLE_WORKER, o->worker_name ? o->worker_name : "kvworker");
+	strcpy(r->endpoint, o->endpoint);
+	snprintf(r->name, sizeof r->name, "%s", o->worker_name ? o->worker_name : "kvworker");
+	r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : REMOTE_TIMEOUT_MS;
+	r->next_user = 1;
+	int ret = r_connect(r, err, errlen);
 	if (ret) {
-		errmsg_set(err, errlen, "kvstored at %s: %s", o->endpoint, kvs_error(r->k));
-		r_close(r);
+		free(r);
 		return ret;
 	}
 	*ops = &remote_ops;
