@@ -173,6 +173,34 @@ static inline void harness_stop(struct harness *h)
 	rmdir(h->dir);
 }
 
+/* kill -9 of the daemon (a crash); the harness may spawn it again. */
+static inline void h_kill9(struct harness *h)
+{
+	assert_int_equal(kill(h->pid, SIGKILL), 0);
+	assert_int_equal(waitpid(h->pid, NULL, 0), h->pid);
+}
+
+/* SIGTERM (a planned stop), exit status 0; a persistent daemon keeps its pool. */
+static inline void h_term(struct harness *h)
+{
+	int st;
+	assert_int_equal(kill(h->pid, SIGTERM), 0);
+	assert_int_equal(waitpid(h->pid, &st, 0), h->pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* Stop a persistent daemon for good: SIGTERM, then remove the kept pool, journal and
+ * directory. */
+static inline void h_finish(struct harness *h)
+{
+	h_term(h);
+	h_active = false;
+	char p[512];
+	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s", h->dir, h->shm);
+	assert_int_equal(system(p), 0);
+}
+
 /* cmocka teardown: after a failed test, kill its daemon and remove what it left behind. */
 static inline int h_teardown(void **state)
 {

@@ -21,31 +21,6 @@
 
 static const char *const persist_on[] = { "--set", "persist=true", NULL };
 
-static void h_kill9(struct harness *h)
-{
-	assert_int_equal(kill(h->pid, SIGKILL), 0);
-	assert_int_equal(waitpid(h->pid, NULL, 0), h->pid);
-}
-
-static void h_term(struct harness *h)
-{
-	int st;
-	assert_int_equal(kill(h->pid, SIGTERM), 0);
-	assert_int_equal(waitpid(h->pid, &st, 0), h->pid);
-	assert_true(WIFEXITED(st));
-	assert_int_equal(WEXITSTATUS(st), 0);
-}
-
-/* Stop for good: SIGTERM, then remove the kept pool, journal and directory. */
-static void h_finish(struct harness *h)
-{
-	h_term(h);
-	h_active = false;
-	char p[512];
-	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s", h->dir, h->shm);
-	assert_int_equal(system(p), 0);
-}
-
 static void journal_of(const struct harness *h, char *path, size_t len)
 {
 	snprintf(path, len, "%s.journal", h->nvme);

@@ -60,29 +60,6 @@ static void references(void)
 	harness_stop(&h);
 }
 
-static void h_kill9(struct harness *h)
-{
-	assert_int_equal(kill(h->pid, SIGKILL), 0);
-	assert_int_equal(waitpid(h->pid, NULL, 0), h->pid);
-}
-
-static void h_term(struct harness *h)
-{
-	int st;
-	assert_int_equal(kill(h->pid, SIGTERM), 0);
-	assert_int_equal(waitpid(h->pid, &st, 0), h->pid);
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-}
-
-static void h_finish(struct harness *h)
-{
-	h_term(h);
-	h_active = false;
-	char p[512];
-	snprintf(p, sizeof p, "rm -rf %s /dev/shm%s", h->dir, h->shm);
-	assert_int_equal(system(p), 0);
-}
-
 /* One restart while both workers decode: after `after` printed ids of worker 0 (and a pause of
  * pause_ms), kill -9 (or SIGTERM) the daemon, start it again. Returns how many of the two runs
  * were inexact (printed ids or kept ids differ from the reference). */

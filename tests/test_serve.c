@@ -11,7 +11,10 @@
  *   - SIGTERM mid-generation: the worker exits 0, the sequence is detached in kvstored
  *     (`kvctl ls`), `kvworker resume` continues it exactly, and so does a Resume request to a
  *     new serving worker; a Cancel ends a running request and keeps its sequence; READY=1 and
- *     STOPPING=1 reach NOTIFY_SOCKET. */
+ *     STOPPING=1 reach NOTIFY_SOCKET;
+ *   - kill -9 of kvstored while three requests decode, then a new kvstored on the same pool
+ *     and journal: every client still gets exactly its solo ids (the worker continues in
+ *     place), with full and with freekv. */
 #include "clock.h"
 #include "test_kvworker_proc.h"
 
@@ -716,6 +719,54 @@ static void test_sigterm_resume_freekv(void **state)
 	sigterm_resume();
 }
 
+/* kill -9 of kvstored while three clients' requests decode, then kvstored started again on
+ * the same pool and journal: the serving worker reconnects and continues every request in
+ * place; each client gets exactly the ids of a solo run and exits 0. */
+static void store_restart(void)
+{
+	enum { N = 400 };
+	static int ref[3][P_MAX_IDS];
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(solo(prompts[i], N, ref[i]), N);
+	static const char *const persist_on[] = { "--set", "persist=true", NULL };
+	struct harness h;
+	harness_start(&h, persist_on);
+	struct server sv;
+	server_start(&sv, &h, (const char *const[]){ "-m", g_model, "--store-retry", "30", NULL });
+	static struct proc c[3];
+	const char *args[3][12];
+	for (int i = 0; i < 3; i++) {
+		client_args(args[i], sv.listen, prompts[i], "400");
+		p_start(&c[i], args[i]);
+	}
+	for (int i = 0; i < 3; i++)
+		assert_true(p_read_ids(&c[i], 40 + 20 * i) >= 40 + 20 * i);
+	h_kill9(&h);
+	harness_spawn(&h, persist_on, NULL);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(p_wait(&c[i]), 0);
+		assert_int_equal(c[i].n_ids, N);
+		assert_memory_equal(c[i].ids, ref[i], N * sizeof(int));
+	}
+	server_stop(&sv);
+	h_finish(&h);
+}
+
+static void test_store_restart_full(void **state)
+{
+	(void)state;
+	use_policy("full");
+	store_restart();
+}
+
+static void test_store_restart_freekv(void **state)
+{
+	(void)state;
+	if (!use_policy("freekv"))
+		skip();
+	store_restart();
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -729,6 +780,8 @@ int main(void)
 		cmocka_unit_test_teardown(test_queue, h_teardown),
 		cmocka_unit_test_teardown(test_sigterm_resume_full, h_teardown),
 		cmocka_unit_test_teardown(test_sigterm_resume_freekv, h_teardown),
+		cmocka_unit_test_teardown(test_store_restart_full, h_teardown),
+		cmocka_unit_test_teardown(test_store_restart_freekv, h_teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	zmq_ctx_term(g_zctx);

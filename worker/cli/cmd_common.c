@@ -650,8 +650,10 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
-/* kvstored went away: drop the dead handles (the store keeps the sequence, docs/design.md §4
- * "Restart without loss"), reconnect with backoff for o.store_retry seconds, re-open the
+/* kvstored went away and the store handle could not continue in place (hostkv_reconnect.c:
+ * a new pool segment, a damaged sequence; or it did not come back in time): drop the dead
+ * handles (the store keeps the sequence, docs/design.md §4 "Restart without loss"), reconnect
+ * with backoff for o.store_retry seconds, re-open the
  * sequence as a resume does and run again what the store lost (h[len..]): logits then follow
  * h's last id, exactly as if nothing had happened. 0, or -errno after saying why. */
 static int reconnect(struct cmd_session *s, const struct hist *h, float *logits)

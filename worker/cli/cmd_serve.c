@@ -38,7 +38,8 @@
 
 struct serve_opts {
 	const char *model, *store, *listen, *config, *name, *backend, *metrics;
-	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch, lease_budget;
+	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch, lease_budget,
+	     store_retry;
 	bool print_config;
 	struct policy_opts po;
 	char listen_buf[256];
@@ -64,6 +65,9 @@ static void usage(FILE *f)
 		"      --lease-budget N      lease at most N full, committed blocks per sequence;\n"
 		"                            the others may go to kvstored's NVMe tier and are\n"
 		"                            recalled when read (default 0: all leased, in DRAM)\n"
+		"      --store-retry S       when kvstored goes away (restarted), reconnect for up\n"
+		"                            to S seconds and continue every sequence in place\n"
+		"                            (0..86400, default 30; 0: requests fail)\n"
 		"      --listen ENDPOINT     ROUTER endpoint: ipc://PATH or tcp on a loopback\n"
 		"                            address (default ipc:///run/freekv/kvworker-GPU.sock)\n"
 		"      --gpu N               CUDA device of the cuda backend (default 0); it also\n"
@@ -92,7 +96,7 @@ static void usage(FILE *f)
 }
 
 enum { F_MODEL, F_STORE, F_LISTEN, F_GPU, F_CONFIG, F_THREADS, F_MAXSEQS, F_CTX, F_UBATCH,
-       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS };
+       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS, F_RETRY };
 
 static const struct {
 	const char *flag, *brief;
@@ -113,6 +117,7 @@ static const struct {
 	[F_MAXQUEUE] = { "--max-queue", NULL, 0, 65536 },
 	[F_LEASE] = { "--lease-budget", NULL, 0, HOSTKV_MAX_BUDGET },
 	[F_METRICS] = { "--metrics", NULL, 0, 0 },
+	[F_RETRY] = { "--store-retry", NULL, 0, 86400 },
 };
 
 /* Consumes argv[*i] (and its value): 1 consumed, 0 not ours, -EINVAL after printing why. */
@@ -170,6 +175,7 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 		case F_UBATCH: o->ubatch = l; break;
 		case F_MAXREQ: o->max_request_bytes = l; break;
 		case F_LEASE: o->lease_budget = l; break;
+		case F_RETRY: o->store_retry = l; break;
 		}
 		return 1;
 	}
@@ -223,8 +229,9 @@ static void print_config(const struct serve_opts *o)
 		printf("ubatch = %ld\n", o->ubatch);
 	if (o->lease_budget)
 		printf("lease-budget = %ld\n", o->lease_budget);
-	printf("max-seqs = %ld\nmax-queue = %ld\nmax-request-bytes = %ld\npolicy = %s\n",
-	       o->max_seqs, o->max_queue, o->max_request_bytes, o->po.policy);
+	printf("max-seqs = %ld\nmax-queue = %ld\nmax-request-bytes = %ld\nstore-retry = %ld\n"
+	       "policy = %s\n", o->max_seqs, o->max_queue, o->max_request_bytes, o->store_retry,
+	       o->po.policy);
 	if (o->po.set_page)
 		printf("page-size = %d\n", o->po.kv.page);
 	if (o->po.set_budget)
@@ -242,7 +249,7 @@ static void print_config(const struct serve_opts *o)
 /* 0 parsed, -1 help or config shown, CMD_USAGE. */
 static int parse(int argc, char **argv, struct serve_opts *o, struct conffile *cfg_store)
 {
-	*o = (struct serve_opts){ .gpu = -1, .max_seqs = 8, .max_queue = 64,
+	*o = (struct serve_opts){ .gpu = -1, .max_seqs = 8, .max_queue = 64, .store_retry = 30,
 				  .max_request_bytes = 1 << 20 };
 	policy_opts_default(&o->po);
 	/* The config file first, wherever --config stands, so that flags override it. */
@@ -383,7 +390,8 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	else
 		snprintf(wname, sizeof wname, "kvworker-serve-%d", (int)getpid());
 	struct hostkv_opts ho = { .endpoint = o->store, .worker_name = wname,
-				  .lease_budget = (uint32_t)o->lease_budget };
+				  .lease_budget = (uint32_t)o->lease_budget,
+				  .retry_s = (int)o->store_retry };
 	if ((ret = hostkv_open(&ho, &v->hk, err, sizeof err))) {
 		fprintf(stderr, "kvworker serve: kvstored at %s: %s\n", o->store, err);
 		return ret;
