@@ -660,8 +660,12 @@ static int reconnect(struct cmd_session *s, const struct hist *h, float *logits)
 {
 	const struct cmd_session_opts *o = &s->o;
 	char err[512];
-	fprintf(stderr, "\n%s: kvstored at %s is gone; reconnecting\n", o->prog, o->endpoint);
-	uint64_t t0 = clock_ms(), deadline = t0 + (uint64_t)o->store_retry * 1000;
+	/* The in-place attempt already waited o.store_retry seconds for a store that never came. */
+	bool waited = s->hk && !hostkv_store_came_back(s->hk);
+	if (!waited)
+		fprintf(stderr, "\n%s: kvstored at %s is gone; reconnecting\n", o->prog,
+			o->endpoint);
+	uint64_t t0 = clock_ms(), deadline = waited ? t0 : t0 + (uint64_t)o->store_retry * 1000;
 	long backoff = 50;
 	for (int attempt = 0;; attempt++) {
 		if (s->seq >= 0)

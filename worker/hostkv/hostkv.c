@@ -114,6 +114,7 @@ int hostkv_open(const struct hostkv_opts *o, struct hostkv **out, char *err, siz
 	pthread_cond_init(&h->hb_cond, NULL);
 	pthread_rwlock_init(&h->life, NULL);
 	h->retry_ms = o->retry_s > 0 ? (uint32_t)o->retry_s * 1000u : 0;
+	h->came_back = -1;
 	h->last_call_ms = clock_ms();
 	h->hb_ms = h->ops->heartbeat_ms ? h->ops->heartbeat_ms(h->st) : 0;
 	if (h->hb_ms && h->ops->heartbeat) {

@@ -63,6 +63,10 @@ bool hostkv_is_remote(const struct hostkv *h);
  * notice): every later call fails too. The caller closes the handle (its sequences are kept by
  * the store, docs/design.md §4 "Restart without loss") and opens a new one to go on. */
 bool hostkv_store_gone(const struct hostkv *h);
+/* After the store was found gone: false when the attempt to continue in place (retry_s) never
+ * reached a running store again (it did not come back in time); true when it did, or when
+ * there was no attempt. */
+bool hostkv_store_came_back(const struct hostkv *h);
 
 struct backend;
 /* Registers the pool mapping that s's blocks live in with be (its host_register op: page-locked

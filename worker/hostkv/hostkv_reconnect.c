@@ -219,6 +219,7 @@ static int reconnect_locked(struct hostkv *h, char *err, size_t errlen)
 	fprintf(stderr, "kvworker: kvstored is gone; reconnecting (up to %.0f s)\n",
 		h->retry_ms / 1e3);
 	long backoff = 50;
+	h->came_back = 0;
 	for (;;) {
 		void *st = NULL;
 		hk_lock_store(h);
@@ -227,6 +228,7 @@ static int reconnect_locked(struct hostkv *h, char *err, size_t errlen)
 			h->st = st;
 		hk_unlock_store(h, true);
 		const bool opened = !ret;
+		h->came_back |= opened;
 		for (size_t k = 0; k < n && !ret; k++)
 			ret = resync_seq(h, &v[k], err, errlen);
 		if (!ret || ret == -ESTALE || ret == -EPROTO || clock_ms() >= deadline)
@@ -241,6 +243,11 @@ static int reconnect_locked(struct hostkv *h, char *err, size_t errlen)
 		fprintf(stderr, "kvworker: reconnected after %.1f s; %zu sequence(s) continue in "
 			"place\n", (clock_ms() - t0) / 1e3, n);
 	return ret;
+}
+
+bool hostkv_store_came_back(const struct hostkv *h)
+{
+	return h->came_back != 0;
 }
 
 int hk_reconnect(struct hostkv *h, uint64_t op_gen, char *err, size_t errlen)

@@ -28,6 +28,7 @@ struct hostkv {
 	pthread_rwlock_t life;
 	uint64_t gen;
 	uint32_t retry_ms;	/* 0: a store found gone stays gone */
+	int8_t came_back;	/* -1: no attempt yet; else whether a failed attempt reached a store */
 
 	pthread_t hb;		/* heartbeat thread, when the store needs one */
 	bool hb_running, hb_stop;
