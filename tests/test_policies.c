@@ -3,7 +3,9 @@
  * device-memory backend and through attn_decode_slots) on the real stories260K model with
  * greedy decoding, each sequence over a host copy in the embedded store (hostkv.h):
  *   - while a sequence fits the budget every policy gives exactly `full`'s tokens and logits;
- *   - freekv with tau > 1 gives exactly quest's tokens and logits;
+ *   - freekv with tau > 1 gives exactly quest's tokens and logits; so does freekv without
+ *     speculation, and the recall ablations (per-token pieces, one staging buffer) change
+ *     nothing in freekv's;
  *   - the debug invariants hold at every step of a long compressed generation;
  *   - correction rates order as tau says: 0 at tau 0, all heads above 1, between at 0.9;
  *   - a sequence resumed from its host copy continues token for token as an uninterrupted run
@@ -195,6 +197,35 @@ static void test_fits_budget_equals_full(void **state)
 		free(r.logits);
 		free(ref.logits);
 	}
+}
+
+/* The Fig. 8 ablations (docs/design.md §5 "Ablations"): freekv without speculation is quest's
+ * step, exactly; per-token recall pieces and one staging buffer change how recalls move, not
+ * what they bring: the same tokens and logits as the default. */
+static void test_ablations(void **state)
+{
+	(void)state;
+	NEED_MODEL();
+	struct run q, f, a;
+	gen("quest", kvo(8, 64, 8, 16, 1, 0.9f, false), 300, true, &q);
+	struct kv_policy_opts o = kvo(8, 64, 8, 16, 1, 0.9f, false);
+	o.no_speculation = true;
+	gen("freekv", o, 300, true, &a);
+	expect_same(&a, &q, "freekv --no-speculation vs quest");
+	assert_int_equal(a.st.sum.corrections, a.st.sum.head_checks);
+	free(a.logits);
+	gen("freekv", kvo(8, 64, 8, 16, 1, 0.9f, false), 300, true, &f);
+	assert_true(f.st.sum.corrections < f.st.sum.head_checks); /* speculation did run */
+	for (int v = 1; v < 4; v++) {
+		o = kvo(8, 64, 8, 16, 1, 0.9f, false);
+		o.recall_fragmented = v & 1;
+		o.recall_single_buffer = v & 2;
+		gen("freekv", o, 300, true, &a);
+		expect_same(&a, &f, "freekv with recall ablations vs freekv");
+		free(a.logits);
+	}
+	free(q.logits);
+	free(f.logits);
 }
 
 static void test_freekv_tau_above_one_is_quest(void **state)
@@ -893,6 +924,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fits_budget_equals_full),
 		cmocka_unit_test(test_freekv_tau_above_one_is_quest),
+		cmocka_unit_test(test_ablations),
 		cmocka_unit_test(test_invariants_long),
 		cmocka_unit_test(test_correction_rates),
 		cmocka_unit_test(test_resume_continues_exactly),

@@ -100,9 +100,13 @@ static void test_jobs_in_flight(void **state)
 {
 	(void)state;
 	const int cases[] = { 1, 3, 64 }; /* staging capacity in units */
-	for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-		struct recall_opts o = { .g = geom, .units_per_buffer = cases[c], .src = src,
-					 .poison = true };
+	/* Each staging capacity with the ablations (docs/design.md §5): per-token pieces, one
+	 * staging buffer, both. */
+	for (size_t c = 0; c < 4 * sizeof cases / sizeof *cases; c++) {
+		const int v = (int)(c / (sizeof cases / sizeof *cases));
+		struct recall_opts o = { .g = geom, .units_per_buffer = cases[c % 3], .src = src,
+					 .poison = true, .fragmented = v & 1,
+					 .single_buffer = v & 2 };
 		struct recall *r;
 		assert_int_equal(recall_new(&o, &r), 0);
 		enum { JOBS = 6 };
@@ -286,6 +290,16 @@ static int counting_recall_direct(void *ctx, void *const *slots, const int *head
 	return cpu_ops->recall_direct(ctx, slots, heads, srcs, n, p, n_kv, d, dt, sdt, done);
 }
 
+static int be_frag;
+
+static int counting_recall_fragmented(void *ctx, void *const *slots, const int *heads,
+				      const void *const *srcs, int n, int p, int n_kv, int d,
+				      enum fkv_dtype dt, enum fkv_dtype sdt, void *done)
+{
+	be_frag += n;
+	return cpu_ops->recall_fragmented(ctx, slots, heads, srcs, n, p, n_kv, d, dt, sdt, done);
+}
+
 static void test_backend_recall_units(void **state)
 {
 	(void)state;
@@ -323,6 +337,32 @@ static void test_backend_recall_units(void **state)
 		recall_free(r);
 		free(slots);
 		free(ref);
+	}
+	/* The layout ablation: every unit through recall_fragmented, the same bytes. */
+	ops.recall_fragmented = counting_recall_fragmented;
+	{
+		struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src, .be = &be,
+					 .fragmented = true, .path = RECALL_MAPPED };
+		struct recall *r;
+		assert_int_equal(recall_new(&o, &r), 0);
+		size_t nf = SLOTS * slot_floats();
+		float *slots = calloc(nf, sizeof(float)), *ref = calloc(nf, sizeof(float));
+		struct recall_unit units[SLOTS * N_KV];
+		uint64_t seed = 7, ticket;
+		int n = random_units(&seed, slots, units, SLOTS * N_KV);
+		expect_units(ref, slots, units, n);
+		be_units = be_direct = be_frag = 0;
+		assert_int_equal(recall_submit(r, units, n, NULL, NULL, &ticket), 0);
+		assert_int_equal(recall_wait(r, ticket, NULL), 0);
+		assert_int_equal(be_frag, n);
+		assert_int_equal(be_units + be_direct, 0);
+		assert_memory_equal(slots, ref, nf * sizeof(float));
+		recall_free(r);
+		free(slots);
+		free(ref);
+		/* Asked for without the op: refused up front. */
+		ops.recall_fragmented = NULL;
+		assert_int_equal(recall_new(&o, &r), -EOPNOTSUPP);
 	}
 	/* A backend without recall_units cannot carry a recall stream. */
 	struct recall_opts o = { .g = geom, .units_per_buffer = 5, .src = src, .be = &be };

@@ -1,5 +1,6 @@
 /* test_backend_cuda_recall — recall_direct (worker/backend/backend_cuda_xfer.c: each unit DMA'd
  * from where it lies, cudaMemcpyBatchAsync or a run of cudaMemcpyAsync, then recall_scatter)
+ * and recall_fragmented (the same, each unit in 2p per-token DMAs: the layout ablation)
  * and recall_mapped (the zero-copy variant: kernels/recall_gather reads each unit through the
  * registered pool's device alias; a pool not registered is refused with -EOPNOTSUPP and
  * nothing written) against the CPU backend's recall_units over the same units, the reference: units scattered
@@ -34,10 +35,12 @@ static void test_recall_direct(void **state)
 	free(zero);
 	void *fence;
 	assert_int_equal(gpu->ops->fence_new(gpu->ctx, &fence), 0);
-	for (int mapped = 0; mapped < 2; mapped++)
+	/* mode 0 recall_direct, 1 recall_mapped, 2 recall_fragmented (per-token pieces) */
+	for (int mode = 0; mode < 3; mode++)
 	for (int locked = 0; locked < 2; locked++)
 		for (int ut = 1; ut < 3; ut++)
 			for (int st = 0; st < 2; st++) {
+				const bool mapped = mode == 1;
 				const enum fkv_dtype udt = gpu_test_dtypes[ut];
 				const enum fkv_dtype sdt = st ? udt : FKV_F32;
 				const size_t ub = unit_elems * dtype_size(udt);
@@ -89,7 +92,9 @@ static void test_recall_direct(void **state)
 					int (*op)(void *, void *const *, const int *, const void *const *,
 						  int, int, int, int, enum fkv_dtype, enum fkv_dtype,
 						  void *) =
-						mapped ? gpu->ops->recall_mapped : gpu->ops->recall_direct;
+						mode == 1 ? gpu->ops->recall_mapped :
+						mode == 2 ? gpu->ops->recall_fragmented :
+							    gpu->ops->recall_direct;
 					/* The registered DMA case through a per-layer fence: the
 					 * compute stream is ordered after the scatter only by
 					 * fence_stream_wait, before the download below. */
@@ -105,7 +110,8 @@ static void test_recall_direct(void **state)
 				}
 				if (memcmp(a, b, NS * sb))
 					fail_msg("recall_%s (%s, %s units into %s slots) differs from "
-						 "the CPU", mapped ? "mapped" : "direct",
+						 "the CPU", mode == 1 ? "mapped" : mode == 2 ?
+						 "fragmented" : "direct",
 						 locked ? "page-locked" : "pageable",
 						 dtype_name(udt), dtype_name(sdt));
 				if (locked)

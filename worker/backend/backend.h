@@ -264,6 +264,13 @@ struct backend_ops {
 	int (*recall_mapped)(void *ctx, void *const *slots, const int *heads,
 			     const void *const *srcs, int n, int p, int n_kv, int d,
 			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
+	/* (optional) recall_direct moving each unit as 2p per-token pieces of d values (its K
+	 * rows, then its V rows), as a host copy in NHD layout would need: the fragmented
+	 * transfers of the layout ablation (docs/design.md §5 "Ablations"), one DMA a piece on
+	 * CUDA, a copy a row on the CPU. Same result as recall_direct. */
+	int (*recall_fragmented)(void *ctx, void *const *slots, const int *heads,
+				 const void *const *srcs, int n, int p, int n_kv, int d,
+				 enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
 	/* (optional) The dtype of the paged policies' slots for a sequence whose KV dtype is kv
 	 * (docs/design.md §3 "Device slots"): the CUDA backend keeps the KV dtype itself (half the
 	 * bytes of f32 in slot memory, recall scatter and attention); NULL means f32 (the CPU

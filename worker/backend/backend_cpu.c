@@ -864,6 +864,7 @@ static const struct backend_ops cpu_ops = {
 	.recall_units = cpu_recall_units,
 	.recall_direct = cpu_recall_direct,
 	.recall_mapped = cpu_recall_direct, /* host memory is the device's: read where it lies */
+	.recall_fragmented = cpu_recall_fragmented,
 	.store_rows = cpu_store_rows,
 	.round_to = cpu_round_to,
 	.page_summary = cpu_page_summary,

@@ -43,33 +43,6 @@ static inline bool cpu_kv_dtype_ok(enum fkv_dtype dt)
 #define CPU_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define CPU_HOT
-/* The selection ops and download_async's fences (backend_cpu_select.c), the KV transfers
- * (backend_cpu_xfer.c); backend.h describes them. */
-int cpu_page_summary(void *ctx, float *kmin, float *kmax, int page_stride, int page,
-		     const void *slot, enum fkv_dtype slot_dt, int p, int n_kv, int d);
-int cpu_select_pages(void *ctx, const struct backend_select *g, const float *q,
-		     const float *kmin, const float *kmax, const uint8_t *resident, int32_t *pages,
-		     int32_t *changed, int32_t *n_changed);
-int cpu_group_cosine(void *ctx, float *out, const float *q_t, const float *q_prev, int n_q,
-		     int n_kv, int d);
-void *cpu_host_alloc(void *ctx, size_t bytes);
-void cpu_host_free(void *ctx, void *p);
-int cpu_fence_new(void *ctx, void **fence);
-void cpu_fence_free(void *ctx, void *fence);
-int cpu_download_async(void *ctx, void *host_dst, const void *src, size_t bytes, void *fence);
-int cpu_fence_wait(void *ctx, void *fence);
-
-int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void *units, int n,
-		     int p, int n_kv, int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt,
-		     void *done);
-int cpu_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
-		      int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-		      enum fkv_dtype slot_dt, void *done);
-int cpu_fence_stream_wait(void *ctx, void *fence);
-int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
-		   int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
-int cpu_round_to(void *ctx, float *x, int64_t n, enum fkv_dtype dt);
-
 #endif
 
 static inline float bf16_val(uint16_t b)
@@ -284,6 +257,9 @@ int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void
 int cpu_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		      int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
 		      enum fkv_dtype slot_dt, void *done);
+int cpu_recall_fragmented(void *ctx, void *const *slots, const int *heads,
+			  const void *const *srcs, int n, int p, int n_kv, int d,
+			  enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
 int cpu_fence_stream_wait(void *ctx, void *fence);
 int cpu_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
 		   int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);

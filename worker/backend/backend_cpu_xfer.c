@@ -16,7 +16,7 @@
  * or at srcs[i] (recall_direct, read where it lies). */
 static int cpu_scatter_units(void *const *slots, const int *heads, const void *units,
 			     const void *const *srcs, int n, int p, int n_kv, int d,
-			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt)
+			     enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, bool by_row)
 {
 	if (!cpu_kv_dtype_ok(unit_dt) || !cpu_kv_dtype_ok(slot_dt) || d > CPU_MAX_HEAD_DIM)
 		return -EINVAL;
@@ -26,7 +26,7 @@ static int cpu_scatter_units(void *const *slots, const int *heads, const void *u
 	float tmp[CPU_MAX_HEAD_DIM];
 	for (int i = 0; i < n; i++) {
 		const char *unit = srcs ? srcs[i] : (const char *)units + (size_t)i * ub;
-		if (slot_dt == FKV_F32) {
+		if (slot_dt == FKV_F32 && !by_row) {
 			layout_scatter_unit(&g, slots[i], heads[i], unit);
 			continue;
 		}
@@ -45,7 +45,7 @@ int cpu_recall_units(void *ctx, void *const *slots, const int *heads, const void
 {
 	(void)ctx;
 	(void)done; /* done on return: nothing to mark */
-	return cpu_scatter_units(slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt);
+	return cpu_scatter_units(slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt, false);
 }
 
 int cpu_recall_direct(void *ctx, void *const *slots, const int *heads,
@@ -54,7 +54,16 @@ int cpu_recall_direct(void *ctx, void *const *slots, const int *heads,
 {
 	(void)ctx;
 	(void)done;
-	return cpu_scatter_units(slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt);
+	return cpu_scatter_units(slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt, false);
+}
+
+int cpu_recall_fragmented(void *ctx, void *const *slots, const int *heads,
+			  const void *const *srcs, int n, int p, int n_kv, int d,
+			  enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done)
+{
+	(void)ctx;
+	(void)done;
+	return cpu_scatter_units(slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt, true);
 }
 
 /* Backend rows are host memory, so the write-through is layout_store_tokens block by block:

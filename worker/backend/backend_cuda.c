@@ -813,6 +813,7 @@ static const struct backend_ops cuda_ops = {
 	.recall_units = cuda_recall_units,
 	.recall_direct = cuda_recall_direct,
 	.recall_mapped = cuda_recall_mapped,
+	.recall_fragmented = cuda_recall_fragmented,
 	.store_rows = cuda_store_rows,
 	.round_to = cuda_round_to,
 	.slot_dtype = cuda_slot_dtype,

@@ -155,6 +155,9 @@ int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const vo
 int cuda_recall_mapped(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
 		       enum fkv_dtype slot_dt, void *done);
+int cuda_recall_fragmented(void *ctx, void *const *slots, const int *heads,
+			   const void *const *srcs, int n, int p, int n_kv, int d,
+			   enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done);
 int cuda_store_rows(void *ctx, void *const *blocks, int t0, const float *k, const float *v,
 		    int n_tok, int p, int n_kv, int d, enum fkv_dtype dt);
 int cuda_host_register(void *ctx, void *ptr, size_t bytes, char *err, size_t errlen);

@@ -110,38 +110,46 @@ static cudaError_t order_after(struct cuda_ctx *c, cudaEvent_t scattered, cudaEv
 /* The n units at srcs[i] (ub bytes each, where they lie in host memory) into dev, unit i at
  * i * ub, on stream: one batched call where the toolkit has cudaMemcpyBatchAsync (the sources
  * read in stream order), else a run of cudaMemcpyAsync. */
-static int dma_units(char *dev, const void *const *srcs, int n, size_t ub, cudaStream_t stream)
+/* Units srcs[0..n) (ub bytes each) into dev back to back, in pieces of `piece` bytes (ub: one
+ * transfer a unit; less: the per-token pieces of the layout ablation), as one batch where the
+ * toolkit has cudaMemcpyBatchAsync, else one cudaMemcpyAsync a piece. */
+static int dma_units(char *dev, const void *const *srcs, int n, size_t ub, size_t piece,
+		     cudaStream_t stream)
 {
+	const size_t k = ub / piece, m = (size_t)n * k;
 #if CUDART_VERSION >= 12080
-	void **dsts = malloc((size_t)n * sizeof *dsts);
-	size_t *sizes = malloc((size_t)n * sizeof *sizes);
-	if (!dsts || !sizes) {
+	void **dsts = malloc(m * sizeof *dsts);
+	const void **from = malloc(m * sizeof *from);
+	size_t *sizes = malloc(m * sizeof *sizes);
+	if (!dsts || !from || !sizes) {
 		free(dsts);
+		free(from);
 		free(sizes);
 		return -ENOMEM;
 	}
-	for (int i = 0; i < n; i++) {
-		dsts[i] = dev + (size_t)i * ub;
-		sizes[i] = ub;
+	for (size_t i = 0; i < m; i++) {
+		dsts[i] = dev + i * piece;
+		from[i] = (const char *)srcs[i / k] + (i % k) * piece;
+		sizes[i] = piece;
 	}
 	struct cudaMemcpyAttributes attr = { .srcAccessOrder = cudaMemcpySrcAccessOrderStream };
 	size_t first = 0;
 #if CUDART_VERSION >= 13000
-	cudaError_t e = cudaMemcpyBatchAsync(dsts, srcs, sizes, (size_t)n, &attr, &first, 1,
-					     stream);
+	cudaError_t e = cudaMemcpyBatchAsync(dsts, from, sizes, m, &attr, &first, 1, stream);
 #else
 	size_t fail = 0;
-	cudaError_t e = cudaMemcpyBatchAsync(dsts, (void **)srcs, sizes, (size_t)n, &attr, &first,
-					     1, &fail, stream);
+	cudaError_t e = cudaMemcpyBatchAsync(dsts, (void **)from, sizes, m, &attr, &first, 1,
+					     &fail, stream);
 #endif
 	free(dsts);
+	free(from);
 	free(sizes);
 	if (e != cudaSuccess)
 		return cuda_check_fail(e, "cudaMemcpyBatchAsync", __func__, __FILE__, __LINE__);
 #else
-	for (int i = 0; i < n; i++)
-		CUDA_CHECK(cudaMemcpyAsync(dev + (size_t)i * ub, srcs[i], ub,
-					   cudaMemcpyHostToDevice, stream));
+	for (size_t i = 0; i < m; i++)
+		CUDA_CHECK(cudaMemcpyAsync(dev + i * piece, (const char *)srcs[i / k] + (i % k) * piece,
+					   piece, cudaMemcpyHostToDevice, stream));
 #endif
 	return 0;
 }
@@ -153,7 +161,7 @@ static int dma_units(char *dev, const void *const *srcs, int n, size_t ub, cudaS
  * from there: no host copy, and the call waits for "copied" like page-locked units. */
 static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *heads,
 			 const void *units, const void *const *srcs, int n, int p, int n_kv, int d,
-			 enum fkv_dtype dt, enum fkv_dtype sdt, cudaEvent_t done)
+			 enum fkv_dtype dt, enum fkv_dtype sdt, bool by_row, cudaEvent_t done)
 {
 	const size_t ub = (size_t)2 * p * d * dtype_size(dt);
 	const size_t sb = (size_t)2 * p * n_kv * d * dtype_size(sdt);
@@ -191,7 +199,8 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 		CUDA_CHECK(cudaStreamWaitEvent(c->rc_copy, s->scattered, 0));
 	s->used = 1;
 	if (srcs) {
-		int r2 = dma_units(s->dev, srcs, n, ub, c->rc_copy);
+		int r2 = dma_units(s->dev, srcs, n, ub, by_row ? (size_t)d * dtype_size(dt) : ub,
+				   c->rc_copy);
 		if (r2)
 			return r2;
 		CUDA_CHECK(cudaMemcpyAsync(s->dev + toff, tab, tbytes, cudaMemcpyHostToDevice,
@@ -228,46 +237,51 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	return 0;
 }
 
-int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
-			     int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
-			     enum fkv_dtype slot_dt, void *done)
+/* The checks every recall entry point shares, then recall_locked under recall_mu: units back to
+ * back (srcs NULL) or each where srcs[i] says, moved whole or by_row. */
+static int recall_checked(struct cuda_ctx *c, void *const *slots, const int *heads,
+			  const void *units, const void *const *srcs, int n, int p, int n_kv,
+			  int d, enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, bool by_row,
+			  void *done)
 {
-	struct cuda_ctx *c = ctx;
 	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
 	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16) ||
 	    (slot_dt != FKV_F32 && slot_dt != FKV_F16 && slot_dt != FKV_BF16))
 		return -EINVAL;
 	for (int i = 0; i < n; i++)
-		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i])
+		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i] || (srcs && !srcs[i]))
 			return -EINVAL;
 	if (!n)
 		return 0;
 	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt,
-				(cudaEvent_t)done);
+	int ret = recall_locked(c, slots, heads, units, srcs, n, p, n_kv, d, unit_dt, slot_dt,
+				by_row, (cudaEvent_t)done);
 	pthread_mutex_unlock(&c->recall_mu);
 	return ret;
+}
+
+int cuda_recall_units(void *ctx, void *const *slots, const int *heads, const void *units,
+		      int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
+		      enum fkv_dtype slot_dt, void *done)
+{
+	return recall_checked(ctx, slots, heads, units, NULL, n, p, n_kv, d, unit_dt, slot_dt,
+			      false, done);
 }
 
 int cuda_recall_direct(void *ctx, void *const *slots, const int *heads, const void *const *srcs,
 		       int n, int p, int n_kv, int d, enum fkv_dtype unit_dt,
 		       enum fkv_dtype slot_dt, void *done)
 {
-	struct cuda_ctx *c = ctx;
-	if (n < 0 || p <= 0 || n_kv <= 0 || d <= 0 ||
-	    (unit_dt != FKV_F32 && unit_dt != FKV_F16 && unit_dt != FKV_BF16) ||
-	    (slot_dt != FKV_F32 && slot_dt != FKV_F16 && slot_dt != FKV_BF16))
-		return -EINVAL;
-	for (int i = 0; i < n; i++)
-		if (heads[i] < 0 || heads[i] >= n_kv || !slots[i] || !srcs[i])
-			return -EINVAL;
-	if (!n)
-		return 0;
-	pthread_mutex_lock(&c->recall_mu);
-	int ret = recall_locked(c, slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt,
-				(cudaEvent_t)done);
-	pthread_mutex_unlock(&c->recall_mu);
-	return ret;
+	return recall_checked(ctx, slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt,
+			      false, done);
+}
+
+int cuda_recall_fragmented(void *ctx, void *const *slots, const int *heads,
+			   const void *const *srcs, int n, int p, int n_kv, int d,
+			   enum fkv_dtype unit_dt, enum fkv_dtype slot_dt, void *done)
+{
+	return recall_checked(ctx, slots, heads, NULL, srcs, n, p, n_kv, d, unit_dt, slot_dt,
+			      true, done);
 }
 
 /* The device alias of the host range [p, p + bytes), inside one chunk of one registration. */

@@ -54,6 +54,13 @@ struct kv_policy_opts {
 	int spec_topk;	 /* specache: exact rows fetched per KV head and step; 0 = 64 */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
 	int recall_path; /* enum recall_path (recall.h): 0 DMA from the pool, 1 staged, 2 mapped */
+	/* Ablations of the paper's Fig. 8 (docs/design.md §5 "Ablations"): freekv without
+	 * speculation (every head selected with the current query and recalled before the
+	 * attention, i.e. quest's step); recalls moved as per-token pieces (an NHD host
+	 * layout's fragmented transfers); one recall staging buffer instead of two. */
+	bool no_speculation;
+	bool recall_fragmented;
+	bool recall_single_buffer;
 	/* Top-p selection on calibrated scores (docs/design.md §5 "hardkv"): P in (0, 1], 0 the
 	 * policy's default (hardkv 0.9; freekv keeps top-k); R, steps between calibrations, 0: 128. */
 	float top_p;

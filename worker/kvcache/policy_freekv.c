@@ -54,8 +54,9 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 	if (ret)
 		return ret;
 	int flagged = 0;
+	const bool every = s->p.opts.no_speculation; /* quest's step: every head, every step */
 	for (int h = 0; h < H; h++) {
-		L->spec_heads[h] = !(s->p.opts.tau > 0.0f && cos[h] < s->p.opts.tau);
+		L->spec_heads[h] = !every && !(s->p.opts.tau > 0.0f && cos[h] < s->p.opts.tau);
 		flagged += !L->spec_heads[h];
 	}
 	L->st.head_checks += H;

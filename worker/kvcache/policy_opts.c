@@ -40,6 +40,9 @@ static const struct popt popts[] = {
 	{ "--refresh-threshold", POPT_FLOAT, KV(refresh_threshold), -1, -1.0, 2.0 },
 	{ "--kv-bits", POPT_INT, KV(kv_bits), -1, 1, 2 },
 	{ "--spec-topk", POPT_INT, KV(spec_topk), -1, 1, 1 << 24 },
+	{ "--no-speculation", POPT_BOOL, KV(no_speculation), -1, 0, 0 },
+	{ "--recall-fragmented", POPT_BOOL, KV(recall_fragmented), -1, 0, 0 },
+	{ "--recall-single-buffer", POPT_BOOL, KV(recall_single_buffer), -1, 0, 0 },
 };
 
 void policy_opts_default(struct policy_opts *o)
@@ -219,7 +222,8 @@ const char *policy_opts_usage(void)
 	return "[--policy full|streaming|quest|freekv|hardkv|refreshkv|specache] [--page-size N] "
 	       "[--budget N] [--sink N] [--window N] [--tau F] [--full-layers N] "
 	       "[--debug-invariants] [--kv-top-p P] [--recalibrate R] [--refresh-stride Q] "
-	       "[--refresh-threshold S] [--kv-bits 2|1] [--spec-topk K]";
+	       "[--refresh-threshold S] [--kv-bits 2|1] [--spec-topk K] [--no-speculation] "
+	       "[--recall-fragmented] [--recall-single-buffer]";
 }
 
 int kvcache_resolve_opts(struct kv_policy_opts *o, int64_t max_tokens)

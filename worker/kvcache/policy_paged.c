@@ -298,7 +298,9 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 		 * meanwhile every layer submits at most one blocking and one speculative job. */
 		struct recall_opts ro = { .g = s->wt.g, .host = p->host, .be = be, .slot_dt = s->sdt,
 					  .path = (enum recall_path)o->recall_path,
-					  .max_jobs = 2 * p->n_layers + 2 };
+					  .max_jobs = 2 * p->n_layers + 2,
+					  .fragmented = o->recall_fragmented,
+					  .single_buffer = o->recall_single_buffer };
 		ret = recall_new(&ro, &s->rc);
 	}
 	if (ret) {

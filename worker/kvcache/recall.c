@@ -71,6 +71,7 @@ struct recall {
 	struct recall_job ujobs[RECALL_URGENT_JOBS]; /* ring indexed by urgent seq % its size */
 	uint64_t usubmitted, ucopied; /* the same counters for urgent jobs (seq, no bit) */
 	struct staging st[2];
+	int n_buf;		/* staging buffers in use: 2, or 1 (single_buffer) */
 	bool direct;		/* units read where they lie (recall_direct), no host copy */
 	bool mapped;		/* ... by the device itself (recall_mapped) */
 	bool stop;
@@ -151,6 +152,19 @@ static int pin_units(struct recall *r, struct recall_pins *pn, const struct reca
 	return 0;
 }
 
+/* One unit (2, p, d) into a host staging buffer: at once, or (fragmented) a row at a time, as
+ * its 2p rows would be gathered from an NHD host layout. */
+static void stage_unit(const struct recall *r, char *dst, const char *src)
+{
+	if (!r->o.fragmented) {
+		memcpy(dst, src, r->unit_bytes);
+		return;
+	}
+	const size_t rows = (size_t)2 * r->o.g.p, row = r->unit_bytes / rows;
+	for (size_t i = 0; i < rows; i++)
+		memcpy(dst + i * row, src + i * row, row);
+}
+
 /* Copy thread: takes jobs in order — an urgent one before any other not yet started — runs
  * their prepare step, fills the staging buffers in turn. */
 static void *copy_main(void *arg)
@@ -193,8 +207,8 @@ static void *copy_main(void *arg)
 					if (r->direct)
 						s->at[j] = at;
 					else
-						memcpy((char *)s->buf + (size_t)j * r->unit_bytes, at,
-						       r->unit_bytes);
+						stage_unit(r, (char *)s->buf + (size_t)j * r->unit_bytes,
+							   at);
 					s->dst[j] = u[j];
 				}
 				if (!err && !r->direct)
@@ -214,7 +228,7 @@ static void *copy_main(void *arg)
 			pthread_cond_broadcast(&r->cv);
 			pthread_mutex_unlock(&r->mu);
 			t0 = t1;
-			b ^= 1;
+			b = (b + 1) % r->n_buf;
 		}
 		pthread_mutex_lock(&r->mu);
 	}
@@ -250,7 +264,11 @@ static int scatter(struct recall *r, struct staging *s)
 		ret = be->ops->recall_mapped(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
 					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
 					     s->job->fence);
-	if (ret == -EOPNOTSUPP) /* not mapped (or not asked for): DMA */
+	if (ret == -EOPNOTSUPP && r->o.fragmented)
+		ret = be->ops->recall_fragmented(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
+						 r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
+						 s->job->fence);
+	else if (ret == -EOPNOTSUPP) /* not mapped (or not asked for): DMA */
 		ret = be->ops->recall_direct(be->ctx, s->slots, s->heads, s->at, s->n, r->o.g.p,
 					     r->o.g.n_kv, r->o.g.d, r->o.g.dtype, r->o.slot_dt,
 					     s->job->fence);
@@ -291,7 +309,7 @@ static void *conv_main(void *arg)
 		}
 		s->full = false;
 		pthread_cond_broadcast(&r->cv);
-		b ^= 1;
+		b = (b + 1) % r->n_buf;
 	}
 	pthread_mutex_unlock(&r->mu);
 	return NULL;
@@ -346,7 +364,12 @@ int recall_new(const struct recall_opts *o, struct recall **out)
 	pthread_cond_init(&r->cv, NULL);
 	const struct backend_ops *bo = o->be ? o->be->ops : NULL;
 	r->direct = bo && bo->recall_direct && o->path != RECALL_STAGED;
-	r->mapped = r->direct && bo->recall_mapped && o->path == RECALL_MAPPED;
+	r->mapped = r->direct && bo->recall_mapped && o->path == RECALL_MAPPED && !o->fragmented;
+	r->n_buf = o->single_buffer ? 1 : 2;
+	if (r->direct && o->fragmented && !bo->recall_fragmented) {
+		recall_free(r);
+		return -EOPNOTSUPP;
+	}
 	r->jobs = calloc((size_t)r->n_jobs, sizeof *r->jobs);
 	if (!r->jobs) {
 		recall_free(r);

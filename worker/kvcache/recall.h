@@ -71,6 +71,12 @@ struct recall_opts {
 	struct backend *be;	  /* borrowed: its recall_units op writes the slots; NULL: host */
 	enum fkv_dtype slot_dt;	  /* the slots' dtype (backend slot_dtype); f32 without be */
 	enum recall_path path;	  /* how units reach the backend (below) */
+	/* Ablations (docs/design.md §5 "Ablations"): each unit moved as 2p per-token pieces, as
+	 * from an NHD host layout (staged: a host copy a row; direct: the backend's
+	 * recall_fragmented, -EOPNOTSUPP at recall_new without it; never mapped); one staging
+	 * buffer instead of two, so that copying and converting take turns. */
+	bool fragmented;
+	bool single_buffer;
 };
 
 struct recall_done {
