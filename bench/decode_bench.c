@@ -42,7 +42,11 @@
  *                     [-m MODEL_DIR] [--layers N] [--vocab N] [--page-size N] [--budget N]
  *                     [--sink N] [--window N] [--full-layers N] [--kv-bits B] [--spec-topk K]
  *   --ctx LIST   contexts in tokens (default 4096,8192,16384,32768; --quick: 4096)
- *   --rows LIST  policy[:tau][/P] rows, P the row's --kv-top-p, and specache[:bits] (default
+ *   --rows LIST  policy[:tau][/P][+nospec][+frag][+single] rows, P the row's --kv-top-p, the
+ *                + suffixes the Fig. 8 ablations (docs/design.md §5: no speculation, per-token
+ *                recall pieces, one staging buffer), and specache[:bits]; "fig8" is
+ *                quest,freekv,freekv+nospec,freekv+single,freekv+frag,quest+frag+single (the
+ *                last stands in for ArkVale) (default
  *                full,streaming,quest,freekv,freekv:0,hardkv,refreshkv,specache:2,specache:1) */
 #include <errno.h>
 #include <stdio.h>
@@ -66,6 +70,8 @@
 
 struct row {
 	char policy[16];
+	char label[40];	/* policy and its ablations, as given */
+	bool nospec, frag, single; /* --no-speculation, --recall-fragmented, --recall-single-buffer */
 	float tau;
 	float top_p; /* 0: the policy's default */
 	int bits;    /* specache */
@@ -135,6 +141,20 @@ static int parse_rows(const char *s, struct row *out, float tau, int bits, int m
 	for (char *save = NULL, *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
 		if (n == max)
 			return -EINVAL;
+		snprintf(out[n].label, sizeof out[n].label, "%s", p);
+		out[n].nospec = out[n].frag = out[n].single = false;
+		/* +nospec, +frag, +single: the Fig. 8 ablations (docs/design.md §5) */
+		for (char *plus; (plus = strrchr(p, '+'));) {
+			if (!strcmp(plus, "+nospec"))
+				out[n].nospec = true;
+			else if (!strcmp(plus, "+frag"))
+				out[n].frag = true;
+			else if (!strcmp(plus, "+single"))
+				out[n].single = true;
+			else
+				return -EINVAL;
+			*plus = '\0';
+		}
 		char *sl = strchr(p, '/'), *c = strchr(p, ':');
 		out[n].tau = tau;
 		out[n].top_p = 0.0f;
@@ -221,7 +241,8 @@ static int parse(int argc, char **argv, struct bench_args *a)
 			ctx = v;
 			set_ctx = true;
 		} else if (!strcmp(s, "--rows")) {
-			rows = v;
+			rows = strcmp(v, "fig8") ? v : "quest,freekv,freekv+nospec,freekv+single,"
+							"freekv+frag,quest+frag+single";
 		} else if (!strcmp(s, "-m")) {
 			a->model = v;
 		} else {
@@ -349,6 +370,9 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	eo.kv.tau = rw->tau;
 	eo.kv.top_p = rw->top_p;
 	eo.kv.kv_bits = rw->bits;
+	eo.kv.no_speculation = rw->nospec;
+	eo.kv.recall_fragmented = rw->frag;
+	eo.kv.recall_single_buffer = rw->single;
 	int seq = -1, V = m->cfg.vocab_size, L = m->cfg.n_layers;
 	float *lg = malloc((size_t)V * sizeof *lg);
 	int ret = lg ? 0 : -ENOMEM;
@@ -358,7 +382,7 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	if (!ret) {
 		engine_kv_geom(e, &g);
 		char name[64];
-		snprintf(name, sizeof name, "bench-%d-%s-%g-%g-%d", ctx, rw->policy, (double)rw->tau,
+		snprintf(name, sizeof name, "bench-%d-%s-%g-%g-%d", ctx, rw->label, (double)rw->tau,
 			 (double)rw->top_p, rw->bits);
 		ret = hostkv_seq_open(h, name, m->fingerprint, L, &g, true, &hs, err, sizeof err);
 	}
@@ -439,7 +463,7 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 						      res->select_ms + res->wait_ms);
 	}
 	if (ret)
-		fprintf(stderr, "decode_bench: ctx %d, %s: %s\n", ctx, rw->policy,
+		fprintf(stderr, "decode_bench: ctx %d, %s: %s\n", ctx, rw->label,
 			err[0] ? err : strerror(-ret));
 	if (seq >= 0)
 		engine_seq_free(e, seq);
@@ -482,9 +506,9 @@ static void print_row(int ctx, const struct row *rw, const struct result *r)
 	for (int i = 0; i < 6; i++)
 		snprintf(b[i], sizeof b[i], r->counted && !(i == 5 && (r->has_full || !v[5])) ?
 			 (i < 4 ? "%.2f" : "%.1f") : "-", v[i]);
-	printf("| %6d | %-9s | %4s | %4s | %8.2f | %8.2f | %7s | %8s | %7s | %7s | %7s | %8.2f |"
+	printf("| %6d | %-17s | %4s | %4s | %8.2f | %8.2f | %7s | %8s | %7s | %7s | %7s | %8.2f |"
 	       " %10s | %7.2f | %7s | %6s | %5s | %5s | %9s | %8.4f | %5s |\n",
-	       ctx, rw->policy, tau, tp, r->step_ms, r->median_ms, b[0], b[1], b[2], b[3], full,
+	       ctx, rw->label, tau, tp, r->step_ms, r->median_ms, b[0], b[1], b[2], b[3], full,
 	       r->rest_ms, b[4], r->mib_recalled, b[5], cal, corr, rate, rows, r->kv_ratio, hit);
 	fflush(stdout);
 }
@@ -495,7 +519,7 @@ static void print_summary(const struct bench_args *a, int ctx, const struct resu
 {
 	const struct result *q = NULL;
 	for (int i = 0; i < a->n_rows; i++)
-		if (!strcmp(a->rows[i].policy, "quest"))
+		if (!strcmp(a->rows[i].label, "quest")) /* the plain one, not an ablation */
 			q = &res[i];
 	for (int i = 0; i < a->n_rows; i++) {
 		if (strcmp(a->rows[i].policy, "freekv"))
@@ -506,13 +530,13 @@ static void print_summary(const struct bench_args *a, int ctx, const struct resu
 		char tp[24] = "";
 		if (a->rows[i].top_p > 0.0f)
 			snprintf(tp, sizeof tp, " P %g", (double)a->rows[i].top_p);
-		printf("ctx %6d: freekv tau %g%s: hidden fraction of recall %.3f", ctx,
-		       (double)a->rows[i].tau, tp, hf);
+		printf("ctx %6d: %s tau %g%s: hidden fraction of recall %.3f", ctx,
+		       a->rows[i].label, (double)a->rows[i].tau, tp, hf);
 		if (q) {
 			double hq = q->hidden_ms + q->wait_ms > 0 ?
 					    q->hidden_ms / (q->hidden_ms + q->wait_ms) : 0.0;
-			printf(" (quest %.3f); median step time freekv/quest %.3f; exposed recall "
-			       "freekv/quest %.3f", hq, f->median_ms / q->median_ms,
+			printf(" (quest %.3f); median step time vs quest %.3f; exposed recall "
+			       "vs quest %.3f", hq, f->median_ms / q->median_ms,
 			       q->wait_ms > 0 ? f->wait_ms / q->wait_ms : 0.0);
 		}
 		printf("\n");
@@ -571,10 +595,10 @@ static int run_all(const struct bench_args *a, const char *model_dir, const char
 		       a->kv.page, a->kv.budget, a->kv.sink, a->kv.window, a->kv.full_layers,
 		       a->kv.refresh_stride, (double)a->kv.refresh_threshold, a->warmup, a->steps,
 		       a->kv.spec_topk);
-		printf("|    ctx | policy    |  tau |    P |  step ms |   median |  select | exposed  |"
+		printf("|    ctx | policy            |  tau |    P |  step ms |   median |  select | exposed  |"
 		       "  hidden |  attend |    full |     rest | head-pages | MiB rec | pg/head |"
 		       " ms/cal | corr  | full  | rows/step | KV ratio | hit   |\n");
-		printf("|--------|-----------|------|------|----------|----------|---------|----------|"
+		printf("|--------|-------------------|------|------|----------|----------|---------|----------|"
 		       "---------|---------|---------|----------|------------|---------|---------|"
 		       "--------|-------|-------|-----------|----------|-------|\n");
 	}
