@@ -66,12 +66,14 @@
 #include "sampler.h"
 #include "synth.h"
 
+#include "bench_ablation.h"
+
 #define MAX_LIST 16
 
 struct row {
 	char policy[16];
 	char label[40];	/* policy and its ablations, as given */
-	bool nospec, frag, single; /* --no-speculation, --recall-fragmented, --recall-single-buffer */
+	struct kv_policy_opts abl; /* the ablation flags only (bench_ablation.h) */
 	float tau;
 	float top_p; /* 0: the policy's default */
 	int bits;    /* specache */
@@ -142,19 +144,8 @@ static int parse_rows(const char *s, struct row *out, float tau, int bits, int m
 		if (n == max)
 			return -EINVAL;
 		snprintf(out[n].label, sizeof out[n].label, "%s", p);
-		out[n].nospec = out[n].frag = out[n].single = false;
-		/* +nospec, +frag, +single: the Fig. 8 ablations (docs/design.md §5) */
-		for (char *plus; (plus = strrchr(p, '+'));) {
-			if (!strcmp(plus, "+nospec"))
-				out[n].nospec = true;
-			else if (!strcmp(plus, "+frag"))
-				out[n].frag = true;
-			else if (!strcmp(plus, "+single"))
-				out[n].single = true;
-			else
-				return -EINVAL;
-			*plus = '\0';
-		}
+		if (bench_ablations(p, &out[n].abl))
+			return -EINVAL;
 		char *sl = strchr(p, '/'), *c = strchr(p, ':');
 		out[n].tau = tau;
 		out[n].top_p = 0.0f;
@@ -241,8 +232,7 @@ static int parse(int argc, char **argv, struct bench_args *a)
 			ctx = v;
 			set_ctx = true;
 		} else if (!strcmp(s, "--rows")) {
-			rows = strcmp(v, "fig8") ? v : "quest,freekv,freekv+nospec,freekv+single,"
-							"freekv+frag,quest+frag+single";
+			rows = strcmp(v, "fig8") ? v : BENCH_FIG8_ROWS;
 		} else if (!strcmp(s, "-m")) {
 			a->model = v;
 		} else {
@@ -370,9 +360,9 @@ static int run_row(const struct fkv_model *m, struct backend *be, struct hostkv 
 	eo.kv.tau = rw->tau;
 	eo.kv.top_p = rw->top_p;
 	eo.kv.kv_bits = rw->bits;
-	eo.kv.no_speculation = rw->nospec;
-	eo.kv.recall_fragmented = rw->frag;
-	eo.kv.recall_single_buffer = rw->single;
+	eo.kv.no_speculation = rw->abl.no_speculation;
+	eo.kv.recall_fragmented = rw->abl.recall_fragmented;
+	eo.kv.recall_single_buffer = rw->abl.recall_single_buffer;
 	int seq = -1, V = m->cfg.vocab_size, L = m->cfg.n_layers;
 	float *lg = malloc((size_t)V * sizeof *lg);
 	int ret = lg ? 0 : -ENOMEM;

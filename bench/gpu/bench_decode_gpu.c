@@ -27,6 +27,8 @@
  * usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|both] [--batch LIST]
  *                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--layers N]
  *                         [--budget S]
+ *   --policies  a row each; POLICY+nospec, +frag, +single add the Fig. 8 ablations
+ *   (bench_ablation.h), and "fig8" is their set (quest+frag+single stands in for ArkVale)
  *   --recall  how the retrieval policies' recalls reach the device, a row each: dma (from the
  *   registered pool, no host copy; the default until measured otherwise), mapped (zero-copy
  *   gather kernel), staged (host copies first)
@@ -50,6 +52,8 @@
 #include "hostkv.h"
 #include "model.h"
 #include "sampler.h"
+
+#include "../bench_ablation.h"
 
 #define MAX_LIST 8
 
@@ -207,9 +211,15 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 	struct hostkv *hk = NULL;
 	struct hostkv_seq *hs[MAX_LIST * 2] = { 0 };
 	struct engine_opts o = { .max_ctx = sh->prompt + sh->gen + 1, .max_seqs = batch,
-				 .policy = policy,
 				 .kv = { .page = 32, .budget = 2048, .sink = 512, .window = 512,
 					 .full_layers = 1, .tau = 0.9f, .recall_path = recall } };
+	char base[32];
+	snprintf(base, sizeof base, "%s", policy);
+	if (bench_ablations(base, &o.kv)) {
+		snprintf(err, errlen, "unknown ablation in '%s' (+nospec, +frag, +single)", policy);
+		return -EINVAL;
+	}
+	o.policy = base;
 	int ret = engine_new(&e, m, be, &o, err, errlen);
 	if (ret)
 		return ret;
@@ -224,7 +234,7 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 	}
 	struct kv_geom g;
 	engine_kv_geom(e, &g);
-	if (strcmp(policy, "full")) {
+	if (strcmp(base, "full")) {
 		int64_t pages = (o.max_ctx + g.p - 1) / g.p;
 		struct hostkv_opts ho = {
 			.worker_name = "bench_decode_gpu",
@@ -398,7 +408,7 @@ static int parse(int argc, char **argv, struct args *a)
 			if (!a->n_recalls)
 				return -1;
 		} else if (!strcmp(argv[i - 1], "--policies")) {
-			snprintf(pol, sizeof pol, "%s", v);
+			snprintf(pol, sizeof pol, "%s", strcmp(v, "fig8") ? v : BENCH_FIG8_ROWS);
 			a->n_policies = 0;
 			for (char *sv, *p = strtok_r(pol, ",", &sv); p && a->n_policies < MAX_LIST;
 			     p = strtok_r(NULL, ",", &sv))

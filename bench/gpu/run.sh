@@ -27,7 +27,9 @@
 #              row is complete; default BENCH_TIMEOUT - 60, or what --deadline leaves, less
 #              60). Defaults: both shapes (32768 + 256 generated, 600 + 4096), batch 1,
 #              full,streaming,quest,freekv, dma: as many rows as fit in 480 s. DECODE_ARGS
-#              adds raw flags, e.g. DECODE_ARGS=--quick.
+#              adds raw flags, e.g. DECODE_ARGS=--quick. --policies fig8 runs the paper's
+#              Fig. 8 ablations (quest, freekv, freekv+nospec, freekv+single, freekv+frag,
+#              quest+frag+single standing in for ArkVale; any POLICY+nospec|+frag|+single).
 #              Not measured yet: this build's decode step (device-side selection, 16-bit slots,
 #              flash_decode for full, fused QKV/gate-up, recall from the pool by DMA or by the
 #              gather kernel) has never run on a GPU, so which recall path is faster is not
