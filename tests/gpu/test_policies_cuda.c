@@ -9,7 +9,8 @@
  * cuda, f32 slots holding the same values on the cpu). Both runs check that retrieval engaged
  * (pages recalled; refreshkv: full steps, whose rows the CUDA backend streams through the
  * recall stream where the CPU reads the host copy in place, and on stories260K the same full
- * steps and fetched rows; specache on stories260K: tokens equal, rows fetched). Skips (77)
+ * steps and fetched rows; specache on stories260K: tokens equal, rows fetched); and the
+ * ordering test: recalls made late by a spin kernel change nothing. Skips (77)
  * without a CUDA device. */
 #include "gpu_test.h"
 
@@ -226,6 +227,65 @@ static void test_stories_specache(void **state)
 	model_free(&m);
 }
 
+/* The ordering test (docs/design.md §5: compute waits for a layer's recall only through its
+ * event): a second CUDA backend whose recall scatters and gathers each start behind a spin
+ * kernel (FREEKV_CUDA_RECALL_LAG_CYCLES), so recalls land late; quest's and freekv's tokens and
+ * logits must not change — an op not ordered after its recall would read stale slots. With
+ * the ablations too (per-token pieces, one staging buffer), and through each recall path. */
+static void test_recall_ordering(void **state)
+{
+	(void)state;
+	const char *path = test_model_path("stories260K/stories260K.gguf");
+	if (!path)
+		skip();
+	struct fkv_model m;
+	char err[256];
+	if (model_load(path, &m, err, sizeof err))
+		fail_msg("model_load: %s", err);
+	int32_t prompt[16];
+	uint64_t s = 777;
+	prompt[0] = 1;
+	for (int i = 1; i < 16; i++)
+		prompt[i] = 3 + (int32_t)(test_rand(&s) % (uint64_t)(m.cfg.vocab_size - 3));
+	enum { STEPS = 64 };
+	struct backend *lagged;
+	setenv("FREEKV_CUDA_RECALL_LAG_CYCLES", "2000000", 1);
+	assert_int_equal(backend_cuda_new(&lagged, 0), 0);
+	unsetenv("FREEKV_CUDA_RECALL_LAG_CYCLES");
+	/* The lagged backend registers the pool of a store of its own. */
+	struct hostkv *mine = store, *other;
+	struct hostkv_opts ho = { .worker_name = "test_policies_cuda lagged" };
+	if (hostkv_open(&ho, &other, err, sizeof err))
+		fail_msg("hostkv_open: %s", err);
+	static const char *const pols[] = { "quest", "freekv" };
+	for (int v = 0; v < 6; v++) {
+		/* each recall path (dma, staged, mapped), plain and with both recall ablations */
+		struct kv_policy_opts kv = { .page = 8, .budget = 64, .sink = 8, .window = 16,
+					     .tau = 0.9f, .recall_path = v % 3,
+					     .recall_fragmented = v >= 3, .recall_single_buffer = v >= 3 };
+		for (int i = 0; i < 2; i++) {
+			struct run a, b;
+			store = mine;
+			run_policy(gpu, &m, pols[i], kv, FKV_F32, prompt, 16, STEPS, NULL, &a);
+			store = other;
+			run_policy(lagged, &m, pols[i], kv, FKV_F32, prompt, 16, STEPS, NULL, &b);
+			store = mine;
+			fprintf(stderr, "ordering %s path %d frag %d single %d: recalled %lld\n",
+				pols[i], kv.recall_path, kv.recall_fragmented,
+				kv.recall_single_buffer, (long long)b.st.sum.pages_recalled);
+			assert_true(b.st.sum.pages_recalled > 0);
+			assert_memory_equal(a.toks, b.toks, STEPS * sizeof *a.toks);
+			assert_memory_equal(a.logits, b.logits,
+					    (size_t)(STEPS + 1) * m.cfg.vocab_size * sizeof(float));
+			run_free(&a);
+			run_free(&b);
+		}
+	}
+	hostkv_close(other);
+	backend_free(lagged);
+	model_free(&m);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -258,6 +318,7 @@ int main(void)
 		cmocka_unit_test(test_stories_policies),
 		cmocka_unit_test(test_llama8b_policies),
 		cmocka_unit_test(test_stories_specache),
+		cmocka_unit_test(test_recall_ordering),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -883,6 +883,8 @@ int backend_cuda_new(struct backend **out, int device)
 		return -ENOMEM;
 	}
 	c->device = device;
+	const char *lag = getenv("FREEKV_CUDA_RECALL_LAG_CYCLES");
+	c->recall_lag = lag ? strtoll(lag, NULL, 10) : 0;
 	pthread_mutex_init(&c->recall_mu, NULL);
 	int ret = cuda_init(c);
 	if (ret) {

@@ -73,6 +73,9 @@ struct host_reg {
 
 struct cuda_ctx {
 	int device;
+	/* FREEKV_CUDA_RECALL_LAG_CYCLES (tests): a spin kernel of that many cycles before every
+	 * recall scatter or gather, so that an op not ordered after its recall reads stale slots */
+	long long recall_lag;
 	bool pools;		/* stream-ordered allocation (cudaMallocAsync) available */
 	cudaStream_t stream;	/* compute: every op of the table */
 	cudaStream_t rc_copy;	/* recall: H2D copies of units into the staging */

@@ -58,6 +58,7 @@
 #include "offload_gather.cuh"
 #include "recall_gather.cuh"
 #include "recall_scatter.cuh"
+#include "spin.cuh"
 
 static void unregister_all(struct cuda_ctx *c)
 {
@@ -220,8 +221,8 @@ static int recall_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, c->rc_entry, 0));
 	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, s->copied, 0));
 	const int32_t *dtab = (const int32_t *)(s->dev + toff);
-	cudaError_t se = cudaSuccess;
-	if (one)
+	cudaError_t se = spin_cycles(c->recall_lag, c->rc_stream);
+	if (one && se == cudaSuccess)
 		se = recall_scatter(base, sdt, s->dev, dt, dtab, n, n_kv, p, d, c->rc_stream);
 	for (int i = 0; !one && i < n && se == cudaSuccess; i++)
 		se = recall_scatter(slots[i], sdt, s->dev + i * ub, dt, dtab + 2 * i, 1, n_kv,
@@ -340,8 +341,8 @@ static int mapped_locked(struct cuda_ctx *c, void *const *slots, const int *head
 	CUDA_CHECK(cudaStreamWaitEvent(c->rc_stream, s->copied, 0));
 	const void *const *dsrc = (const void *const *)s->dev;
 	const int32_t *dtab = (const int32_t *)(s->dev + pbytes);
-	cudaError_t ge = cudaSuccess;
-	if (one)
+	cudaError_t ge = spin_cycles(c->recall_lag, c->rc_stream);
+	if (one && ge == cudaSuccess)
 		ge = recall_gather(base, sdt, dsrc, aligned, dt, dtab, n, n_kv, p, d, c->rc_stream);
 	for (int i = 0; !one && i < n && ge == cudaSuccess; i++)
 		ge = recall_gather(slots[i], sdt, dsrc + i, aligned, dt, dtab + 2 * i, 1, n_kv, p,
