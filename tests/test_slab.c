@@ -1,6 +1,6 @@
 /* Tests kvstore/daemon/slab.c: class geometry, exhaustion, random alloc/free checked against a simple
  * reference model (a map of live blocks), offset validation, tags, and units moving between
- * classes when slabs empty. */
+ * classes when slabs empty, kept for the class they were drained for. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -178,6 +178,62 @@ static void test_units_move_between_classes(void **state)
 	slab_shutdown(sa);
 }
 
+/* A slab drained for another class keeps its units for that class once it empties: the
+ * draining slab's own class, which frees blocks and allocates again at once, cannot take them
+ * back (it would starve the waiting class); slab_unreserve gives them to everyone. */
+static void test_drained_units_kept_for_waiting_class(void **state)
+{
+	(void)state;
+	struct slab_alloc *sa;
+	assert_int_equal(slab_init(&sa, 4 * UNIT, UNIT), 0);
+	unsigned a, b;
+	assert_int_equal(slab_class_get(sa, 4096, &a), 0);
+	assert_int_equal(slab_class_get(sa, 8192, &b), 0);
+	enum { PER = UNIT / 4096 };
+	uint64_t offs[4 * PER], off, base, bytes, stride;
+	size_t n = 0;
+	while (slab_alloc(sa, a, &off) == 0)
+		offs[n++] = off;
+	assert_int_equal(n, 4 * PER);
+	assert_int_equal(slab_alloc(sa, b, &off), -ENOSPC);
+	assert_int_equal(slab_free_units_for(sa, b), 0);
+	assert_int_equal(slab_reclaim_pick(sa, b, &base, &bytes, &stride), 0);
+	assert_int_equal(bytes, UNIT);
+	assert_int_equal(stride, 4096);
+	/* The drained slab empties; class a frees a block elsewhere too and keeps allocating. */
+	bool freed[4 * PER] = { false };
+	for (size_t i = 0; i < n; i++)
+		if (offs[i] >= base && offs[i] < base + bytes) {
+			assert_int_equal(slab_free(sa, offs[i]), 0);
+			freed[i] = true;
+		}
+	assert_int_equal(slab_free_units(sa), 1);
+	assert_int_equal(slab_free_units_for(sa, a), 0);
+	assert_int_equal(slab_free_units_for(sa, b), 1);
+	assert_int_equal(slab_alloc(sa, a, &off), -ENOSPC);
+	assert_int_equal(slab_alloc(sa, b, &off), 0);
+	assert_true(off >= base && off < base + bytes);
+	assert_int_equal(slab_free(sa, off), 0); /* b's slab empties: the unit is everyone's */
+	assert_int_equal(slab_free_units_for(sa, a), 1);
+	/* Drained again for b, given back by slab_unreserve: a takes the unit. */
+	assert_int_equal(slab_alloc(sa, a, &off), 0);
+	assert_int_equal(slab_reclaim_pick(sa, b, &base, &bytes, &stride), 0);
+	uint64_t more[PER];
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!freed[i] && offs[i] >= base && offs[i] < base + bytes)
+			assert_int_equal(slab_free(sa, offs[i]), 0);
+	if (off >= base && off < base + bytes)
+		assert_int_equal(slab_free(sa, off), 0);
+	assert_int_equal(slab_free_units_for(sa, a), 0);
+	slab_unreserve(sa, b);
+	assert_int_equal(slab_free_units_for(sa, a), 1);
+	while (m < PER && slab_alloc(sa, a, &more[m]) == 0)
+		m++;
+	assert_int_equal(m, PER);
+	slab_shutdown(sa);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -186,6 +242,7 @@ int main(void)
 		cmocka_unit_test(test_fill_until_full),
 		cmocka_unit_test(test_random_against_model),
 		cmocka_unit_test(test_units_move_between_classes),
+		cmocka_unit_test(test_drained_units_kept_for_waiting_class),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

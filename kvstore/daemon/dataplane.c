@@ -527,6 +527,16 @@ static int op_release(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 /* An ALLOC that found DRAM full: start demotion; when nothing can be demoted yet (every block
  * leased or not committed), wait up to alloc_wait_ms for a release or a commit. -EAGAIN: keep
  * it pending; -ENOSPC: give up. */
+/* An ALLOC stopped waiting without its blocks (gave up, or its worker went): the units kept for
+ * its class by reclaim_unit_for go back to every class (slab_reclaim_pick). */
+static void alloc_unreserve(struct dp *dp, struct dp_worker *w, const struct ring_entry *e)
+{
+	struct seq *s = attached_seq(dp, w, e->seq_id);
+	unsigned cls;
+	if (s && !pool_class(dp->pool, s->block_bytes, &cls))
+		pool_unreserve(dp->pool, cls);
+}
+
 static int alloc_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 {
 	demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
@@ -537,7 +547,10 @@ static int alloc_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 	uint64_t now = dp_now_us();
 	if (!p->deadline_us)
 		p->deadline_us = now + dp->cfg->alloc_wait_ms * 1000;
-	return now < p->deadline_us ? -EAGAIN : -ENOSPC;
+	if (now < p->deadline_us)
+		return -EAGAIN;
+	alloc_unreserve(dp, w, &p->e);
+	return -ENOSPC;
 }
 
 static int defer(struct dp_worker *w, struct dp_pending *p)
@@ -574,6 +587,7 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 			ret = defer(w, p);
 			if (!ret)
 				return;
+			alloc_unreserve(dp, w, &p->e);
 		}
 		break;
 	case RING_OP_COMMIT:
@@ -928,6 +942,8 @@ void dp_worker_gone(struct dp *dp, uint32_t wid)
 		w->pending = p->next;
 		if (p->e.op == RING_OP_RECALL)
 			unlease_pending(dp, w, p);
+		else
+			alloc_unreserve(dp, w, &p->e);
 		free(p);
 	}
 	for (uint32_t i = 0; i < w->cap; i++)

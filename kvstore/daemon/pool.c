@@ -682,7 +682,12 @@ void pool_usage(const struct pool *p, struct pool_usage *u)
 int pool_reclaim_pick(struct pool *p, unsigned cls, uint64_t *base, uint64_t *bytes,
 		      uint64_t *stride)
 {
-	if (slab_free_units(p->slab))
-		return -EAGAIN; /* a unit is free: no other class need give one up */
+	if (slab_free_units_for(p->slab, cls))
+		return -EAGAIN; /* a unit is free for it: no other class need give one up */
 	return slab_reclaim_pick(p->slab, cls, base, bytes, stride);
+}
+
+void pool_unreserve(struct pool *p, unsigned cls)
+{
+	slab_unreserve(p->slab, cls);
 }

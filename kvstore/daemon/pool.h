@@ -139,6 +139,8 @@ int pool_block_slab_base(const struct pool *p, uint32_t id, uint64_t *base);
  * the other class's slab to empty (see slab_reclaim_pick). -EAGAIN when a unit is free. */
 int pool_reclaim_pick(struct pool *p, unsigned cls, uint64_t *base, uint64_t *bytes,
 		      uint64_t *stride);
+/* The ALLOCs of class cls stopped waiting: units kept for it go back (slab_unreserve). */
+void pool_unreserve(struct pool *p, unsigned cls);
 
 /* Descriptor of a live block, or NULL for an unknown / freed id. */
 struct pool_block *pool_block_get(struct pool *p, uint32_t id);

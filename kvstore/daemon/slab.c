@@ -8,6 +8,7 @@
 #include <string.h>
 
 #define NO_SLAB UINT32_MAX
+#define NO_CLASS UINT16_MAX
 
 struct slab {
 	uint64_t base;        /* byte offset of the first unit */
@@ -19,6 +20,7 @@ struct slab {
 	uint16_t cls;
 	bool on_partial;
 	bool draining;         /* giving its units to another class: no new blocks here */
+	uint16_t drain_for;    /* the class it is drained for (its units go to that class) */
 	uint32_t *free_stack;  /* (blocks_per_slab) indices of free blocks, nfree valid */
 	uint32_t *tag;         /* (blocks_per_slab) caller tags */
 	uint64_t *used;        /* (blocks_per_slab / 64 rounded up) allocation bitmap */
@@ -35,6 +37,8 @@ struct slab_alloc {
 	uint32_t n_units;
 	uint32_t free_units;
 	uint32_t *unit_slab;   /* (n_units) owning slab id or NO_SLAB */
+	uint16_t *unit_for;    /* (n_units) class a free unit is kept for (drained for it), or
+				* NO_CLASS: another class cannot take it (slab_unreserve) */
 	struct slab *slabs;    /* grows; ids are indices, recycled via free_ids */
 	uint32_t n_slabs, cap_slabs;
 	uint32_t *free_ids;
@@ -64,12 +68,17 @@ int slab_init(struct slab_alloc **out, uint64_t bytes, uint64_t unit_bytes)
 	sa->n_units = (uint32_t)(bytes / unit_bytes);
 	sa->free_units = sa->n_units;
 	sa->unit_slab = malloc(sizeof *sa->unit_slab * sa->n_units);
-	if (!sa->unit_slab) {
+	sa->unit_for = malloc(sizeof *sa->unit_for * sa->n_units);
+	if (!sa->unit_slab || !sa->unit_for) {
+		free(sa->unit_slab);
+		free(sa->unit_for);
 		free(sa);
 		return -ENOMEM;
 	}
-	for (uint32_t i = 0; i < sa->n_units; i++)
+	for (uint32_t i = 0; i < sa->n_units; i++) {
 		sa->unit_slab[i] = NO_SLAB;
+		sa->unit_for[i] = NO_CLASS;
+	}
 	*out = sa;
 	return 0;
 }
@@ -93,6 +102,7 @@ void slab_shutdown(struct slab_alloc *sa)
 	free(sa->slabs);
 	free(sa->free_ids);
 	free(sa->unit_slab);
+	free(sa->unit_for);
 	free(sa);
 }
 
@@ -175,11 +185,18 @@ static void partial_remove(struct slab_alloc *sa, uint32_t id)
 }
 
 /* First run of n free units, or NO_SLAB. */
-static uint32_t find_units(const struct slab_alloc *sa, uint32_t n)
+/* Whether unit u is free for class cls: owned by no slab, and not kept for another class. */
+static bool unit_free_for(const struct slab_alloc *sa, uint32_t u, unsigned cls)
+{
+	return sa->unit_slab[u] == NO_SLAB &&
+	       (sa->unit_for[u] == NO_CLASS || sa->unit_for[u] == cls);
+}
+
+static uint32_t find_units(const struct slab_alloc *sa, uint32_t n, unsigned cls)
 {
 	uint32_t run = 0;
 	for (uint32_t i = 0; i < sa->n_units; i++) {
-		run = sa->unit_slab[i] == NO_SLAB ? run + 1 : 0;
+		run = unit_free_for(sa, i, cls) ? run + 1 : 0;
 		if (run == n)
 			return i + 1 - n;
 	}
@@ -233,6 +250,7 @@ static int slab_new_at(struct slab_alloc *sa, unsigned cls, uint32_t first, uint
 	s->draining = false;
 	for (uint32_t u = 0; u < s->n_units; u++)
 		sa->unit_slab[first + u] = id;
+	slab_unreserve(sa, cls); /* it has its slab: what else was kept for it goes back */
 	sa->free_units -= s->n_units;
 	c->info.slabs++;
 	c->info.free += per;
@@ -246,7 +264,7 @@ static int slab_new(struct slab_alloc *sa, unsigned cls, uint32_t *out_id)
 	struct slab_class *c = &sa->classes[cls];
 	if (c->units_per_slab > sa->free_units)
 		return -ENOSPC;
-	uint32_t first = find_units(sa, c->units_per_slab);
+	uint32_t first = find_units(sa, c->units_per_slab, cls);
 	if (first == NO_SLAB)
 		return -ENOSPC;
 	return slab_new_at(sa, cls, first, out_id);
@@ -258,8 +276,10 @@ static void slab_retire(struct slab_alloc *sa, uint32_t id)
 	struct slab_class *c = &sa->classes[s->cls];
 	if (s->on_partial)
 		partial_remove(sa, id);
-	for (uint32_t u = 0; u < s->n_units; u++)
+	for (uint32_t u = 0; u < s->n_units; u++) {
 		sa->unit_slab[s->first_unit + u] = NO_SLAB;
+		sa->unit_for[s->first_unit + u] = s->draining ? s->drain_for : NO_CLASS;
+	}
 	sa->free_units += s->n_units;
 	c->info.slabs--;
 	c->info.free -= c->info.blocks_per_slab;
@@ -427,6 +447,21 @@ uint64_t slab_free_units(const struct slab_alloc *sa)
 	return sa->free_units;
 }
 
+uint64_t slab_free_units_for(const struct slab_alloc *sa, unsigned cls)
+{
+	uint64_t n = 0;
+	for (uint32_t u = 0; sa->free_units && u < sa->n_units; u++)
+		n += unit_free_for(sa, u, cls);
+	return n;
+}
+
+void slab_unreserve(struct slab_alloc *sa, unsigned cls)
+{
+	for (uint32_t u = 0; u < sa->n_units; u++)
+		if (sa->unit_for[u] == cls)
+			sa->unit_for[u] = NO_CLASS;
+}
+
 uint64_t slab_unit_bytes(const struct slab_alloc *sa)
 {
 	return sa->unit;
@@ -457,6 +492,8 @@ int slab_reclaim_pick(struct slab_alloc *sa, unsigned cls, uint64_t *base, uint6
 	/* From now on its class allocates elsewhere, so the slab can only empty. */
 	if (s->on_partial)
 		partial_remove((struct slab_alloc *)sa, best);
+	if (!s->draining)
+		s->drain_for = (uint16_t)cls;
 	s->draining = true;
 	*base = s->base;
 	*bytes = (uint64_t)s->n_units * sa->unit;

@@ -70,12 +70,20 @@ int slab_get_tag(const struct slab_alloc *sa, uint64_t off, uint32_t *tag);
 /* When class cls needs a slab and no unit is free: the slab of another class with the fewest
  * blocks in use (its range and block stride), whose blocks, once moved out, give its units back.
  * The slab is marked draining (its class stops allocating in it) until it empties; a slab
- * already draining is picked again. -ENOENT when every slab is cls's. */
+ * already draining is picked again. When it empties, its units are kept for the class it was
+ * first drained for: no other class can make a slab on them (under load the other classes'
+ * allocations would otherwise take every unit the moment it came free, and the waiting class
+ * would starve). They are given back when that class makes a slab, or by slab_unreserve.
+ * -ENOENT when every slab is cls's. */
 int slab_reclaim_pick(struct slab_alloc *sa, unsigned cls, uint64_t *base, uint64_t *bytes,
 		      uint64_t *stride);
+/* Gives back the free units kept for class cls (its wait for room ended without them). */
+void slab_unreserve(struct slab_alloc *sa, unsigned cls);
 
-/* Units not owned by any slab, and the unit size. */
+/* Units not owned by any slab (kept for a class or not), those class cls can make a slab on,
+ * and the unit size. */
 uint64_t slab_free_units(const struct slab_alloc *sa);
+uint64_t slab_free_units_for(const struct slab_alloc *sa, unsigned cls);
 uint64_t slab_unit_bytes(const struct slab_alloc *sa);
 
 #endif
