@@ -11,6 +11,8 @@ Python client, http.client and curl talk to it.
     longer than the context, unknown model, wrong method, unknown path) gets the right 4xx and an
     OpenAI error object, and /health stays 200 after each;
   - chat on a model without a recognised template is refused naming --chat-template;
+  - past --max-inflight a request gets 429; with no worker answering /health and requests get
+    503 naming the worker; --listen on a non-loopback address is refused without --allow-remote;
   - `promtool check metrics` passes on the /metrics of kvgate, both workers and kvstored, and one
     completion moves the counters by exactly what it did;
   - SIGKILL of one worker mid-stream: that stream ends with an error the client raises, the
@@ -269,6 +271,69 @@ def t_no_template(args, c):
     check(c.procs["kvgate2"].returncode == 0, "kvgate exit code after SIGTERM")
 
 
+def t_limits(args, c):
+    """429 past --max-inflight, 503 (and /health 503 with the reason) when no worker answers,
+    and --listen on a non-loopback address refused without --allow-remote."""
+    h = __import__("harness")
+    port = c.ports.setdefault("gate3", h.free_port())
+    c.start_gate("kvgate3", port, extra=["--max-inflight", "1"])
+    c.wait_health(2, port=port)
+    first = []
+
+    def long_stream():
+        cl = openai.OpenAI(base_url=c.url("/v1", port), api_key="unused", max_retries=0, timeout=60)
+        for ch in cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=1800,
+                                        temperature=0, stream=True):
+            first.append(ch)
+        return len(first)
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    fut = pool.submit(long_stream)
+    t0 = time.time()
+    while not first and time.time() - t0 < 30:
+        time.sleep(0.005)
+    check(first, "the long stream did not start")
+    body = json.dumps({"model": MODEL_ID, "prompt": "hi", "max_tokens": 2}).encode()
+    st, data = raw(c, "POST", "/v1/completions", body, port=port)
+    check(st == 429, f"second request past --max-inflight 1: {st} {data[:200]!r}")
+    e = json.loads(data)["error"]
+    check(e["code"] == "rate_limit_exceeded" and "--max-inflight" in e["message"], f"429 body {e}")
+    check(fut.result(timeout=120) > 0, "the stream in flight completes")
+    pool.shutdown()
+    st, data = raw(c, "POST", "/v1/completions", body, port=port)
+    check(st == 200, f"after the stream ended: {st}")
+    c.kill("kvgate3", signal.SIGTERM)
+    check(c.procs["kvgate3"].returncode == 0, "kvgate3 exit code after SIGTERM")
+
+    # No worker answers: /health and requests get 503, saying which worker and why.
+    port = c.ports.setdefault("gate4", h.free_port())
+    nobody = f"ipc://{c.dir}/nobody.sock"
+    c.spawn("kvgate4", [f"{args.build}/gate/kvgate", "--listen", f"127.0.0.1:{port}",
+                        "--probe-ms", "100", "--worker-timeout-ms", "500", "--worker", nobody])
+    st, hb = None, None
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        try:
+            st, hb = c.health(port)
+            break
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    check(st == 503 and hb["workers_alive"] == 0, f"/health with no worker: {st} {hb}")
+    check(nobody in json.dumps(hb), f"/health names the worker: {hb}")
+    st, data = raw(c, "POST", "/v1/completions", body, port=port)
+    e = json.loads(data)["error"]
+    check(st == 503 and e["code"] == "service_unavailable", f"request with no worker: {st} {e}")
+    c.kill("kvgate4", signal.SIGTERM)
+    check(c.procs["kvgate4"].returncode == 0, "kvgate4 exit code after SIGTERM")
+
+    # Not loopback: refused at start unless --allow-remote.
+    r = subprocess.run([f"{args.build}/gate/kvgate", "--listen", f"0.0.0.0:{h.free_port()}",
+                        "--worker", nobody], capture_output=True, timeout=30)
+    err = r.stderr.decode()
+    check(r.returncode != 0 and "not a loopback address" in err and "--allow-remote" in err,
+          f"--listen 0.0.0.0 without --allow-remote: exit {r.returncode}: {err!r}")
+
+
 def t_kill_worker(args, c):
     """Streams long enough (-c 2048 workers, 1,800 tokens) to be killed in the middle."""
     n_streams = 4
@@ -369,7 +434,7 @@ def t_metrics(args, c):
 
 
 CASES = [t_models_health, t_completion_greedy, t_completion_stop_seed, t_chat, t_concurrent,
-         t_bad_input, t_no_template, t_kill_worker, t_metrics]
+         t_bad_input, t_no_template, t_limits, t_kill_worker, t_metrics]
 
 
 def main():
