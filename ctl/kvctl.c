@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "freekv_store.h"
+#include "version.h"
 
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3 };
 
@@ -565,6 +566,7 @@ static const struct verb verbs[] = {
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvctl [-e ENDPOINT] [--token-file PATH] [--json] [--timeout MS] VERB ...\n"
+		   "       kvctl --version\n"
 		   "  SEQ is a sequence name, or id:N\n"
 		   "  evict, demote and config set need admin rights (docs/design.md §4 \"Access\")\n");
 	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
@@ -630,6 +632,9 @@ static int parse(int argc, char **argv, struct opts *o, const char **verb)
 			o->demote = true;
 		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
 			usage(stdout);
+			return 1;
+		} else if (!strcmp(a, "--version")) {
+			fkv_version_print(stdout, "kvctl");
 			return 1;
 		} else if (a[0] == '-' && a[1]) {
 			fprintf(stderr, "kvctl: unknown option %s\n", a);

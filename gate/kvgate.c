@@ -20,6 +20,7 @@
 #include "gate.h"
 #include "gate_http.h"
 #include "sdnotify.h"
+#include "version.h"
 
 #define DEFAULT_LISTEN "127.0.0.1:8000"
 #define MAX_ENDPOINTS 64
@@ -64,7 +65,8 @@ static void usage(FILE *f)
 		"      --probe-ms N           Status probe period per worker (default 1000)\n"
 		"      --worker-timeout-ms N  a worker silent this long is taken out (default 10000)\n"
 		"      --keepalive-s N        SSE keep-alive comment period (default 15)\n"
-		"  -h, --help                 this text\n", DEFAULT_LISTEN);
+		"  -h, --help                 this text\n"
+		"      --version              the version, commit and build\n", DEFAULT_LISTEN);
 }
 
 enum { F_WORKER, F_LISTEN, F_CHAT, F_CONFIG, F_MAXBODY, F_MAXINFLIGHT, F_MAXCONN, F_CHATMAX,
@@ -183,6 +185,10 @@ static int parse(int argc, char **argv, struct opts *o, struct conffile *cf)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			usage(stdout);
+			return 1;
+		}
+		if (!strcmp(argv[i], "--version")) {
+			fkv_version_print(stdout, "kvgate");
 			return 1;
 		}
 		if (!strcmp(argv[i], "--config") && i + 1 < argc)

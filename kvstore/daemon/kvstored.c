@@ -26,6 +26,7 @@
 #include "sdnotify.h"
 #include "seq.h"
 #include "store_metrics.h"
+#include "version.h"
 #include "workers.h"
 
 #ifndef SYS_pidfd_send_signal
@@ -42,7 +43,8 @@ static void usage(FILE *f)
 		   "  -c, --config FILE   read KEY = VALUE lines (# comments)\n"
 		   "  -s, --set K=V       override one key (after the file)\n"
 		   "  -p, --print-config  print the effective configuration and exit\n"
-		   "  -f, --foreground    run in the foreground (the only mode: systemd supervises)\n");
+		   "  -f, --foreground    run in the foreground (the only mode: systemd supervises)\n"
+		   "      --version       print the version, commit and build, and exit\n");
 }
 
 struct daemon_state {
@@ -70,6 +72,7 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 		{ "print-config", no_argument, NULL, 'p' },
 		{ "foreground", no_argument, NULL, 'f' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ 0, 0, 0, 0 },
 	};
 	char err[CFG_ERR_MAX];
@@ -82,6 +85,7 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 		case 'p': *print = true; break;
 		case 'f': break;
 		case 'h': usage(stdout); return 1;
+		case 'V': fkv_version_print(stdout, "kvstored"); return 1;
 		default: usage(stderr); return -EINVAL;
 		}
 	}

@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cmd_common.h"
+#include "version.h"
 
 static const struct cmd commands[] = {
 	{ "generate", "continue a prompt with a model", cmd_generate },
@@ -20,7 +22,8 @@ static const struct cmd commands[] = {
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvworker COMMAND [OPTIONS]   (kvworker COMMAND --help for its options)\n\n"
+	fprintf(f, "usage: kvworker COMMAND [OPTIONS]   (kvworker COMMAND --help for its options)\n"
+		   "       kvworker --version             version, commit, build, CUDA devices\n\n"
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
 		fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
@@ -34,6 +37,13 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		usage(stdout);
+		return CMD_OK;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		fkv_version_print(stdout, "kvworker");
+#ifdef FREEKV_HAVE_CUDA
+		printf("CUDA devices: %d\n", backend_cuda_devices());
+#endif
 		return CMD_OK;
 	}
 	for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
