@@ -1,9 +1,13 @@
 /* kvctl — the operator's view of kvstored (docs/design.md §6). Each verb is one row of a table (name,
  * usage, handler); every handler sends control requests through libfreekv_store and prints a
- * human table, or one JSON object with --json (built with json-c). Exit codes: 0 ok, 1 the daemon
+ * human table, or one JSON object with --json (built with json-c; errors too: errout). Options
+ * are parsed with getopt_long and may come before or after the verb. Exit codes: 0 ok, 1 the daemon
  * refused, 2 usage, 3 the daemon cannot be reached (a receive timeout bounds every request). */
+#include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <json-c/json.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -36,18 +40,66 @@ struct verb {
 	int (*fn)(struct kvs *k, const struct opts *o);
 };
 
-static int failed(struct kvs *k, int ret)
-{
-	fprintf(stderr, "kvctl: %s\n", kvs_error(k));
-	if (ret == -ETIMEDOUT || ret == -EHOSTUNREACH || ret == -ECONNREFUSED || ret == -ESHUTDOWN)
-		return EXIT_UNREACHABLE;
-	return EXIT_REFUSED;
-}
+static bool g_json; /* --json: errors too come out as JSON, on stdout */
 
 static void emit(json_object *j)
 {
 	puts(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
 	json_object_put(j);
+}
+
+/* Says what went wrong and returns code: "kvctl: MESSAGE" on stderr, or with --json
+ * {"error": {"message": ..., "kind": "refused"|"usage"|"unreachable", "exit_code": code}} on
+ * stdout, so that a script reading stdout always gets one JSON object. */
+static int errout(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int errout(int code, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (!g_json) {
+		fprintf(stderr, "kvctl: %s\n", msg);
+		return code;
+	}
+	static const char *const kinds[] = { [EXIT_OK] = "ok", [EXIT_REFUSED] = "refused",
+					     [EXIT_USAGE] = "usage",
+					     [EXIT_UNREACHABLE] = "unreachable" };
+	json_object *e = json_object_new_object(), *j = json_object_new_object();
+	json_object_object_add(e, "message", json_object_new_string(msg));
+	json_object_object_add(e, "kind", json_object_new_string(kinds[code]));
+	json_object_object_add(e, "exit_code", json_object_new_int(code));
+	json_object_object_add(j, "error", e);
+	emit(j);
+	return code;
+}
+
+static int failed(struct kvs *k, int ret)
+{
+	bool gone = ret == -ETIMEDOUT || ret == -EHOSTUNREACH || ret == -ECONNREFUSED ||
+		    ret == -ESHUTDOWN || ret == -ECONNRESET;
+	return errout(gone ? EXIT_UNREACHABLE : EXIT_REFUSED, "%s", kvs_error(k));
+}
+
+/* A configuration value as JSON: numbers as numbers, true/false as booleans, the rest (sizes
+ * with a unit, paths, names) as strings. */
+static json_object *config_value_json(const char *v)
+{
+	char *end;
+	if (!strcmp(v, "true") || !strcmp(v, "false"))
+		return json_object_new_boolean(!strcmp(v, "true"));
+	errno = 0;
+	if (*v && (isdigit((unsigned char)*v) || (*v == '-' && isdigit((unsigned char)v[1])))) {
+		long long i = strtoll(v, &end, 10);
+		if (!*end && !errno)
+			return json_object_new_int64(i);
+		errno = 0;
+		double d = strtod(v, &end);
+		if (!*end && !errno)
+			return json_object_new_double(d);
+	}
+	return json_object_new_string(v);
 }
 
 static void mib(char *buf, size_t n, uint64_t bytes)
@@ -75,15 +127,24 @@ static const char *dtype_name(Freekv__DType d)
 	}
 }
 
-/* "id:N" names a sequence by id, anything else by name. */
-static void seq_arg(const char *a, uint64_t *id, const char **name)
+/* "id:N" names a sequence by id (N a positive decimal number), anything else by name. Returns
+ * EXIT_OK, or EXIT_USAGE after saying what is wrong with a. */
+static int seq_arg(const char *a, uint64_t *id, const char **name)
 {
 	*id = 0;
 	*name = a;
+	if (!*a)
+		return errout(EXIT_USAGE, "SEQ is empty: give a sequence name, or id:N");
 	if (!strncmp(a, "id:", 3)) {
-		*id = strtoull(a + 3, NULL, 10);
+		char *end;
+		errno = 0;
+		*id = strtoull(a + 3, &end, 10);
 		*name = NULL;
+		if (!isdigit((unsigned char)a[3]) || *end || errno || *id == 0)
+			return errout(EXIT_USAGE, "'%s' is not a sequence id: id:N wants N a number "
+				      "from 1 (`kvctl ls` lists the ids)", a);
 	}
+	return EXIT_OK;
 }
 
 static json_object *seq_json(const Freekv__SequenceInfo *s, bool tokens)
@@ -328,7 +389,8 @@ static int v_show(struct kvs *k, const struct opts *o)
 	Freekv__Reply *r;
 	uint64_t id;
 	const char *name;
-	seq_arg(o->pos[0], &id, &name);
+	if (seq_arg(o->pos[0], &id, &name))
+		return EXIT_USAGE;
 	int ret = kvs_show_sequence(k, id, name, o->tokens, &r);
 	if (ret)
 		return failed(k, ret);
@@ -381,22 +443,20 @@ static int v_evict(struct kvs *k, const struct opts *o)
 {
 	Freekv__Reply *r;
 	int ret;
-	if ((o->npos == 1) + (o->worker != NULL) + o->detached != 1) {
-		fprintf(stderr, "kvctl: evict takes exactly one of SEQ, --worker ID, --detached\n");
-		return EXIT_USAGE;
-	}
+	if ((o->npos == 1) + (o->worker != NULL) + o->detached != 1)
+		return errout(EXIT_USAGE, "evict takes exactly one of SEQ, --worker ID, --detached");
 	if (o->npos == 1) {
 		uint64_t id;
 		const char *name;
-		seq_arg(o->pos[0], &id, &name);
+		if (seq_arg(o->pos[0], &id, &name))
+			return EXIT_USAGE;
 		ret = kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_SEQUENCE, id, name, 0, o->demote, &r);
 	} else if (o->worker) {
 		char *end;
 		unsigned long w = strtoul(o->worker, &end, 10);
-		if (*end || !*o->worker) {
-			fprintf(stderr, "kvctl: --worker wants a number\n");
-			return EXIT_USAGE;
-		}
+		if (*end || !*o->worker)
+			return errout(EXIT_USAGE, "--worker wants a worker id (a number, as `kvctl "
+				      "workers` lists them), not '%s'", o->worker);
 		ret = kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_WORKER, 0, NULL, (uint32_t)w, true, &r);
 	} else {
 		ret = kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_DETACHED, 0, NULL, 0, o->demote, &r);
@@ -411,7 +471,8 @@ static int v_demote(struct kvs *k, const struct opts *o)
 	Freekv__Reply *r;
 	uint64_t id;
 	const char *name;
-	seq_arg(o->pos[0], &id, &name);
+	if (seq_arg(o->pos[0], &id, &name))
+		return EXIT_USAGE;
 	int ret = kvs_demote(k, id, name, &r);
 	if (ret)
 		return failed(k, ret);
@@ -480,8 +541,7 @@ static int v_config(struct kvs *k, const struct opts *o)
 	} else if (!strcmp(o->pos[0], "set") && o->npos == 3) {
 		ret = kvs_config_set(k, o->pos[1], o->pos[2], &r);
 	} else {
-		fprintf(stderr, "kvctl: usage: config get [KEY] | config set KEY VALUE\n");
-		return EXIT_USAGE;
+		return errout(EXIT_USAGE, "usage: config get [KEY] | config set KEY VALUE");
 	}
 	if (ret)
 		return failed(k, ret);
@@ -489,7 +549,7 @@ static int v_config(struct kvs *k, const struct opts *o)
 	for (size_t i = 0; i < r->config->n_entries; i++) {
 		const Freekv__ConfigEntry *e = r->config->entries[i];
 		if (o->json)
-			json_object_object_add(j, e->key, json_object_new_string(e->value));
+			json_object_object_add(j, e->key, config_value_json(e->value));
 		else
 			printf("%-22s = %-32s%s\n", e->key, e->value, e->runtime ? " (run-time)" : "");
 	}
@@ -574,80 +634,93 @@ static void usage(FILE *f)
 	fprintf(f, "exit codes: 0 ok, 1 refused by kvstored, 2 usage, 3 kvstored unreachable\n");
 }
 
-/* "--opt VALUE", "-o VALUE" or "--opt=VALUE": 1 with *val set, -1 when the value is missing,
- * 0 when argv[*i] is another argument. */
-static int take(int argc, char **argv, int *i, const char *lng, const char *shrt, const char **val)
+/* A number option's value: *out, or EXIT_USAGE naming the option and what it wants. */
+static int num_arg(const char *opt, const char *val, double min, double *out)
 {
-	const char *a = argv[*i];
-	size_t n = strlen(lng);
-	if (!strcmp(a, lng) || (shrt && !strcmp(a, shrt))) {
-		if (*i + 1 >= argc)
-			return -1;
-		*val = argv[++*i];
-		return 1;
-	}
-	if (!strncmp(a, lng, n) && a[n] == '=') {
-		*val = a + n + 1;
-		return 1;
-	}
-	return 0;
+	char *end;
+	errno = 0;
+	*out = strtod(val, &end);
+	if (!*val || *end || errno || !(*out >= min))
+		return errout(EXIT_USAGE, "%s wants a number >= %g, not '%s'", opt, min, val);
+	return EXIT_OK;
 }
 
-/* Options may appear anywhere; returns -1 on a usage error, 1 after --help. */
+/* getopt_long: options may appear anywhere (before or after the verb). Returns 0 parsed, 1
+ * after --help or --version, -1 after saying what is wrong. */
 static int parse(int argc, char **argv, struct opts *o, const char **verb)
 {
+	enum { O_TIMEOUT = 256, O_TOKEN, O_WORKER, O_INTERVAL, O_COUNT, O_JSON, O_TOKENS,
+	       O_DETACHED, O_DEMOTE, O_VERSION };
+	static const struct option lo[] = {
+		{ "endpoint", required_argument, NULL, 'e' },
+		{ "timeout", required_argument, NULL, O_TIMEOUT },
+		{ "token-file", required_argument, NULL, O_TOKEN },
+		{ "worker", required_argument, NULL, O_WORKER },
+		{ "interval", required_argument, NULL, O_INTERVAL },
+		{ "count", required_argument, NULL, O_COUNT },
+		{ "json", no_argument, NULL, O_JSON },
+		{ "tokens", no_argument, NULL, O_TOKENS },
+		{ "detached", no_argument, NULL, O_DETACHED },
+		{ "demote", no_argument, NULL, O_DEMOTE },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, O_VERSION },
+		{ 0, 0, 0, 0 },
+	};
 	*verb = NULL;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		const char *val = NULL;
-		int t;
-		if ((t = take(argc, argv, &i, "--endpoint", "-e", &val))) {
-			if (t < 0)
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+		if (!strcmp(argv[i], "--json"))
+			g_json = true; /* errors met while parsing come out as JSON too */
+	opterr = 0;
+	optind = 1;
+	int c;
+	double d;
+	while ((c = getopt_long(argc, argv, ":e:h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'e': o->endpoint = optarg; break;
+		case O_TIMEOUT:
+			if (num_arg("--timeout", optarg, 1, &d))
 				return -1;
-			o->endpoint = val;
-		} else if ((t = take(argc, argv, &i, "--timeout", NULL, &val))) {
-			if (t < 0 || (o->timeout_ms = atoi(val)) <= 0)
+			o->timeout_ms = d > 3600000 ? 3600000 : (int)d;
+			break;
+		case O_TOKEN: o->token_file = optarg; break;
+		case O_WORKER: o->worker = optarg; break;
+		case O_INTERVAL:
+			if (num_arg("--interval", optarg, 0.001, &o->interval))
 				return -1;
-		} else if ((t = take(argc, argv, &i, "--token-file", NULL, &val))) {
-			if (t < 0)
+			break;
+		case O_COUNT:
+			if (num_arg("--count", optarg, 1, &d))
 				return -1;
-			o->token_file = val;
-		} else if ((t = take(argc, argv, &i, "--worker", NULL, &val))) {
-			if (t < 0)
-				return -1;
-			o->worker = val;
-		} else if ((t = take(argc, argv, &i, "--interval", NULL, &val))) {
-			if (t < 0 || (o->interval = atof(val)) <= 0)
-				return -1;
-		} else if ((t = take(argc, argv, &i, "--count", NULL, &val))) {
-			if (t < 0 || (o->count = atol(val)) <= 0)
-				return -1;
-		} else if (!strcmp(a, "--json")) {
-			o->json = true;
-		} else if (!strcmp(a, "--tokens")) {
-			o->tokens = true;
-		} else if (!strcmp(a, "--detached")) {
-			o->detached = true;
-		} else if (!strcmp(a, "--demote")) {
-			o->demote = true;
-		} else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			usage(stdout);
-			return 1;
-		} else if (!strcmp(a, "--version")) {
-			fkv_version_print(stdout, "kvctl");
-			return 1;
-		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "kvctl: unknown option %s\n", a);
+			o->count = (long)d;
+			break;
+		case O_JSON: o->json = true; break;
+		case O_TOKENS: o->tokens = true; break;
+		case O_DETACHED: o->detached = true; break;
+		case O_DEMOTE: o->demote = true; break;
+		case 'h': usage(stdout); return 1;
+		case O_VERSION: fkv_version_print(stdout, "kvctl"); return 1;
+		case ':':
+			errout(EXIT_USAGE, "%s needs a value", argv[optind - 1]);
 			return -1;
-		} else if (!*verb) {
-			*verb = a;
-		} else if (o->npos < 4) {
-			o->pos[o->npos++] = a;
-		} else {
+		default:
+			errout(EXIT_USAGE, "unknown option %s (kvctl --help lists them)",
+			       argv[optind - 1]);
 			return -1;
 		}
 	}
-	return *verb ? 0 : -1;
+	if (optind >= argc) {
+		errout(EXIT_USAGE, "no verb given (kvctl --help lists them)");
+		return -1;
+	}
+	*verb = argv[optind++];
+	for (; optind < argc; optind++) {
+		if (o->npos == 4) {
+			errout(EXIT_USAGE, "too many arguments from '%s' on", argv[optind]);
+			return -1;
+		}
+		o->pos[o->npos++] = argv[optind];
+	}
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -657,28 +730,24 @@ int main(int argc, char **argv)
 	int ret = parse(argc, argv, &o, &verb);
 	if (ret > 0)
 		return EXIT_OK;
-	if (ret < 0) {
-		usage(stderr);
+	if (ret < 0)
 		return EXIT_USAGE;
-	}
 	const struct verb *v = NULL;
 	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
 		if (!strcmp(verbs[i].name, verb))
 			v = &verbs[i];
-	if (!v || o.npos < v->min_pos || o.npos > v->max_pos) {
-		fprintf(stderr, v ? "kvctl: usage: kvctl %s\n" : "kvctl: unknown verb '%s'\n", v ? v->usage : verb);
-		if (!v)
-			usage(stderr);
-		return EXIT_USAGE;
-	}
+	if (!v)
+		return errout(EXIT_USAGE, "unknown verb '%s' (kvctl --help lists them)", verb);
+	if (o.npos < v->min_pos || o.npos > v->max_pos)
+		return errout(EXIT_USAGE, "%s takes %s arguments: kvctl %s", v->name,
+			      o.npos < v->min_pos ? "more" : "fewer", v->usage);
 	struct kvs *k;
 	ret = kvs_connect(o.endpoint, o.timeout_ms, &k);
-	if (ret) {
-		fprintf(stderr, "kvctl: cannot connect to %s: %s\n", o.endpoint, strerror(-ret));
-		return ret == -EINVAL || ret == -EPROTONOSUPPORT ? EXIT_USAGE : EXIT_UNREACHABLE;
-	}
+	if (ret)
+		return errout(ret == -EINVAL || ret == -EPROTONOSUPPORT ? EXIT_USAGE : EXIT_UNREACHABLE,
+			      "cannot connect to %s: %s", o.endpoint, strerror(-ret));
 	if (o.token_file && kvs_set_token_file(k, o.token_file)) {
-		fprintf(stderr, "kvctl: %s\n", kvs_error(k));
+		errout(EXIT_USAGE, "%s", kvs_error(k));
 		kvs_close(k);
 		return EXIT_USAGE;
 	}

@@ -1,6 +1,7 @@
 /* Integration: the kvctl binary against a real kvstored. Every verb with --json parses with
  * json-c and carries the daemon's numbers; human output names the sequence; exit codes are 0 ok,
- * 1 refused, 2 usage, 3 unreachable (quickly, thanks to the receive timeout). */
+ * 1 refused, 2 usage, 3 unreachable (quickly, thanks to the receive timeout); with --json errors
+ * are one JSON object on stdout that names the problem, and configuration numbers are numbers. */
 #include "clock.h"
 #include "test_kvstored_harness.h"
 
@@ -37,6 +38,20 @@ static int64_t jint(json_object *j, const char *key)
 	json_object *v;
 	assert_true(json_object_object_get_ex(j, key, &v));
 	return json_object_get_int64(v);
+}
+
+/* out[] is {"error": {"message": ..., "kind": kind, "exit_code": code}}, message holding substr. */
+static void expect_error(const char *kind, int code, const char *substr)
+{
+	json_object *j = parsed(), *e, *v;
+	assert_true(json_object_object_get_ex(j, "error", &e));
+	assert_true(json_object_object_get_ex(e, "kind", &v));
+	assert_string_equal(json_object_get_string(v), kind);
+	assert_int_equal(jint(e, "exit_code"), code);
+	assert_true(json_object_object_get_ex(e, "message", &v));
+	if (!strstr(json_object_get_string(v), substr))
+		fail_msg("error message '%s' lacks '%s'", json_object_get_string(v), substr);
+	json_object_put(j);
 }
 
 static void test_verbs(void **state)
@@ -112,7 +127,15 @@ static void test_verbs(void **state)
 	j = parsed();
 	json_object *v;
 	assert_true(json_object_object_get_ex(j, "heartbeat_timeout_ms", &v));
-	assert_string_equal(json_object_get_string(v), "5000");
+	assert_true(json_object_is_type(v, json_type_int)); /* numbers as numbers */
+	assert_int_equal(json_object_get_int64(v), 5000);
+	json_object_put(j);
+	assert_int_equal(kvctl(&h, "config get --json"), 0);
+	j = parsed();
+	assert_true(json_object_object_get_ex(j, "persist", &v));
+	assert_true(json_object_is_type(v, json_type_boolean));
+	assert_true(json_object_object_get_ex(j, "endpoint", &v));
+	assert_true(json_object_is_type(v, json_type_string));
 	json_object_put(j);
 	assert_int_equal(kvctl(&h, "config set heartbeat_timeout_ms 6000"), 0);
 	assert_int_equal(kvctl(&h, "config set dram_bytes 1G"), 1);
@@ -143,6 +166,22 @@ static void test_verbs(void **state)
 	assert_int_equal(kvctl(&h, "show"), 2);
 	assert_int_equal(kvctl(&h, "evict a --detached"), 2);
 	assert_int_equal(kvctl(&h, "ls --bogus"), 2);
+
+	/* With --json every error is one JSON object on stdout, naming what was wrong. */
+	assert_int_equal(kvctl(&h, "show id:abc --json"), 2);
+	expect_error("usage", 2, "'id:abc' is not a sequence id");
+	assert_int_equal(kvctl(&h, "show id:0 --json"), 2);
+	expect_error("usage", 2, "is not a sequence id");
+	assert_int_equal(kvctl(&h, "show nosuch --json"), 1);
+	expect_error("refused", 1, "no sequence 'nosuch'");
+	assert_int_equal(kvctl(&h, "ls --bogus --json"), 2);
+	expect_error("usage", 2, "unknown option --bogus");
+	assert_int_equal(kvctl(&h, "watch --count x --json"), 2);
+	expect_error("usage", 2, "--count wants a number");
+	assert_int_equal(kvctl(&h, "--json frobnicate"), 2);
+	expect_error("usage", 2, "unknown verb 'frobnicate'");
+	assert_int_equal(kvctl(&h, "show a b --json"), 2);
+	expect_error("usage", 2, "show takes fewer arguments");
 	kvs_close(k);
 	harness_stop(&h);
 }
@@ -153,6 +192,7 @@ static void test_unreachable(void **state)
 	uint64_t t0 = clock_ms();
 	assert_int_equal(kvctl(NULL, "status"), 3);
 	assert_int_equal(kvctl(NULL, "ls --json"), 3);
+	expect_error("unreachable", 3, "fkv-h2-nobody-here.sock");
 	assert_true(clock_ms() - t0 < 5000);
 }
 
