@@ -45,6 +45,9 @@ N_GEN = 24
 # allowed on top). 1e-6 leaves a margin of 30 and still catches small errors: an RMSNorm eps of
 # 1e-6 instead of the file's 1e-5 moves this perplexity by 3.4e-5, a RoPE base of 1e4 instead
 # of 1e5 by 12 %.
+# Every policy kvworker builds (`kvworker eval --help`): all must reproduce full when their
+# budget covers the window.
+POLICIES = ["full", "streaming", "quest", "freekv", "hardkv", "refreshkv", "specache"]
 PPL_RTOL = 1e-6
 
 failures = []
@@ -162,15 +165,16 @@ def main():
                   f"(relative difference {abs(ppl - ref_ppl) / ref_ppl:.1e}, "
                   f"tolerance {PPL_RTOL:g} + the printed rounding)")
 
-        # 4. eval: budget (128) covers the window (ctx 128): every policy must reproduce full.
+        # 4. eval: budget (128) covers the window (ctx 128), and specache's 16-bit top-k rows
+        #    cover it too (--spec-topk 128): every policy must reproduce full.
         r = run([kvw, "eval", *common, "-f", PROSE, "--ctx", "128", "--json",
-                 "--policies", "full,streaming,quest,freekv", "--page-size", "16",
-                 "--budget", "128", "--sink", "16", "--window", "32"], timeout=900)
-        if check(r.returncode == 0, "eval full,streaming,quest,freekv with budget = ctx exits 0"):
+                 "--policies", ",".join(POLICIES), "--page-size", "16",
+                 "--budget", "128", "--sink", "16", "--window", "32", "--spec-topk", "128"],
+                timeout=1200)
+        if check(r.returncode == 0, f"eval {','.join(POLICIES)} with budget = ctx exits 0"):
             doc = json.loads(r.stdout)
             pol = {p["policy"]: p for p in doc["policies"]}
-            check(sorted(pol) == ["freekv", "full", "quest", "streaming"],
-                  f"eval ran every policy: {sorted(pol)}")
+            check(sorted(pol) == sorted(POLICIES), f"eval ran every policy: {sorted(pol)}")
             full = pol["full"]
             for name, p in pol.items():
                 check(p["nll_sum"] == full["nll_sum"] and p["agreement"] == 1.0 and
