@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <math.h>
 
+#include "cpu_dot16.h"
 #include "layout.h"
 #include "test_backend.h"
 
@@ -123,6 +124,49 @@ static void test_matmul_rows_alone(void **state)
 			free(y1);
 			free(y2);
 		}
+}
+
+/* The AVX2/F16C decode GEMV (cpu_dot16.c) against the portable loop it replaces: the same bits,
+ * for both 16-bit dtypes, one and two activation rows, row counts that leave a short last group
+ * of four and column counts that leave a scalar tail. */
+static void test_matmul_dot16_equals_portable(void **state)
+{
+	(void)state;
+	cpu_dot16_enable(true);
+	if (!cpu_dot16_usable()) {
+		printf("skipped: this CPU lacks AVX2, FMA or F16C, so only the portable loop runs\n");
+		return;
+	}
+	static const int64_t shapes[][2] = { { 67, 300 }, { 701, 1000 }, { 5, 64 }, { 3, 5 },
+					     { 130, 2051 } };
+	static const enum fkv_dtype t16[] = { FKV_F16, FKV_BF16 };
+	for (size_t t = 0; t < 2; t++)
+		for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+			for (int64_t n = 1; n <= 2; n++) {
+				const int64_t rows = shapes[i][0], cols = shapes[i][1];
+				double *w64;
+				void *w = rand_typed(t16[t], rows * cols, &w64);
+				float *x = randv(n * cols, 1.0f);
+				float *ya = malloc((size_t)(n * rows) * 4), *yb = malloc((size_t)(n * rows) * 4);
+				assert_true(ya && yb);
+				struct backend_mat m = mat(w, t16[t], rows, cols);
+				cpu_dot16_enable(false);
+				assert_int_equal(be->ops->matmul(be->ctx, ya, x, &m, n), 0);
+				cpu_dot16_enable(true);
+				assert_int_equal(be->ops->matmul(be->ctx, yb, x, &m, n), 0);
+				for (int64_t k = 0; k < n * rows; k++)
+					if (memcmp(&ya[k], &yb[k], 4))
+						fail_msg("matmul %s %lldx%lld n=%lld: element %lld is %a "
+							 "portable, %a with AVX2", dtype_name(t16[t]),
+							 (long long)rows, (long long)cols, (long long)n,
+							 (long long)k, ya[k], yb[k]);
+				be->ops->weight_release(be->ctx, &m);
+				free(w);
+				free(w64);
+				free(x);
+				free(ya);
+				free(yb);
+			}
 }
 
 /* The backend's own 16-bit conversion (used by every op) on all 65536 patterns, through the
@@ -1055,6 +1099,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_matmul_rows_alone),
+		cmocka_unit_test(test_matmul_dot16_equals_portable),
 		cmocka_unit_test(test_matmul_all_16bit_patterns),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_rope),

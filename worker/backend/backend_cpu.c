@@ -14,6 +14,7 @@
  * and backend_cpu_kivi.c (specache's KIVI ops) are in backend_cpu_priv.h. */
 #include "backend.h"
 #include "backend_cpu_priv.h"
+#include "cpu_dot16.h"
 #include "cpu_quant.h"
 #include "layout.h"
 
@@ -303,11 +304,14 @@ static void matmul_dot(float *y, const float *x, const struct backend_mat *w, in
 	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
 	float *const ys[2] = { y, y + rows };
 	const float *const xs[2] = { x, x + cols };
+	const bool dot16 = !w->quant && cpu_dot16_usable(); /* AVX2 + F16C: cpu_dot16.c */
 	#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
 	for (int64_t b = 0; b < nblk; b++) {
 		const int64_t r0 = b * CPU_DOT_ROWS;
 		const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
-		if (!w->quant)
+		if (dot16)
+			cpu_dot16_rows(ys, xs, (int)n, w->data, cols, r0, r1, w->dtype);
+		else if (!w->quant)
 			dot_rows(ys, xs, (int)n, w, r0, r1);
 		else
 			for (int64_t j = 0; j < n; j++)
