@@ -8,7 +8,7 @@
  * and its equality with the uninterrupted run is checked with Q = 1, s > 1 (every step past
  * the budget full, so the partial sets a crash loses change nothing). Also the refusals:
  * resuming an unknown or attached sequence, generating into a sequence that already holds
- * tokens. */
+ * tokens; and a run stopped by SIGINT/SIGTERM exits 130/143 with its sequence kept. */
 #include "clock.h"
 #include "test_kvworker_proc.h"
 
@@ -183,6 +183,50 @@ static void test_refusals(void **state)
 	harness_stop(&hs);
 }
 
+/* SIGINT (or SIGTERM) mid-generation: the run stops, says the sequence is kept, exits 128 + the
+ * signal (130, 143: a script can tell a stopped run from a finished one), and the kept sequence
+ * resumes. Without --store, --keep and --seq are refused (exit 2): there is nothing to keep. */
+static void test_interrupted(void **state)
+{
+	(void)state;
+	struct harness hs;
+	harness_start(&hs, NULL);
+	const char *E = hs.endpoint;
+	static const int sigs[2] = { SIGINT, SIGTERM };
+	static const char *const names[2] = { "int", "term" };
+	for (int k = 0; k < 2; k++) {
+		const char *gen[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "6000", "-c",
+				      "8192", "--temp", "0", "--ids", "--store", E, "--seq",
+				      names[k], NULL };
+		struct proc p;
+		p_start(&p, gen);
+		assert_true(p_read_ids(&p, 40) >= 40); /* decoding */
+		assert_int_equal(kill(p.pid, sigs[k]), 0);
+		/* p_wait reads to EOF; its status conflates exit(130) with death by SIGINT. */
+		p_read_ids(&p, P_MAX_IDS + 1);
+		close(p.out);
+		int st;
+		assert_int_equal(waitpid(p.pid, &st, 0), p.pid);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 128 + sigs[k]);
+		assert_true(p.n_ids > 40 && p.n_ids < 6000);
+		int ids[P_MAX_IDS];
+		assert_true(p_seq_ids(E, names[k], ids, P_MAX_IDS, NULL, NULL) > 40);
+		const char *res[] = { "resume", "-m", g_model, "--store", E, "--seq", names[k], "-n",
+				      "4", "-c", "8192", "--temp", "0", "--ids", NULL };
+		assert_int_equal(p_run(&p, res), 0);
+		assert_int_equal(p.n_ids, 4);
+	}
+	const char *keep[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "4", "--keep", NULL };
+	struct proc p;
+	assert_int_equal(p_run(&p, keep), 2);
+	const char *seq[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "4", "--seq", "x",
+			      NULL };
+	assert_int_equal(p_run(&p, seq), 2);
+	assert_int_equal(p.n_ids, 0);
+	harness_stop(&hs);
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -190,6 +234,7 @@ int main(void)
 		return TEST_SKIP_EXIT;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_refusals, h_teardown),
+		cmocka_unit_test_teardown(test_interrupted, h_teardown),
 		cmocka_unit_test_teardown(test_resume_full, h_teardown),
 		cmocka_unit_test_teardown(test_resume_freekv, h_teardown),
 		cmocka_unit_test_teardown(test_resume_refreshkv, h_teardown),

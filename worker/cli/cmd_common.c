@@ -127,8 +127,25 @@ static volatile sig_atomic_t g_stop;
 
 static void on_stop(int sig)
 {
-	(void)sig;
-	g_stop = 1;
+	g_stop = sig;
+}
+
+int cmd_session_check(const struct cmd_session_opts *o)
+{
+	if ((o->keep || o->seq_name) && !o->endpoint) {
+		fprintf(stderr, "%s: %s needs --store ENDPOINT: without it the KV is in an embedded "
+			"store that ends with this process, so there is nothing to keep or name\n",
+			o->prog, o->keep ? "--keep" : "--seq");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int cmd_session_exit(const struct cmd_session *s, int run_ret)
+{
+	if (run_ret)
+		return CMD_FAIL;
+	return s->interrupted ? CMD_SIGNALLED + s->stop_signal : CMD_OK;
 }
 
 void cmd_session_defaults(struct cmd_session_opts *o, const char *prog)
@@ -861,6 +878,7 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 	fflush(stdout);
 	if (g_stop) {
 		s->interrupted = true;
+		s->stop_signal = (int)g_stop;
 		fprintf(stderr, "%s: interrupted: sequence '%s' kept at %lld tokens\n", o->prog,
 			s->seq_name, (long long)engine_seq_len(s->e, s->seq));
 	}

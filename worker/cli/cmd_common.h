@@ -23,8 +23,10 @@
 #define CMD_OK 0
 #define CMD_FAIL 1
 #define CMD_USAGE 2
+#define CMD_SIGNALLED 128 /* + the signal: a run stopped by SIGINT exits 130, by SIGTERM 143 */
 
 struct fkv_tokenizer;
+struct cmd_session;
 
 /* One kvworker command: run() gets argv with argv[0] = the command name. */
 struct cmd {
@@ -80,6 +82,12 @@ void cmd_session_defaults(struct cmd_session_opts *o, const char *prog);
 /* Consumes argv[*i] (and its value) when it is a shared flag: 1 consumed, 0 not ours,
  * -EINVAL after printing why. */
 int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i);
+/* What the shared flags cannot mean together, said on stderr: --keep and --seq without --store
+ * (the embedded store ends with the process). 0, or -EINVAL after saying why. */
+int cmd_session_check(const struct cmd_session_opts *o);
+/* The exit code of a finished cmd_session_run: CMD_OK, CMD_SIGNALLED + the signal that stopped
+ * it, or CMD_FAIL. */
+int cmd_session_exit(const struct cmd_session *s, int run_ret);
 /* The shared flags, for usage texts. */
 void cmd_session_usage(FILE *f);
 
@@ -103,6 +111,7 @@ struct cmd_session {
 	int seq;		/* engine handle, -1 before open */
 	char seq_name[128];
 	bool interrupted;	/* SIGINT/SIGTERM stopped the run: the sequence is kept */
+	int stop_signal;	/* which of the two (for the exit code) */
 	bool completed;		/* the run finished; only then is the sequence dropped */
 	bool store_lost;	/* kvstored went away for good: the sequence stays in its journal */
 	bool first_by_decode;	/* cmd_session_run runs `first` by decode steps, not prefill */
@@ -120,7 +129,7 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
  * rebuilds the sequence from the store as a resume does and runs again what the store did not
  * keep, so the tokens are those of an uninterrupted run (docs/design.md §4 "Restart without
  * loss"); when it does not come back, the run fails and the store keeps the sequence.
- * 0 or -errno. */
+ * 0 (also after SIGINT/SIGTERM stopped it: s->interrupted) or -errno. */
 int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first);
 /* Detaches the sequence (kept with --keep, after an interruption or a failure) or drops it
  * (a completed run without --keep); frees everything. Fine on a partly opened session. */

@@ -65,6 +65,10 @@ static int parse(int argc, char **argv, struct cmd_session_opts *o, const char *
 		usage(stderr);
 		return CMD_USAGE;
 	}
+	if (cmd_session_check(o)) {
+		usage(stderr);
+		return CMD_USAGE;
+	}
 	return 0;
 }
 
@@ -113,8 +117,7 @@ int cmd_generate(int argc, char **argv)
 	}
 	for (int i = 0; i < n_prompt; i++)
 		ids[i] = prompt[i];
-	if (!cmd_session_run(&s, ids, n_prompt))
-		ret = CMD_OK;
+	ret = cmd_session_exit(&s, cmd_session_run(&s, ids, n_prompt));
 out:
 	cmd_session_close(&s);
 	free(ids);

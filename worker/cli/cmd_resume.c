@@ -70,8 +70,7 @@ int cmd_resume(int argc, char **argv)
 	 * one whose length had not reached the store yet): they ran as decode steps, and run so
 	 * again to continue exactly. More are a prompt cut short: prefill, as it ran. */
 	s.first_by_decode = n_ids - len <= 2;
-	if (!cmd_session_run(&s, pending, (int)(n_ids - len)))
-		ret = CMD_OK;
+	ret = cmd_session_exit(&s, cmd_session_run(&s, pending, (int)(n_ids - len)));
 	free(pending);
 out:
 	cmd_session_close(&s);

@@ -1,5 +1,6 @@
 /* kvworker — the worker executable: a table of commands (generate, resume, perplexity, eval,
- * synth, serve, client, info), each parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage. */
+ * synth, serve, client, info), each parsing its own flags. Exit codes: 0 ok, 1 failed, 2 usage,
+ * 128 + the signal when SIGINT/SIGTERM stopped a generate or resume (130, 143). */
 #include <stdio.h>
 #include <string.h>
 
@@ -27,6 +28,8 @@ static void usage(FILE *f)
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
 		fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+	fprintf(f, "\nexit codes: 0 ok, 1 failed, 2 usage, 130 / 143 generate or resume stopped by "
+		   "SIGINT / SIGTERM\n(the sequence kept in kvstored)\n");
 }
 
 int main(int argc, char **argv)
