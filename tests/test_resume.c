@@ -159,6 +159,18 @@ static void test_refusals(void **state)
 			      "--temp", "0", "--ids", "--page-size", "16", "--budget", "128",
 			      "--sink", "16", "--window", "32", NULL };
 	assert_int_equal(p_run(&p, geo), 1);
+	/* Without --page-size, resume takes the sequence's own (8 and 16: one is not the default). */
+	static const char *const pages[2] = { "8", "16" }, *const pnames[2] = { "p8", "p16" };
+	for (int i = 0; i < 2; i++) {
+		const char *g[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "8", "--temp", "0",
+				    "--ids", "--page-size", pages[i], "--store", E, "--seq", pnames[i],
+				    "--keep", NULL };
+		assert_int_equal(p_run(&p, g), 0);
+		const char *res[] = { "resume", "-m", g_model, "--store", E, "--seq", pnames[i], "-n",
+				      "4", "--temp", "0", "--ids", NULL };
+		assert_int_equal(p_run(&p, res), 0);
+		assert_int_equal(p.n_ids, 4);
+	}
 	/* Held by a live worker (this test, attached through the client library): refused. */
 	struct kvs *k;
 	uint64_t id;

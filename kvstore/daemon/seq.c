@@ -86,6 +86,11 @@ int seq_check_geometry(const struct seq_geometry *g, char *err, size_t errlen)
 	return 0;
 }
 
+static const char *dtype_name(uint32_t d)
+{
+	return d == SEQ_DTYPE_F32 ? "f32" : d == SEQ_DTYPE_F16 ? "f16" : d == SEQ_DTYPE_BF16 ? "bf16" : "?";
+}
+
 static bool geometry_equal(const struct seq_geometry *a, const struct seq_geometry *b)
 {
 	return a->n_layers == b->n_layers && a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
@@ -153,7 +158,12 @@ int seq_open(struct seq_table *t, const char *name, const uint8_t *fp, size_t fp
 			return -EEXIST;
 		}
 		if (!geometry_equal(&s->geo, g)) {
-			errmsg_set(err, errlen, "sequence '%s' exists with a different geometry", name);
+			const struct seq_geometry *k = &s->geo;
+			errmsg_set(err, errlen, "sequence '%s' exists with a different geometry: kept "
+				   "%u layers, %u KV heads, head dim %u, page %u, %s; asked %u, %u, %u, "
+				   "page %u, %s", name, k->n_layers, k->n_kv_heads, k->head_dim,
+				   k->page_size, dtype_name(k->dtype), g->n_layers, g->n_kv_heads,
+				   g->head_dim, g->page_size, dtype_name(g->dtype));
 			return -EEXIST;
 		}
 		size_t common = n_tokens < s->n_tokens ? n_tokens : s->n_tokens;

@@ -9,13 +9,34 @@
 #include <string.h>
 
 #include "cmd_common.h"
+#include "freekv_store.h"
+
+/* Without --page-size the sequence's own page size (a sequence keeps its geometry; the budget,
+ * sink and window then scale to it as usual). A sequence that cannot be looked up is left to the
+ * open that follows, which says why. */
+static void take_stored_page_size(struct cmd_session_opts *o)
+{
+	struct kvs *k;
+	Freekv__Reply *r;
+	if (o->po.set_page || kvs_connect(o->endpoint, 5000, &k))
+		return;
+	if (!kvs_show_sequence(k, 0, o->seq_name, false, &r)) {
+		if (r->sequence && r->sequence->geometry && r->sequence->geometry->page_size) {
+			o->po.kv.page = (int)r->sequence->geometry->page_size;
+			o->po.set_page = true;
+		}
+		kvs_reply_free(r);
+	}
+	kvs_close(k);
+}
 
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: kvworker resume -m MODEL --store ENDPOINT --seq NAME [-n N] [options]\n"
 		"  continues sequence NAME of the kvstored at ENDPOINT with the model that started\n"
-		"  it (same fingerprint and page size), printing only the new tokens\n");
+		"  it (same fingerprint), printing only the new tokens; --page-size defaults to\n"
+		"  the sequence's own\n");
 	cmd_session_usage(f);
 	fprintf(f, "  -h, --help           this text\n");
 }
@@ -46,6 +67,7 @@ int cmd_resume(int argc, char **argv)
 		usage(stderr);
 		return CMD_USAGE;
 	}
+	take_stored_page_size(&o);
 	struct cmd_session s;
 	int ret = CMD_FAIL;
 	if (cmd_session_open(&s, &o, true))
