@@ -337,6 +337,15 @@ static void test_failures_exit_1(void **state)
 	proc_result_free(&r);
 	if (!gguf)
 		return;
+	/* Retrieval options that cannot apply to this model are refused, saying why. */
+	r = RUN(NULL, "generate", "-m", gguf, "-p", "x", "--policy", "freekv", "--full-layers", "99");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "--full-layers 99: the model has 5 layers"));
+	proc_result_free(&r);
+	r = RUN(NULL, "generate", "-m", gguf, "-p", "x", "--policy", "freekv", "--page-size", "7");
+	assert_int_equal(r.rc, 1);
+	assert_non_null(strstr(r.err, "multiples of the page size 7 (those not given were derived"));
+	proc_result_free(&r);
 	/* A prompt longer than the context: a clear error. */
 	r = RUN(NULL, "generate", "-m", gguf, "-p", "Once upon a time there was a girl", "--ctx",
 		"4", "--temp", "0");

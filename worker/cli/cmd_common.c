@@ -359,6 +359,8 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	FILE *notice = strcmp(s->o.po.policy, "full") ? stderr : NULL;
 	ret = policy_opts_finalize(&s->o.po, (int)(ctx < INT32_MAX ? ctx : INT32_MAX), notice, err,
 				   sizeof err);
+	if (!ret)
+		ret = policy_opts_check_model(&s->o.po, s->m.cfg.n_layers, err, sizeof err);
 	if (ret) {
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;

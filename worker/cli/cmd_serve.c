@@ -372,6 +372,8 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	FILE *notice = strcmp(po.policy, "full") ? stderr : NULL;
 	ret = policy_opts_finalize(&po, (int)(ctx < INT32_MAX ? ctx : INT32_MAX), notice, err,
 				   sizeof err);
+	if (!ret)
+		ret = policy_opts_check_model(&po, v->m.cfg.n_layers, err, sizeof err);
 	if (ret) {
 		fprintf(stderr, "kvworker serve: %s\n", err);
 		return ret;

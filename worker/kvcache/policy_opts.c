@@ -154,6 +154,14 @@ static int imax(int a, int b)
 	return a > b ? a : b;
 }
 
+int policy_opts_check_model(const struct policy_opts *o, int n_layers, char *err, size_t errlen)
+{
+	if (o->kv.full_layers > n_layers)
+		return snprintf(err, errlen, "--full-layers %d: the model has %d layers",
+				o->kv.full_layers, n_layers), -EINVAL;
+	return 0;
+}
+
 int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char *err,
 			 size_t errlen)
 {
@@ -194,9 +202,13 @@ int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char 
 			return snprintf(err, errlen, "window %d must be a positive multiple of the "
 					"page size %d", k->window, p), -EINVAL;
 	} else if (p <= 0 || k->budget % p || k->sink % p || k->window % p) {
+		bool derived = !o->set_budget || !o->set_sink || !o->set_window;
 		return snprintf(err, errlen,
-				"budget %d, sink %d and window %d must be multiples of the page size %d",
-				k->budget, k->sink, k->window, p), -EINVAL;
+				"budget %d, sink %d and window %d must be multiples of the page size %d%s",
+				k->budget, k->sink, k->window, p, derived ?
+				" (those not given were derived from the defaults and the model's "
+				"context: give them too, or a page size that divides them)" : ""),
+		       -EINVAL;
 	} else if (k->window < p) {
 		return snprintf(err, errlen, "window %d must hold at least one page (%d)", k->window,
 				p), -EINVAL;

@@ -30,6 +30,9 @@ int policy_opts_parse_flag(struct policy_opts *o, int argc, char **argv, int *i,
  * the window and a page. 0 or -EINVAL with a message. */
 int policy_opts_finalize(struct policy_opts *o, int ctx_len, FILE *notice, char *err,
 			 size_t errlen);
+/* What only the model can say is wrong: --full-layers past its layer count. 0 or -EINVAL with a
+ * message. */
+int policy_opts_check_model(const struct policy_opts *o, int n_layers, char *err, size_t errlen);
 /* One line for --help. */
 const char *policy_opts_usage(void);
 
