@@ -268,6 +268,12 @@ static void test_perplexity(void **state)
 	assert_non_null(strstr(r.out, "perplexity: "));
 	assert_int_equal(sscanf(strstr(r.out, "perplexity: "), "perplexity: %lf", &bad), 1);
 	assert_true(bad > 2 * ppl[0]);
+	assert_null(strstr(r.err, "warning"));
+	proc_result_free(&r);
+	/* A window past the model's trained context (2048) runs, with a warning. */
+	r = RUN(NULL, "perplexity", "-m", gguf, "-f", path, "--ctx", "4096");
+	assert_int_equal(r.rc, 0);
+	assert_non_null(strstr(r.err, "--ctx 4096 is past the model's trained context of 2048"));
 	proc_result_free(&r);
 }
 

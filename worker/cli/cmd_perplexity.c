@@ -137,6 +137,10 @@ int cmd_perplexity(int argc, char **argv)
 	}
 	if (!ctx)
 		ctx = m.cfg.ctx_len > 0 && m.cfg.ctx_len < 512 ? m.cfg.ctx_len : 512;
+	else if (m.cfg.ctx_len > 0 && ctx > m.cfg.ctx_len)
+		fprintf(stderr, "kvworker perplexity: warning: --ctx %ld is past the model's trained "
+			"context of %d tokens; positions beyond it were never trained\n", ctx,
+			(int)m.cfg.ctx_len);
 	if (bos >= 0 && ctx < 2) {
 		fprintf(stderr, "kvworker perplexity: --ctx must leave room for BOS and a token\n");
 		goto out;

@@ -395,7 +395,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 				  .lease_budget = (uint32_t)o->lease_budget,
 				  .retry_s = (int)o->store_retry };
 	if ((ret = hostkv_open(&ho, &v->hk, err, sizeof err))) {
-		fprintf(stderr, "kvworker serve: kvstored at %s: %s\n", o->store, err);
+		fprintf(stderr, "kvworker serve: %s\n", err); /* err names the endpoint */
 		return ret;
 	}
 	if (!(v->zctx = zmq_ctx_new()) || !(v->sock = zmq_socket(v->zctx, ZMQ_ROUTER))) {

@@ -73,7 +73,7 @@ int cmd_synth(int argc, char **argv)
 			break;
 		case OPT_LIST:
 			for (int i = 0; i < synth_n_presets(); i++)
-				printf("%s\n", synth_preset_desc(i));
+				printf("%-14s %s\n", synth_preset_name(i), synth_preset_desc(i));
 			return CMD_OK;
 		case 'h': usage(stdout); return CMD_OK;
 		default: usage(stderr); return CMD_USAGE;

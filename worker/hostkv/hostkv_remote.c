@@ -233,7 +233,11 @@ static int r_connect(struct remote *r, char *err, size_t errlen)
 			      strerror(-ret));
 	ret = kvs_hello(r->k, KVS_ROLE_WORKER, r->name);
 	if (ret) {
-		errmsg_set(err, errlen, "kvstored at %s: %s", r->endpoint, kvs_error(r->k));
+		const char *why = kvs_error(r->k);
+		if (strstr(why, r->endpoint)) /* the client library named it already */
+			errmsg_set(err, errlen, "%s", why);
+		else
+			errmsg_set(err, errlen, "kvstored at %s: %s", r->endpoint, why);
 		kvs_close(r->k);
 		r->k = NULL;
 	}
