@@ -170,6 +170,15 @@ static void test_file(void **state)
 	assert_int_equal(c.dram_bytes, 256ull << 20);
 	assert_int_equal(c.heartbeat_timeout_ms, 1234);
 	unlink(p);
+	/* ... and names the keys that changed but wait for a restart (not those unchanged). */
+	char restart[256];
+	p = write_tmp("dram_bytes = 128M\nshm_name = /fkv-test\nlock_memory = true\n"
+		      "heartbeat_timeout_ms = 4321\n");
+	assert_int_equal(cfg_reload_file(&c, p, restart, sizeof restart, err, sizeof err), 0);
+	assert_string_equal(restart, "dram_bytes, lock_memory");
+	assert_int_equal(c.heartbeat_timeout_ms, 4321);
+	assert_int_equal(c.dram_bytes, 256ull << 20);
+	unlink(p);
 }
 
 static void test_print_reads_back(void **state)

@@ -270,8 +270,13 @@ int cfg_set_arg(struct cfg *c, const char *kv, char *err, size_t errlen)
 	return cfg_set(c, trim(buf), trim(eq + 1), false, err, errlen);
 }
 
-int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size_t errlen)
+/* cfg_load_file; with runtime, the keys that differ from the running value but cannot change
+ * while running are listed in restart (comma-separated; may be NULL). */
+static int load_file(struct cfg *c, const char *path, bool runtime, char *restart, size_t rlen,
+		     char *err, size_t errlen)
 {
+	if (restart && rlen)
+		restart[0] = '\0';
 	FILE *f = fopen(path, "r");
 	if (!f) {
 		int e = errno;
@@ -314,8 +319,16 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 			errmsg_set(err, errlen, "%s:%d: %s", path, lineno, sub);
 			break;
 		}
-		if (!runtime || k->runtime)
+		if (!runtime || k->runtime) {
 			next = probe;
+		} else if (restart) {
+			char was[256], now[256];
+			if (cfg_get(&next, key, was, sizeof was) >= 0 &&
+			    cfg_get(&probe, key, now, sizeof now) >= 0 && strcmp(was, now)) {
+				size_t l = strlen(restart);
+				snprintf(restart + l, rlen - l, "%s%s", l ? ", " : "", key);
+			}
+		}
 	}
 	fclose(f);
 	if (ret)
@@ -330,6 +343,17 @@ int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size
 }
 
 /* tcp endpoints must name a loopback host: the trust boundary is the host (docs/design.md §4). */
+int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size_t errlen)
+{
+	return load_file(c, path, runtime, NULL, 0, err, errlen);
+}
+
+int cfg_reload_file(struct cfg *c, const char *path, char *restart, size_t rlen, char *err,
+		    size_t errlen)
+{
+	return load_file(c, path, true, restart, rlen, err, errlen);
+}
+
 static bool tcp_is_loopback(const char *hostport)
 {
 	static const char *const ok[] = { "127.", "localhost:", "[::1]:" };

@@ -63,6 +63,10 @@ int cfg_set_arg(struct cfg *c, const char *kv, char *err, size_t errlen);
 /* Read a config file. With `runtime` only run-time keys are applied and the others are checked
  * but ignored (the SIGHUP reload). Error messages name the file and line. */
 int cfg_load_file(struct cfg *c, const char *path, bool runtime, char *err, size_t errlen);
+/* The SIGHUP reload: cfg_load_file with runtime, and in restart (comma-separated) the keys whose
+ * value in the file differs from the running one but that only a restart applies. */
+int cfg_reload_file(struct cfg *c, const char *path, char *restart, size_t rlen, char *err,
+		    size_t errlen);
 
 /* Cross-key checks (watermarks ordered, tcp endpoints on loopback only). */
 int cfg_validate(const struct cfg *c, char *err, size_t errlen);

@@ -154,8 +154,12 @@ static void reload(struct daemon_state *d)
 		fprintf(stderr, "kvstored: SIGHUP: no --config file to reload\n");
 		return;
 	}
-	if (cfg_load_file(&d->cfg, d->config_path, true, err, sizeof err))
+	char restart[512];
+	if (cfg_reload_file(&d->cfg, d->config_path, restart, sizeof restart, err, sizeof err))
 		fprintf(stderr, "kvstored: SIGHUP reload refused, configuration unchanged: %s\n", err);
+	else if (restart[0])
+		fprintf(stderr, "kvstored: reloaded run-time keys from %s; changed but not applied "
+			"until a restart: %s\n", d->config_path, restart);
 	else
 		fprintf(stderr, "kvstored: reloaded run-time keys from %s\n", d->config_path);
 }
