@@ -593,7 +593,9 @@ static int v_watch(struct kvs *k, const struct opts *o)
 		if (o->json) {
 			rc = watch_json(k);
 		} else {
-			printf(isatty(STDOUT_FILENO) ? "\033[H\033[2J" : i ? "\n" : "");
+			/* Clear the screen only on a terminal, and not with NO_COLOR set. */
+			bool tty = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
+			printf(tty ? "\033[H\033[2J" : i ? "\n" : "");
 			rc = v_status(k, &plain);
 			if (!rc) {
 				printf("\n");

@@ -28,7 +28,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Bold headings only on a terminal, and never with NO_COLOR set (https://no-color.org).
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then
+  say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+else
+  say() { printf '\n== %s\n' "$*"; }
+fi
 ctl() { "$KVCTL" -e "$endpoint" "$@"; }
 # Blocks until file $1 holds at least $2 bytes (or 10 s pass).
 wait_bytes() {
