@@ -2,3 +2,13 @@
 # command is missing) and the default kvstored.conf parses.
 freekv_add_test(test_systemd_units SOURCES test_systemd_units.c LABELS unit)
 add_dependencies(test_systemd_units kvstored kvgate)
+target_compile_definitions(test_systemd_units PRIVATE
+  FREEKV_INSTALL_SBINDIR="${CMAKE_INSTALL_FULL_SBINDIR}"
+  FREEKV_INSTALL_BINDIR="${CMAKE_INSTALL_FULL_BINDIR}"
+  FREEKV_INSTALL_CONFDIR="${CMAKE_INSTALL_FULL_SYSCONFDIR}/freekv")
+# `cmake --install` into a DESTDIR: every path the installed units name exists in the tree, and
+# the installed units (binaries pointed into the DESTDIR) pass `systemd-analyze verify`.
+add_test(NAME test_install
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_install.sh ${PROJECT_BINARY_DIR}
+          ${CMAKE_INSTALL_PREFIX})
+set_tests_properties(test_install PROPERTIES LABELS integration TIMEOUT 300)

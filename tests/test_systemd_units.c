@@ -1,4 +1,5 @@
-/* Tests systemd/: `systemd-analyze verify` accepts kvstored.service and kvworker@.service with
+/* Tests systemd/ (the units as configured for this build's install prefix, from the *.service.in
+ * templates): `systemd-analyze verify` accepts kvstored.service and kvworker@.service with
  * no warning at all (unknown keys and bad values are only warnings to systemd, errors here;
  * skipped without systemd-analyze), and every directive is preceded by a comment line.
  * ExecStart= binaries are pointed at the build tree (kvgate.service too). The default kvstored.conf is accepted by
@@ -16,7 +17,7 @@ static char dir[64];
 static void copy_unit(const char *name, const char *from, const char *to, const char *as)
 {
 	char src[1024], dst[1024], line[2048];
-	snprintf(src, sizeof src, "%s/systemd/%s", FREEKV_SOURCE_DIR, name);
+	snprintf(src, sizeof src, "%s/systemd/%s", FREEKV_BUILD_DIR, name); /* configured */
 	snprintf(dst, sizeof dst, "%s/%s", dir, as);
 	FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
 	assert_non_null(in);
@@ -62,9 +63,11 @@ static void test_verify(void **state)
 	snprintf(kvgate, sizeof kvgate, "%s/gate/kvgate", FREEKV_BUILD_DIR);
 	snprintf(kvstored, sizeof kvstored, "%s/kvstore/kvstored", FREEKV_BUILD_DIR);
 	snprintf(kvworker, sizeof kvworker, "%s/worker/kvworker", FREEKV_BUILD_DIR);
-	copy_unit("kvstored.service", "/usr/sbin/kvstored", kvstored, "kvstored.service");
-	copy_unit("kvworker@.service", "/usr/bin/kvworker", kvworker, "kvworker@.service");
-	copy_unit("kvgate.service", "/usr/bin/kvgate", kvgate, "kvgate.service");
+	copy_unit("kvstored.service", FREEKV_INSTALL_SBINDIR "/kvstored", kvstored,
+		  "kvstored.service");
+	copy_unit("kvworker@.service", FREEKV_INSTALL_BINDIR "/kvworker", kvworker,
+		  "kvworker@.service");
+	copy_unit("kvgate.service", FREEKV_INSTALL_BINDIR "/kvgate", kvgate, "kvgate.service");
 	verify("kvstored.service");
 	verify("kvworker@0.service");
 	verify("kvgate.service");
@@ -73,8 +76,8 @@ static void test_verify(void **state)
 static void test_every_directive_commented(void **state)
 {
 	(void)state;
-	static const char *const units[] = { "kvstored.service", "kvworker@.service",
-					     "kvgate.service" };
+	static const char *const units[] = { "kvstored.service.in", "kvworker@.service.in",
+					     "kvgate.service.in" };
 	for (size_t u = 0; u < 3; u++) {
 		char path[1024], line[2048];
 		bool prev_comment = false;
@@ -135,7 +138,7 @@ static void test_worker_command_line(void **state)
 {
 	(void)state;
 	char path[1024], line[4096], cmd[4200], out[4096], kvworker[1024], conf[1024];
-	snprintf(path, sizeof path, "%s/systemd/kvworker@.service", FREEKV_SOURCE_DIR);
+	snprintf(path, sizeof path, "%s/systemd/kvworker@.service", FREEKV_BUILD_DIR);
 	snprintf(kvworker, sizeof kvworker, "%s/worker/kvworker", FREEKV_BUILD_DIR);
 	snprintf(conf, sizeof conf, "%s/systemd/kvworker.conf", FREEKV_SOURCE_DIR);
 	FILE *f = fopen(path, "r");
@@ -154,9 +157,9 @@ static void test_worker_command_line(void **state)
 	assert_true(notify);
 	line[strcspn(line, "\n")] = '\0';
 	char *exec = line + 10;
-	assert_true(replace_all(exec, sizeof line - 10, "/usr/bin/kvworker", kvworker));
+	assert_true(replace_all(exec, sizeof line - 10, FREEKV_INSTALL_BINDIR "/kvworker", kvworker));
 	assert_true(replace_all(exec, sizeof line - 10, "%i", "0"));
-	assert_true(replace_all(exec, sizeof line - 10, "/etc/freekv/kvworker.conf", conf));
+	assert_true(replace_all(exec, sizeof line - 10, FREEKV_INSTALL_CONFDIR "/kvworker.conf", conf));
 	snprintf(cmd, sizeof cmd, "%s --print-config 2>&1", exec);
 	FILE *p = popen(cmd, "r");
 	assert_non_null(p);
