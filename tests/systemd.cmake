@@ -12,3 +12,8 @@ add_test(NAME test_install
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_install.sh ${PROJECT_BINARY_DIR}
           ${CMAKE_INSTALL_PREFIX})
 set_tests_properties(test_install PROPERTIES LABELS integration TIMEOUT 300)
+# The same on the .deb `cpack -G DEB` builds (cmake/package.cmake), extracted with dpkg-deb.
+add_test(NAME test_deb
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_install.sh ${PROJECT_BINARY_DIR}
+          ${CMAKE_INSTALL_PREFIX} deb)
+set_tests_properties(test_deb PROPERTIES LABELS integration TIMEOUT 600)

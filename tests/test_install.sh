@@ -8,15 +8,34 @@
 #     binaries pointed into the DESTDIR; skipped without systemd-analyze), and
 #     `systemd-analyze security` rates each at an exposure of 2.5 or less;
 #   - the installed kvstored accepts the installed kvstored.conf (--print-config).
+#
+# test_install.sh BUILD_DIR PREFIX deb — the same checks on the tree of the .deb that
+# `cpack -G DEB` makes from the build (cmake/package.cmake), extracted with dpkg-deb, after
+# checking its control data (package name, shared-library Depends, the postinst).
 set -euo pipefail
-B=$1 PREFIX=$2
+B=$1 PREFIX=$2 MODE=${3:-install}
 D=$(mktemp -d /tmp/fkv-install-XXXXXX)
-trap 'rm -rf "$D"' EXIT
+trap 'rm -rf "$D" "$D.pkg"' EXIT
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 
-DESTDIR=$D cmake --install "$B" >"$D.log" 2>&1 || { cat "$D.log"; rm -f "$D.log"; exit 1; }
-rm -f "$D.log"
+if [ "$MODE" = deb ]; then
+  mkdir -p "$D.pkg"
+  cpack --config "$B/CPackConfig.cmake" -G DEB -B "$D.pkg" >"$D.pkg/log" 2>&1 ||
+    { cat "$D.pkg/log"; exit 1; }
+  deb=$(ls "$D.pkg"/freekv_*.deb)
+  echo "ok: built ${deb##*/} ($(stat -c %s "$deb") bytes)"
+  ctl=$(dpkg-deb -f "$deb" Package Depends)
+  grep -q '^Package: freekv$' <<<"$ctl" || bad "control: $ctl"
+  for lib in libzmq5 libprotobuf-c1 liburing2 libopenblas0; do
+    grep -q "$lib" <<<"$ctl" || bad "Depends lacks $lib: $ctl"
+  done
+  dpkg-deb -I "$deb" postinst | grep -q 'systemd-sysusers freekv.conf' || bad "no postinst creating the user"
+  dpkg-deb -x "$deb" "$D"
+else
+  DESTDIR=$D cmake --install "$B" >"$D.log" 2>&1 || { cat "$D.log"; rm -f "$D.log"; exit 1; }
+  rm -f "$D.log"
+fi
 units=$D$PREFIX/lib/systemd/system
 for f in "$units/kvstored.service" "$units/kvworker@.service" "$units/kvgate.service" \
          "$D$PREFIX/lib/sysusers.d/freekv.conf" "$D$PREFIX/lib/tmpfiles.d/freekv.conf"; do
