@@ -17,3 +17,7 @@ add_test(NAME test_deb
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_install.sh ${PROJECT_BINARY_DIR}
           ${CMAKE_INSTALL_PREFIX} deb)
 set_tests_properties(test_deb PROPERTIES LABELS integration TIMEOUT 600)
+# docs/man/: the pages render without a groff warning and document every option --help lists.
+add_test(NAME test_man
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_man.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_man PROPERTIES LABELS unit SKIP_RETURN_CODE 77)
