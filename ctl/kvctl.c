@@ -159,6 +159,7 @@ static json_object *seq_json(const Freekv__SequenceInfo *s, bool tokens)
 	if (s->has_worker_id)
 		json_object_object_add(j, "worker", json_object_new_int64(s->worker_id));
 	json_object_object_add(j, "committed_tokens", json_object_new_uint64(s->committed_tokens));
+	json_object_object_add(j, "token_count", json_object_new_uint64(s->token_count));
 	json_object_object_add(g, "n_layers", json_object_new_int64(s->geometry->n_layers));
 	json_object_object_add(g, "n_kv_heads", json_object_new_int64(s->geometry->n_kv_heads));
 	json_object_object_add(g, "head_dim", json_object_new_int64(s->geometry->head_dim));
@@ -352,15 +353,16 @@ static int v_workers(struct kvs *k, const struct opts *o)
 
 static void ls_table(const Freekv__SequenceList *l)
 {
-	printf("%-6s %-24s %-9s %-6s %10s %6s %6s %6s %6s\n", "ID", "NAME", "STATE", "WORKER", "TOKENS", "DRAM",
-	       "NVME", "IO", "LEASES");
+	printf("%-6s %-24s %-9s %-6s %8s %8s %6s %6s %6s %6s\n", "ID", "NAME", "STATE", "WORKER", "TOKENS",
+	       "KV", "DRAM", "NVME", "IO", "LEASES");
 	for (size_t i = 0; i < l->n_sequences; i++) {
 		const Freekv__SequenceInfo *s = l->sequences[i];
 		char w[16] = "-";
 		if (s->has_worker_id)
 			snprintf(w, sizeof w, "%u", s->worker_id);
-		printf("%-6" PRIu64 " %-24s %-9s %-6s %10" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 " %6" PRIu64 "%s\n",
-		       s->seq_id, s->name, state_name(s->state), w, s->committed_tokens, s->pages->dram, s->pages->nvme,
+		printf("%-6" PRIu64 " %-24s %-9s %-6s %8" PRIu64 " %8" PRIu64 " %6" PRIu64 " %6" PRIu64
+		       " %6" PRIu64 " %6" PRIu64 "%s\n", s->seq_id, s->name, state_name(s->state), w,
+		       s->token_count, s->committed_tokens, s->pages->dram, s->pages->nvme,
 		       s->pages->in_flight, s->leases, s->has_damaged_blocks ? "  DAMAGED" : "");
 	}
 }
@@ -405,7 +407,8 @@ static int v_show(struct kvs *k, const struct opts *o)
 		printf("\ngeometry   %u layers, %u KV heads, head dim %u, page %u, %s (%" PRIu64 " B/block)\n",
 		       s->geometry->n_layers, s->geometry->n_kv_heads, s->geometry->head_dim, s->geometry->page_size,
 		       dtype_name(s->geometry->dtype), s->block_bytes);
-		printf("committed  %" PRIu64 " tokens\n", s->committed_tokens);
+		printf("tokens     %" PRIu64 " ids kept (prompt and generated), %" PRIu64 " with K/V "
+		       "committed\n", s->token_count, s->committed_tokens);
 		if (s->has_damaged_blocks)
 			printf("damaged    a block failed its checksum at a restart: %u blocks are never "
 			       "served, committed cut from %" PRIu64 " tokens (the token ids are kept: "
@@ -630,7 +633,12 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kvctl [-e ENDPOINT] [--token-file PATH] [--json] [--timeout MS] VERB ...\n"
 		   "       kvctl --version\n"
 		   "  SEQ is a sequence name, or id:N\n"
-		   "  evict, demote and config set need admin rights (docs/design.md §4 \"Access\")\n");
+		   "  evict, demote and config set need admin rights (docs/design.md §4 \"Access\")\n"
+		   "  ls columns: TOKENS token ids kept (the prompt and every generated id, what\n"
+		   "  `kvworker generate --stats` counts as prompt_tokens + generated_tokens), KV\n"
+		   "  tokens whose K/V is committed (the id sampled last gets its K/V at the next\n"
+		   "  step, so KV is TOKENS - 1 after a generate), DRAM/NVME pages by tier, IO pages\n"
+		   "  moving between tiers, LEASES blocks leased by workers\n");
 	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
 		fprintf(f, "  kvctl %s\n", verbs[i].usage);
 	fprintf(f, "exit codes: 0 ok, 1 refused by kvstored, 2 usage, 3 kvstored unreachable\n");

@@ -67,6 +67,10 @@ static void test_verbs(void **state)
 	assert_int_equal(kvs_commit(k, seq, 64, off, 4), 0);
 	assert_int_equal(kvs_commit_tokens(k, seq, 64, 0, tokens, 3), 0);
 
+	assert_int_equal(kvctl(&h, "ls"), 0); /* ids kept, then tokens with K/V committed */
+	assert_non_null(strstr(out, "TOKENS       KV"));
+	assert_non_null(strstr(out, "chat-1"));
+	assert_non_null(strstr(strstr(out, "chat-1"), " 3       64 "));
 	assert_int_equal(kvctl(&h, "status"), 0);
 	assert_non_null(strstr(out, "1 sequences"));
 	assert_int_equal(kvctl(&h, "status --json"), 0);
@@ -89,6 +93,7 @@ static void test_verbs(void **state)
 	assert_int_equal(kvctl(&h, "show chat-1 --tokens --json"), 0);
 	j = parsed();
 	assert_int_equal(jint(j, "committed_tokens"), 64);
+	assert_int_equal(jint(j, "token_count"), 3); /* ids kept: one count, in ls and show alike */
 	assert_true(json_object_object_get_ex(j, "token_ids", &arr));
 	assert_int_equal(json_object_array_length(arr), 3);
 	assert_int_equal(json_object_get_int(json_object_array_get_idx(arr, 2)), 33);

@@ -117,6 +117,8 @@ static Freekv__SequenceInfo *seq_info(struct call *c, const struct seq *s, bool 
 		i->damaged_blocks = s->damaged_blocks;
 		i->damaged_cut_from = s->damaged_cut_from;
 	}
+	i->has_token_count = true;
+	i->token_count = s->n_tokens;
 	if (tokens) {
 		i->n_token_ids = s->n_tokens;
 		i->token_ids = s->tokens;
