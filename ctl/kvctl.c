@@ -634,8 +634,8 @@ static void usage(FILE *f)
 		   "       kvctl --version\n"
 		   "  SEQ is a sequence name, or id:N\n"
 		   "  evict, demote and config set need admin rights (docs/design.md §4 \"Access\")\n"
-		   "  ls columns: TOKENS token ids kept (the prompt and every generated id, what\n"
-		   "  `kvworker generate --stats` counts as prompt_tokens + generated_tokens), KV\n"
+		   "  ls columns: TOKENS token ids kept (the prompt and every generated id: the\n"
+		   "  prompt_tokens + generated_tokens of kvworker's statistics), KV\n"
 		   "  tokens whose K/V is committed (the id sampled last gets its K/V at the next\n"
 		   "  step, so KV is TOKENS - 1 after a generate), DRAM/NVME pages by tier, IO pages\n"
 		   "  moving between tiers, LEASES blocks leased by workers\n");
