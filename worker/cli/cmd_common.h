@@ -77,7 +77,7 @@ struct cmd_session_opts {
 	struct policy_opts po;
 };
 
-/* Defaults: 64 tokens, temp 0.8, top-k 40, top-p 0.95, seed from the clock, policy full. */
+/* Defaults: 64 tokens, temp 0.8, top-k 40, top-p 0.95, seed from the clock, policy freekv. */
 void cmd_session_defaults(struct cmd_session_opts *o, const char *prog);
 /* Consumes argv[*i] (and its value) when it is a shared flag: 1 consumed, 0 not ours,
  * -EINVAL after printing why. */
