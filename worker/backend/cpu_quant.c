@@ -53,14 +53,24 @@ AI v16f ldf(const float *p)
 	return v;
 }
 
-AI v16f b2f(v16b v)
-{
-	return __builtin_convertvector(v, v16f);
-}
-
 AI v16i b2i(v16b v)
 {
 	return __builtin_convertvector(v, v16i);
+}
+
+/* Through int32: GCC turns a byte-to-float vector conversion into one scalar vcvtsi2ss per lane,
+ * a byte-to-int32 one into vpmovzxbd and the int32-to-float one into vcvtdq2ps (same values). */
+AI v16f b2f(v16b v)
+{
+	return __builtin_convertvector(b2i(v), v16f);
+}
+
+/* Signed bytes: GCC scalarizes a signed byte-to-int32 conversion too, so offset to unsigned
+ * (x ^ 0x80 = x + 128), widen with zero extension and subtract 128 in int32 (exact). */
+AI v16f sb2f(v16sb v)
+{
+	v16b u = (v16b)v ^ 0x80;
+	return __builtin_convertvector(b2i(u) - 128, v16f);
 }
 
 /* Lanes 0..15 of the fifth bits in a legacy qh word: bit (first + lane). */
@@ -82,8 +92,8 @@ AI void dec_q8_0(const void *blk, v16f *out)
 	v16sb a, c;
 	memcpy(&a, b->qs, 16);
 	memcpy(&c, b->qs + 16, 16);
-	out[0] = __builtin_convertvector(a, v16f) * d;
-	out[1] = __builtin_convertvector(c, v16f) * d;
+	out[0] = sb2f(a) * d;
+	out[1] = sb2f(c) * d;
 }
 
 AI void dec_q4_0(const void *blk, v16f *out)
