@@ -14,6 +14,8 @@ PACKAGES=(
   fio
   # test_pretok_hf (HF tokenizers) and the kvgate tests: Python virtualenvs, curl, promtool
   python3 python3-venv curl prometheus
+  # test_completion (the bash completion scripts), test_man (groff renders the man pages)
+  bash-completion groff-base bsdextrautils
 )
 
 missing=()

@@ -21,3 +21,8 @@ set_tests_properties(test_deb PROPERTIES LABELS integration TIMEOUT 600)
 add_test(NAME test_man
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_man.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(test_man PROPERTIES LABELS unit SKIP_RETURN_CODE 77)
+# scripts/completion/: bash completion of kvctl and kvworker.
+add_test(NAME test_completion
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_completion.sh ${PROJECT_BINARY_DIR}
+          ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_completion PROPERTIES LABELS unit SKIP_RETURN_CODE 77)

@@ -40,7 +40,9 @@ units=$D$PREFIX/lib/systemd/system
 for f in "$units/kvstored.service" "$units/kvworker@.service" "$units/kvgate.service" \
          "$D$PREFIX/lib/sysusers.d/freekv.conf" "$D$PREFIX/lib/tmpfiles.d/freekv.conf" \
          "$D$PREFIX/share/man/man1/kvctl.1" "$D$PREFIX/share/man/man1/kvworker.1" \
-         "$D$PREFIX/share/man/man8/kvstored.8" "$D$PREFIX/share/man/man8/kvgate.8"; do
+         "$D$PREFIX/share/man/man8/kvstored.8" "$D$PREFIX/share/man/man8/kvgate.8" \
+         "$D$PREFIX/share/bash-completion/completions/kvctl" \
+         "$D$PREFIX/share/bash-completion/completions/kvworker"; do
   [ -f "$f" ] || bad "not installed: ${f#"$D"}"
 done
 
