@@ -229,6 +229,18 @@ static void test_interrupted(void **state)
 		assert_int_equal(p_run(&p, res), 0);
 		assert_int_equal(p.n_ids, 4);
 	}
+	/* A run that fails before any token id is kept (here: the prompt exceeds -c) leaves no
+	 * sequence behind: there is nothing to resume. */
+	const char *toolong[] = { "generate", "-m", g_model, "-p", "Once upon a time there was a girl",
+				  "-c", "4", "--temp", "0", "--ids", "--store", E, "--seq", "short",
+				  NULL };
+	struct proc q;
+	assert_int_equal(p_run(&q, toolong), 1);
+	struct kvs *c;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(E, 5000, &c), 0);
+	assert_int_equal(kvs_show_sequence(c, 0, "short", false, &r), -ENOENT);
+	kvs_close(c);
 	const char *keep[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "4", "--keep", NULL };
 	struct proc p;
 	assert_int_equal(p_run(&p, keep), 2);

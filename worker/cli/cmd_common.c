@@ -355,6 +355,7 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 {
 	char err[512];
 	memset(s, 0, sizeof *s);
+	s->resumed = resume;
 	s->o = *o;
 	s->seq = -1;
 	int ret = cmd_load(o->model, &s->m, &s->tok);
@@ -931,6 +932,9 @@ void cmd_session_close(struct cmd_session *s)
 		else if (keep && hostkv_is_remote(s->hk))
 			fprintf(stderr, "%s: sequence '%s' kept in the store\n", s->o.prog,
 				s->seq_name);
+		else if (s->resumed && hostkv_is_remote(s->hk))
+			fprintf(stderr, "%s: sequence '%s' is done and was dropped from the store "
+				"(--keep keeps it)\n", s->o.prog, s->seq_name);
 	}
 	hostkv_close(s->hk);
 	engine_free(s->e);

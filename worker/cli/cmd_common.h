@@ -113,6 +113,7 @@ struct cmd_session {
 	bool interrupted;	/* SIGINT/SIGTERM stopped the run: the sequence is kept */
 	int stop_signal;	/* which of the two (for the exit code) */
 	bool completed;		/* the run finished; only then is the sequence dropped */
+	bool resumed;		/* opened by resume: the sequence existed before this run */
 	bool store_lost;	/* kvstored went away for good: the sequence stays in its journal */
 	bool first_by_decode;	/* cmd_session_run runs `first` by decode steps, not prefill */
 };
