@@ -21,6 +21,7 @@
 #include "gate_http.h"
 #include "sdnotify.h"
 #include "version.h"
+#include "log.h"
 
 #define DEFAULT_LISTEN "127.0.0.1:8000"
 #define MAX_ENDPOINTS 64
@@ -30,6 +31,7 @@ struct opts {
 	const char *workers[MAX_ENDPOINTS];
 	int n_workers;
 	bool allow_remote;
+	enum log_level log_level;	/* --log-level (default info) */
 	long max_body, max_inflight, max_conn, probe_ms, dead_ms, chat_max_tokens, keepalive_s;
 };
 
@@ -65,12 +67,13 @@ static void usage(FILE *f)
 		"      --probe-ms N           Status probe period per worker (default 1000)\n"
 		"      --worker-timeout-ms N  a worker silent this long is taken out (default 10000)\n"
 		"      --keepalive-s N        SSE keep-alive comment period (default 15)\n"
+		"      --log-level L          error, warn, info or debug (default info)\n"
 		"  -h, --help                 this text\n"
 		"      --version              the version, commit and build\n", DEFAULT_LISTEN);
 }
 
 enum { F_WORKER, F_LISTEN, F_CHAT, F_CONFIG, F_MAXBODY, F_MAXINFLIGHT, F_MAXCONN, F_CHATMAX,
-       F_PROBE, F_DEAD, F_KEEPALIVE, F_ALLOW };
+       F_PROBE, F_DEAD, F_KEEPALIVE, F_ALLOW, F_LOGLEVEL };
 
 /* The flag table: both the command line and the config file go through it. */
 static const struct {
@@ -89,6 +92,7 @@ static const struct {
 	[F_DEAD] = { "--worker-timeout-ms", 100, 3600000 },
 	[F_KEEPALIVE] = { "--keepalive-s", 1, 3600 },
 	[F_ALLOW] = { "--allow-remote", 0, -1 },
+	[F_LOGLEVEL] = { "--log-level", 0, 0 },
 };
 
 /* 1 consumed (value taken from argv[*i + 1] or after '='), 0 not a flag of ours, -1 bad. */
@@ -141,6 +145,13 @@ static int parse_flag(struct opts *o, int argc, char **argv, int *i, const char 
 		case F_DEAD: o->dead_ms = l; break;
 		case F_KEEPALIVE: o->keepalive_s = l; break;
 		case F_ALLOW: o->allow_remote = true; break;
+		case F_LOGLEVEL:
+			if (log_parse_level(v, &o->log_level)) {
+				fprintf(stderr, "kvgate: %s--log-level: need error, warn, info or debug\n",
+					where);
+				return -1;
+			}
+			break;
 		}
 		return 1;
 	}
@@ -181,7 +192,8 @@ static int load_config(struct opts *o, const char *path, struct conffile *cf)
 static int parse(int argc, char **argv, struct opts *o, struct conffile *cf)
 {
 	*o = (struct opts){ .max_body = 1 << 20, .max_inflight = 256, .max_conn = 512,
-			    .probe_ms = 1000, .dead_ms = 10000, .keepalive_s = 15 };
+			    .probe_ms = 1000, .dead_ms = 10000, .keepalive_s = 15,
+			    .log_level = LOG_INFO };
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			usage(stdout);
@@ -245,6 +257,7 @@ int main(int argc, char **argv)
 		rc = pr == 1 ? 0 : 2;
 		goto out;
 	}
+	log_init("kvgate", o.log_level);
 	if (o.chat_template && chat_family_parse(o.chat_template, &g.chat_override)) {
 		fprintf(stderr, "kvgate: --chat-template %s: unknown (llama3, llama2, chatml, qwen, "
 			"mistral)\n", o.chat_template);
@@ -252,7 +265,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if ((ret = sdn_init(&sdn))) {
-		fprintf(stderr, "kvgate: NOTIFY_SOCKET: %s\n", strerror(-ret));
+		log_error("NOTIFY_SOCKET: %s", strerror(-ret));
 		goto out;
 	}
 	struct sigaction sa = { .sa_handler = on_stop };
@@ -265,11 +278,11 @@ int main(int argc, char **argv)
 				  .probe_ms = (int)o.probe_ms, .dead_ms = (int)o.dead_ms,
 				  .max_inflight = (int)o.max_inflight };
 	if ((ret = router_start(&ro, &r, err, sizeof err))) {
-		fprintf(stderr, "kvgate: %s\n", err);
+		log_error("%s", err);
 		goto out;
 	}
 	if ((ret = gm_init(&gm, r))) {
-		fprintf(stderr, "kvgate: metrics: %s\n", strerror(-ret));
+		log_error("metrics: %s", strerror(-ret));
 		goto out;
 	}
 	gm_ok = true;
@@ -279,10 +292,10 @@ int main(int argc, char **argv)
 			   .t_start = (long long)time(NULL) };
 	if ((ret = gate_http_start(&g, o.listen, o.allow_remote, (unsigned)o.max_conn, &h, err,
 				   sizeof err))) {
-		fprintf(stderr, "kvgate: %s\n", err);
+		log_error("%s", err);
 		goto out;
 	}
-	fprintf(stderr, "kvgate: listening on %s (port %u), %d worker%s, chat template %s\n",
+	log_info("listening on %s (port %u), %d worker%s, chat template %s",
 		o.listen, gate_http_port(h), o.n_workers, o.n_workers == 1 ? "" : "s",
 		g.chat_override ? chat_family_name(g.chat_override) : "from the model");
 	sdn_send(&sdn, "READY=1\nSTATUS=serving on %s", o.listen);
@@ -306,7 +319,7 @@ int main(int argc, char **argv)
 		}
 	}
 	sdn_send(&sdn, "STOPPING=1\nSTATUS=stopping");
-	fprintf(stderr, "kvgate: stopping\n");
+	log_info("stopping");
 	rc = 0;
 out:
 	if (r)

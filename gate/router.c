@@ -14,6 +14,7 @@
 
 #include "clock.h"
 #include "proto/worker.pb-c.h"
+#include "log.h"
 
 #define VERSION FREEKV__WORKER__WORKER_PROTOCOL_VERSION__WORKER_PROTOCOL_VERSION_CURRENT
 /* Request ids: Status probes and Cancels are told apart from Generates by their top bits. */
@@ -130,7 +131,7 @@ static void down(struct router *r, int wi, const char *why)
 {
 	struct gworker *w = &r->w[wi];
 	if (w->alive)
-		fprintf(stderr, "kvgate: worker %s taken out: %s\n", w->endpoint, why);
+		log_warn("worker %s taken out: %s", w->endpoint, why);
 	w->alive = false;
 	w->probe_sent = 0;
 	snprintf(w->why, sizeof w->why, "%s", why);
@@ -199,7 +200,7 @@ static void on_status(struct router *r, int wi, const Freekv__Worker__StatusRepl
 		w->alive = true;
 		w->ups++;
 		w->why[0] = '\0';
-		fprintf(stderr, "kvgate: worker %s is serving (model %s, policy %s, %u sequences)\n",
+		log_info("worker %s is serving (model %s, policy %s, %u sequences)",
 			w->endpoint, w->model, st->policy, st->max_seqs);
 	}
 }
@@ -208,7 +209,7 @@ static void on_reply(struct router *r, int wi, const uint8_t *data, size_t len)
 {
 	Freekv__Worker__Reply *rp = freekv__worker__reply__unpack(NULL, len, data);
 	if (!rp) {
-		fprintf(stderr, "kvgate: worker %s sent a malformed reply\n", r->w[wi].endpoint);
+		log_warn("worker %s sent a malformed reply", r->w[wi].endpoint);
 		return;
 	}
 	if (rp->id & PROBE_BIT) {
@@ -324,7 +325,7 @@ static void *thread_main(void *arg)
 	int n = 1 + 2 * r->n;
 	zmq_pollitem_t *it = calloc((size_t)n, sizeof *it);
 	if (!it) {
-		fprintf(stderr, "kvgate: router: out of memory\n");
+		log_error("router: out of memory");
 		return NULL;
 	}
 	it[0].fd = r->efd;
@@ -337,7 +338,7 @@ static void *thread_main(void *arg)
 	while (!r->stop) {
 		int ret = zmq_poll(it, n, tick);
 		if (ret < 0 && errno != EINTR) {
-			fprintf(stderr, "kvgate: router: poll: %s\n", zmq_strerror(errno));
+			log_error("router: poll: %s", zmq_strerror(errno));
 			break;
 		}
 		if (it[0].revents & ZMQ_POLLIN) {

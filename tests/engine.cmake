@@ -10,3 +10,9 @@ set_tests_properties(test_engine_presets PROPERTIES LABELS slow SKIP_RETURN_CODE
 freekv_add_test(test_kvworker_cli SOURCES test_kvworker_cli.c LIBS freekv_runtime
   LABELS integration)
 add_dependencies(test_kvworker_cli kvworker)
+# The progress line of kvworker generate: on a terminal only (script(1) gives it one).
+add_test(NAME test_progress
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_progress.sh ${PROJECT_BINARY_DIR}
+          ${FREEKV_MODELS_DIR}/stories260K/stories260K.gguf
+          ${CMAKE_CURRENT_SOURCE_DIR}/data/stories_corpus.txt)
+set_tests_properties(test_progress PROPERTIES LABELS integration SKIP_RETURN_CODE 77)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "errmsg.h"
+#include "log.h"
 
 #define MAX_GROUPS 256
 
@@ -64,8 +65,8 @@ int access_init(struct access *a, const struct cfg *cfg, char *err, size_t errle
 			a->has_worker_gid = true;
 			a->worker_gid = g->gr_gid;
 		} else {
-			fprintf(stderr, "kvstored: worker_group %s does not exist: only admins may "
-				"connect as workers\n", cfg->worker_group);
+			log_warn("worker_group %s does not exist: only admins may "
+				"connect as workers", cfg->worker_group);
 		}
 	}
 	if (cfg->auth_token_file[0])

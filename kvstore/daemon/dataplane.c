@@ -16,6 +16,7 @@
 #include "ring.h"
 #include "tier.h"
 #include "errmsg.h"
+#include "log.h"
 
 #define DP_MAX_LEASES (1u << 22)	/* per worker */
 #define DP_MAX_PAGES (1u << 24)		/* pages per layer of one sequence */
@@ -109,8 +110,8 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 			persist_sync(dp->ps);
 			dp->ops[k].total_us += dp_now_us() - t0;
 			if (ring_push(w->ring, e, 1) != 1)
-				fprintf(stderr, "kvstored: worker %u: completion ring full, completion %"
-					PRIu64 " dropped\n", w->wid, e->user_data);
+				log_warn("worker %u: completion ring full, completion %"
+					PRIu64 " dropped", w->wid, e->user_data);
 			return;
 		}
 		dp->outbox = o;
@@ -714,7 +715,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		pool_block_demote_end(dp->pool, id, r->status == 0, r->crc);
 		if (r->status) {
 			tier_extent_free(dp->tier, off, b->bytes);
-			fprintf(stderr, "kvstored: demotion of block %u failed: %s\n", id, strerror(-r->status));
+			log_error("demotion of block %u failed: %s", id, strerror(-r->status));
 		} else {
 			dp->demoted++;
 			dp_log_block(dp, id); /* its DRAM slot is reused only after this is synced */
@@ -792,7 +793,7 @@ void dp_run(struct dp *dp)
 				dp_flush_completions(dp);
 			}
 			if (n < 0 && !w->corrupt_logged) /* once: every other worker's traffic passes here */
-				fprintf(stderr, "kvstored: worker %u: ring corrupted (%s)\n", w->wid, strerror(-n));
+				log_error("worker %u: ring corrupted (%s)", w->wid, strerror(-n));
 			w->corrupt_logged |= n < 0;
 		}
 		demote_watermark(dp);

@@ -11,6 +11,7 @@
 #include "persist.h"
 #include "pool.h"
 #include "ring.h"
+#include "log.h"
 
 void dp_flush_completions(struct dp *dp)
 {
@@ -26,8 +27,8 @@ void dp_flush_completions(struct dp *dp)
 			if (dp->w[k].ring && dp->w[k].wid == d->wid)
 				w = &dp->w[k];
 		if (w && ring_push(w->ring, &d->e, 1) != 1)
-			fprintf(stderr, "kvstored: worker %u: completion ring full, completion %" PRIu64
-				" dropped\n", w->wid, d->e.user_data);
+			log_warn("worker %u: completion ring full, completion %" PRIu64
+				" dropped", w->wid, d->e.user_data);
 	}
 	dp->n_outbox = 0;
 }

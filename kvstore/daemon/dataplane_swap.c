@@ -22,6 +22,7 @@
 #include "seq.h"
 #include "slab.h"
 #include "tier.h"
+#include "log.h"
 
 /* Pool blocks are read and written by the tier in place: their stride must hold whole O_DIRECT
  * units (tier.h). */
@@ -107,8 +108,8 @@ static void read_done(struct dp *dp, struct dp_swap *sw, int status)
 		if (status == -EBADMSG)
 			dp->crc_errors++;
 		dp->swap_failures++;
-		fprintf(stderr, "kvstored: swap of NVMe block %u (offset %" PRIu64 ") with DRAM block %u: "
-			"reading it failed (%s); both stay where they were\n", sw->block, sw->nvme_off,
+		log_error("swap of NVMe block %u (offset %" PRIu64 ") with DRAM block %u: "
+			"reading it failed (%s); both stay where they were", sw->block, sw->nvme_off,
 			sw->victim, strerror(-status));
 		uint32_t block = sw->block;
 		swap_undo(dp, sw);
@@ -127,9 +128,9 @@ static void write_done(struct dp *dp, struct dp_swap *sw, const struct tier_resu
 	if (r->status) {
 		pool_block_demote_end(dp->pool, sw->victim, false, 0);
 		dp->swap_failures++;
-		fprintf(stderr, "kvstored: swap of NVMe block %u (offset %" PRIu64 ") with DRAM block %u: "
+		log_error("swap of NVMe block %u (offset %" PRIu64 ") with DRAM block %u: "
 			"writing the DRAM block failed (%s); it stays in DRAM, block %u is written back from "
-			"memory\n", sw->block, sw->nvme_off, sw->victim, strerror(-r->status), sw->block);
+			"memory", sw->block, sw->nvme_off, sw->victim, strerror(-r->status), sw->block);
 		dp_fail_recalls_of(dp, sw->block, r->status);
 		sw->phase = DP_SWAP_RESTORE;
 		sw->restore_tries = 0;
@@ -156,15 +157,15 @@ static void restore_done(struct dp *dp, struct dp_swap *sw, const struct tier_re
 		/* The bounce was verified against this crc when read and has not changed since. */
 		assert(r->crc == pool_block_get(dp->pool, sw->block)->crc);
 		pool_block_promote_end(dp->pool, sw->block, false);
-		fprintf(stderr, "kvstored: block %u written back to NVMe offset %" PRIu64 " (%u failed "
-			"attempt(s) before); it is NVMe-resident again\n", sw->block, sw->nvme_off,
+		log_info("block %u written back to NVMe offset %" PRIu64 " (%u failed "
+			"attempt(s) before); it is NVMe-resident again", sw->block, sw->nvme_off,
 			sw->restore_tries);
 		sw->phase = DP_SWAP_FREE;
 		return;
 	}
 	if (sw->restore_tries++ == 0)
-		fprintf(stderr, "kvstored: writing block %u back to NVMe offset %" PRIu64 " failed (%s); "
-			"retrying every %u ms, its bytes are held in memory meanwhile\n", sw->block,
+		log_error("writing block %u back to NVMe offset %" PRIu64 " failed (%s); "
+			"retrying every %u ms, its bytes are held in memory meanwhile", sw->block,
 			sw->nvme_off, strerror(-r->status), DP_SWAP_RETRY_US / 1000);
 	sw->restore_waiting = true;
 	sw->restore_at_us = dp_now_us() + DP_SWAP_RETRY_US;

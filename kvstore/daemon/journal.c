@@ -14,6 +14,7 @@
 
 #include "crc32c.h"
 #include "errmsg.h"
+#include "log.h"
 
 #define JOURNAL_MAGIC "FKVJRNL1"
 #define JOURNAL_VERSION 1u
@@ -336,7 +337,7 @@ void journal_close(struct journal *j)
 		return;
 	int ret = journal_sync(j);
 	if (ret)
-		fprintf(stderr, "kvstored: journal %s: final sync failed: %s\n", j->path,
+		log_error("journal %s: final sync failed: %s", j->path,
 			strerror(-ret));
 	close(j->fd);
 	free(j->buf);

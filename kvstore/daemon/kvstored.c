@@ -28,6 +28,7 @@
 #include "store_metrics.h"
 #include "version.h"
 #include "workers.h"
+#include "log.h"
 
 #ifndef SYS_pidfd_send_signal
 #define SYS_pidfd_send_signal 424
@@ -127,8 +128,8 @@ static void reap_workers(struct daemon_state *d)
 			if (!w->fenced) {
 				w->fenced = true;
 				int r = (int)syscall(SYS_pidfd_send_signal, w->pidfd, SIGKILL, NULL, 0);
-				fprintf(stderr, "kvstored: worker %u (pid %u) silent past heartbeat_timeout_ms: "
-					"%s\n", w->id, w->pid, r == 0 ? "killed, so that it cannot write into "
+				log_warn("worker %u (pid %u) silent past heartbeat_timeout_ms: "
+					"%s", w->id, w->pid, r == 0 ? "killed, so that it cannot write into "
 					"blocks given to others" : "could not kill it; its blocks are let go "
 					"anyway");
 				if (r == 0)
@@ -140,9 +141,8 @@ static void reap_workers(struct daemon_state *d)
 		}
 		dp_worker_gone(d->dp, ids[i]);
 		size_t orphaned = seq_orphan_worker(&d->seqs, ids[i]);
-		if (d->cfg.log_level >= CFG_LOG_INFO || orphaned)
-			fprintf(stderr, "kvstored: worker %u (pid %u) gone; %zu sequence(s) orphaned\n", ids[i],
-				w->pid, orphaned);
+		log_msg(orphaned ? LOG_WARN : LOG_INFO, "worker %u (pid %u) gone; %zu sequence(s) "
+			"orphaned", ids[i], w->pid, orphaned);
 		wk_remove(&d->workers, ids[i]);
 	}
 }
@@ -151,17 +151,20 @@ static void reload(struct daemon_state *d)
 {
 	char err[CFG_ERR_MAX];
 	if (!d->config_path) {
-		fprintf(stderr, "kvstored: SIGHUP: no --config file to reload\n");
+		log_warn("SIGHUP: no --config file to reload");
 		return;
 	}
 	char restart[512];
-	if (cfg_reload_file(&d->cfg, d->config_path, restart, sizeof restart, err, sizeof err))
-		fprintf(stderr, "kvstored: SIGHUP reload refused, configuration unchanged: %s\n", err);
-	else if (restart[0])
-		fprintf(stderr, "kvstored: reloaded run-time keys from %s; changed but not applied "
-			"until a restart: %s\n", d->config_path, restart);
+	if (cfg_reload_file(&d->cfg, d->config_path, restart, sizeof restart, err, sizeof err)) {
+		log_warn("SIGHUP reload refused, configuration unchanged: %s", err);
+		return;
+	}
+	log_set_level((enum log_level)d->cfg.log_level);
+	if (restart[0])
+		log_info("reloaded run-time keys from %s; changed but not applied "
+			"until a restart: %s", d->config_path, restart);
 	else
-		fprintf(stderr, "kvstored: reloaded run-time keys from %s\n", d->config_path);
+		log_info("reloaded run-time keys from %s", d->config_path);
 }
 
 static void send_status(struct daemon_state *d)
@@ -219,7 +222,7 @@ static void event_loop(struct daemon_state *d)
 		int perr = errno;
 		dp_lock(d->dp);
 		if (pr < 0 && perr != EINTR) {
-			fprintf(stderr, "kvstored: zmq_poll: %s\n", zmq_strerror(perr));
+			log_error("zmq_poll: %s", zmq_strerror(perr));
 			break;
 		}
 		if (items[1].revents & ZMQ_POLLIN) {
@@ -267,6 +270,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvstored: %s\n", err);
 		return 2;
 	}
+	log_init("kvstored", (enum log_level)d.cfg.log_level); /* log_level: the same four levels */
 	if (print) {
 		cfg_print(&d.cfg, stdout);
 		return 0;
@@ -281,51 +285,51 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	d.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (d.sigfd < 0) {
-		fprintf(stderr, "kvstored: signalfd: %s\n", strerror(errno));
+		log_error("signalfd: %s", strerror(errno));
 		return 1;
 	}
 	if (already_served(&d.cfg)) {
-		fprintf(stderr, "kvstored: another kvstored already serves %s\n", d.cfg.endpoint);
+		log_error("another kvstored already serves %s", d.cfg.endpoint);
 		goto out_sig;
 	}
 	if ((ret = access_init(&d.access, &d.cfg, err, sizeof err))) {
-		fprintf(stderr, "kvstored: %s\n", err);
+		log_error("%s", err);
 		goto out_sig;
 	}
 	if ((ret = owner_take(&d.owner, &d.cfg, err, sizeof err))) {
-		fprintf(stderr, "kvstored: %s\n", err);
+		log_error("%s", err);
 		goto out_sig;
 	}
 	if ((ret = persist_open(&d.cfg, &d.ps, err, sizeof err))) {
-		fprintf(stderr, "kvstored: %s\n", strerror(-ret));
+		log_error("%s", strerror(-ret));
 		goto out_owner;
 	}
-	if (!d.ps)
-		fprintf(stderr, "kvstored: %s\n", err);
+	if (!d.ps) /* off by the persist key (info) or for want of a place for the journal (warn) */
+		log_msg(d.cfg.persist ? LOG_WARN : LOG_INFO, "%s", err);
 	/* With persistence the pool segment a dead owner left is adopted, not removed. */
 	owner_clean_stale(&d.owner, &d.cfg, d.ps != NULL);
 	if ((ret = sdn_init(&d.sdn))) {
-		fprintf(stderr, "kvstored: NOTIFY_SOCKET: %s\n", strerror(-ret));
+		log_error("NOTIFY_SOCKET: %s", strerror(-ret));
 		goto out_owner;
 	}
 	if ((ret = seq_table_init(&d.seqs, d.cfg.max_sequences)))
 		goto out_sdn;
 	if ((ret = wk_init(&d.workers, d.cfg.max_workers))) {
-		fprintf(stderr, "kvstored: workers: %s\n", strerror(-ret));
+		log_error("workers: %s", strerror(-ret));
 		goto out_seq;
 	}
 	err[0] = '\0';
 	if ((ret = dp_init(&d.dp, &d.cfg, &d.seqs, err, sizeof err))) {
-		fprintf(stderr, "kvstored: %s\n", err[0] ? err : strerror(-ret));
+		log_error("%s", err[0] ? err : strerror(-ret));
 		goto out_wk;
 	}
 	if ((ret = dp_restore(d.dp, d.ps, err, sizeof err))) {
-		fprintf(stderr, "kvstored: %s\n", err);
+		log_error("%s", err);
 		goto out_dp;
 	}
 	d.zctx = zmq_ctx_new();
 	if (!d.zctx) {
-		fprintf(stderr, "kvstored: zmq_ctx_new: %s\n", zmq_strerror(errno));
+		log_error("zmq_ctx_new: %s", zmq_strerror(errno));
 		goto out_dp;
 	}
 	struct rpc_ctx rctx = {
@@ -334,7 +338,7 @@ int main(int argc, char **argv)
 		.start_ms = clock_ms(), .now_ms = clock_ms,
 	};
 	if ((ret = rpc_init(&d.rpc, d.zctx, &rctx, err, sizeof err))) {
-		fprintf(stderr, "kvstored: %s\n", err);
+		log_error("%s", err);
 		goto out_zmq;
 	}
 	if (d.cfg.metrics_listen[0]) {
@@ -343,17 +347,17 @@ int main(int argc, char **argv)
 		if ((ret = store_metrics_init(&d.sm)) == 0)
 			d.sm_on = true;
 		if (!ret && (ret = store_metrics_start(&d.sm, d.cfg.metrics_listen, err, sizeof err)))
-			fprintf(stderr, "kvstored: metrics_listen: %s\n", err);
+			log_error("metrics_listen: %s", err);
 		if (ret)
 			goto out_rpc;
 		d.rpc.latency = &d.sm.rpc_latency;
-		fprintf(stderr, "kvstored: metrics on http://%s/metrics\n", d.cfg.metrics_listen);
+		log_info("metrics on http://%s/metrics", d.cfg.metrics_listen);
 	}
-	fprintf(stderr, "kvstored: serving %s, pool %s (%" PRIu64 " MiB), tier %s\n", d.cfg.endpoint,
+	log_info("serving %s, pool %s (%" PRIu64 " MiB), tier %s", d.cfg.endpoint,
 		dp_pool_name(d.dp), dp_pool_bytes(d.dp) >> 20, d.cfg.nvme_path[0] ? d.cfg.nvme_path : "none");
 	send_status(&d);
 	if ((ret = dp_start(d.dp, err, sizeof err))) {
-		fprintf(stderr, "kvstored: %s\n", err);
+		log_error("%s", err);
 		goto out_rpc;
 	}
 	sdn_send(&d.sdn, "READY=1");
@@ -362,7 +366,7 @@ int main(int argc, char **argv)
 	dp_stop(d.dp);
 	rc = 0;
 
-	fprintf(stderr, "kvstored: stopping\n");
+	log_info("stopping");
 	sdn_send(&d.sdn, "STOPPING=1");
 	rpc_notify_shutdown(&d.rpc);
 out_rpc:

@@ -15,6 +15,7 @@
 
 #include "errmsg.h"
 #include "pool_map.h"
+#include "log.h"
 
 #define SHM_DIR "/dev/shm"
 #define LOCK_TRIES 8
@@ -101,8 +102,8 @@ int owner_clean_stale(const struct owner *o, const struct cfg *cfg, bool keep_po
 	int removed = 0;
 	const char *hdir = cfg->hugetlbfs_path[0] ? cfg->hugetlbfs_path : NULL;
 	if (!keep_pool && pool_segment_unlink(cfg->shm_name, hdir) == 0) {
-		fprintf(stderr, "kvstored: removed the stale pool segment %s left by a previous "
-			"kvstored\n", cfg->shm_name);
+		log_warn("removed the stale pool segment %s left by a previous "
+			"kvstored", cfg->shm_name);
 		removed++;
 	}
 	/* Ring segments are always POSIX shm: "<shm_name>-ring-<worker id>". */
@@ -120,8 +121,8 @@ int owner_clean_stale(const struct owner *o, const struct cfg *cfg, bool keep_po
 		char name[NAME_MAX + 2];
 		snprintf(name, sizeof name, "/%s", e->d_name);
 		if (pool_segment_unlink(name, NULL) == 0) {
-			fprintf(stderr, "kvstored: removed the stale ring segment %s left by a previous "
-				"kvstored\n", name);
+			log_warn("removed the stale ring segment %s left by a previous "
+				"kvstored", name);
 			removed++;
 		}
 	}

@@ -15,6 +15,7 @@
 #include "journal.h"
 #include "pool.h"
 #include "tier.h"
+#include "log.h"
 
 /* Record types and payloads (native byte order: a journal never leaves its host). */
 enum { REC_META = 1, REC_SEQ, REC_TOKENS, REC_COMMITTED, REC_BLOCK, REC_REMOVE };
@@ -159,8 +160,8 @@ static uint32_t rows_of(const struct seq *s, uint32_t page)
 static void note_failure(struct persist *ps, int ret)
 {
 	if (ret && !ps->failed) {
-		fprintf(stderr, "kvstored: journal %s: cannot append a record (%s): metadata changes "
-			"from now on may be lost at a restart\n", ps->path, strerror(-ret));
+		log_error("journal %s: cannot append a record (%s): metadata changes "
+			"from now on may be lost at a restart", ps->path, strerror(-ret));
 		ps->failed = true;
 	}
 }
@@ -301,8 +302,8 @@ int persist_sync(struct persist *ps)
 		return 0;
 	int ret = journal_sync(ps->j);
 	if (ret && !ps->sync_logged) {
-		fprintf(stderr, "kvstored: journal %s: sync failed (%s): commits are not durable "
-			"until it succeeds\n", ps->path, strerror(-ret));
+		log_error("journal %s: sync failed (%s): commits are not durable "
+			"until it succeeds", ps->path, strerror(-ret));
 		ps->sync_logged = true;
 	}
 	return ret;
@@ -353,7 +354,7 @@ static int compact(struct persist *ps, const struct seq_table *seqs, struct pool
 	struct snap_ctx c = { ps, seqs, pool };
 	int ret = journal_compact(ps->j, snap_fill, &c, err, sizeof err);
 	if (ret) {
-		fprintf(stderr, "kvstored: %s\n", err);
+		log_error("%s", err);
 		return ret;
 	}
 	struct journal_stats js;
@@ -376,11 +377,11 @@ void persist_maintain(struct persist *ps, const struct seq_table *seqs, struct p
 	if (js.bytes < limit)
 		return;
 	uint64_t t0 = clock_ms();
-	if (compact(ps, seqs, pool) == 0 && ps->cfg->log_level >= CFG_LOG_INFO) {
+	if (compact(ps, seqs, pool) == 0 && log_enabled(LOG_INFO)) {
 		struct journal_stats after;
 		journal_stats(ps->j, &after);
-		fprintf(stderr, "kvstored: journal compacted from %" PRIu64 " to %" PRIu64 " bytes in %"
-			PRIu64 " ms\n", js.bytes, after.bytes, clock_ms() - t0);
+		log_info("journal compacted from %" PRIu64 " to %" PRIu64 " bytes in %"
+			PRIu64 " ms", js.bytes, after.bytes, clock_ms() - t0);
 	}
 }
 
@@ -445,8 +446,8 @@ static int on_record(void *ctx, uint32_t type, const void *p, uint32_t len, char
 		ps->meta_ok = m->dram_bytes == ps->cfg->dram_bytes &&
 			      strncmp(m->shm_name, ps->cfg->shm_name, sizeof m->shm_name) == 0;
 		if (!ps->meta_ok)
-			fprintf(stderr, "kvstored: the journal describes pool %.*s of %" PRIu64 " bytes, "
-				"not %s of %" PRIu64 ": its DRAM blocks cannot be adopted\n",
+			log_warn("the journal describes pool %.*s of %" PRIu64 " bytes, "
+				"not %s of %" PRIu64 ": its DRAM blocks cannot be adopted",
 				(int)sizeof m->shm_name, m->shm_name, m->dram_bytes,
 				ps->cfg->shm_name, ps->cfg->dram_bytes);
 		return 0;
@@ -658,10 +659,10 @@ static void adopt_seq(struct adopt_ctx *a, struct seq *s, struct rseq *rs)
 			for (uint32_t q = pg; q < pages; q++)
 				for (uint32_t m = 0; m < s->geo.n_layers; m++)
 					lost += q < rs->cap && rs->b[(size_t)m * rs->cap + q].where;
-			fprintf(stderr, "kvstored: sequence '%s' is damaged: block (layer %u, page %u) "
+			log_error("sequence '%s' is damaged: block (layer %u, page %u) "
 				"%s; it is never served: committed length cut from %" PRIu64 " to %"
 				PRIu64 " tokens (%" PRIu64 " journaled blocks dropped; the token ids are "
-				"kept, a resume runs them again)\n", s->name, l, pg, why,
+				"kept, a resume runs them again)", s->name, l, pg, why,
 				s->committed_tokens, cut, lost);
 			ps->st.adopted_blocks -= l; /* the page's earlier layers went with it */
 			if (!s->damaged_blocks)
@@ -683,13 +684,13 @@ int persist_restore(struct persist *ps, struct seq_table *seqs, struct pool *poo
 	ps->seqs = seqs;
 	int ret = journal_replay(ps->path, on_record, ps, &r, err, errlen);
 	if (ret == -ENOENT) {
-		fprintf(stderr, "kvstored: journal %s: none yet, starting empty\n", ps->path);
+		log_info("journal %s: none yet, starting empty", ps->path);
 		memset(&r, 0, sizeof r);
 	} else if (ret == -EINVAL) {
 		/* Not a journal: keep it aside rather than overwrite what may be someone's file. */
 		char aside[PATH_MAX + 16];
 		snprintf(aside, sizeof aside, "%s.damaged", ps->path);
-		fprintf(stderr, "kvstored: %s; kept as %s, starting empty\n", err, aside);
+		log_warn("%s; kept as %s, starting empty", err, aside);
 		if (rename(ps->path, aside) < 0)
 			return errmsg(err, errlen, -errno, "cannot move %s aside: %s", ps->path,
 				      strerror(errno));
@@ -704,19 +705,19 @@ int persist_restore(struct persist *ps, struct seq_table *seqs, struct pool *poo
 		ps->st.ignored_bytes = r.file_bytes - r.valid_bytes;
 		unlink(aside);
 		bool kept = link(ps->path, aside) == 0;
-		fprintf(stderr, "kvstored: journal %s is damaged: %s; the valid prefix (%" PRIu64
-			" records, %" PRIu64 " bytes) is used, the last %" PRIu64 " bytes are ignored%s%s\n",
+		log_error("journal %s is damaged: %s; the valid prefix (%" PRIu64
+			" records, %" PRIu64 " bytes) is used, the last %" PRIu64 " bytes are ignored%s%s",
 			ps->path, r.why, r.records, r.valid_bytes, ps->st.ignored_bytes,
 			kept ? "; the damaged file is kept as " : "", kept ? aside : "");
 	}
 	struct adopt_ctx a = { .ps = ps, .pool = pool, .tier = tier,
 			       .dram_ok = pool_adopted(pool) && (!ps->have_meta || ps->meta_ok) };
 	if (pool_adopted(pool))
-		fprintf(stderr, "kvstored: adopted the pool segment %s left by a previous kvstored\n",
+		log_info("adopted the pool segment %s left by a previous kvstored",
 			ps->cfg->shm_name);
 	else if (r.records)
-		fprintf(stderr, "kvstored: the pool segment %s did not survive: blocks that were only "
-			"in DRAM are lost\n", ps->cfg->shm_name);
+		log_warn("the pool segment %s did not survive: blocks that were only "
+			"in DRAM are lost", ps->cfg->shm_name);
 	for (size_t i = 0; i < ps->n_rv; i++) {
 		struct seq *s = seq_find(seqs, ps->rv[i].id);
 		if (s)
@@ -738,9 +739,10 @@ int persist_restore(struct persist *ps, struct seq_table *seqs, struct pool *poo
 		return errmsg(err, errlen, ret, "cannot write the journal %s", ps->path);
 	ps->st.replay_ms = clock_ms() - t0;
 	if (r.records)
-		fprintf(stderr, "kvstored: journal %s: %" PRIu64 " records replayed; %" PRIu64
+		log_msg(ps->st.damaged_seqs ? LOG_WARN : LOG_INFO, "journal %s: %" PRIu64
+			" records replayed; %" PRIu64
 			" sequences and %" PRIu64 " blocks adopted (checksums verified), %" PRIu64
-			" damaged, in %" PRIu64 " ms; every sequence is detached\n", ps->path,
+			" damaged, in %" PRIu64 " ms; every sequence is detached", ps->path,
 			r.records, ps->st.adopted_seqs, ps->st.adopted_blocks, ps->st.damaged_seqs,
 			ps->st.replay_ms);
 	return 0;

@@ -16,6 +16,7 @@
 
 #include "slab.h"
 #include "errmsg.h"
+#include "log.h"
 
 #define POOL_CHUNK 4096u /* descriptors per chunk; chunks never move */
 #define POOL_MAX_IDS (1u << 30)
@@ -86,8 +87,8 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 		if (ret == 0)
 			p->adopted = true;
 		else if (ret != -ENOENT)
-			fprintf(stderr, "kvstored: cannot adopt the pool segment %s (%s): making a new "
-				"one; the blocks it held are lost\n", cfg->shm_name, why);
+			log_warn("cannot adopt the pool segment %s (%s): making a new "
+				"one; the blocks it held are lost", cfg->shm_name, why);
 	}
 	if (ret)
 		ret = pool_segment_create(&sc, &p->base, &p->fd, err, err_len);

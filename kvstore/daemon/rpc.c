@@ -20,6 +20,7 @@
 #include <zmq.h>
 
 #include "proto/kvstore.pb-c.h"
+#include "log.h"
 
 #define RPC_MAX_FRAMES 4
 
@@ -195,10 +196,10 @@ static int refuse(struct call *c, const char *fmt, ...)
 		const char *more = s->n_refused_peers == RPC_REFUSED_PEERS ?
 			" (further peers are not logged)" : "";
 		if (c->peer && c->peer->has_cred)
-			fprintf(stderr, "kvstored: refused pid %u uid %u: %s%s\n", c->peer->pid,
+			log_warn("refused pid %u uid %u: %s%s", c->peer->pid,
 				c->peer->uid, c->err, more);
 		else
-			fprintf(stderr, "kvstored: refused: %s%s\n", c->err, more);
+			log_warn("refused: %s%s", c->err, more);
 	}
 	return -EACCES;
 }
@@ -231,7 +232,7 @@ static int check_hello_pid(struct call *c, uint32_t pid)
 		ret = fail(c, -EPERM, "Hello claims pid %u but the connection belongs to pid %u (uid %u)",
 			   pid, p->pid, p->uid);
 	if (ret && ++c->s->hello_refused <= 10)
-		fprintf(stderr, "kvstored: Hello refused: %s%s\n", c->err,
+		log_warn("Hello refused: %s%s", c->err,
 			c->s->hello_refused == 10 ? " (further refusals are not logged)" : "");
 	return ret;
 }
@@ -678,7 +679,8 @@ static int h_config_set(struct call *c)
 	int ret = cfg_set(c->s->ctx.cfg, cs->key, cs->value, true, c->err, sizeof c->err);
 	if (ret)
 		return ret;
-	fprintf(stderr, "kvstored: config %s = %s (ConfigSet)\n", cs->key, cs->value);
+	log_set_level((enum log_level)c->s->ctx.cfg->log_level); /* in case it was log_level */
+	log_info("config %s = %s (ConfigSet)", cs->key, cs->value);
 	return config_reply(c, cs->key);
 }
 
@@ -912,8 +914,8 @@ int rpc_init(struct rpc_server *s, void *zctx, const struct rpc_ctx *ctx, char *
 			return ret;
 		}
 	} else {
-		fprintf(stderr, "kvstored: %s carries no peer credentials: the pid a client announces "
-			"in Hello is not verified\n", ep);
+		log_warn("%s carries no peer credentials: the pid a client announces "
+			"in Hello is not verified", ep);
 	}
 	return 0;
 }

@@ -17,6 +17,7 @@
 
 #include "crc32c.h"
 #include "errmsg.h"
+#include "log.h"
 
 #define NONE UINT32_MAX
 
@@ -323,7 +324,7 @@ static int open_file(struct tier *t, const struct tier_config *cfg, char *err, s
 				"put nvme_path on a real disk", cfg->path);
 			return -EINVAL;
 		}
-		fprintf(stderr, "tier: %s: O_DIRECT not supported, using buffered I/O\n", cfg->path);
+		log_warn("NVMe tier %s: O_DIRECT not supported, using buffered I/O", cfg->path);
 		fd = open(cfg->path, flags, 0600);
 	} else if (fd >= 0) {
 		t->u.direct = true;
@@ -349,7 +350,7 @@ static int open_file(struct tier *t, const struct tier_config *cfg, char *err, s
 				(unsigned long long)cfg->bytes, cfg->path, strerror(-ret));
 			return ret;
 		}
-		fprintf(stderr, "tier: %s: fallocate unsupported, file is sparse\n", cfg->path);
+		log_warn("NVMe tier %s: fallocate unsupported, file is sparse", cfg->path);
 		if (ftruncate(fd, (off_t)cfg->bytes) < 0) {
 			ret = -errno;
 			errmsg_set(err, err_len, "cannot size %s: %s", cfg->path, strerror(-ret));
@@ -382,8 +383,8 @@ static void register_buffers(struct tier *t, const struct tier_config *cfg)
 	int ret = io_uring_register_buffers(&t->ring, iov, n);
 	free(iov);
 	if (ret < 0) {
-		fprintf(stderr, "tier: registering %llu bytes as fixed buffers failed (%s); using "
-			"plain buffers (a higher LimitMEMLOCK= enables them)\n",
+		log_warn("NVMe tier: registering %llu bytes as fixed buffers failed (%s); using "
+			"plain buffers (a higher LimitMEMLOCK= enables them)",
 			(unsigned long long)cfg->reg_bytes, strerror(-ret));
 		return;
 	}
@@ -432,7 +433,7 @@ int tier_open(const struct tier_config *cfg, struct tier **out, char *err, size_
 	if (io_uring_register_files(&t->ring, &t->fd, 1) == 0)
 		t->fixed_file = true;
 	else
-		fprintf(stderr, "tier: registering the file failed; using its descriptor\n");
+		log_warn("NVMe tier: registering the file failed; using its descriptor");
 	t->u.fixed_file = t->fixed_file;
 	register_buffers(t, cfg);
 	t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -635,7 +636,7 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 	union tier_tag tag = { .u64 = user_data };
 	if (tag.f.idx >= t->max_reqs || t->reqs[tag.f.idx].state != REQ_INFLIGHT ||
 	    t->reqs[tag.f.idx].gen != tag.f.gen || t->reqs[tag.f.idx].op != tag.f.op) {
-		fprintf(stderr, "tier: completion for unknown request %#llx ignored\n",
+		log_warn("NVMe tier: completion for unknown request %#llx ignored",
 			(unsigned long long)user_data);
 		return 0;
 	}
@@ -672,8 +673,8 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 		if (out.crc != r->crc_expected) {
 			out.status = -EBADMSG;
 			t->u.crc_errors++;
-			fprintf(stderr, "tier: crc32c mismatch reading %u bytes at offset %llu: "
-				"expected %08x, got %08x\n", r->len, (unsigned long long)r->file_off,
+			log_error("NVMe tier: crc32c mismatch reading %u bytes at offset %llu: "
+				"expected %08x, got %08x", r->len, (unsigned long long)r->file_off,
 				r->crc_expected, out.crc);
 		}
 	}

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "log.h"
 #include "tokenizer.h"
 
 int cmd_parse_long(const char *s, long lo, long hi, long *out)
@@ -130,6 +131,36 @@ static void on_stop(int sig)
 	g_stop = sig;
 }
 
+/* ---------------------------------------------------------------- progress line */
+
+/* One line on stderr, rewritten in place (carriage return, no escape sequences), at most every
+ * 200 ms: what, done/total tokens, tokens/s and the time left. Only on a terminal (s->progress),
+ * and only for work long enough to want one. */
+static void progress_show(struct cmd_session *s, const char *what, int64_t done, int64_t total)
+{
+	double now = clock_ms_f();
+	if (!s->progress || (now - s->progress_last < 200 && done < total))
+		return;
+	s->progress_last = now;
+	double secs = (now - s->progress_t0) / 1e3, rate = secs > 0 ? (double)done / secs : 0;
+	fprintf(stderr, "\r%s: %lld/%lld tokens, %.0f tok/s, %.1f s left      ", what,
+		(long long)done, (long long)total, rate, rate > 0 ? (double)(total - done) / rate : 0.0);
+}
+
+static void progress_clear(struct cmd_session *s)
+{
+	if (s->progress && s->progress_last > 0)
+		fprintf(stderr, "\r%72s\r", "");
+	s->progress_last = 0;
+}
+
+static void prefill_progress(void *ctx, int64_t done, int64_t total)
+{
+	struct cmd_session *s = ctx;
+	if (total >= 512) /* a long prefill: a few ubatches at least */
+		progress_show(s, "prefill", done, total);
+}
+
 int cmd_session_check(const struct cmd_session_opts *o)
 {
 	if ((o->keep || o->seq_name) && !o->endpoint) {
@@ -182,6 +213,8 @@ void cmd_session_usage(FILE *f)
 		"                       (0 to 2^24; default 0: every block leased, in DRAM)\n"
 		"      --store-retry S  when kvstored goes away, reconnect for up to S seconds and\n"
 		"                       go on where it left off (0 to 86400, default 30; 0: fail)\n"
+		"      --log-level L    error, warn, info or debug (default info): which log\n"
+		"                       lines (store reconnects, host-copy errors) are shown\n"
 		"      --seq NAME       the sequence's name in the store, 1 to 127 bytes (default:\n"
 		"                       generated); needs --store\n"
 		"      --keep           keep the sequence in the store when done (detach), so a\n"
@@ -236,7 +269,7 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag, c
 }
 
 enum sflag { SF_MODEL, SF_N, SF_THREADS, SF_CTX, SF_CTX2, SF_TEMP, SF_TOPK, SF_TOPP, SF_SEED,
-	     SF_STORE, SF_SEQ, SF_BACKEND, SF_LEASE, SF_RETRY };
+	     SF_STORE, SF_SEQ, SF_BACKEND, SF_LEASE, SF_RETRY, SF_LOGLEVEL };
 
 static const struct {
 	const char *flag, *brief;
@@ -248,6 +281,7 @@ static const struct {
 	[SF_SEED] = { "--seed", "-s" },	      [SF_STORE] = { "--store", NULL },
 	[SF_SEQ] = { "--seq", NULL },	      [SF_BACKEND] = { "--backend", NULL },
 	[SF_LEASE] = { "--lease-budget", NULL }, [SF_RETRY] = { "--store-retry", NULL },
+	[SF_LOGLEVEL] = { "--log-level", NULL },
 };
 
 static int bad_value(const struct cmd_session_opts *o, const char *flag, const char *val)
@@ -337,6 +371,13 @@ int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i)
 			if (cmd_parse_long(v, 0, 86400, &o->store_retry))
 				return bad_value(o, "--store-retry", v);
 			break;
+		case SF_LOGLEVEL: {
+			enum log_level lvl;
+			if (log_parse_level(v, &lvl))
+				return bad_value(o, "--log-level", v);
+			log_set_level(lvl);
+			break;
+		}
 		}
 		return 1;
 	}
@@ -379,8 +420,9 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;
 	}
+	s->progress = isatty(STDERR_FILENO);
 	struct engine_opts eo = { .max_ctx = o->ctx, .max_seqs = 1, .policy = s->o.po.policy,
-				  .kv = s->o.po.kv };
+				  .kv = s->o.po.kv, .progress = prefill_progress, .progress_ctx = s };
 	if ((ret = engine_new(&s->e, &s->m, s->be, &eo, err, sizeof err))) {
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;
@@ -825,7 +867,9 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 			ret = engine_decode(s->e, 1, &s->seq, first + i, logits, err, sizeof err);
 	} else {
 		hist.n_prefill = hist.n;
+		s->progress_t0 = clock_ms_f();
 		ret = engine_prefill(s->e, s->seq, first, n_first, logits, false, err, sizeof err);
+		progress_clear(s);
 	}
 	if (ret && store_lost(s))
 		ret = reconnect(s, &hist, logits);
@@ -837,6 +881,9 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 	}
 	t.t1 = t.t2 = clock_ms_f();
 	double last_report = t.t1;
+	/* Generation's progress only when the text itself does not go to the terminal. */
+	const bool gen_progress = s->progress && !isatty(STDOUT_FILENO) && o->n >= 64;
+	s->progress_t0 = t.t1;
 	bool hit_limit = false;
 	while (t.generated < o->n && !g_stop) {
 		int32_t next = sampler_sample(&smp, logits);
@@ -859,6 +906,8 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 			decoded = true;
 		}
 		emit(s->tok, next, o->ids, t.generated++);
+		if (gen_progress)
+			progress_show(s, "generate", t.generated, o->n);
 		if (t.generated == o->n)
 			break;
 		if (engine_seq_len(s->e, s->seq) >= engine_max_ctx(s->e)) {
@@ -882,6 +931,7 @@ int cmd_session_run(struct cmd_session *s, const int32_t *first, int n_first)
 		}
 	}
 	t.t2 = clock_ms_f();
+	progress_clear(s);
 	if (o->ids || t.generated)
 		printf("\n");
 	fflush(stdout);

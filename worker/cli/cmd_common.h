@@ -114,6 +114,8 @@ struct cmd_session {
 	int stop_signal;	/* which of the two (for the exit code) */
 	bool completed;		/* the run finished; only then is the sequence dropped */
 	bool resumed;		/* opened by resume: the sequence existed before this run */
+	bool progress;		/* stderr is a terminal: a progress line for long runs */
+	double progress_t0, progress_last; /* ms: start of the phase, last line written */
 	bool store_lost;	/* kvstored went away for good: the sequence stays in its journal */
 	bool first_by_decode;	/* cmd_session_run runs `first` by decode steps, not prefill */
 };

@@ -32,6 +32,7 @@
 #include "serve_batch.h"
 #include "serve_metrics.h"
 #include "tokenizer.h"
+#include "log.h"
 
 #define SERVE_DEFAULT_LISTEN "ipc:///run/freekv/kvworker-%d.sock"
 #define SERVE_DEFAULT_STORE "ipc:///run/freekv/kvstored.sock"
@@ -41,6 +42,7 @@ struct serve_opts {
 	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch, lease_budget,
 	     store_retry;
 	bool print_config;
+	enum log_level log_level;	/* --log-level (default info) */
 	struct policy_opts po;
 	char listen_buf[256];
 };
@@ -87,6 +89,8 @@ static void usage(FILE *f)
 		"      --max-request-bytes N larger request frames are refused (default 1048576)\n"
 		"      --name NAME           worker name shown by `kvctl workers`\n"
 		"      --metrics HOST:PORT   serve Prometheus /metrics there (loopback only)\n"
+		"      --log-level L         error, warn, info or debug (default info): which log\n"
+		"                            lines reach stderr (the journal under systemd)\n"
 		"      --print-config        print the effective settings (config file, then\n"
 		"                            flags) as a config file and exit\n"
 		"  retrieval: %s\n"
@@ -96,7 +100,7 @@ static void usage(FILE *f)
 }
 
 enum { F_MODEL, F_STORE, F_LISTEN, F_GPU, F_CONFIG, F_THREADS, F_MAXSEQS, F_CTX, F_UBATCH,
-       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS, F_RETRY };
+       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS, F_RETRY, F_LOGLEVEL };
 
 static const struct {
 	const char *flag, *brief;
@@ -118,6 +122,7 @@ static const struct {
 	[F_LEASE] = { "--lease-budget", NULL, 0, HOSTKV_MAX_BUDGET },
 	[F_METRICS] = { "--metrics", NULL, 0, 0 },
 	[F_RETRY] = { "--store-retry", NULL, 0, 86400 },
+	[F_LOGLEVEL] = { "--log-level", NULL, 0, 0 },
 };
 
 /* Consumes argv[*i] (and its value): 1 consumed, 0 not ours, -EINVAL after printing why. */
@@ -159,6 +164,13 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 		case F_CONFIG: o->config = v; break;
 		case F_NAME: o->name = v; break;
 		case F_METRICS: o->metrics = v; break;
+		case F_LOGLEVEL:
+			if (log_parse_level(v, &o->log_level)) {
+				fprintf(stderr, "kvworker serve: %s--log-level: need error, warn, info or "
+					"debug\n", where);
+				return -EINVAL;
+			}
+			break;
 		case F_BACKEND:
 			if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
 				fprintf(stderr, "kvworker serve: %s--backend: need cuda, cpu or auto\n",
@@ -221,6 +233,7 @@ static void print_config(const struct serve_opts *o)
 	if (o->metrics)
 		printf("metrics = %s\n", o->metrics);
 	printf("backend = %s\n", o->backend ? o->backend : "auto");
+	printf("log-level = %s\n", log_level_name(o->log_level));
 	if (o->threads)
 		printf("threads = %ld\n", o->threads);
 	if (o->ctx)
@@ -250,7 +263,7 @@ static void print_config(const struct serve_opts *o)
 static int parse(int argc, char **argv, struct serve_opts *o, struct conffile *cfg_store)
 {
 	*o = (struct serve_opts){ .gpu = -1, .max_seqs = 8, .max_queue = 64, .store_retry = 30,
-				  .max_request_bytes = 1 << 20 };
+				  .max_request_bytes = 1 << 20, .log_level = LOG_INFO };
 	policy_opts_default(&o->po);
 	/* The config file first, wherever --config stands, so that flags override it. */
 	for (int i = 1; i < argc; i++) {
@@ -343,18 +356,18 @@ static int open_backend(struct service *v, const struct serve_opts *o, const cha
 	if (cuda) {
 		int dev = o->gpu >= 0 ? (int)o->gpu : 0;
 		if ((ret = backend_cuda_new(&v->be, dev)))
-			fprintf(stderr, "kvworker serve: cannot use CUDA device %d (%d found): %s\n",
+			log_error("cannot use CUDA device %d (%d found): %s",
 				dev, devices, strerror(-ret));
 		else
-			fprintf(stderr, "kvworker serve: CUDA backend on device %d\n", dev);
+			log_info("CUDA backend on device %d", dev);
 		return ret;
 	}
 	if (o->gpu >= 0 || !name || strcmp(name, "cpu"))
-		fprintf(stderr, "kvworker serve: %s: using the CPU backend%s\n",
+		log_info("%s: using the CPU backend%s",
 			devices ? "--backend cpu" : "no CUDA device (or no CUDA in this build)",
 			o->gpu >= 0 ? " (--gpu recorded, unused)" : "");
 	if ((ret = backend_cpu_new(&v->be, (int)o->threads)))
-		fprintf(stderr, "kvworker serve: cannot create the CPU backend\n");
+		log_error("cannot create the CPU backend");
 	return ret;
 }
 
@@ -366,7 +379,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 		return ret;
 	v->m_loaded = true;
 	if ((ret = model_chat_template(o->model, &v->chat_template, err, sizeof err)))
-		fprintf(stderr, "kvworker serve: no chat template: %s\n", err);
+		log_warn("no chat template: %s", err);
 	struct policy_opts po = o->po;
 	int64_t ctx = o->ctx ? o->ctx : (v->m.cfg.ctx_len > 0 ? v->m.cfg.ctx_len : 2048);
 	FILE *notice = strcmp(po.policy, "full") ? stderr : NULL;
@@ -375,7 +388,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	if (!ret)
 		ret = policy_opts_check_model(&po, v->m.cfg.n_layers, err, sizeof err);
 	if (ret) {
-		fprintf(stderr, "kvworker serve: %s\n", err);
+		log_error("%s", err);
 		return ret;
 	}
 	if ((ret = open_backend(v, o, po.policy)))
@@ -383,7 +396,7 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	struct engine_opts eo = { .max_ctx = o->ctx, .max_seqs = (int)o->max_seqs,
 				  .ubatch = (int)o->ubatch, .policy = po.policy, .kv = po.kv };
 	if ((ret = engine_new(&v->e, &v->m, v->be, &eo, err, sizeof err))) {
-		fprintf(stderr, "kvworker serve: %s\n", err);
+		log_error("%s", err);
 		return ret;
 	}
 	char wname[64];
@@ -395,11 +408,11 @@ static int service_open(struct service *v, const struct serve_opts *o)
 				  .lease_budget = (uint32_t)o->lease_budget,
 				  .retry_s = (int)o->store_retry };
 	if ((ret = hostkv_open(&ho, &v->hk, err, sizeof err))) {
-		fprintf(stderr, "kvworker serve: %s\n", err); /* err names the endpoint */
+		log_error("%s", err); /* err names the endpoint */
 		return ret;
 	}
 	if (!(v->zctx = zmq_ctx_new()) || !(v->sock = zmq_socket(v->zctx, ZMQ_ROUTER))) {
-		fprintf(stderr, "kvworker serve: cannot create a ZeroMQ socket: %s\n",
+		fprintf(stderr, "kvworker serve: cannot create a ZeroMQ socket: %s",
 			zmq_strerror(errno));
 		return -ENOMEM;
 	}
@@ -409,14 +422,14 @@ static int service_open(struct service *v, const struct serve_opts *o)
 	zmq_setsockopt(v->sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
 	if (zmq_bind(v->sock, o->listen)) {
 		int e = errno;
-		fprintf(stderr, "kvworker serve: cannot listen on %s: %s\n", o->listen,
+		log_error("cannot listen on %s: %s", o->listen,
 			zmq_strerror(e));
 		return -e;
 	}
 	v->bound = o->listen;
 	/* The trust boundary is the freekv group (docs/design.md §4): owner and group only. */
 	if (!strncmp(o->listen, "ipc://", 6) && chmod(o->listen + 6, 0660))
-		fprintf(stderr, "kvworker serve: chmod %s: %s\n", o->listen + 6, strerror(errno));
+		log_error("chmod %s: %s", o->listen + 6, strerror(errno));
 	v->srv = (struct serve){ .m = &v->m, .tok = v->tok, .e = v->e, .hk = v->hk, .sock = v->sock,
 				 .model_path = o->model, .backend_name = v->be->ops->name,
 				 .chat_template = v->chat_template,
@@ -424,23 +437,23 @@ static int service_open(struct service *v, const struct serve_opts *o)
 				 .max_seqs = (int)o->max_seqs, .max_queue = (int)o->max_queue,
 				 .max_request_bytes = (size_t)o->max_request_bytes };
 	if ((ret = serve_init(&v->srv))) {
-		fprintf(stderr, "kvworker serve: out of memory\n");
+		log_error("out of memory");
 		return ret;
 	}
 	v->srv_init = true;
 	if (o->metrics) {
 		if ((ret = serve_metrics_init(&v->sm))) {
-			fprintf(stderr, "kvworker serve: out of memory\n");
+			log_error("out of memory");
 			return ret;
 		}
 		v->sm_init = true;
 		v->srv.metrics = &v->sm;
 		if ((ret = prom_http_start(o->metrics, false, serve_metrics_collect, &v->sm,
 					   &v->metrics, err, sizeof err))) {
-			fprintf(stderr, "kvworker serve: --metrics: %s\n", err);
+			log_error("--metrics: %s", err);
 			return ret;
 		}
-		fprintf(stderr, "kvworker serve: metrics on http://%s/metrics\n", o->metrics);
+		log_info("metrics on http://%s/metrics", o->metrics);
 	}
 	return 0;
 }
@@ -479,7 +492,7 @@ static void report(struct service *v)
 		return;
 	int ret = hostkv_report_stats(v->hk, txt);
 	if (ret)
-		fprintf(stderr, "kvworker serve: cannot report statistics to kvstored: %s\n",
+		log_warn("cannot report statistics to kvstored: %s",
 			strerror(-ret));
 	free(txt);
 }
@@ -496,7 +509,7 @@ static int loop(struct service *v)
 		zmq_pollitem_t it = { .socket = v->sock, .events = ZMQ_POLLIN };
 		int n = zmq_poll(&it, 1, timeout);
 		if (n < 0 && errno != EINTR) {
-			fprintf(stderr, "kvworker serve: poll: %s\n", zmq_strerror(errno));
+			log_error("poll: %s", zmq_strerror(errno));
 			return -errno;
 		}
 		if (n > 0) {
@@ -506,7 +519,7 @@ static int loop(struct service *v)
 			       (events & ZMQ_POLLIN)) {
 				int ret = serve_handle(s);
 				if (ret) {
-					fprintf(stderr, "kvworker serve: receive: %s\n",
+					log_error("receive: %s",
 						zmq_strerror(-ret));
 					return ret;
 				}
@@ -546,9 +559,10 @@ int cmd_serve(int argc, char **argv)
 		conffile_free(&cfg_store);
 		return ret < 0 ? CMD_OK : ret;
 	}
+	log_init("kvworker serve", o.log_level);
 	struct service v = { 0 };
 	if ((ret = sdn_init(&v.sdn))) {
-		fprintf(stderr, "kvworker serve: NOTIFY_SOCKET: %s\n", strerror(-ret));
+		log_error("NOTIFY_SOCKET: %s", strerror(-ret));
 		conffile_free(&cfg_store);
 		return CMD_FAIL;
 	}
@@ -559,8 +573,8 @@ int cmd_serve(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	int rc = CMD_FAIL;
 	if (service_open(&v, &o) == 0) {
-		fprintf(stderr, "kvworker serve: listening on %s (model %s, policy %s, backend %s, "
-			"max %ld sequences, store %s)\n", o.listen, o.model,
+		log_info("listening on %s (model %s, policy %s, backend %s, "
+			"max %ld sequences, store %s)", o.listen, o.model,
 			engine_policy_name(v.e), v.be->ops->name, o.max_seqs, o.store);
 		sdn_send(&v.sdn, "READY=1\nSTATUS=serving on %s", o.listen);
 		ret = loop(&v);
@@ -568,7 +582,7 @@ int cmd_serve(int argc, char **argv)
 			 v.srv.n_active);
 		serve_shutdown(&v.srv);
 		report(&v);
-		fprintf(stderr, "kvworker serve: stopped after %llu requests, %llu tokens\n",
+		log_info("stopped after %llu requests, %llu tokens",
 			(unsigned long long)v.srv.requests_served,
 			(unsigned long long)v.srv.tokens_generated);
 		rc = ret ? CMD_FAIL : CMD_OK;

@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "cmd_common.h"
+#include "log.h"
 #include "version.h"
 
 static const struct cmd commands[] = {
@@ -34,6 +35,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+	log_init("kvworker", LOG_INFO); /* serve names itself again; --log-level sets the level */
 	if (argc < 2) {
 		usage(stderr);
 		return CMD_USAGE;

@@ -67,6 +67,8 @@ struct engine {
 	int64_t max_ctx;
 	int ubatch, max_seqs;
 	struct kv_policy_opts kv_opts;
+	void (*progress)(void *ctx, int64_t done, int64_t total);
+	void *progress_ctx;
 
 	struct backend_mat tok_embd, out_norm, output;
 	struct engine_layer *layers;
@@ -370,6 +372,8 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	e->cfg = m->cfg;
 	e->max_ctx = o->max_ctx ? o->max_ctx : (m->cfg.ctx_len > 0 ? m->cfg.ctx_len : 2048);
 	e->ubatch = o->ubatch ? o->ubatch : 256;
+	e->progress = o->progress;
+	e->progress_ctx = o->progress_ctx;
 	e->max_seqs = o->max_seqs ? o->max_seqs : 64;
 	e->kv_opts = o->kv;
 	ret = resolve_kv_opts(e, err, errlen);
@@ -748,6 +752,9 @@ static int forward_items(struct engine *e, int n_items, const struct fwd_item *i
 	const size_t V = (size_t)e->cfg.vocab_size;
 	int item = 0, ret;
 	int64_t off = 0; /* cursor: row off of item */
+	int64_t total = 0, done = 0;
+	for (int i = 0; e->progress && i < n_items; i++)
+		total += it[i].n;
 	while (item < n_items) {
 		int64_t T = 0, n_out = 0;
 		int np = 0;
@@ -804,6 +811,9 @@ static int forward_items(struct engine *e, int n_items, const struct fwd_item *i
 			return ret;
 		if ((ret = download_logits(e, e->pieces, np)))
 			return errmsg(err, errlen, ret, "cannot read logits: %s", strerror(-ret));
+		done += T;
+		if (e->progress)
+			e->progress(e->progress_ctx, done, total);
 	}
 	return 0;
 }

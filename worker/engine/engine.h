@@ -41,6 +41,10 @@ struct engine_opts {
 	struct kv_policy_opts kv;
 	enum fkv_dtype kv_dtype; /* with kv_dtype_set; otherwise the model's dtype */
 	bool kv_dtype_set;
+	/* Called after each ubatch of a forward with the rows done and the rows of the whole call
+	 * (a prefill's progress); NULL: none. It changes nothing in the computation. */
+	void (*progress)(void *ctx, int64_t done, int64_t total);
+	void *progress_ctx;
 };
 
 struct engine;

@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "log.h"
 
 /* What one sequence had before the store went away. */
 struct saved_seq {
@@ -216,7 +217,7 @@ static int reconnect_locked(struct hostkv *h, char *err, size_t errlen)
 		saved_free(v, i);
 		return errmsg(err, errlen, ret, "out of memory");
 	}
-	fprintf(stderr, "kvworker: kvstored is gone; reconnecting (up to %.0f s)\n",
+	log_warn("kvstored is gone; reconnecting (up to %.0f s)",
 		h->retry_ms / 1e3);
 	long backoff = 50;
 	h->came_back = 0;
@@ -240,8 +241,8 @@ static int reconnect_locked(struct hostkv *h, char *err, size_t errlen)
 	}
 	saved_free(v, n);
 	if (!ret)
-		fprintf(stderr, "kvworker: reconnected after %.1f s; %zu sequence(s) continue in "
-			"place\n", (clock_ms() - t0) / 1e3, n);
+		log_info("reconnected after %.1f s; %zu sequence(s) continue in "
+			"place", (clock_ms() - t0) / 1e3, n);
 	return ret;
 }
 

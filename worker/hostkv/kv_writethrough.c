@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "hostkv.h"
+#include "log.h"
 
 int kv_wt_init(struct kv_wt *w, struct backend *be, struct hostkv_seq *host,
 	       const struct backend_attn *a, int page)
@@ -65,7 +66,7 @@ static int wt_reserve(struct kv_wt *w, int64_t n)
 static int host_err(int ret, const char *err)
 {
 	if (ret)
-		fprintf(stderr, "kvworker: host KV copy: %s\n", err);
+		log_error("host KV copy: %s", err);
 	return ret;
 }
 

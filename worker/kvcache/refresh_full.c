@@ -22,6 +22,7 @@
 #include "hostkv.h"
 #include "layout.h"
 #include "refresh_select.h"
+#include "log.h"
 
 static int64_t now_ns(void)
 {
@@ -136,7 +137,7 @@ static int open_chunk(struct pass *ps, int c, struct chunk *ch, bool resident)
 			ch->pages[i] = ch->pg0 + i;
 		ret = hostkv_pin_many(s->p.host, ps->l, ch->pages, n, ch->blocks, err, sizeof err);
 		if (ret)
-			fprintf(stderr, "kvworker: refreshkv: host KV copy: %s\n", err);
+			log_error("refreshkv: host KV copy: %s", err);
 	} else if (!resident) {
 		if (c + 1 < ps->n_chunks)
 			ret = submit_chunk(ps, c + 1);
@@ -177,7 +178,7 @@ static int close_chunk(struct pass *ps, struct chunk *ch)
 	int ret = hostkv_unpin_many(ps->s->p.host, ps->l, ch->pages, ch->pg1 - ch->pg0, err,
 				    sizeof err);
 	if (ret)
-		fprintf(stderr, "kvworker: refreshkv: host KV copy: %s\n", err);
+		log_error("refreshkv: host KV copy: %s", err);
 	return ret;
 }
 

@@ -11,6 +11,7 @@
 
 #include "clock.h"
 #include "hostkv.h"
+#include "log.h"
 
 /* Pages pinned per hostkv_pin_many call: one RECALL ring entry's worth for those not leased. */
 #define SFETCH_PIN_BATCH 32
@@ -69,7 +70,7 @@ static int run_job(struct sfetch *f, int layer, struct sfetch_layer *L)
 		}
 		int ret = hostkv_pin_many(f->o.host, layer, f->pages, np, f->blocks, err, sizeof err);
 		if (ret) {
-			fprintf(stderr, "kvworker: host KV copy: %s\n", err);
+			log_error("host KV copy: %s", err);
 			return ret;
 		}
 		for (int b = 0; i < j; i++) {
@@ -84,7 +85,7 @@ static int run_job(struct sfetch *f, int layer, struct sfetch_layer *L)
 		}
 		ret = hostkv_unpin_many(f->o.host, layer, f->pages, np, err, sizeof err);
 		if (ret) {
-			fprintf(stderr, "kvworker: host KV copy: %s\n", err);
+			log_error("host KV copy: %s", err);
 			return ret;
 		}
 	}

@@ -16,6 +16,7 @@
 #include "sampler.h"
 #include "serve_metrics.h"
 #include "tokenizer.h"
+#include "log.h"
 
 #define IDENT_MAX 256
 
@@ -141,7 +142,7 @@ static void req_end(struct serve *s, struct serve_req *q, const char *reason)
 	engine_seq_free(s->e, q->seq);
 	int ret = hostkv_seq_close(q->hs, !keep);
 	if (ret) {
-		fprintf(stderr, "kvworker serve: closing sequence '%s': %s\n", q->name,
+		log_error("closing sequence '%s': %s", q->name,
 			strerror(-ret));
 		keep = true; /* whatever the store holds, it was not dropped by us */
 	}
@@ -163,7 +164,7 @@ static void req_end(struct serve *s, struct serve_req *q, const char *reason)
 	r.body_case = FREEKV__WORKER__REPLY__BODY_DONE;
 	r.done = &d;
 	send_to(s, q->ident, q->ident_len, q->delim, &r);
-	fprintf(stderr, "kvworker serve: request %llu: sequence '%s' %s after %u tokens (%s)\n",
+	log_info("request %llu: sequence '%s' %s after %u tokens (%s)",
 		(unsigned long long)q->id, q->name, keep ? "kept" : "dropped", q->generated, reason);
 	sampler_free(&q->smp);
 	free(q->pending);
@@ -397,7 +398,7 @@ static int admit(struct serve *s, const struct peer *p, uint64_t id,
 	q->prompt_tokens = (uint32_t)q->n_pending;
 	q->t0 = clock_ms_f();
 	s->n_active++;
-	fprintf(stderr, "kvworker serve: request %llu: %s sequence '%s', %d tokens to run, n %u\n",
+	log_info("request %llu: %s sequence '%s', %d tokens to run, n %u",
 		(unsigned long long)id, resume ? "resume" : "generate", q->name, q->n_pending, n);
 	return 0;
 fail:
@@ -526,7 +527,7 @@ static void admit_or_refuse(struct serve *s, const struct peer *p,
 	char err[512];
 	int ret = admit(s, p, rq->id, rq, err, sizeof err);
 	if (ret) {
-		fprintf(stderr, "kvworker serve: request %llu refused: %s\n",
+		log_warn("request %llu refused: %s",
 			(unsigned long long)rq->id, err);
 		if (s->metrics)
 			prom_inc(&s->metrics->refused, 1);
@@ -688,7 +689,7 @@ static void after_step(struct serve *s, struct serve_req *q, const float *logits
 	/* Kept before it is streamed: what the client saw survives a crash. */
 	int ret = engine_seq_keep(s->e, q->seq, &next, 1, err, sizeof err);
 	if (ret) {
-		fprintf(stderr, "kvworker serve: request %llu: %s\n", (unsigned long long)q->id, err);
+		log_warn("request %llu: %s", (unsigned long long)q->id, err);
 		return req_end(s, q, "error");
 	}
 	bool alive = send_piece(s, q, next);
@@ -697,7 +698,7 @@ static void after_step(struct serve *s, struct serve_req *q, const float *logits
 	if (s->metrics)
 		prom_inc(&s->metrics->generated_tokens, 1);
 	if (!alive) {
-		fprintf(stderr, "kvworker serve: request %llu: the client is gone\n",
+		log_info("request %llu: the client is gone",
 			(unsigned long long)q->id);
 		return req_end(s, q, "cancelled");
 	}
@@ -755,7 +756,7 @@ void serve_step(struct serve *s)
 	if (ret) {
 		/* The engine validated the batch as a whole: end each request alone so that one
 		 * bad sequence cannot stop the others for good. */
-		fprintf(stderr, "kvworker serve: engine step of %d sequences: %s\n", k, err);
+		log_error("engine step of %d sequences: %s", k, err);
 		for (int j = 0; j < k; j++)
 			req_end(s, qs[j], "error");
 		return;
