@@ -7,6 +7,7 @@
  *
  * Exit codes: 0 after a signal, 1 when it cannot start, 2 on a usage error. */
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -95,65 +96,60 @@ static const struct {
 	[F_LOGLEVEL] = { "--log-level", 0, 0 },
 };
 
-/* 1 consumed (value taken from argv[*i + 1] or after '='), 0 not a flag of ours, -1 bad. */
-static int parse_flag(struct opts *o, int argc, char **argv, int *i, const char *where)
+/* getopt_long's table: flags[] (val 0x100 + index), --help, --version. */
+enum { O_BASE = 0x100, O_HELP = 'h', O_VERSION = 0x200 };
+static void gate_options(struct option *out)
 {
-	const char *a = argv[*i];
-	for (size_t f = 0; f < sizeof flags / sizeof *flags; f++) {
-		size_t fl = strlen(flags[f].flag);
-		const char *v = NULL;
-		if (!strcmp(a, flags[f].flag)) {
-			if (flags[f].hi >= 0) {
-				if (*i + 1 >= argc) {
-					fprintf(stderr, "kvgate: %s%s needs a value\n", where, a);
-					return -1;
-				}
-				v = argv[++*i];
-			}
-		} else if (!strncmp(a, flags[f].flag, fl) && a[fl] == '=' && flags[f].hi >= 0) {
-			v = a + fl + 1;
-		} else {
-			continue;
+	size_t n = 0;
+	for (size_t f = 0; f < sizeof flags / sizeof *flags; f++)
+		out[n++] = (struct option){ flags[f].flag + 2,
+					    flags[f].hi < 0 ? no_argument : required_argument, NULL,
+					    O_BASE + (int)f };
+	out[n++] = (struct option){ "help", no_argument, NULL, O_HELP };
+	out[n++] = (struct option){ "version", no_argument, NULL, O_VERSION };
+	out[n] = (struct option){ 0 };
+}
+
+/* What getopt_long returned for flags[f] (value v): 0 taken, -1 after printing why. */
+static int apply(struct opts *o, size_t f, const char *v, const char *where)
+{
+	long l = 0;
+	if (flags[f].hi > 0) {
+		char *end;
+		errno = 0;
+		l = strtol(v, &end, 10);
+		if (errno || *end || !*v || l < flags[f].lo || l > flags[f].hi) {
+			fprintf(stderr, "kvgate: %sinvalid value '%s' for %s (%ld..%ld)\n", where, v,
+				flags[f].flag, flags[f].lo, flags[f].hi);
+			return -1;
 		}
-		long l = 0;
-		if (flags[f].hi > 0) {
-			char *end;
-			errno = 0;
-			l = strtol(v, &end, 10);
-			if (errno || *end || !*v || l < flags[f].lo || l > flags[f].hi) {
-				fprintf(stderr, "kvgate: %sinvalid value '%s' for %s (%ld..%ld)\n",
-					where, v, flags[f].flag, flags[f].lo, flags[f].hi);
-				return -1;
-			}
+	}
+	switch (f) {
+	case F_WORKER:
+		if (o->n_workers == MAX_ENDPOINTS) {
+			fprintf(stderr, "kvgate: at most %d workers\n", MAX_ENDPOINTS);
+			return -1;
 		}
-		switch (f) {
-		case F_WORKER:
-			if (o->n_workers == MAX_ENDPOINTS) {
-				fprintf(stderr, "kvgate: at most %d workers\n", MAX_ENDPOINTS);
-				return -1;
-			}
-			o->workers[o->n_workers++] = v;
-			break;
-		case F_LISTEN: o->listen = v; break;
-		case F_CHAT: o->chat_template = v; break;
-		case F_CONFIG: o->config = v; break;
-		case F_MAXBODY: o->max_body = l; break;
-		case F_MAXINFLIGHT: o->max_inflight = l; break;
-		case F_MAXCONN: o->max_conn = l; break;
-		case F_CHATMAX: o->chat_max_tokens = l; break;
-		case F_PROBE: o->probe_ms = l; break;
-		case F_DEAD: o->dead_ms = l; break;
-		case F_KEEPALIVE: o->keepalive_s = l; break;
-		case F_ALLOW: o->allow_remote = true; break;
-		case F_LOGLEVEL:
-			if (log_parse_level(v, &o->log_level)) {
-				fprintf(stderr, "kvgate: %s--log-level: need error, warn, info or debug\n",
-					where);
-				return -1;
-			}
-			break;
+		o->workers[o->n_workers++] = v;
+		break;
+	case F_LISTEN: o->listen = v; break;
+	case F_CHAT: o->chat_template = v; break;
+	case F_CONFIG: o->config = v; break;
+	case F_MAXBODY: o->max_body = l; break;
+	case F_MAXINFLIGHT: o->max_inflight = l; break;
+	case F_MAXCONN: o->max_conn = l; break;
+	case F_CHATMAX: o->chat_max_tokens = l; break;
+	case F_PROBE: o->probe_ms = l; break;
+	case F_DEAD: o->dead_ms = l; break;
+	case F_KEEPALIVE: o->keepalive_s = l; break;
+	case F_ALLOW: o->allow_remote = true; break;
+	case F_LOGLEVEL:
+		if (log_parse_level(v, &o->log_level)) {
+			fprintf(stderr, "kvgate: %s--log-level: need error, warn, info or debug\n",
+				where);
+			return -1;
 		}
-		return 1;
+		break;
 	}
 	return 0;
 }
@@ -179,11 +175,22 @@ static int load_config(struct opts *o, const char *path, struct conffile *cf)
 			o->allow_remote = !strcmp(val, "true");
 			continue;
 		}
-		int i = 0, r = parse_flag(o, 2, cf->argv + 2 * k, &i, where);
-		if (r == 0)
+		char *av[4] = { "kvgate", cf->argv[2 * k], cf->argv[2 * k + 1], NULL };
+		struct option opts[32];
+		gate_options(opts);
+		optind = 0;
+		opterr = 0;
+		int c = getopt_long(3, av, ":", opts, NULL);
+		if (c < O_BASE || c >= O_BASE + (int)(sizeof flags / sizeof *flags)) {
 			fprintf(stderr, "kvgate: %sunknown key '%s'\n", where, key);
-		if (r <= 0)
 			return -1;
+		}
+		if (apply(o, (size_t)(c - O_BASE), optarg, where))
+			return -1;
+		if (optind != 3) {
+			fprintf(stderr, "kvgate: %s'%s' takes no value here\n", where, key);
+			return -1;
+		}
 	}
 	return 0;
 }
@@ -194,41 +201,49 @@ static int parse(int argc, char **argv, struct opts *o, struct conffile *cf)
 	*o = (struct opts){ .max_body = 1 << 20, .max_inflight = 256, .max_conn = 512,
 			    .probe_ms = 1000, .dead_ms = 10000, .keepalive_s = 15,
 			    .log_level = LOG_INFO };
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+	struct option opts[32];
+	gate_options(opts);
+	optind = 0;
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		if (c == O_HELP) {
 			usage(stdout);
 			return 1;
 		}
-		if (!strcmp(argv[i], "--version")) {
+		if (c == O_VERSION) {
 			fkv_version_print(stdout, "kvgate");
 			return 1;
 		}
-		if (!strcmp(argv[i], "--config") && i + 1 < argc)
-			o->config = argv[i + 1];
-		else if (!strncmp(argv[i], "--config=", 9))
-			o->config = argv[i] + 9;
+		if (c == O_BASE + F_CONFIG)
+			o->config = optarg;
 	}
 	if (o->config && load_config(o, o->config, cf))
 		return 2;
 	/* Workers on the command line replace the file's. */
 	bool cli_workers = false;
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--worker") || !strncmp(argv[i], "--worker=", 9)) {
-			if (!cli_workers)
-				o->n_workers = 0;
+	optind = 0;
+	while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+		if (c == '?' || c == ':') {
+			const char *a = argv[optind - 1];
+			fprintf(stderr, "kvgate: %s '%s'\n", c == ':' ? "a value is needed for"
+				: "unknown option", a);
+			usage(stderr);
+			return 2;
+		}
+		if (c == O_BASE + F_WORKER && !cli_workers) {
+			o->n_workers = 0;
 			cli_workers = true;
 		}
-		int r = parse_flag(o, argc, argv, &i, "");
-		if (r < 0) {
+		if (apply(o, (size_t)(c - O_BASE), optarg, "")) {
 			usage(stderr);
 			return 2;
 		}
-		if (!r) {
-			fprintf(stderr, "kvgate: %s '%s'\n", argv[i][0] == '-' ? "unknown option" :
-				"unexpected argument", argv[i]);
-			usage(stderr);
-			return 2;
-		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvgate: unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		return 2;
 	}
 	if (!o->n_workers) {
 		fprintf(stderr, "kvgate: need at least one --worker ENDPOINT\n");

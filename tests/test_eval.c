@@ -313,7 +313,7 @@ static void test_bad_input(void **state)
 		{ 2, "multiples of the page size", { "--budget", "60", "--page-size", "8" } },
 		{ 2, "--ctx", { "--ctx", "1" } },
 		{ 2, "--prefill", { "--prefill", "0" } },
-		{ 2, "unknown argument", { "--frobnicate" } },
+		{ 2, "unknown option", { "--frobnicate" } },
 		{ 2, "needs a value", { "--policies" } },
 		{ 2, "(0, 1]", { "--kv-top-p", "0" } },
 		{ 2, "(0, 1]", { "--kv-top-p", "1.5" } },

@@ -1,5 +1,7 @@
 /* config — the key table and its parser. See config.h. */
 #include "config.h"
+
+#include "conffile.h"
 #include "slab.h"
 
 #include "errmsg.h"
@@ -277,36 +279,18 @@ static int load_file(struct cfg *c, const char *path, bool runtime, char *restar
 {
 	if (restart && rlen)
 		restart[0] = '\0';
-	FILE *f = fopen(path, "r");
-	if (!f) {
-		int e = errno;
-		errmsg_set(err, errlen, "%s: %s", path, strerror(e));
-		return -e;
-	}
 	struct cfg next = *c;
-	char line[1024], sub[CFG_ERR_MAX];
-	int lineno = 0, ret = 0;
-	while (fgets(line, sizeof line, f)) {
-		lineno++;
-		if (!strchr(line, '\n') && !feof(f)) {
-			errmsg_set(err, errlen, "%s:%d: line too long", path, lineno);
-			ret = -EINVAL;
-			break;
-		}
-		char *hash = strchr(line, '#');
-		if (hash)
-			*hash = '\0';
-		char *s = trim(line);
-		if (!*s)
-			continue;
-		char *eq = strchr(s, '=');
-		if (!eq) {
-			errmsg_set(err, errlen, "%s:%d: expected 'key = value'", path, lineno);
-			ret = -EINVAL;
-			break;
-		}
-		*eq = '\0';
-		char *key = trim(s), *value = trim(eq + 1);
+	char sub[CFG_ERR_MAX];
+	int ret = 0;
+	/* The lines are read by the one `key = value` reader (common/conffile), which hands each as
+	 * the pair "--key", "value"; this table gives the keys their types. */
+	struct conffile cf;
+	ret = conffile_read(path, &cf, err, errlen);
+	if (ret)
+		return ret;
+	for (int n = 0; n < cf.n && !ret; n++) {
+		const char *key = cf.argv[2 * n] + 2, *value = cf.argv[2 * n + 1];
+		int lineno = cf.line[n];
 		const struct cfg_key *k = find_key(key);
 		if (!k) {
 			errmsg_set(err, errlen, "%s:%d: unknown key '%s'", path, lineno, key);
@@ -330,7 +314,7 @@ static int load_file(struct cfg *c, const char *path, bool runtime, char *restar
 			}
 		}
 	}
-	fclose(f);
+	conffile_free(&cf);
 	if (ret)
 		return ret;
 	ret = cfg_validate(&next, sub, sizeof sub);

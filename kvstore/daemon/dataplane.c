@@ -1026,6 +1026,15 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 			queued |= dp->demote_q[i] == s->id;
 		if (!queued && dp->n_demote_q < DP_DEMOTE_QUEUE)
 			dp->demote_q[dp->n_demote_q++] = s->id;
+		/* The reply counts what this demotion will move, not only what the tier's request
+		 * table took at once: the rest follow as it drains (demote_queue_run). */
+		for (uint32_t l = 0; l < s->geo.n_layers; l++)
+			for (uint32_t pg = 0; pg < s->n_pages; pg++) {
+				uint32_t id = seq_block(s, l, pg);
+				const struct pool_block *b =
+					id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+				*blocks += b && b->tier == POOL_TIER_DRAM && b->committed && !b->leases;
+			}
 	}
 	return 0;
 }

@@ -107,8 +107,8 @@ void dp_run(struct dp *dp);
 /* Milliseconds the event loop may sleep: 0 while I/O must be polled without an eventfd. */
 int dp_poll_timeout(const struct dp *dp, int dflt);
 
-/* Demote seq's unleased committed DRAM blocks to the tier. *blocks counts the writes started
- * now; when the tier's request table fills up, the rest is started by later dp_run passes.
+/* Demote seq's unleased committed DRAM blocks to the tier. *blocks counts them all: the writes
+ * started now and, when the tier's request table fills up, those later dp_run passes start.
  * -ENODEV without a tier; -ENOSPC when the tier is full before anything could start. */
 int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen);
 /* Free every block of seq (DRAM slots and NVMe extents). -EBUSY while one is leased or has I/O

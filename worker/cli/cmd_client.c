@@ -72,71 +72,86 @@ static int parse(int argc, char **argv, struct client_opts *o)
 {
 	*o = (struct client_opts){ .n = 64, .timeout_ms = 120000 };
 	freekv__worker__sampling__init(&o->sp);
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			usage(stdout);
-			return -1;
-		}
-		bool *b = !strcmp(a, "--ids") ? &o->ids : !strcmp(a, "--stats") ? &o->stats
-			: !strcmp(a, "--keep") ? &o->keep : !strcmp(a, "--status") ? &o->status
-			: NULL;
-		if (b) {
-			*b = true;
-			continue;
-		}
-		if (i + 1 >= argc || a[0] != '-') {
-			fprintf(stderr, "kvworker client: %s '%s'\n",
-				a[0] == '-' ? "unknown option or missing value" : "unexpected argument",
-				a);
-			usage(stderr);
-			return CMD_USAGE;
-		}
-		const char *v = argv[++i];
+	enum { O_IDS = 256, O_STATS, O_KEEP, O_STATUS, O_TOKENIDS, O_RESUME, O_SEQ, O_TIMEOUT,
+	       O_TEMP, O_TOPK, O_TOPP };
+	static const struct option opts[] = {
+		{ "help", no_argument, NULL, 'h' },	 { "ids", no_argument, NULL, O_IDS },
+		{ "stats", no_argument, NULL, O_STATS }, { "keep", no_argument, NULL, O_KEEP },
+		{ "status", no_argument, NULL, O_STATUS },
+		{ "endpoint", required_argument, NULL, 'e' },
+		{ "prompt", required_argument, NULL, 'p' },
+		{ "file", required_argument, NULL, 'f' },
+		{ "token-ids", required_argument, NULL, O_TOKENIDS },
+		{ "resume", required_argument, NULL, O_RESUME },
+		{ "seq", required_argument, NULL, O_SEQ },
+		{ "n-predict", required_argument, NULL, 'n' },
+		{ "timeout", required_argument, NULL, O_TIMEOUT },
+		{ "temp", required_argument, NULL, O_TEMP },
+		{ "top-k", required_argument, NULL, O_TOPK },
+		{ "top-p", required_argument, NULL, O_TOPP },
+		{ "seed", required_argument, NULL, 's' },
+		{ 0, 0, 0, 0 },
+	};
+	optind = 0;
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":he:p:f:n:s:", opts, NULL)) != -1) {
+		const char *v = optarg;
 		long l;
 		double d;
-		if (!strcmp(a, "-e") || !strcmp(a, "--endpoint"))
-			o->endpoint = v;
-		else if (!strcmp(a, "-p") || !strcmp(a, "--prompt"))
-			o->prompt = v;
-		else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
-			o->file = v;
-		else if (!strcmp(a, "--token-ids"))
-			o->token_ids = v;
-		else if (!strcmp(a, "--resume"))
-			o->resume = v;
-		else if (!strcmp(a, "--seq"))
-			o->seq = v;
-		else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+		switch (c) {
+		case 'h': usage(stdout); return -1;
+		case O_IDS: o->ids = true; break;
+		case O_STATS: o->stats = true; break;
+		case O_KEEP: o->keep = true; break;
+		case O_STATUS: o->status = true; break;
+		case 'e': o->endpoint = v; break;
+		case 'p': o->prompt = v; break;
+		case 'f': o->file = v; break;
+		case O_TOKENIDS: o->token_ids = v; break;
+		case O_RESUME: o->resume = v; break;
+		case O_SEQ: o->seq = v; break;
+		case 'n':
 			if (cmd_parse_long(v, 0, 1L << 30, &o->n))
-				return bad(a, v);
-		} else if (!strcmp(a, "--timeout")) {
+				return bad("-n", v);
+			break;
+		case O_TIMEOUT:
 			if (cmd_parse_long(v, 1, 86400000, &o->timeout_ms))
-				return bad(a, v);
-		} else if (!strcmp(a, "--temp")) {
+				return bad("--timeout", v);
+			break;
+		case O_TEMP:
 			if (cmd_parse_float(v, 0.0, 100.0, &d))
-				return bad(a, v);
+				return bad("--temp", v);
 			o->sp.has_temp = true;
 			o->sp.temp = (float)d;
-		} else if (!strcmp(a, "--top-k")) {
+			break;
+		case O_TOPK:
 			if (cmd_parse_long(v, 0, 1L << 30, &l))
-				return bad(a, v);
+				return bad("--top-k", v);
 			o->sp.has_top_k = true;
 			o->sp.top_k = (uint32_t)l;
-		} else if (!strcmp(a, "--top-p")) {
+			break;
+		case O_TOPP:
 			if (cmd_parse_float(v, 0.0, 1.0, &d))
-				return bad(a, v);
+				return bad("--top-p", v);
 			o->sp.has_top_p = true;
 			o->sp.top_p = (float)d;
-		} else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+			break;
+		case 's':
 			if (cmd_parse_u64(v, &o->sp.seed))
-				return bad(a, v);
+				return bad("--seed", v);
 			o->sp.has_seed = true;
-		} else {
-			fprintf(stderr, "kvworker client: unknown option '%s'\n", a);
+			break;
+		default:
+			cmd_getopt_error("kvworker client", c, argv);
 			usage(stderr);
 			return CMD_USAGE;
 		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvworker client: unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		return CMD_USAGE;
 	}
 	int modes = !!o->prompt + !!o->file + !!o->token_ids + !!o->resume + o->status;
 	if (!o->endpoint || modes != 1) {

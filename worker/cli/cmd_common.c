@@ -246,43 +246,57 @@ int cmd_backend_check(const char *backend, const char *policy, const char *prog)
 	return -EINVAL;
 }
 
-/* "--flag value" or "--flag=value"; NULL when argv[*i] is not flag (or short). */
-static const char *flag_value(int argc, char **argv, int *i, const char *flag, const char *brief,
-			      bool *missing)
+/* The shared options, as getopt_long entries: the short ones are their letter, the others
+ * SESSION_OPT_BASE and up (the retrieval options follow, from policy_opts). */
+enum { SO_TEMP = CMD_SESSION_OPT_BASE, SO_TOPK, SO_TOPP, SO_STORE, SO_SEQ, SO_BACKEND, SO_LEASE,
+       SO_RETRY, SO_LOGLEVEL, SO_IDS, SO_STATS, SO_KEEP };
+
+static const struct option session_options[] = {
+	{ "model", required_argument, NULL, 'm' },
+	{ "n-predict", required_argument, NULL, 'n' },
+	{ "threads", required_argument, NULL, 't' },
+	{ "ctx-size", required_argument, NULL, 'c' },
+	{ "ctx", required_argument, NULL, 'c' },
+	{ "seed", required_argument, NULL, 's' },
+	{ "temp", required_argument, NULL, SO_TEMP },
+	{ "top-k", required_argument, NULL, SO_TOPK },
+	{ "top-p", required_argument, NULL, SO_TOPP },
+	{ "store", required_argument, NULL, SO_STORE },
+	{ "seq", required_argument, NULL, SO_SEQ },
+	{ "backend", required_argument, NULL, SO_BACKEND },
+	{ "lease-budget", required_argument, NULL, SO_LEASE },
+	{ "store-retry", required_argument, NULL, SO_RETRY },
+	{ "log-level", required_argument, NULL, SO_LOGLEVEL },
+	{ "ids", no_argument, NULL, SO_IDS },
+	{ "stats", no_argument, NULL, SO_STATS },
+	{ "keep", no_argument, NULL, SO_KEEP },
+};
+
+size_t cmd_options(struct option *out, size_t max, const struct option *own, size_t n_own,
+		   bool session)
 {
-	const char *a = argv[*i];
-	size_t fl = strlen(flag);
-	if (brief && !strcmp(a, brief)) {
-		if (*i + 1 >= argc)
-			return *missing = true, NULL;
-		return argv[++*i];
-	}
-	if (strncmp(a, flag, fl))
-		return NULL;
-	if (a[fl] == '=')
-		return a + fl + 1;
-	if (a[fl])
-		return NULL;
-	if (*i + 1 >= argc)
-		return *missing = true, NULL;
-	return argv[++*i];
+	size_t n = 0;
+	for (size_t i = 0; i < n_own && n < max; i++)
+		out[n++] = own[i];
+	for (size_t i = 0; session && i < sizeof session_options / sizeof *session_options &&
+			   n < max; i++)
+		out[n++] = session_options[i];
+	n += policy_opts_options(out + n, max - 1 - n);
+	out[n] = (struct option){ 0 };
+	return n;
 }
 
-enum sflag { SF_MODEL, SF_N, SF_THREADS, SF_CTX, SF_CTX2, SF_TEMP, SF_TOPK, SF_TOPP, SF_SEED,
-	     SF_STORE, SF_SEQ, SF_BACKEND, SF_LEASE, SF_RETRY, SF_LOGLEVEL };
-
-static const struct {
-	const char *flag, *brief;
-} sflags[] = {
-	[SF_MODEL] = { "--model", "-m" },     [SF_N] = { "--n-predict", "-n" },
-	[SF_THREADS] = { "--threads", "-t" }, [SF_CTX] = { "--ctx-size", "-c" },
-	[SF_CTX2] = { "--ctx", NULL },	      [SF_TEMP] = { "--temp", NULL },
-	[SF_TOPK] = { "--top-k", NULL },      [SF_TOPP] = { "--top-p", NULL },
-	[SF_SEED] = { "--seed", "-s" },	      [SF_STORE] = { "--store", NULL },
-	[SF_SEQ] = { "--seq", NULL },	      [SF_BACKEND] = { "--backend", NULL },
-	[SF_LEASE] = { "--lease-budget", NULL }, [SF_RETRY] = { "--store-retry", NULL },
-	[SF_LOGLEVEL] = { "--log-level", NULL },
-};
+int cmd_getopt_error(const char *prog, int c, char **argv)
+{
+	const char *a = argv[optind - 1];
+	if (c == ':')
+		fprintf(stderr, "%s: %s needs a value\n", prog, a);
+	else if (optopt && optopt < 256)
+		fprintf(stderr, "%s: unknown option '-%c'\n", prog, optopt);
+	else
+		fprintf(stderr, "%s: unknown option '%s'\n", prog, a);
+	return -EINVAL;
+}
 
 static int bad_value(const struct cmd_session_opts *o, const char *flag, const char *val)
 {
@@ -290,98 +304,85 @@ static int bad_value(const struct cmd_session_opts *o, const char *flag, const c
 	return -EINVAL;
 }
 
-int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i)
+int cmd_session_apply(struct cmd_session_opts *o, int c, const char *v)
 {
-	const char *a = argv[*i];
-	if (!strcmp(a, "--ids") || !strcmp(a, "--stats") || !strcmp(a, "--keep")) {
-		bool *b = a[2] == 'i' ? &o->ids : a[2] == 's' ? &o->stats : &o->keep;
-		*b = true;
-		return 1;
-	}
 	char err[256];
-	int ret = policy_opts_parse_flag(&o->po, argc, argv, i, err, sizeof err);
+	int ret = policy_opts_apply(&o->po, c, v, err, sizeof err);
 	if (ret < 0) {
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return -EINVAL;
 	}
 	if (ret)
 		return 1;
-	for (size_t f = 0; f < sizeof sflags / sizeof *sflags; f++) {
-		bool missing = false;
-		const char *v = flag_value(argc, argv, i, sflags[f].flag, sflags[f].brief, &missing);
-		if (missing) {
-			fprintf(stderr, "%s: %s needs a value\n", o->prog, a);
-			return -EINVAL;
-		}
-		if (!v)
-			continue;
-		long l;
-		double d;
-		switch ((enum sflag)f) {
-		case SF_MODEL: o->model = v; break;
-		case SF_STORE: o->endpoint = v; break;
-		case SF_BACKEND:
-			if (strcmp(v, "cuda") && strcmp(v, "cpu") && strcmp(v, "auto"))
-				return bad_value(o, "--backend", v);
-			o->backend = v;
-			break;
-		case SF_SEQ:
-			if (!*v || strlen(v) >= sizeof ((struct cmd_session *)0)->seq_name)
-				return bad_value(o, "--seq", v);
-			o->seq_name = v;
-			break;
-		case SF_N:
-			if (cmd_parse_long(v, 0, 1L << 30, &o->n))
-				return bad_value(o, "-n", v);
-			break;
-		case SF_THREADS:
-			if (cmd_parse_long(v, 1, 4096, &o->threads))
-				return bad_value(o, "-t", v);
-			break;
-		case SF_CTX:
-		case SF_CTX2:
-			if (cmd_parse_long(v, 1, 1L << 30, &o->ctx))
-				return bad_value(o, "--ctx", v);
-			break;
-		case SF_TEMP:
-			if (cmd_parse_float(v, 0.0, 100.0, &d))
-				return bad_value(o, "--temp", v);
-			o->sp.temp = (float)d;
-			break;
-		case SF_TOPK:
-			if (cmd_parse_long(v, 0, 1L << 30, &l))
-				return bad_value(o, "--top-k", v);
-			o->sp.top_k = (int)l;
-			break;
-		case SF_TOPP:
-			if (cmd_parse_float(v, 0.0, 1.0, &d))
-				return bad_value(o, "--top-p", v);
-			o->sp.top_p = (float)d;
-			break;
-		case SF_SEED:
-			if (cmd_parse_u64(v, &o->sp.seed))
-				return bad_value(o, "--seed", v);
-			break;
-		case SF_LEASE:
-			if (cmd_parse_long(v, 0, HOSTKV_MAX_BUDGET, &l))
-				return bad_value(o, "--lease-budget", v);
-			o->lease_budget = (uint32_t)l;
-			break;
-		case SF_RETRY:
-			if (cmd_parse_long(v, 0, 86400, &o->store_retry))
-				return bad_value(o, "--store-retry", v);
-			break;
-		case SF_LOGLEVEL: {
-			enum log_level lvl;
-			if (log_parse_level(v, &lvl))
-				return bad_value(o, "--log-level", v);
-			log_set_level(lvl);
-			break;
-		}
-		}
-		return 1;
+	long l;
+	double d;
+	switch (c) {
+	case SO_IDS: o->ids = true; break;
+	case SO_STATS: o->stats = true; break;
+	case SO_KEEP: o->keep = true; break;
+	case 'm': o->model = v; break;
+	case SO_STORE: o->endpoint = v; break;
+	case SO_BACKEND:
+		if (strcmp(v, "cuda") && strcmp(v, "cpu") && strcmp(v, "auto"))
+			return bad_value(o, "--backend", v);
+		o->backend = v;
+		break;
+	case SO_SEQ:
+		if (!*v || strlen(v) >= sizeof ((struct cmd_session *)0)->seq_name)
+			return bad_value(o, "--seq", v);
+		o->seq_name = v;
+		break;
+	case 'n':
+		if (cmd_parse_long(v, 0, 1L << 30, &o->n))
+			return bad_value(o, "-n", v);
+		break;
+	case 't':
+		if (cmd_parse_long(v, 1, 4096, &o->threads))
+			return bad_value(o, "-t", v);
+		break;
+	case 'c':
+		if (cmd_parse_long(v, 1, 1L << 30, &o->ctx))
+			return bad_value(o, "--ctx", v);
+		break;
+	case SO_TEMP:
+		if (cmd_parse_float(v, 0.0, 100.0, &d))
+			return bad_value(o, "--temp", v);
+		o->sp.temp = (float)d;
+		break;
+	case SO_TOPK:
+		if (cmd_parse_long(v, 0, 1L << 30, &l))
+			return bad_value(o, "--top-k", v);
+		o->sp.top_k = (int)l;
+		break;
+	case SO_TOPP:
+		if (cmd_parse_float(v, 0.0, 1.0, &d))
+			return bad_value(o, "--top-p", v);
+		o->sp.top_p = (float)d;
+		break;
+	case 's':
+		if (cmd_parse_u64(v, &o->sp.seed))
+			return bad_value(o, "--seed", v);
+		break;
+	case SO_LEASE:
+		if (cmd_parse_long(v, 0, HOSTKV_MAX_BUDGET, &l))
+			return bad_value(o, "--lease-budget", v);
+		o->lease_budget = (uint32_t)l;
+		break;
+	case SO_RETRY:
+		if (cmd_parse_long(v, 0, 86400, &o->store_retry))
+			return bad_value(o, "--store-retry", v);
+		break;
+	case SO_LOGLEVEL: {
+		enum log_level lvl;
+		if (log_parse_level(v, &lvl))
+			return bad_value(o, "--log-level", v);
+		log_set_level(lvl);
+		break;
 	}
-	return 0;
+	default:
+		return 0;
+	}
+	return 1;
 }
 
 /* Pool bytes an embedded store needs for one sequence of ctx tokens (plus allocation ahead). */

@@ -9,6 +9,7 @@
 #ifndef FREEKV_CMD_COMMON_H
 #define FREEKV_CMD_COMMON_H
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -79,9 +80,20 @@ struct cmd_session_opts {
 
 /* Defaults: 64 tokens, temp 0.8, top-k 40, top-p 0.95, seed from the clock, policy freekv. */
 void cmd_session_defaults(struct cmd_session_opts *o, const char *prog);
-/* Consumes argv[*i] (and its value) when it is a shared flag: 1 consumed, 0 not ours,
- * -EINVAL after printing why. */
-int cmd_session_flag(struct cmd_session_opts *o, int argc, char **argv, int *i);
+/* Options are parsed with getopt_long. cmd_options() builds a command's table: its own entries,
+ * then (with session) the options generate and resume share, then the retrieval options, ending
+ * with the zero entry; out holds max entries. The short options of the shared ones are
+ * "m:n:t:c:s:" (CMD_SESSION_SHORT). */
+#define CMD_SESSION_OPT_BASE 0x2000
+#define CMD_SESSION_SHORT "m:n:t:c:s:"
+size_t cmd_options(struct option *out, size_t max, const struct option *own, size_t n_own,
+		   bool session);
+/* What getopt_long returned for a shared or retrieval option, stored in o: 1 taken, 0 not one
+ * of them, -EINVAL after printing why. */
+int cmd_session_apply(struct cmd_session_opts *o, int c, const char *arg);
+/* For getopt_long's '?' and ':' (with opterr 0 and a leading ':' in the short string): names
+ * the option and returns -EINVAL. */
+int cmd_getopt_error(const char *prog, int c, char **argv);
 /* What the shared flags cannot mean together, said on stderr: --keep and --seq without --store
  * (the embedded store ends with the process). 0, or -EINVAL after saying why. */
 int cmd_session_check(const struct cmd_session_opts *o);

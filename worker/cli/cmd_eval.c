@@ -92,25 +92,6 @@ static int bad(const char *flag, const char *val)
 	return CMD_USAGE;
 }
 
-/* Value of a flag given as "--flag V" or "--flag=V"; NULL when the flag is not this one. */
-static const char *flag_val(int argc, char **argv, int *i, const char *sh, const char *lo,
-			    bool *missing)
-{
-	const char *a = argv[*i];
-	size_t n = strlen(lo);
-	*missing = false;
-	if (!strncmp(a, lo, n) && a[n] == '=')
-		return a + n + 1;
-	if ((sh && !strcmp(a, sh)) || !strcmp(a, lo)) {
-		if (*i + 1 >= argc) {
-			*missing = true;
-			return NULL;
-		}
-		return argv[++*i];
-	}
-	return NULL;
-}
-
 /* Splits list into names (in place, into a->policy_list); full goes first, once. */
 static int set_policies(struct eval_args *a, const char *list)
 {
@@ -145,54 +126,71 @@ static int parse(int argc, char **argv, struct eval_args *a)
 	policy_opts_default(&a->po);
 	const char *list = "full,streaming,quest,freekv,hardkv,refreshkv";
 	char err[256];
-	for (int i = 1; i < argc; i++) {
-		const char *s = argv[i], *v;
-		bool miss = false;
-		if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-			usage(stdout);
-			return -1;
-		} else if (!strcmp(s, "--json")) {
-			a->json = true;
-		} else if ((v = flag_val(argc, argv, &i, "-m", "--model", &miss)) || miss) {
-			a->model = v;
-		} else if ((v = flag_val(argc, argv, &i, "-f", "--file", &miss)) || miss) {
-			a->file = v;
-		} else if ((v = flag_val(argc, argv, &i, NULL, "--policies", &miss)) || miss) {
-			list = v;
-		} else if ((v = flag_val(argc, argv, &i, "-c", "--ctx", &miss)) || miss) {
-			if (!v || cmd_parse_long(v, 2, 1L << 24, &a->ctx))
+	enum { O_JSON = 256, O_POLICIES, O_PREFILL, O_MAXTOK, O_BACKEND };
+	static const struct option own[] = {
+		{ "help", no_argument, NULL, 'h' },	{ "json", no_argument, NULL, O_JSON },
+		{ "model", required_argument, NULL, 'm' }, { "file", required_argument, NULL, 'f' },
+		{ "policies", required_argument, NULL, O_POLICIES },
+		{ "ctx", required_argument, NULL, 'c' }, { "ctx-size", required_argument, NULL, 'c' },
+		{ "prefill", required_argument, NULL, O_PREFILL },
+		{ "max-tokens", required_argument, NULL, O_MAXTOK },
+		{ "threads", required_argument, NULL, 't' },
+		{ "backend", required_argument, NULL, O_BACKEND },
+	};
+	struct option opts[96];
+	cmd_options(opts, 96, own, sizeof own / sizeof *own, false);
+	optind = 0;
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":hm:f:c:t:", opts, NULL)) != -1) {
+		const char *v = optarg;
+		switch (c) {
+		case 'h': usage(stdout); return -1;
+		case O_JSON: a->json = true; break;
+		case 'm': a->model = v; break;
+		case 'f': a->file = v; break;
+		case O_POLICIES: list = v; break;
+		case 'c':
+			if (cmd_parse_long(v, 2, 1L << 24, &a->ctx))
 				return bad("--ctx", v);
-		} else if ((v = flag_val(argc, argv, &i, NULL, "--prefill", &miss)) || miss) {
-			if (!v || cmd_parse_long(v, 1, 1L << 24, &a->prefill))
+			break;
+		case O_PREFILL:
+			if (cmd_parse_long(v, 1, 1L << 24, &a->prefill))
 				return bad("--prefill", v);
-		} else if ((v = flag_val(argc, argv, &i, NULL, "--max-tokens", &miss)) || miss) {
-			if (!v || cmd_parse_long(v, 1, 1L << 30, &a->max_tokens))
+			break;
+		case O_MAXTOK:
+			if (cmd_parse_long(v, 1, 1L << 30, &a->max_tokens))
 				return bad("--max-tokens", v);
-		} else if ((v = flag_val(argc, argv, &i, "-t", "--threads", &miss)) || miss) {
-			if (!v || cmd_parse_long(v, 1, 4096, &a->threads))
+			break;
+		case 't':
+			if (cmd_parse_long(v, 1, 4096, &a->threads))
 				return bad("-t", v);
-		} else if ((v = flag_val(argc, argv, &i, NULL, "--backend", &miss)) || miss) {
-			if (!v || (strcmp(v, "cuda") && strcmp(v, "cpu") && strcmp(v, "auto")))
+			break;
+		case O_BACKEND:
+			if (strcmp(v, "cuda") && strcmp(v, "cpu") && strcmp(v, "auto"))
 				return bad("--backend", v);
 			a->backend = v;
-		} else if (!strncmp(s, "--policy", 8) && (s[8] == '\0' || s[8] == '=')) {
+			break;
+		case '?':
+		case ':':
+			cmd_getopt_error("kvworker eval", c, argv);
+			return CMD_USAGE;
+		case POLICY_OPT_BASE: /* --policy: eval runs a list */
 			fprintf(stderr, "kvworker eval: use --policies LIST (eval compares several)\n");
 			return CMD_USAGE;
-		} else {
-			int r = policy_opts_parse_flag(&a->po, argc, argv, &i, err, sizeof err);
+		default: {
+			int r = policy_opts_apply(&a->po, c, v, err, sizeof err);
 			if (r < 0) {
 				fprintf(stderr, "kvworker eval: %s\n", err);
 				return CMD_USAGE;
 			}
-			if (r == 0) {
-				fprintf(stderr, "kvworker eval: unknown argument '%s'\n", s);
-				return CMD_USAGE;
-			}
+			break;
 		}
-		if (miss) {
-			fprintf(stderr, "kvworker eval: %s needs a value\n", s);
-			return CMD_USAGE;
 		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvworker eval: unexpected argument '%s'\n", argv[optind]);
+		return CMD_USAGE;
 	}
 	if (!a->model || !a->file) {
 		fprintf(stderr, "kvworker eval: need -m MODEL and -f TEXTFILE\n");

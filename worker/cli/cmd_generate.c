@@ -25,38 +25,37 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, struct cmd_session_opts *o, const char **prompt,
 		 const char **file)
 {
+	static const struct option own[] = {
+		{ "prompt", required_argument, NULL, 'p' },
+		{ "file", required_argument, NULL, 'f' },
+		{ "help", no_argument, NULL, 'h' },
+	};
+	struct option opts[128];
+	cmd_options(opts, 128, own, sizeof own / sizeof *own, true);
 	cmd_session_defaults(o, "kvworker generate");
 	*prompt = *file = NULL;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		int r = cmd_session_flag(o, argc, argv, &i);
-		if (r < 0) {
+	optind = 0; /* getopt_long starts afresh */
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":p:f:h" CMD_SESSION_SHORT, opts, NULL)) != -1) {
+		switch (c) {
+		case 'p': *prompt = optarg; break;
+		case 'f': *file = optarg; break;
+		case 'h': usage(stdout); return -1;
+		case '?':
+		case ':':
+			cmd_getopt_error(o->prog, c, argv);
 			usage(stderr);
 			return CMD_USAGE;
+		default:
+			if (cmd_session_apply(o, c, optarg) != 1) {
+				usage(stderr);
+				return CMD_USAGE;
+			}
 		}
-		if (r)
-			continue;
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			usage(stdout);
-			return -1;
-		}
-		const char **dst = !strcmp(a, "-p") || !strcmp(a, "--prompt") ? prompt
-				 : !strcmp(a, "-f") || !strcmp(a, "--file")   ? file
-									       : NULL;
-		if (dst && i + 1 < argc) {
-			*dst = argv[++i];
-			continue;
-		}
-		if (!strncmp(a, "--prompt=", 9) || !strncmp(a, "--file=", 7)) {
-			*(a[2] == 'p' ? prompt : file) = strchr(a, '=') + 1;
-			continue;
-		}
-		if (dst)
-			fprintf(stderr, "kvworker generate: %s needs a value\n", a);
-		else if (a[0] == '-' && a[1])
-			fprintf(stderr, "kvworker generate: unknown option '%s'\n", a);
-		else
-			fprintf(stderr, "kvworker generate: unexpected argument '%s'\n", a);
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvworker generate: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
 		return CMD_USAGE;
 	}

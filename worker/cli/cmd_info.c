@@ -586,29 +586,38 @@ static int parse(int argc, char **argv, const char **model, bool *json)
 	struct cmd_session_opts o;
 	cmd_session_defaults(&o, "kvworker info");
 	*json = false;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i], *before = o.model;
-		if (!strcmp(a, "--json")) {
+	/* Only -m and --json apply; the shared options are known, so that one of them is
+	 * refused by name rather than as unknown. */
+	static const struct option own[] = { { "json", no_argument, NULL, 'j' },
+					     { "help", no_argument, NULL, 'h' } };
+	struct option opts[128];
+	cmd_options(opts, 128, own, 2, true);
+	optind = 0;
+	opterr = 0;
+	int c, li = -1;
+	while ((li = -1, c = getopt_long(argc, argv, ":h" CMD_SESSION_SHORT, opts, &li)) != -1) {
+		if (c == 'j') {
 			*json = true;
 			continue;
 		}
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+		if (c == 'h') {
 			usage(stdout);
 			return -1;
 		}
-		int r = cmd_session_flag(&o, argc, argv, &i);
-		if (r < 0) {
-			usage(stderr);
-			return CMD_USAGE;
-		}
-		if (r && o.model != before)
+		if (c == 'm') {
+			o.model = optarg;
 			continue;
-		if (r)
-			fprintf(stderr, "kvworker info: option '%s' does not apply to info\n", a);
-		else if (a[0] == '-' && a[1])
-			fprintf(stderr, "kvworker info: unknown option '%s'\n", a);
+		}
+		if (c == '?' || c == ':')
+			cmd_getopt_error(o.prog, c, argv);
 		else
-			fprintf(stderr, "kvworker info: unexpected argument '%s'\n", a);
+			fprintf(stderr, "kvworker info: option '%s%s' does not apply to info\n",
+				li >= 0 ? "--" : "-", li >= 0 ? opts[li].name : (char[2]){ (char)c, 0 });
+		usage(stderr);
+		return CMD_USAGE;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvworker info: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
 		return CMD_USAGE;
 	}

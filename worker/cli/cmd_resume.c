@@ -45,20 +45,26 @@ int cmd_resume(int argc, char **argv)
 {
 	struct cmd_session_opts o;
 	cmd_session_defaults(&o, "kvworker resume");
-	for (int i = 1; i < argc; i++) {
-		int r = cmd_session_flag(&o, argc, argv, &i);
-		if (r < 0) {
-			usage(stderr);
-			return CMD_USAGE;
-		}
-		if (r)
-			continue;
-		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+	static const struct option own[] = { { "help", no_argument, NULL, 'h' } };
+	struct option opts[128];
+	cmd_options(opts, 128, own, 1, true);
+	optind = 0;
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":h" CMD_SESSION_SHORT, opts, NULL)) != -1) {
+		if (c == 'h') {
 			usage(stdout);
 			return CMD_OK;
 		}
-		fprintf(stderr, "kvworker resume: %s '%s'\n",
-			argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
+		if (c == '?' || c == ':')
+			cmd_getopt_error(o.prog, c, argv);
+		if (c == '?' || c == ':' || cmd_session_apply(&o, c, optarg) != 1) {
+			usage(stderr);
+			return CMD_USAGE;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvworker resume: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
 		return CMD_USAGE;
 	}

@@ -125,38 +125,47 @@ static const struct {
 	[F_LOGLEVEL] = { "--log-level", NULL, 0, 0 },
 };
 
-/* Consumes argv[*i] (and its value): 1 consumed, 0 not ours, -EINVAL after printing why. */
-static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const char *where)
+#define SERVE_OPT_BASE 0x100 /* getopt_long vals of sflags[] */
+
+/* getopt_long's table: sflags (val SERVE_OPT_BASE + index; -m, -t, -c also as their letter),
+ * --help, --print-config, then the retrieval options. */
+enum { O_HELP = 'h', O_PRINT = 0x200 };
+static size_t serve_options(struct option *out, size_t max)
+{
+	size_t n = 0;
+	for (size_t f = 0; f < sizeof sflags / sizeof *sflags; f++)
+		out[n++] = (struct option){ sflags[f].flag + 2, required_argument, NULL,
+					    SERVE_OPT_BASE + (int)f };
+	out[n++] = (struct option){ "help", no_argument, NULL, O_HELP };
+	out[n++] = (struct option){ "print-config", no_argument, NULL, O_PRINT };
+	n += policy_opts_options(out + n, max - 1 - n);
+	out[n] = (struct option){ 0 };
+	return n;
+}
+
+/* What getopt_long returned (c, its value v): 1 taken, 0 not one of ours, -EINVAL after printing
+ * why (where: "" or "FILE:LINE: "). */
+static int apply(struct serve_opts *o, int c, const char *v, const char *where)
 {
 	char err[256];
-	int ret = policy_opts_parse_flag(&o->po, argc, argv, i, err, sizeof err);
+	int ret = policy_opts_apply(&o->po, c, v, err, sizeof err);
 	if (ret < 0) {
 		fprintf(stderr, "kvworker serve: %s%s\n", where, err);
 		return -EINVAL;
 	}
 	if (ret)
 		return 1;
-	const char *a = argv[*i];
-	for (size_t f = 0; f < sizeof sflags / sizeof *sflags; f++) {
-		size_t fl = strlen(sflags[f].flag);
-		const char *v = NULL;
-		if ((sflags[f].brief && !strcmp(a, sflags[f].brief)) || !strcmp(a, sflags[f].flag)) {
-			if (*i + 1 >= argc) {
-				fprintf(stderr, "kvworker serve: %s%s needs a value\n", where, a);
-				return -EINVAL;
-			}
-			v = argv[++*i];
-		} else if (!strncmp(a, sflags[f].flag, fl) && a[fl] == '=') {
-			v = a + fl + 1;
-		} else {
-			continue;
-		}
-		long l = 0;
-		if (sflags[f].hi && cmd_parse_long(v, sflags[f].lo, sflags[f].hi, &l)) {
-			fprintf(stderr, "kvworker serve: %sinvalid value '%s' for %s (%ld..%ld)\n",
-				where, v, sflags[f].flag, sflags[f].lo, sflags[f].hi);
-			return -EINVAL;
-		}
+	c = c == 'm' ? SERVE_OPT_BASE + F_MODEL : c == 't' ? SERVE_OPT_BASE + F_THREADS
+	  : c == 'c' ? SERVE_OPT_BASE + F_CTX : c;
+	if (c < SERVE_OPT_BASE || c >= SERVE_OPT_BASE + (int)(sizeof sflags / sizeof *sflags))
+		return 0;
+	size_t f = (size_t)(c - SERVE_OPT_BASE);
+	long l = 0;
+	if (sflags[f].hi && cmd_parse_long(v, sflags[f].lo, sflags[f].hi, &l)) {
+		fprintf(stderr, "kvworker serve: %sinvalid value '%s' for %s (%ld..%ld)\n", where, v,
+			sflags[f].flag, sflags[f].lo, sflags[f].hi);
+		return -EINVAL;
+	}
 		switch (f) {
 		case F_MODEL: o->model = v; break;
 		case F_STORE: o->store = v; break;
@@ -189,9 +198,7 @@ static int parse_flag(struct serve_opts *o, int argc, char **argv, int *i, const
 		case F_LEASE: o->lease_budget = l; break;
 		case F_RETRY: o->store_retry = l; break;
 		}
-		return 1;
-	}
-	return 0;
+	return 1;
 }
 
 /* Config file: each `key = value` line is the flag `--key value` (common/conffile.h). The
@@ -205,16 +212,24 @@ static int load_config(struct serve_opts *o, const char *path, struct conffile *
 		fprintf(stderr, "kvworker serve: config %s\n", err);
 		return ret;
 	}
+	struct option opts[96];
+	serve_options(opts, 96);
 	for (int k = 0; k < cf->n; k++) {
 		char where[300];
 		const char *key = cf->argv[2 * k] + 2;
 		snprintf(where, sizeof where, "%s:%d: ", path, cf->line[k]);
-		int i = 0, r = parse_flag(o, 2, cf->argv + 2 * k, &i, where);
-		if (r == 0)
+		/* The line is the argv { "serve", "--key", "value" }, read by the same table. */
+		char *av[4] = { "serve", cf->argv[2 * k], cf->argv[2 * k + 1], NULL };
+		optind = 0;
+		opterr = 0;
+		int c = getopt_long(3, av, ":", opts, NULL), r;
+		if (c == '?' || c == O_HELP || c == O_PRINT || c == -1 || c == ':') {
 			fprintf(stderr, "kvworker serve: %sunknown key '%s'\n", where, key);
-		if (r <= 0)
+			return -ENOENT;
+		}
+		if ((r = apply(o, c, optarg, where)) <= 0)
 			return r ? r : -ENOENT;
-		if (i != 1) {
+		if (optind != 3) {
 			fprintf(stderr, "kvworker serve: %s'%s' takes no value here\n", where, key);
 			return -EINVAL;
 		}
@@ -266,33 +281,36 @@ static int parse(int argc, char **argv, struct serve_opts *o, struct conffile *c
 				  .max_request_bytes = 1 << 20, .log_level = LOG_INFO };
 	policy_opts_default(&o->po);
 	/* The config file first, wherever --config stands, so that flags override it. */
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+	struct option opts[96];
+	serve_options(opts, 96);
+	optind = 0;
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":hm:t:c:", opts, NULL)) != -1) {
+		if (c == O_HELP) {
 			usage(stdout);
 			return -1;
 		}
-		if (!strcmp(a, "--config") && i + 1 < argc)
-			o->config = argv[++i];
-		else if (!strncmp(a, "--config=", 9))
-			o->config = a + 9;
+		if (c == SERVE_OPT_BASE + F_CONFIG)
+			o->config = optarg;
 	}
 	if (o->config && load_config(o, o->config, cfg_store))
 		return CMD_USAGE;
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--print-config")) {
+	optind = 0;
+	while ((c = getopt_long(argc, argv, ":hm:t:c:", opts, NULL)) != -1) {
+		if (c == O_PRINT) {
 			o->print_config = true;
 			continue;
 		}
-		int r = parse_flag(o, argc, argv, &i, "");
-		if (r < 0) {
+		int r = c == '?' || c == ':' ? cmd_getopt_error("kvworker serve", c, argv)
+					     : apply(o, c, optarg, "");
+		if (r <= 0) {
 			usage(stderr);
 			return CMD_USAGE;
 		}
-		if (r)
-			continue;
-		fprintf(stderr, "kvworker serve: %s '%s'\n",
-			argv[i][0] == '-' ? "unknown option" : "unexpected argument", argv[i]);
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvworker serve: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
 		return CMD_USAGE;
 	}

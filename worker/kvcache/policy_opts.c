@@ -141,6 +141,24 @@ int policy_opts_parse_flag(struct policy_opts *o, int argc, char **argv, int *i,
 	return 0;
 }
 
+size_t policy_opts_options(struct option *out, size_t max)
+{
+	size_t n = 0;
+	for (size_t k = 0; k < sizeof popts / sizeof *popts && n < max; k++)
+		out[n++] = (struct option){ popts[k].flag + 2,
+					    popts[k].kind == POPT_BOOL ? no_argument : required_argument,
+					    NULL, POLICY_OPT_BASE + (int)k };
+	return n;
+}
+
+int policy_opts_apply(struct policy_opts *o, int val, const char *arg, char *err, size_t errlen)
+{
+	if (val < POLICY_OPT_BASE || val >= POLICY_OPT_BASE + (int)(sizeof popts / sizeof *popts))
+		return 0;
+	int ret = popt_set(o, &popts[val - POLICY_OPT_BASE], arg, err, errlen);
+	return ret ? ret : 1;
+}
+
 static int pow2_floor(int x)
 {
 	int b = 1;

@@ -3,11 +3,16 @@
  * --refresh-threshold, --kv-bits, --spec-topk) and their defaults (full, 32 / 2048 / 512 / 512 /
  * 0.9 / 1; top-p and recalibrate 0, the policy's own: hardkv 0.9 and 128; refreshkv 5 / 0.85;
  * specache 2 bits, 64 rows), scaled down for models whose context is shorter than the budget
- * needs, with a notice. Plain data; nothing is
- * allocated. */
+ * needs. The policy itself defaults to freekv. Plain data; nothing is allocated.
+ *
+ * The commands parse with getopt_long: policy_opts_options() appends the retrieval options to a
+ * command's own table (val POLICY_OPT_BASE + index) and policy_opts_apply() takes what
+ * getopt_long returns for them. policy_opts_parse_flag() reads one flag of a hand-built argv
+ * (tests, benchmarks). */
 #ifndef FREEKV_POLICY_OPTS_H
 #define FREEKV_POLICY_OPTS_H
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -20,6 +25,13 @@ struct policy_opts {
 };
 
 void policy_opts_default(struct policy_opts *o);
+
+#define POLICY_OPT_BASE 0x1000 /* getopt_long vals of the retrieval options */
+/* Writes the retrieval options' struct option entries at out (at most max); returns how many. */
+size_t policy_opts_options(struct option *out, size_t max);
+/* A getopt_long result: 1 when val is a retrieval option (arg stored), 0 when not ours,
+ * -EINVAL with a message in err for a bad value. */
+int policy_opts_apply(struct policy_opts *o, int val, const char *arg, char *err, size_t errlen);
 /* Consumes one flag at argv[*i] (and its value) when it is one of ours: returns 1 when consumed,
  * 0 when not ours, -EINVAL (message in err) on a bad value. */
 int policy_opts_parse_flag(struct policy_opts *o, int argc, char **argv, int *i, char *err,
