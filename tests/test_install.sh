@@ -89,6 +89,24 @@ else
   echo "skip: systemd-analyze not found (the path checks above ran)"
 fi
 
+# What the README's service steps run after the install: the sysusers.d entry makes the user and
+# group, the tmpfiles.d entry the state directories (both into the DESTDIR with --root).
+if command -v systemd-sysusers >/dev/null 2>&1 && command -v systemd-tmpfiles >/dev/null 2>&1; then
+  mkdir -p "$D/etc"
+  systemd-sysusers --root="$D" "$D$PREFIX/lib/sysusers.d/freekv.conf" >/dev/null 2>&1 ||
+    bad "systemd-sysusers refuses freekv.conf"
+  grep -q '^freekv:' "$D/etc/passwd" && grep -q '^freekv:' "$D/etc/group" ||
+    bad "systemd-sysusers made no freekv user and group"
+  systemd-tmpfiles --root="$D" --create "$D$PREFIX/lib/tmpfiles.d/freekv.conf" >/dev/null 2>&1 ||
+    bad "systemd-tmpfiles refuses freekv.conf"
+  [ "$(stat -c '%a %u' "$D/var/lib/freekv")" = "700 $(sed -n 's/^freekv:x:\([0-9]*\):.*/\1/p' "$D/etc/passwd")" ] ||
+    bad "/var/lib/freekv is not 0700 and owned by freekv: $(stat -c '%a %U' "$D/var/lib/freekv")"
+  [ -d "$D/var/lib/freekv/models" ] || bad "no /var/lib/freekv/models"
+  echo "ok: sysusers.d and tmpfiles.d entries make the freekv user and /var/lib/freekv"
+else
+  echo "skip: systemd-sysusers/systemd-tmpfiles not found"
+fi
+
 conf=$(sed -n 's/^ExecStart=[^ ]* --foreground --config \([^ ]*\).*/\1/p' "$units/kvstored.service")
 "$D$PREFIX/sbin/kvstored" --config "$D$conf" --print-config >/dev/null ||
   bad "the installed kvstored refuses the installed $conf"
