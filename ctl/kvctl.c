@@ -407,8 +407,8 @@ static int v_show(struct kvs *k, const struct opts *o)
 		printf("\ngeometry   %u layers, %u KV heads, head dim %u, page %u, %s (%" PRIu64 " B/block)\n",
 		       s->geometry->n_layers, s->geometry->n_kv_heads, s->geometry->head_dim, s->geometry->page_size,
 		       dtype_name(s->geometry->dtype), s->block_bytes);
-		printf("tokens     %" PRIu64 " ids kept (prompt and generated), %" PRIu64 " with K/V "
-		       "committed\n", s->token_count, s->committed_tokens);
+		printf("length     %" PRIu64 " token ids kept (prompt and generated), %" PRIu64
+		       " with K/V committed\n", s->token_count, s->committed_tokens);
 		if (s->has_damaged_blocks)
 			printf("damaged    a block failed its checksum at a restart: %u blocks are never "
 			       "served, committed cut from %" PRIu64 " tokens (the token ids are kept: "

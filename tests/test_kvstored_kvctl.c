@@ -100,6 +100,10 @@ static void test_verbs(void **state)
 	json_object_put(j);
 	assert_int_equal(kvctl(&h, "show chat-1 --tokens"), 0);
 	assert_non_null(strstr(out, "11 22 33"));
+	/* One line starts with "tokens": the ids, which scripts read (scripts/demo.sh does). */
+	assert_non_null(strstr(out, "\ntokens     11 22 33\n"));
+	assert_null(strstr(strstr(out, "\ntokens ") + 1, "\ntokens"));
+	assert_non_null(strstr(out, "length     3 token ids kept"));
 	assert_int_equal(kvctl(&h, "show nosuch"), 1);
 	char by_id[64];
 	snprintf(by_id, sizeof by_id, "show id:%llu", (unsigned long long)seq);
