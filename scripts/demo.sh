@@ -8,7 +8,7 @@
 set -euo pipefail
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=$ROOT/$BUILD
+case $BUILD in /*) BIN=$BUILD ;; *) BIN=$ROOT/$BUILD ;; esac
 MODELS=${FREEKV_MODELS_DIR:-$ROOT/tests/data/models}
 MODEL=$MODELS/stories260K/stories260K.gguf
 KVWORKER=$BIN/worker/kvworker
