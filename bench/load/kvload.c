@@ -497,6 +497,16 @@ int main(int argc, char **argv)
 	Freekv__Reply *keep;
 	Freekv__StatsReply *ds;
 	stats_of_daemon(&ds, &keep);
+	/* Every worker has exited (killed, fenced or done): none of their leases may remain. The
+	 * daemon lets a dead worker's go when it sees the death (pidfd, or the liveness timeout for a
+	 * silent one), so wait for that, bounded. */
+	double lease_deadline = load_now_s() + 3.0 * (double)o.heartbeat_ms / 1000.0 + 2.0;
+	while (ds && ds->has_leases && ds->leases && load_now_s() < lease_deadline) {
+		kvs_reply_free(keep);
+		usleep(50 * 1000);
+		stats_of_daemon(&ds, &keep);
+	}
+	uint64_t leases_left = ds && ds->has_leases ? ds->leases : 0;
 	bool daemon_up = ds != NULL;
 
 	printf("kvload: %u workers, %u sequences, %" PRIu64 " blocks, %.1f s%s\n", o.c.workers,
@@ -533,6 +543,7 @@ int main(int argc, char **argv)
 	       "in %.1f s; wrong %" PRIu64 ", lost %" PRIu64 "\n",
 	       all.pages_verified, ver.pages_verified, (double)ver.bytes_read / 1e9, tv,
 	       all.mismatches + ver.mismatches, all.lost + ver.lost);
+	printf("leases left after every worker exited: %" PRIu64 "\n", leases_left);
 	if (o.generations)
 		printf("generations: %u of %u equal to their runs alone\n", gen_exact, o.generations);
 	if (all.first_error)
@@ -541,7 +552,8 @@ int main(int argc, char **argv)
 		printf("verify: %s\n", ver.first_error_msg);
 
 	bool ok = !ret && !vret && daemon_up && !bad_children && !all.mismatches && !ver.mismatches &&
-		  !all.lost && !ver.lost && !all.forged_accepted && gen_exact == o.generations;
+		  !all.lost && !ver.lost && !all.forged_accepted && gen_exact == o.generations &&
+		  !leases_left;
 	if (o.json)
 		printf("{\"ok\": %s, \"ops_per_s\": %.1f, \"ring_p99_us\": %.1f, \"ring_p99_alone_us\": %.1f, "
 		       "\"rss_growth_kib\": %" PRId64 ", \"verified_blocks\": %" PRIu64 ", \"wrong\": %" PRIu64
@@ -553,11 +565,12 @@ int main(int argc, char **argv)
 		       all.pages_verified + ver.pages_verified, all.mismatches + ver.mismatches,
 		       all.lost + ver.lost, faults_kill, faults_stop);
 	if (!ok)
-		printf("FAILED:%s%s%s%s%s%s%s\n", ret || vret ? " errors" : "", daemon_up ? "" : " daemon down",
+		printf("FAILED:%s%s%s%s%s%s%s%s\n", ret || vret ? " errors" : "", daemon_up ? "" : " daemon down",
 		       bad_children ? " a worker could not recover" : "",
 		       all.mismatches + ver.mismatches ? " wrong bytes" : "", all.lost + ver.lost ? " lost blocks" : "",
 		       all.forged_accepted ? " forged op accepted" : "",
-		       gen_exact != o.generations ? " generation differs" : "");
+		       gen_exact != o.generations ? " generation differs" : "",
+		       leases_left ? " leases of exited workers left" : "");
 	kvs_reply_free(keep);
 	for (unsigned i = 0; i < o.generations; i++) {
 		free(ref[i]);
