@@ -137,8 +137,9 @@ static void test_sigterm_two_workers(void **state)
 /* freekv with a lease budget: the blocks it recalls are pinned while read and released past
  * the budget, so the restart meets pins and unleased pages. Both workers reconnect and finish,
  * nothing printed before the restart differs, and the store keeps exactly what each printed.
- * Token-exact continuation is not asserted here: with a budget a recall needs a ring RECALL, and
- * one in flight when the daemon dies fails; the layer then drops its speculative selection
+ * Token-exact continuation is not asserted here. The likely cause, read from the code and not
+ * yet shown: with a budget a recall needs a ring RECALL, and one in flight when the daemon dies
+ * fails; the layer then drops its speculative selection
  * (paged_drop_selection) and the step, run again, selects with the current query, as after a
  * rebuild (docs/design.md §4). Observed: one worker of two diverging 3 tokens after the restart
  * in about 1 loaded run in 5; without a budget (test_kill9_random_moments_freekv) every run is
