@@ -2,6 +2,7 @@
 #include "conffile.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,4 +108,16 @@ void conffile_free(struct conffile *cf)
 	free(cf->line);
 	free(cf->store);
 	memset(cf, 0, sizeof *cf);
+}
+
+int conffile_getopt(const struct conffile *cf, int k, const struct option *opts, const char **arg)
+{
+	char *av[4] = { "conffile", cf->argv[2 * k], cf->argv[2 * k + 1], NULL };
+	optind = 0;
+	opterr = 0;
+	int c = getopt_long(3, av, ":", opts, NULL);
+	*arg = optarg;
+	if (c == '?' || c == ':' || c == -1)
+		return 0;
+	return optind == 3 ? c : -1;
 }

@@ -1,7 +1,8 @@
-/* conffile — reading a `key = value` file as command-line flags, for the programs whose
- * settings are flags (kvworker serve, kvgate): '#' starts a comment, blank lines are skipped, and
- * each line becomes the pair `--key value`, so a file and a command line go through one option
- * parser. A file may not name another (`config = ...` is refused).
+/* conffile — the one reader of `key = value` files: '#' starts a comment, blank lines are
+ * skipped, and each line becomes the pair `--key value`. kvworker serve and kvgate put each pair
+ * through their getopt_long table (conffile_getopt), so a file and a command line are one option
+ * parser; kvstored gives the keys its typed table (config.c). A file may not name another
+ * (`config = ...` is refused).
  *
  * Ownership: conffile_read fills struct conffile with one allocation holding every string; the
  * pairs stay valid until conffile_free, so options may keep pointing into them. */
@@ -19,6 +20,12 @@ struct conffile {
 
 /* 0, or -errno with "PATH:LINE: what" (or "PATH: what") in err. */
 int conffile_read(const char *path, struct conffile *cf, char *err, size_t errlen);
+
+struct option;
+/* Pair k through a program's getopt_long table, as the argv { prog, "--key", "value" }: the
+ * option's val, with *arg its value; 0 when the key names no option of opts (or help-like ones
+ * the caller refuses itself); -1 when the option takes no value, which a line always gives. */
+int conffile_getopt(const struct conffile *cf, int k, const struct option *opts, const char **arg);
 void conffile_free(struct conffile *cf);
 
 #endif

@@ -10,7 +10,7 @@
 
 static const char *g_prog = "freekv";
 static atomic_int g_level = LOG_INFO;
-static int g_journal = -1; /* -1: not checked yet */
+static atomic_int g_journal = -1; /* -1: not checked yet (any thread may be the first) */
 
 static const char *const names[] = { "error", "warn", "info", "debug" };
 static const char *const prefixes[] = { "<3>", "<4>", "<6>", "<7>" };
@@ -18,7 +18,7 @@ static const char *const prefixes[] = { "<3>", "<4>", "<6>", "<7>" };
 void log_init(const char *prog, enum log_level level)
 {
 	g_prog = prog;
-	g_journal = -1; /* JOURNAL_STREAM is read again */
+	atomic_store(&g_journal, -1); /* JOURNAL_STREAM is read again */
 	log_set_level(level);
 }
 
@@ -59,9 +59,12 @@ int log_enabled(enum log_level level)
 /* Whether stderr is the journal: systemd sets JOURNAL_STREAM to "DEVICE:INODE" of the stream. */
 static int to_journal(void)
 {
-	if (g_journal < 0)
-		g_journal = getenv("JOURNAL_STREAM") != NULL;
-	return g_journal;
+	int j = atomic_load(&g_journal);
+	if (j < 0) {
+		j = getenv("JOURNAL_STREAM") != NULL;
+		atomic_store(&g_journal, j);
+	}
+	return j;
 }
 
 void log_msg(enum log_level level, const char *fmt, ...)

@@ -175,22 +175,20 @@ static int load_config(struct opts *o, const char *path, struct conffile *cf)
 			o->allow_remote = !strcmp(val, "true");
 			continue;
 		}
-		char *av[4] = { "kvgate", cf->argv[2 * k], cf->argv[2 * k + 1], NULL };
 		struct option opts[32];
 		gate_options(opts);
-		optind = 0;
-		opterr = 0;
-		int c = getopt_long(3, av, ":", opts, NULL);
+		const char *v;
+		int c = conffile_getopt(cf, k, opts, &v);
+		if (c < 0) {
+			fprintf(stderr, "kvgate: %s'%s' takes no value here\n", where, key);
+			return -1;
+		}
 		if (c < O_BASE || c >= O_BASE + (int)(sizeof flags / sizeof *flags)) {
 			fprintf(stderr, "kvgate: %sunknown key '%s'\n", where, key);
 			return -1;
 		}
-		if (apply(o, (size_t)(c - O_BASE), optarg, where))
+		if (apply(o, (size_t)(c - O_BASE), v, where))
 			return -1;
-		if (optind != 3) {
-			fprintf(stderr, "kvgate: %s'%s' takes no value here\n", where, key);
-			return -1;
-		}
 	}
 	return 0;
 }

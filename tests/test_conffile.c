@@ -1,9 +1,11 @@
 /* Tests common/conffile.c: `key = value` lines become `--key value` pairs with their line
  * numbers; comments, blank lines and spaces are dropped; a line without '=', a nested `config`
- * and an over-long line are refused naming the file and line. */
+ * and an over-long line are refused naming the file and line; conffile_getopt reads a pair
+ * through a getopt_long table. */
 #include "test_util.h"
 
 #include <errno.h>
+#include <getopt.h>
 
 #include "conffile.h"
 
@@ -60,6 +62,31 @@ static void test_refused(void **state)
 	assert_non_null(strstr(err, "/nonexistent/x.conf"));
 }
 
+/* Each pair through a program's option table: the option's val and the line's value; 0 for a
+ * key that is no option; -1 for an option that takes no value (a line always gives one). */
+static void test_getopt(void **state)
+{
+	(void)state;
+	static const struct option opts[] = {
+		{ "max-seqs", required_argument, NULL, 300 },
+		{ "listen", required_argument, NULL, 'l' },
+		{ "debug", no_argument, NULL, 301 },
+		{ 0, 0, 0, 0 },
+	};
+	struct conffile cf;
+	char err[256];
+	write_conf("max-seqs = 8\nlisten = ipc:///x\ndebug = true\nbogus = 1\n");
+	assert_int_equal(conffile_read(path, &cf, err, sizeof err), 0);
+	const char *v;
+	assert_int_equal(conffile_getopt(&cf, 0, opts, &v), 300);
+	assert_string_equal(v, "8");
+	assert_int_equal(conffile_getopt(&cf, 1, opts, &v), 'l');
+	assert_string_equal(v, "ipc:///x");
+	assert_int_equal(conffile_getopt(&cf, 2, opts, &v), -1);
+	assert_int_equal(conffile_getopt(&cf, 3, opts, &v), 0);
+	conffile_free(&cf);
+}
+
 int main(void)
 {
 	int fd = mkstemp(path);
@@ -68,6 +95,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_pairs),
 		cmocka_unit_test(test_refused),
+		cmocka_unit_test(test_getopt),
 	};
 	int r = cmocka_run_group_tests(tests, NULL, NULL);
 	unlink(path);

@@ -528,7 +528,7 @@ static int op_release(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 /* An ALLOC that found DRAM full: start demotion; when nothing can be demoted yet (every block
  * leased or not committed), wait up to alloc_wait_ms for a release or a commit. -EAGAIN: keep
  * it pending; -ENOSPC: give up. */
-/* An ALLOC stopped waiting without its blocks (gave up, or its worker went): the units kept for
+/* An ALLOC stopped waiting (it got its blocks, gave up, or its worker went): the units kept for
  * its class by reclaim_unit_for go back to every class (slab_reclaim_pick). */
 static void alloc_unreserve(struct dp *dp, struct dp_worker *w, const struct ring_entry *e)
 {
@@ -548,10 +548,7 @@ static int alloc_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 	uint64_t now = dp_now_us();
 	if (!p->deadline_us)
 		p->deadline_us = now + dp->cfg->alloc_wait_ms * 1000;
-	if (now < p->deadline_us)
-		return -EAGAIN;
-	alloc_unreserve(dp, w, &p->e);
-	return -ENOSPC;
+	return now < p->deadline_us ? -EAGAIN : -ENOSPC;
 }
 
 static int defer(struct dp_worker *w, struct dp_pending *p)
@@ -582,12 +579,10 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 	switch (in->op) {
 	case RING_OP_ALLOC:
 		ret = op_alloc(dp, w, &p->e);
-		if (ret == -EAGAIN)
-			ret = alloc_wait(dp, w, p);
 		if (ret == -EAGAIN) {
-			ret = defer(w, p);
-			if (!ret)
-				return;
+			ret = alloc_wait(dp, w, p);
+			if (ret == -EAGAIN && !(ret = defer(w, p)))
+				return; /* waits (retry_pending) */
 			alloc_unreserve(dp, w, &p->e);
 		}
 		break;
@@ -624,6 +619,10 @@ static void retry_pending(struct dp *dp, struct dp_worker *w)
 			ret = op_alloc(dp, w, &p->e);
 			if (ret == -EAGAIN && !dp->demoting)
 				ret = alloc_wait(dp, w, p);
+			/* Done waiting, with its blocks (perhaps in its own class's slabs, room made by
+			 * demotion) or without: units still kept for its class go back. */
+			if (ret != -EAGAIN)
+				alloc_unreserve(dp, w, &p->e);
 		} else {
 			ret = recall_step(dp, w, p);
 		}

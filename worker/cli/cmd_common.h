@@ -63,7 +63,7 @@ double cmd_nll(const float *logits, int V, int target);
  * BOS first when bos >= 0, then up to per text tokens. Writes win; returns its length. */
 long cmd_window(int32_t *win, const int32_t *toks, long n, long start, long per, int bos);
 
-/* Flags generate and resume share besides the policy flags: parsed by cmd_session_flag. */
+/* Options generate and resume share besides the retrieval options: parsed by cmd_session_apply. */
 struct cmd_session_opts {
 	const char *prog;	/* "kvworker generate", for messages */
 	const char *model;

@@ -175,7 +175,7 @@ static int parse(int argc, char **argv, struct eval_args *a)
 		case ':':
 			cmd_getopt_error("kvworker eval", c, argv);
 			return CMD_USAGE;
-		case POLICY_OPT_BASE: /* --policy: eval runs a list */
+		case POLICY_OPT_POLICY: /* eval runs a list */
 			fprintf(stderr, "kvworker eval: use --policies LIST (eval compares several)\n");
 			return CMD_USAGE;
 		default: {

@@ -218,21 +218,18 @@ static int load_config(struct serve_opts *o, const char *path, struct conffile *
 		char where[300];
 		const char *key = cf->argv[2 * k] + 2;
 		snprintf(where, sizeof where, "%s:%d: ", path, cf->line[k]);
-		/* The line is the argv { "serve", "--key", "value" }, read by the same table. */
-		char *av[4] = { "serve", cf->argv[2 * k], cf->argv[2 * k + 1], NULL };
-		optind = 0;
-		opterr = 0;
-		int c = getopt_long(3, av, ":", opts, NULL), r;
-		if (c == '?' || c == O_HELP || c == O_PRINT || c == -1 || c == ':') {
-			fprintf(stderr, "kvworker serve: %sunknown key '%s'\n", where, key);
-			return -ENOENT;
-		}
-		if ((r = apply(o, c, optarg, where)) <= 0)
-			return r ? r : -ENOENT;
-		if (optind != 3) {
+		const char *v;
+		int c = conffile_getopt(cf, k, opts, &v), r;
+		if (c < 0) {
 			fprintf(stderr, "kvworker serve: %s'%s' takes no value here\n", where, key);
 			return -EINVAL;
 		}
+		if (c == 0 || c == O_HELP || c == O_PRINT) {
+			fprintf(stderr, "kvworker serve: %sunknown key '%s'\n", where, key);
+			return -ENOENT;
+		}
+		if ((r = apply(o, c, v, where)) <= 0)
+			return r ? r : -ENOENT;
 	}
 	return 0;
 }

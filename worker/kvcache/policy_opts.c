@@ -25,6 +25,7 @@ struct popt {
 #define SET(f) (ptrdiff_t)offsetof(struct policy_opts, f)
 
 static const struct popt popts[] = {
+	/* first: its getopt_long val is POLICY_OPT_POLICY (policy_opts.h) */
 	{ "--policy", POPT_POLICY, offsetof(struct policy_opts, policy), -1, 0, 0 },
 	{ "--page-size", POPT_INT, KV(page), SET(set_page), 1, 1 << 16 },
 	{ "--budget", POPT_INT, KV(budget), SET(set_budget), 1, 1 << 30 },

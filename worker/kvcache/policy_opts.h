@@ -27,6 +27,7 @@ struct policy_opts {
 void policy_opts_default(struct policy_opts *o);
 
 #define POLICY_OPT_BASE 0x1000 /* getopt_long vals of the retrieval options */
+#define POLICY_OPT_POLICY POLICY_OPT_BASE /* --policy: the first of them */
 /* Writes the retrieval options' struct option entries at out (at most max); returns how many. */
 size_t policy_opts_options(struct option *out, size_t max);
 /* A getopt_long result: 1 when val is a retrieval option (arg stored), 0 when not ours,
