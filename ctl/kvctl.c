@@ -172,6 +172,9 @@ static json_object *seq_json(const Freekv__SequenceInfo *s, bool tokens)
 	json_object_object_add(j, "pages_in_flight", json_object_new_uint64(s->pages->in_flight));
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
 	json_object_object_add(j, "model_fingerprint", json_object_new_string(fp));
+	json_object_object_add(j, "prefix_covered_tokens",
+			       json_object_new_uint64(s->prefix_covered_tokens));
+	json_object_object_add(j, "shared_pages", json_object_new_int64(s->shared_pages));
 	if (s->has_damaged_blocks) {
 		json_object_object_add(j, "damaged_blocks", json_object_new_int64(s->damaged_blocks));
 		json_object_object_add(j, "damaged_cut_from", json_object_new_uint64(s->damaged_cut_from));
@@ -187,6 +190,30 @@ static json_object *seq_json(const Freekv__SequenceInfo *s, bool tokens)
 
 /* ---------------------------------------------------------------- verbs */
 
+static json_object *prefix_json(const Freekv__PrefixStats *p)
+{
+	json_object *o = json_object_new_object();
+	json_object_object_add(o, "lookups", json_object_new_uint64(p->lookups));
+	json_object_object_add(o, "hits", json_object_new_uint64(p->hits));
+	json_object_object_add(o, "misses", json_object_new_uint64(p->misses));
+	json_object_object_add(o, "pages_attached", json_object_new_uint64(p->pages_attached));
+	json_object_object_add(o, "tokens_saved", json_object_new_uint64(p->tokens_saved));
+	json_object_object_add(o, "indexed_pages", json_object_new_uint64(p->indexed_pages));
+	json_object_object_add(o, "shared_blocks", json_object_new_uint64(p->shared_blocks));
+	json_object_object_add(o, "forks", json_object_new_uint64(p->forks));
+	return o;
+}
+
+static void prefix_line(const Freekv__PrefixStats *p)
+{
+	if (!p)
+		return;
+	printf("  prefix   %" PRIu64 " lookups: %" PRIu64 " hits, %" PRIu64 " misses; %" PRIu64
+	       " pages attached, %" PRIu64 " tokens not prefilled; %" PRIu64 " pages indexed, %"
+	       PRIu64 " blocks shared, %" PRIu64 " forks\n", p->lookups, p->hits, p->misses,
+	       p->pages_attached, p->tokens_saved, p->indexed_pages, p->shared_blocks, p->forks);
+}
+
 static json_object *status_json(const Freekv__StatsReply *s)
 {
 	json_object *j = json_object_new_object();
@@ -200,6 +227,8 @@ static json_object *status_json(const Freekv__StatsReply *s)
 	json_object_object_add(j, "blocks_dram", json_object_new_uint64(s->blocks_dram));
 	json_object_object_add(j, "blocks_nvme", json_object_new_uint64(s->blocks_nvme));
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
+	if (s->prefix)
+		json_object_object_add(j, "prefix", prefix_json(s->prefix));
 	if (s->journal) {
 		const Freekv__JournalStats *jr = s->journal;
 		json_object *o = json_object_new_object();
@@ -248,6 +277,7 @@ static void show_status(const Freekv__StatsReply *s, bool json)
 		       s->workers, s->sequences, s->leases);
 		printf("  DRAM  %12s / %-12s %8" PRIu64 " blocks\n", a, b, s->blocks_dram);
 		printf("  NVMe  %12s / %-12s %8" PRIu64 " blocks\n", c, d, s->blocks_nvme);
+		prefix_line(s->prefix);
 		const Freekv__JournalStats *jr = s->journal;
 		if (!jr) {
 			printf("  journal  off (persist = false, or no nvme_path / journal_path): a restart "
@@ -353,17 +383,18 @@ static int v_workers(struct kvs *k, const struct opts *o)
 
 static void ls_table(const Freekv__SequenceList *l)
 {
-	printf("%-6s %-24s %-9s %-6s %8s %8s %6s %6s %6s %6s\n", "ID", "NAME", "STATE", "WORKER", "TOKENS",
-	       "KV", "DRAM", "NVME", "IO", "LEASES");
+	printf("%-6s %-24s %-9s %-6s %8s %8s %6s %6s %6s %6s %6s\n", "ID", "NAME", "STATE", "WORKER",
+	       "TOKENS", "KV", "DRAM", "NVME", "IO", "LEASES", "SHARED");
 	for (size_t i = 0; i < l->n_sequences; i++) {
 		const Freekv__SequenceInfo *s = l->sequences[i];
 		char w[16] = "-";
 		if (s->has_worker_id)
 			snprintf(w, sizeof w, "%u", s->worker_id);
 		printf("%-6" PRIu64 " %-24s %-9s %-6s %8" PRIu64 " %8" PRIu64 " %6" PRIu64 " %6" PRIu64
-		       " %6" PRIu64 " %6" PRIu64 "%s\n", s->seq_id, s->name, state_name(s->state), w,
+		       " %6" PRIu64 " %6" PRIu64 " %6u%s\n", s->seq_id, s->name, state_name(s->state), w,
 		       s->token_count, s->committed_tokens, s->pages->dram, s->pages->nvme,
-		       s->pages->in_flight, s->leases, s->has_damaged_blocks ? "  DAMAGED" : "");
+		       s->pages->in_flight, s->leases, s->shared_pages,
+		       s->has_damaged_blocks ? "  DAMAGED" : "");
 	}
 }
 
@@ -416,12 +447,52 @@ static int v_show(struct kvs *k, const struct opts *o)
 		printf("pages      %" PRIu64 " DRAM, %" PRIu64 " NVMe, %" PRIu64 " in flight\n", s->pages->dram,
 		       s->pages->nvme, s->pages->in_flight);
 		printf("leases     %" PRIu64 "\n", s->leases);
+		printf("shared     %u pages shared with other sequences; %" PRIu64 " tokens found "
+		       "in the pool when it was opened\n", s->shared_pages, s->prefix_covered_tokens);
 		if (o->tokens) {
 			printf("tokens    ");
 			for (size_t i = 0; i < s->n_token_ids; i++)
 				printf(" %u", s->token_ids[i]);
 			printf("\n");
 		}
+	}
+	kvs_reply_free(r);
+	return EXIT_OK;
+}
+
+/* A new sequence DST sharing every full page of SRC (docs/design.md §4 "Prefix sharing"). */
+static int v_fork(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	uint64_t id, dst;
+	const char *name;
+	if (seq_arg(o->pos[0], &id, &name))
+		return EXIT_USAGE;
+	int ret = kvs_show_sequence(k, id, name, false, &r);
+	if (ret)
+		return failed(k, ret);
+	const Freekv__SequenceInfo *s = r->sequence;
+	struct kvs_geometry g = { s->geometry->n_layers, s->geometry->n_kv_heads,
+				  s->geometry->head_dim, s->geometry->page_size,
+				  (uint32_t)s->geometry->dtype };
+	struct kvs_prefix_req px = { .fork_from = s->name };
+	uint64_t covered = 0;
+	ret = kvs_open_sequence_px(k, o->pos[1], s->model_fingerprint.data,
+				   s->model_fingerprint.len, &g, NULL, 0, true, &px, &dst, &covered);
+	if (ret) {
+		kvs_reply_free(r);
+		return failed(k, ret);
+	}
+	if (o->json) {
+		json_object *j = json_object_new_object();
+		json_object_object_add(j, "source", json_object_new_string(s->name));
+		json_object_object_add(j, "name", json_object_new_string(o->pos[1]));
+		json_object_object_add(j, "seq_id", json_object_new_uint64(dst));
+		json_object_object_add(j, "committed_tokens", json_object_new_uint64(covered));
+		emit(j);
+	} else {
+		printf("forked %s into %s (id %" PRIu64 "): %" PRIu64 " tokens of K/V, full pages "
+		       "shared\n", s->name, o->pos[1], dst, covered);
 	}
 	kvs_reply_free(r);
 	return EXIT_OK;
@@ -518,12 +589,18 @@ static void show_stats(const Freekv__StatsReply *s, bool json)
 		json_object_object_add(j, "swap_failures", json_object_new_uint64(s->swap_failures));
 		json_object_object_add(j, "commands", stat_rows(s->commands, s->n_commands, false, NULL));
 		json_object_object_add(j, "ring_ops", stat_rows(s->ring_ops, s->n_ring_ops, false, NULL));
+		if (s->prefix)
+			json_object_object_add(j, "prefix", prefix_json(s->prefix));
 		emit(j);
 	} else {
 		printf("demoted %" PRIu64 ", promoted %" PRIu64 ", swapped %" PRIu64 " (%" PRIu64 " failed), crc errors %"
 		       PRIu64 ", pending ops %" PRIu64 ", tier I/O %" PRIu64 "\n\n",
 		       s->demoted_blocks, s->promoted_blocks, s->swaps, s->swap_failures, s->crc_errors,
 		       s->pending_ops, s->tier_in_flight);
+		if (s->prefix) {
+			prefix_line(s->prefix);
+			printf("\n");
+		}
 		json_object_put(stat_rows(s->commands, s->n_commands, true, "REQUEST"));
 		printf("\n");
 		json_object_put(stat_rows(s->ring_ops, s->n_ring_ops, true, "RING OP"));
@@ -623,6 +700,7 @@ static const struct verb verbs[] = {
 	{ "show", "show SEQ [--tokens]", 1, 1, v_show },
 	{ "evict", "evict SEQ | --worker ID | --detached  [--demote]", 0, 1, v_evict },
 	{ "demote", "demote SEQ", 1, 1, v_demote },
+	{ "fork", "fork SRC DST", 2, 2, v_fork },
 	{ "stats", "stats", 0, 0, v_stats },
 	{ "config", "config get [KEY] | config set KEY VALUE", 1, 3, v_config },
 	{ "watch", "watch [--interval SECONDS] [--count N]", 0, 0, v_watch },
@@ -638,7 +716,10 @@ static void usage(FILE *f)
 		   "  prompt_tokens + generated_tokens of kvworker's statistics), KV\n"
 		   "  tokens whose K/V is committed (the id sampled last gets its K/V at the next\n"
 		   "  step, so KV is TOKENS - 1 after a generate), DRAM/NVME pages by tier, IO pages\n"
-		   "  moving between tiers, LEASES blocks leased by workers\n");
+		   "  moving between tiers, LEASES blocks leased by workers, SHARED pages\n"
+		   "  shared with other sequences (prefix sharing, fork)\n"
+		   "  fork makes DST share every full page of SRC and copy its tail page;\n"
+		   "  `kvworker resume --seq DST` continues it\n");
 	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
 		fprintf(f, "  kvctl %s\n", verbs[i].usage);
 	fprintf(f, "exit codes: 0 ok, 1 refused by kvstored, 2 usage, 3 kvstored unreachable\n");

@@ -123,7 +123,8 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 
 /* ---------------------------------------------------------------- leases */
 
-static int lease_add(struct dp *dp, struct dp_worker *w, uint32_t block, uint64_t *lease_id)
+static int lease_add(struct dp *dp, struct dp_worker *w, uint32_t block, uint64_t seq_id,
+		     uint64_t *lease_id)
 {
 	if (!w->n_free) {
 		if (w->cap >= DP_MAX_LEASES)
@@ -149,6 +150,7 @@ static int lease_add(struct dp *dp, struct dp_worker *w, uint32_t block, uint64_
 		return ret;
 	uint32_t slot = w->free_slots[--w->n_free];
 	w->leases[slot].block = block;
+	w->leases[slot].seq_id = seq_id;
 	w->n_leases++;
 	*lease_id = (uint64_t)w->leases[slot].gen << 32 | slot;
 	return 0;
@@ -178,6 +180,8 @@ int dp_rank_victim(void *ctx, const struct pool_block *b)
 	struct dp *dp = ctx;
 	if (!b->committed)
 		return -1;
+	if (b->refs > 1)
+		return 1; /* shared: hot while any of its sequences may be attached */
 	struct seq *s = seq_find(dp->seqs, b->seq_id);
 	return s && s->state == SEQ_ATTACHED ? 1 : 0;
 }
@@ -364,8 +368,10 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 		if (pool_block_at(dp->pool, e->payload[i], &ids[i]))
 			return -EINVAL;
 		struct pool_block *b = pool_block_get(dp->pool, ids[i]);
-		if (b->seq_id != s->id || (!b->committed && b->user != w->wid))
+		if (!dp_seq_holds(s, b, ids[i]) || (!b->committed && b->user != w->wid))
 			return -EPERM;
+		if (b->committed && dp_block_readonly(dp, ids[i]))
+			return -EROFS; /* shared pages are never written again (docs/design.md §4) */
 		if (b->tier != POOL_TIER_DRAM)
 			return -EBUSY;
 	}
@@ -385,6 +391,7 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 		dp_log_committed(dp, s, old < s->committed_tokens ? old : s->committed_tokens);
 		persist_seq_committed(dp->ps, s);
 	}
+	dp_prefix_publish(dp, s);
 	e->n_payload = 0;
 	return 0;
 }
@@ -404,7 +411,8 @@ static void unlease_pending(struct dp *dp, struct dp_worker *w, struct dp_pendin
 static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 {
 	int waiting = 0, ret;
-	if (!attached_seq(dp, w, p->e.seq_id)) {
+	struct seq *s = attached_seq(dp, w, p->e.seq_id);
+	if (!s) {
 		ret = -ENOENT; /* detached or closed while waiting */
 		goto fail;
 	}
@@ -415,7 +423,7 @@ static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 				continue;
 			p->lease_ids[i] = 0; /* dropped meanwhile (RELEASE of a guessed id): lease again */
 			struct pool_block *b = pool_block_get(dp->pool, p->blocks[i]);
-			if (!b || b->seq_id != p->e.seq_id || b->layer != p->e.layer) {
+			if (!dp_seq_holds(s, b, p->blocks[i]) || b->layer != p->e.layer) {
 				ret = -ENOENT; /* dropped meanwhile */
 				goto fail;
 			}
@@ -423,7 +431,7 @@ static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 				continue;
 			switch (b->tier) {
 			case POOL_TIER_DRAM:
-				ret = lease_add(dp, w, p->blocks[i], &p->lease_ids[i]);
+				ret = lease_add(dp, w, p->blocks[i], s->id, &p->lease_ids[i]);
 				if (ret)
 					goto fail;
 				pool_block_touch(dp->pool, p->blocks[i]);
@@ -733,8 +741,10 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		free_if_doomed(dp, id);
 		return;
 	}
-	if (r->status == -EBADMSG)
+	if (r->status == -EBADMSG) {
 		dp->crc_errors++;
+		prefix_unindex_block(&dp->px, id); /* never attached again; its sharers all fail */
+	}
 	dp_fail_recalls_of(dp, id, r->status);
 	free_if_doomed(dp, id);
 }
@@ -907,10 +917,7 @@ static void trim_past_committed(struct dp *dp, struct seq *s)
 			if (!b || !b->committed || b->leases ||
 			    (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))
 				continue;
-			if (b->tier == POOL_TIER_NVME)
-				tier_extent_free(dp->tier, b->nvme_off, b->bytes);
-			pool_block_free(dp->pool, id);
-			seq_set_block(s, l, p, SEQ_NO_BLOCK);
+			dp_block_unref(dp, s, l, p);
 		}
 	}
 }
@@ -921,10 +928,7 @@ void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s)
 	if (w) {
 		for (uint32_t i = 0; i < w->cap; i++) {
 			struct dp_lease *l = &w->leases[i];
-			if (l->block == POOL_NO_BLOCK)
-				continue;
-			struct pool_block *b = pool_block_get(dp->pool, l->block);
-			if (b && b->seq_id == s->id)
+			if (l->block != POOL_NO_BLOCK && l->seq_id == s->id)
 				lease_drop(dp, w, l);
 		}
 	}
@@ -1050,6 +1054,8 @@ int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			bool swapping = false;
+			if (b && b->refs > 1)
+				continue; /* shared: only the reference goes */
 			for (unsigned i = 0; b && i < DP_SWAP_MAX; i++)
 				swapping |= dp->swaps[i].phase != DP_SWAP_FREE &&
 					    (dp->swaps[i].block == id || dp->swaps[i].victim == id);
@@ -1066,16 +1072,8 @@ int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			if (!b)
 				continue;
-			seq_set_block(s, l, p, SEQ_NO_BLOCK);
-			++*blocks;
-			if (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME) {
-				b->doomed = true;
-				b->seq_id = 0;
-				continue;
-			}
-			if (b->tier == POOL_TIER_NVME)
-				tier_extent_free(dp->tier, b->nvme_off, b->bytes);
-			pool_block_free(dp->pool, id);
+			*blocks += b->refs == 1; /* freed now (or when its I/O ends) */
+			dp_block_unref(dp, s, l, p);
 		}
 	}
 	return 0;
@@ -1097,6 +1095,7 @@ void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u)
 			else
 				u->in_flight++;
 			u->leases += b->leases;
+			u->shared += l == 0 && b->refs > 1;
 		}
 	}
 }
@@ -1168,6 +1167,7 @@ void dp_shutdown(struct dp *dp)
 	if (dp->tier)
 		tier_close(dp->tier);
 	dp_swap_shutdown(dp); /* after tier_close: in-flight swap I/O still uses the bounces */
+	prefix_index_clear(&dp->px);
 	pool_destroy(dp->pool);
 	pthread_mutex_destroy(&dp->lock);
 	free(dp->outbox);

@@ -63,6 +63,15 @@ struct dp_stats {
 
 struct dp_seq_usage {
 	uint64_t dram, nvme, in_flight, leases;
+	uint64_t shared;	/* pages (of layer 0) whose block another sequence references too */
+};
+
+/* Prefix sharing counters (docs/design.md §4): lookups (opens that asked, with ids), hits (one
+ * page or more attached), misses, pages attached, tokens covered at open, pages indexed now,
+ * blocks referenced by more than one sequence now, forks. */
+struct dp_prefix_stats {
+	uint64_t lookups, hits, misses, pages_attached, tokens_saved, indexed_pages, shared_blocks,
+		 forks;
 };
 
 int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen);
@@ -116,6 +125,23 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen);
 
 void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u);
+
+/* Prefix sharing (dataplane_share.c, docs/design.md §4). dp_prefix_open: s was just created
+ * with its prompt's ids (n_prompt of them); it joins the namespace of (its model, geometry,
+ * ubatch, salt, variant), attaches the longest run of leading pages published there (cut to a
+ * multiple of the ubatch and the page, below n_prompt), which becomes its committed length,
+ * and may publish its own pages up to the whole ubatches of its prompt. -EIO (hashing), -ENOMEM. */
+int dp_prefix_open(struct dp *dp, struct seq *s, uint32_t ubatch, const char *salt,
+		   const uint8_t *variant, size_t variant_len, size_t n_prompt, char *err,
+		   size_t errlen);
+/* Indexes the pages of s that became publishable (every layer committed, its ids kept, below
+ * its publish limit); a committed length cut below indexed pages takes them out. */
+void dp_prefix_publish(struct dp *dp, struct seq *s);
+/* dst (new, no blocks) shares every full committed page of src and gets its own copy of the
+ * partial tail page; its ids and committed length become src's. -EBUSY when the tail page is
+ * not in DRAM (moving) or the pool has no room for the copy, -EINVAL for another geometry. */
+int dp_fork(struct dp *dp, struct seq *src, struct seq *dst, char *err, size_t errlen);
+void dp_prefix_stats(struct dp *dp, struct dp_prefix_stats *st);
 uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid);
 /* When the worker's ring last carried an op (ms, monotonic), 0 never: ring traffic proves a
  * worker alive as well as a heartbeat does. Call with the dp lock held. */

@@ -33,12 +33,16 @@ void dp_flush_completions(struct dp *dp)
 	dp->n_outbox = 0;
 }
 
+static void log_for(struct dp *dp, struct seq *s, uint32_t id)
+{
+	persist_block(dp->ps, dp->pool, s, id);
+}
+
+/* A moved block is journaled for every sequence that maps it (a shared one has several). */
 void dp_log_block(struct dp *dp, uint32_t id)
 {
-	struct pool_block *b = dp->ps ? pool_block_get(dp->pool, id) : NULL;
-	struct seq *s = b ? seq_find(dp->seqs, b->seq_id) : NULL;
-	if (s)
-		persist_block(dp->ps, dp->pool, s, id);
+	if (dp->ps)
+		dp_each_holder(dp, id, log_for);
 }
 
 /* The committed length of s moved from old: journal the blocks whose committed rows changed
@@ -70,6 +74,11 @@ int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen)
 	if (ret)
 		return ret;
 	dp->ps = ps;
+	/* Keys are not journaled: the index is rebuilt from each sequence's ids (design.md §4). */
+	for (size_t i = 0; i < dp->seqs->n; i++) {
+		dp->seqs->v[i]->n_keys = 0;
+		dp_prefix_publish(dp, dp->seqs->v[i]);
+	}
 	pool_keep_segment(dp->pool, true); /* the next daemon adopts it (docs/design.md §4) */
 	return 0;
 }

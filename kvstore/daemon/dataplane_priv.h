@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "dataplane.h"
+#include "prefix.h"
 #include "ring.h"
 #include "tier.h"
 
@@ -27,6 +28,7 @@ enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3 };
 struct dp_lease {
 	uint32_t block;	/* POOL_NO_BLOCK when the slot is free */
 	uint32_t gen;
+	uint64_t seq_id;	/* the sequence it was taken through (a shared block has several) */
 };
 
 /* A ring op that waits: an ALLOC for room, a RECALL for promotions. */
@@ -100,6 +102,8 @@ struct dp {
 	struct dp_swap swaps[DP_SWAP_MAX];
 	uint64_t swapped, swap_failures;
 	uint64_t reclaims;		/* blocks demoted to give a slab unit to another class */
+	struct prefix_index px;		/* dataplane_share.c */
+	struct dp_prefix_stats pxs;	/* counters; indexed_pages and shared_blocks filled on read */
 };
 
 uint64_t dp_now_us(void);
@@ -115,6 +119,16 @@ void dp_log_committed(struct dp *dp, struct seq *s, uint64_t old);
  * detached or orphaned sequence's, 1 an attached one's; the swap ranks the same way. */
 struct pool_block;
 int dp_rank_victim(void *ctx, const struct pool_block *b);
+/* dataplane_share.c. s stops referencing its block at (layer, page), which leaves its map: the
+ * last reference frees the block (dooms it while its I/O runs), taking its page out of the
+ * prefix index first; an earlier one leaves the block to the other sequences. */
+void dp_block_unref(struct dp *dp, struct seq *s, uint32_t layer, uint32_t page);
+/* Whether s maps block id (at the block's own layer and page). */
+bool dp_seq_holds(const struct seq *s, const struct pool_block *b, uint32_t id);
+/* A shared or indexed block: never written again (COMMIT refuses it with EROFS). */
+bool dp_block_readonly(struct dp *dp, uint32_t id);
+/* Calls fn for every sequence that maps block id (one scan of the table when it is shared). */
+void dp_each_holder(struct dp *dp, uint32_t id, void (*fn)(struct dp *, struct seq *, uint32_t));
 /* Every RECALL waiting for block fails with status (dataplane.c). */
 void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status);
 /* block is DRAM-resident now: the RECALLs waiting for it take their leases at once. */

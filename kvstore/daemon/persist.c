@@ -18,7 +18,7 @@
 #include "log.h"
 
 /* Record types and payloads (native byte order: a journal never leaves its host). */
-enum { REC_META = 1, REC_SEQ, REC_TOKENS, REC_COMMITTED, REC_BLOCK, REC_REMOVE };
+enum { REC_META = 1, REC_SEQ, REC_TOKENS, REC_COMMITTED, REC_BLOCK, REC_REMOVE, REC_PREFIX };
 enum { BLK_DRAM = 1, BLK_NVME = 2 };
 #define SEQF_OWNER 1u
 
@@ -52,6 +52,13 @@ struct rec_block {
 
 struct rec_remove {
 	uint64_t id;
+};
+
+/* Prefix sharing (docs/design.md §4): what a restart needs to key the sequence's pages again. */
+struct rec_prefix {
+	uint64_t id, publish_limit, covered;
+	uint32_t ubatch, pad;
+	uint8_t key0[32];
 };
 
 /* One journaled block location, while replaying. */
@@ -242,6 +249,22 @@ void persist_seq_committed(struct persist *ps, const struct seq *s)
 	append(ps, REC_COMMITTED, &r, sizeof r);
 }
 
+static void fill_prefix(struct rec_prefix *r, const struct seq *s)
+{
+	*r = (struct rec_prefix){ .id = s->id, .publish_limit = s->publish_limit,
+				  .covered = s->covered_tokens, .ubatch = s->prefix_ubatch };
+	memcpy(r->key0, s->key0, sizeof r->key0);
+}
+
+void persist_seq_prefix(struct persist *ps, const struct seq *s)
+{
+	if (!ps || !ps->j)
+		return;
+	struct rec_prefix r;
+	fill_prefix(&r, s);
+	append(ps, REC_PREFIX, &r, sizeof r);
+}
+
 void persist_seq_remove(struct persist *ps, uint64_t seq_id)
 {
 	if (!ps || !ps->j)
@@ -335,6 +358,11 @@ static int snap_fill(void *ctx, struct journal *j)
 		ret = journal_append(j, REC_SEQ, &r, sizeof r);
 		if (!ret && s->n_tokens)
 			ret = tokens_to(j, s, 0, s->tokens, s->n_tokens);
+		if (!ret && (s->prefix_ubatch || s->covered_tokens)) {
+			struct rec_prefix rp;
+			fill_prefix(&rp, s);
+			ret = journal_append(j, REC_PREFIX, &rp, sizeof rp);
+		}
 		for (uint32_t l = 0; l < s->geo.n_layers && !ret; l++) {
 			for (uint32_t p = 0; p < s->n_pages && !ret; p++) {
 				uint32_t id = seq_block(s, l, p);
@@ -529,6 +557,17 @@ static int on_record(void *ctx, uint32_t type, const void *p, uint32_t len, char
 		*rs = ps->rv[--ps->n_rv];
 		return 0;
 	}
+	case REC_PREFIX: {
+		const struct rec_prefix *r = p;
+		struct seq *s = len == sizeof *r ? seq_find(ps->seqs, r->id) : NULL;
+		if (!s)
+			break;
+		s->prefix_ubatch = r->ubatch;
+		s->publish_limit = r->publish_limit;
+		s->covered_tokens = r->covered;
+		memcpy(s->key0, r->key0, sizeof s->key0);
+		return 0;
+	}
 	default:
 		errmsg_set(msg, msglen, "unknown record type");
 		return -EINVAL;
@@ -548,6 +587,41 @@ struct adopt_ctx {
 	uint64_t bounce_bytes;
 };
 
+struct find_nvme {
+	uint64_t off;
+	uint32_t id;
+	bool found;
+};
+
+static int match_nvme(void *ctx, uint32_t id, struct pool_block *b)
+{
+	struct find_nvme *f = ctx;
+	if (b->tier != POOL_TIER_NVME || b->nvme_off != f->off)
+		return 0;
+	f->id = id;
+	f->found = true;
+	return 1;
+}
+
+/* Whether the block rb names was adopted already (for another sequence, at the same layer and
+ * page): *id names it then. An NVMe extent is looked for only once the tier says it is taken. */
+static bool adopted_before(struct adopt_ctx *a, const struct seq *s, uint32_t layer,
+			   uint32_t page, const struct rblock *rb, uint32_t *id)
+{
+	const struct pool_block *b = NULL;
+	if (rb->where == BLK_DRAM) {
+		if (a->dram_ok && !pool_block_at(a->pool, rb->off, id))
+			b = pool_block_get(a->pool, *id);
+	} else if (a->tier && tier_extent_taken(a->tier, rb->off, s->block_bytes)) {
+		struct find_nvme f = { .off = rb->off };
+		pool_each(a->pool, match_nvme, &f);
+		*id = f.id;
+		b = f.found ? pool_block_get(a->pool, f.id) : NULL;
+	}
+	return b && b->committed && b->layer == layer && b->page == page &&
+	       b->bytes >= s->block_bytes && b->seq_id != s->id;
+}
+
 /* Verifies one journaled block and adopts it into the pool (and tier). 0, or a negative errno
  * with why filled: the block is not adopted. */
 static int adopt_block(struct adopt_ctx *a, struct seq *s, uint32_t layer, uint32_t page,
@@ -559,6 +633,16 @@ static int adopt_block(struct adopt_ctx *a, struct seq *s, uint32_t layer, uint3
 	if (ret)
 		return errmsg(why, whylen, ret, "no slab class for %" PRIu64 "-byte blocks",
 			      s->block_bytes);
+	/* A block shared by several sequences is journaled for each: the first adopts it, the
+	 * others take a reference (docs/design.md §4 "Prefix sharing"). */
+	if (adopted_before(a, s, layer, page, rb, &id)) {
+		struct pool_block *b = pool_block_get(a->pool, id);
+		ret = seq_set_block(s, layer, page, id);
+		if (ret)
+			return errmsg(why, whylen, ret, "out of memory");
+		b->refs++;
+		return 0;
+	}
 	if (rb->where == BLK_DRAM) {
 		if (!a->dram_ok)
 			return errmsg(why, whylen, -ENOENT, "its DRAM copy did not survive (the pool "
@@ -628,10 +712,17 @@ static void unadopt_page(struct adopt_ctx *a, struct seq *s, uint32_t page)
 		struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(a->pool, id);
 		if (!b)
 			continue;
+		seq_set_block(s, l, page, SEQ_NO_BLOCK);
+		if (b->refs > 1) { /* another sequence adopted it too: it keeps it */
+			b->refs--;
+			for (size_t i = 0; b->seq_id == s->id && i < a->ps->seqs->n; i++)
+				if (a->ps->seqs->v[i] != s && seq_block(a->ps->seqs->v[i], l, page) == id)
+					b->seq_id = a->ps->seqs->v[i]->id;
+			continue;
+		}
 		if (b->tier == POOL_TIER_NVME)
 			tier_extent_free(a->tier, b->nvme_off, b->bytes);
 		pool_block_free(a->pool, id);
-		seq_set_block(s, l, page, SEQ_NO_BLOCK);
 	}
 }
 

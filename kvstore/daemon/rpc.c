@@ -4,6 +4,7 @@
 #include "freekv_store.h"
 #include "pbcheck.h"
 #include "persist.h"
+#include "prefix.h"
 #include "prom.h"
 
 #include <errno.h>
@@ -120,6 +121,9 @@ static Freekv__SequenceInfo *seq_info(struct call *c, const struct seq *s, bool 
 	}
 	i->has_token_count = true;
 	i->token_count = s->n_tokens;
+	i->has_prefix_covered_tokens = i->has_shared_pages = true;
+	i->prefix_covered_tokens = s->covered_tokens;
+	i->shared_pages = (uint32_t)u.shared;
 	if (tokens) {
 		i->n_token_ids = s->n_tokens;
 		i->token_ids = s->tokens;
@@ -329,18 +333,56 @@ static int h_open(struct call *c)
 		o->geometry->n_layers, o->geometry->n_kv_heads, o->geometry->head_dim,
 		o->geometry->page_size, (uint32_t)o->geometry->dtype,
 	};
-	struct seq *s = seq_find_name(x->seqs, o->name);
+	struct seq *s = seq_find_name(x->seqs, o->name), *src = NULL;
 	size_t had = s ? s->n_tokens : 0;
 	bool created;
-	int ret = seq_open(x->seqs, o->name, o->model_fingerprint.data, o->model_fingerprint.len, &g,
-			   o->token_ids, o->n_token_ids, x->cfg->max_tokens, o->create, &s, &created, c->err,
-			   sizeof c->err);
+	int ret;
+	if (o->has_prefix_ubatch && o->prefix_ubatch > PREFIX_MAX_UBATCH)
+		return fail(c, -EINVAL, "prefix_ubatch %u above %u", o->prefix_ubatch, PREFIX_MAX_UBATCH);
+	if ((o->cache_salt && strlen(o->cache_salt) > PREFIX_MAX_SALT) ||
+	    (o->has_prefix_variant && o->prefix_variant.len > PREFIX_MAX_SALT))
+		return fail(c, -EINVAL, "cache_salt or prefix_variant longer than %d bytes",
+			    PREFIX_MAX_SALT);
+	if (o->fork_from && o->fork_from[0]) {
+		/* Fork (docs/design.md §4): a new sequence that shares every full page of src. */
+		if (s)
+			return fail(c, -EEXIST, "cannot fork into '%s': it exists", o->name);
+		if (!(src = seq_find_name(x->seqs, o->fork_from)))
+			return fail(c, -ENOENT, "no sequence '%s' to fork", o->fork_from);
+		if ((ret = may_use(c, src)))
+			return ret;
+		if (o->n_token_ids)
+			return fail(c, -EINVAL, "a fork takes its token ids from '%s'", src->name);
+	}
+	ret = seq_open(x->seqs, o->name, o->model_fingerprint.data, o->model_fingerprint.len, &g,
+		       o->token_ids, o->n_token_ids, x->cfg->max_tokens, o->create, &s, &created, c->err,
+		       sizeof c->err);
 	if (ret)
 		return ret;
 	if (created) {
 		s->has_owner = c->w != NULL;
 		s->owner_uid = c->w ? c->w->uid : 0;
+		if (src && (src->fp_len != s->fp_len || memcmp(src->fp, s->fp, s->fp_len) ||
+			    memcmp(&src->geo, &s->geo, sizeof s->geo))) {
+			seq_remove(x->seqs, s);
+			return fail(c, -EINVAL, "'%s' has another model fingerprint or geometry than "
+				    "the fork asked for", src->name);
+		}
 		persist_seq_open(x->ps, s);
+		ret = src ? dp_fork(x->dp, src, s, c->err, sizeof c->err)
+		    : o->has_prefix_ubatch && o->prefix_ubatch && o->n_token_ids
+			? dp_prefix_open(x->dp, s, o->prefix_ubatch, o->cache_salt,
+					 o->has_prefix_variant ? o->prefix_variant.data : NULL,
+					 o->has_prefix_variant ? o->prefix_variant.len : 0,
+					 o->n_token_ids, c->err, sizeof c->err)
+			: 0;
+		if (ret) {
+			persist_seq_remove(x->ps, s->id);
+			seq_remove(x->seqs, s);
+			return ret;
+		}
+	} else if (src) {
+		return fail(c, -EEXIST, "cannot fork into '%s': it exists", o->name);
 	} else if (s->n_tokens > had) {
 		persist_seq_tokens(x->ps, s, had, s->tokens + had, s->n_tokens - had);
 	}
@@ -594,6 +636,24 @@ static Freekv__JournalStats *journal_stats_msg(struct call *c, const struct pers
 	return j;
 }
 
+static Freekv__PrefixStats *prefix_stats_msg(struct call *c, struct dp *dp)
+{
+	struct dp_prefix_stats p;
+	Freekv__PrefixStats *m = NEW(c, Freekv__PrefixStats, FREEKV__PREFIX_STATS__INIT);
+	if (!m)
+		return NULL;
+	dp_prefix_stats(dp, &p);
+	m->lookups = p.lookups;
+	m->hits = p.hits;
+	m->misses = p.misses;
+	m->pages_attached = p.pages_attached;
+	m->tokens_saved = p.tokens_saved;
+	m->indexed_pages = p.indexed_pages;
+	m->shared_blocks = p.shared_blocks;
+	m->forks = p.forks;
+	return m;
+}
+
 static int h_stats(struct call *c)
 {
 	struct rpc_ctx *x = &c->s->ctx;
@@ -623,6 +683,8 @@ static int h_stats(struct call *c)
 	r->has_swaps = r->has_swap_failures = true;
 	r->swaps = d.swaps;
 	r->swap_failures = d.swap_failures;
+	if (!(r->prefix = prefix_stats_msg(c, x->dp)))
+		return -ENOMEM;
 	if (x->ps && !(r->journal = journal_stats_msg(c, x->ps)))
 		return -ENOMEM;
 	for (size_t i = 0; i < nc; i++) {
@@ -705,6 +767,7 @@ static int h_commit_tokens(struct call *c)
 		dp_seq_committed(c->s->ctx.dp, s, old);
 		persist_seq_tokens(c->s->ctx.ps, s, ct->first, ct->token_ids, ct->n_token_ids);
 	}
+	dp_prefix_publish(c->s->ctx.dp, s);
 	return reply_ack(c);
 }
 

@@ -27,6 +27,7 @@ static void seq_free(struct seq *s)
 {
 	free(s->tokens);
 	free(s->blocks);
+	free(s->keys);
 	free(s);
 }
 

@@ -53,6 +53,15 @@ struct seq {
 	 * never served; the committed length was cut to the first of them. */
 	uint32_t damaged_blocks;
 	uint64_t damaged_cut_from;	/* committed length before the cut */
+	/* Prefix sharing (docs/design.md §4, prefix.h): prefix_ubatch 0 takes no part. keys[p]
+	 * is the content key of page p for p < n_keys (the pages published or attached); pages
+	 * below publish_limit tokens were written by its own prefill in whole ubatches. */
+	uint32_t prefix_ubatch;
+	uint64_t publish_limit;
+	uint64_t covered_tokens;	/* found in the pool at open (or taken by a fork) */
+	uint8_t key0[32];
+	uint8_t (*keys)[32];
+	uint32_t n_keys, keys_cap;
 	size_t slot;			/* index in seq_table.v */
 	UT_hash_handle hh_id, hh_name;	/* the table's indexes by id and by name */
 };

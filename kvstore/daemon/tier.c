@@ -274,6 +274,12 @@ int tier_extent_adopt(struct tier *t, uint64_t off, uint64_t len)
 	return 0;
 }
 
+bool tier_extent_taken(const struct tier *t, uint64_t off, uint64_t len)
+{
+	size_t h = ext_map_find(&t->used, off);
+	return h != SIZE_MAX && t->used.slots[h].len == round_up(len, TIER_ALIGN);
+}
+
 int tier_extent_free(struct tier *t, uint64_t off, uint64_t len)
 {
 	uint64_t l = round_up(len, TIER_ALIGN);

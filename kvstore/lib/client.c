@@ -438,6 +438,15 @@ int kvs_open_sequence(struct kvs *k, const char *name, const void *fp, size_t fp
 		      const struct kvs_geometry *g, const uint32_t *tokens, size_t n_tokens, bool create,
 		      uint64_t *seq_id)
 {
+	return kvs_open_sequence_px(k, name, fp, fp_len, g, tokens, n_tokens, create, NULL, seq_id,
+				    NULL);
+}
+
+int kvs_open_sequence_px(struct kvs *k, const char *name, const void *fp, size_t fp_len,
+			 const struct kvs_geometry *g, const uint32_t *tokens, size_t n_tokens,
+			 bool create, const struct kvs_prefix_req *px, uint64_t *seq_id,
+			 uint64_t *covered)
+{
 	Freekv__Request q = FREEKV__REQUEST__INIT;
 	Freekv__OpenSequence o = FREEKV__OPEN_SEQUENCE__INIT;
 	Freekv__Geometry geo = FREEKV__GEOMETRY__INIT;
@@ -455,6 +464,16 @@ int kvs_open_sequence(struct kvs *k, const char *name, const void *fp, size_t fp
 	o.n_token_ids = n_tokens;
 	o.has_create = true;
 	o.create = create;
+	if (px && px->ubatch) {
+		o.has_prefix_ubatch = true;
+		o.prefix_ubatch = px->ubatch;
+		o.cache_salt = px->salt && px->salt[0] ? (char *)px->salt : NULL;
+		o.has_prefix_variant = px->variant_len > 0;
+		o.prefix_variant.data = (uint8_t *)px->variant;
+		o.prefix_variant.len = px->variant_len;
+	}
+	if (px && px->fork_from)
+		o.fork_from = (char *)px->fork_from;
 	q.body_case = FREEKV__REQUEST__BODY_OPEN_SEQUENCE;
 	q.open_sequence = &o;
 	int ret = kvs_call(k, &q, &r);
@@ -465,6 +484,8 @@ int kvs_open_sequence(struct kvs *k, const char *name, const void *fp, size_t fp
 		return seterr(k, -EPROTO, "OpenSequence answered without a SequenceInfo");
 	}
 	*seq_id = r->sequence->seq_id;
+	if (covered)
+		*covered = r->sequence->prefix_covered_tokens;
 	kvs_reply_free(r);
 	return 0;
 }

@@ -80,6 +80,22 @@ int kvs_heartbeat(struct kvs *k);
 int kvs_open_sequence(struct kvs *k, const char *name, const void *fp, size_t fp_len,
 		      const struct kvs_geometry *g, const uint32_t *tokens, size_t n_tokens, bool create,
 		      uint64_t *seq_id);
+/* Prefix sharing and forks at open (docs/design.md §4). ubatch > 0 asks to share: the tokens
+ * are the prompt, and the new sequence attaches the leading pages published under the same
+ * model, geometry, ubatch, salt and variant. fork_from names a sequence to fork instead. */
+struct kvs_prefix_req {
+	uint32_t ubatch;
+	const char *salt;	/* NULL or "": the default namespace */
+	const void *variant;	/* what else decides a page's bits (backend, policy) */
+	size_t variant_len;
+	const char *fork_from;	/* NULL: no fork */
+};
+/* kvs_open_sequence with px (NULL: none); *covered (optional) gets the committed length the
+ * sequence starts with (the tokens found in the pool, or a fork's source's). */
+int kvs_open_sequence_px(struct kvs *k, const char *name, const void *fp, size_t fp_len,
+			 const struct kvs_geometry *g, const uint32_t *tokens, size_t n_tokens,
+			 bool create, const struct kvs_prefix_req *px, uint64_t *seq_id,
+			 uint64_t *covered);
 /* Attach; *out (optional) gets the SequenceInfo reply with the token ids kept so far. */
 int kvs_attach(struct kvs *k, uint64_t seq_id, Freekv__Reply **out);
 int kvs_detach(struct kvs *k, uint64_t seq_id);

@@ -217,6 +217,10 @@ void cmd_session_usage(FILE *f)
 		"                       lines (store reconnects, host-copy errors) are shown\n"
 		"      --seq NAME       the sequence's name in the store, 1 to 127 bytes (default:\n"
 		"                       generated); needs --store\n"
+		"      --cache-salt S   prefix-sharing namespace (default: the empty one): a new\n"
+		"                       sequence reuses the prompt pages that sequences of the same\n"
+		"                       model and salt left in kvstored, and prefills the rest\n"
+		"      --no-prefix      neither reuse nor offer prompt pages (with --store)\n"
 		"      --keep           keep the sequence in the store when done (detach), so a\n"
 		"                       later `kvworker resume` can continue it; without it the\n"
 		"                       sequence is dropped at the end (a crash leaves it orphaned);\n"
@@ -249,7 +253,7 @@ int cmd_backend_check(const char *backend, const char *policy, const char *prog)
 /* The shared options, as getopt_long entries: the short ones are their letter, the others
  * SESSION_OPT_BASE and up (the retrieval options follow, from policy_opts). */
 enum { SO_TEMP = CMD_SESSION_OPT_BASE, SO_TOPK, SO_TOPP, SO_STORE, SO_SEQ, SO_BACKEND, SO_LEASE,
-       SO_RETRY, SO_LOGLEVEL, SO_IDS, SO_STATS, SO_KEEP };
+       SO_RETRY, SO_LOGLEVEL, SO_IDS, SO_STATS, SO_KEEP, SO_SALT, SO_NOPREFIX };
 
 static const struct option session_options[] = {
 	{ "model", required_argument, NULL, 'm' },
@@ -270,6 +274,8 @@ static const struct option session_options[] = {
 	{ "ids", no_argument, NULL, SO_IDS },
 	{ "stats", no_argument, NULL, SO_STATS },
 	{ "keep", no_argument, NULL, SO_KEEP },
+	{ "cache-salt", required_argument, NULL, SO_SALT },
+	{ "no-prefix", no_argument, NULL, SO_NOPREFIX },
 };
 
 size_t cmd_options(struct option *out, size_t max, const struct option *own, size_t n_own,
@@ -327,6 +333,12 @@ int cmd_session_apply(struct cmd_session_opts *o, int c, const char *v)
 			return bad_value(o, "--backend", v);
 		o->backend = v;
 		break;
+	case SO_SALT:
+		if (strlen(v) > 256)
+			return bad_value(o, "--cache-salt", v);
+		o->cache_salt = v;
+		break;
+	case SO_NOPREFIX: o->no_prefix = true; break;
 	case SO_SEQ:
 		if (!*v || strlen(v) >= sizeof ((struct cmd_session *)0)->seq_name)
 			return bad_value(o, "--seq", v);
@@ -395,6 +407,12 @@ static size_t embedded_bytes(const struct fkv_model *m, const struct kv_geom *g,
 
 int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bool resume)
 {
+	int ret = cmd_session_load(s, o, resume);
+	return ret ? ret : cmd_session_open_seq(s, NULL, 0);
+}
+
+int cmd_session_load(struct cmd_session *s, const struct cmd_session_opts *o, bool resume)
+{
 	char err[512];
 	memset(s, 0, sizeof *s);
 	s->resumed = resume;
@@ -430,12 +448,11 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	}
 	struct kv_geom g;
 	engine_kv_geom(s->e, &g);
-	char wname[64];
-	snprintf(wname, sizeof wname, "kvworker-%d", (int)getpid());
-	struct hostkv_opts ho = { .endpoint = o->endpoint, .worker_name = wname,
-				  .embedded_bytes = embedded_bytes(&s->m, &g, engine_max_ctx(s->e)),
-				  .lease_budget = o->lease_budget, .retry_s = (int)o->store_retry };
-	if ((ret = hostkv_open(&ho, &s->hk, err, sizeof err))) {
+	snprintf(s->worker_name, sizeof s->worker_name, "kvworker-%d", (int)getpid());
+	s->ho = (struct hostkv_opts){ .endpoint = o->endpoint, .worker_name = s->worker_name,
+				      .embedded_bytes = embedded_bytes(&s->m, &g, engine_max_ctx(s->e)),
+				      .lease_budget = o->lease_budget, .retry_s = (int)o->store_retry };
+	if ((ret = hostkv_open(&s->ho, &s->hk, err, sizeof err))) {
 		fprintf(stderr, "%s: %s\n", o->prog, err);
 		return ret;
 	}
@@ -444,8 +461,42 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	else
 		snprintf(s->seq_name, sizeof s->seq_name, "gen-%d-%lld", (int)getpid(),
 			 (long long)time(NULL));
-	ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g, !resume,
-			      &s->hs, err, sizeof err);
+	return 0;
+}
+
+static int open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt);
+
+/* What else than the model, geometry and ubatch decides the bits of a prefilled page: the
+ * backend and the policy (docs/design.md §4 "Prefix sharing"). */
+static void prefix_variant(const struct cmd_session *s, char *buf, size_t len)
+{
+	snprintf(buf, len, "backend=%s;policy=%s", s->be->ops->name, s->o.po.policy);
+}
+
+int cmd_session_open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt)
+{
+	double t0 = clock_ms_f();
+	int ret = open_seq(s, prompt, n_prompt);
+	s->open_ms = clock_ms_f() - t0;
+	return ret;
+}
+
+static int open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt)
+{
+	char err[512], variant[128];
+	const struct cmd_session_opts *o = &s->o;
+	bool resume = s->resumed;
+	struct kv_geom g;
+	engine_kv_geom(s->e, &g);
+	prefix_variant(s, variant, sizeof variant);
+	struct hostkv_prefix px = { .ids = prompt, .n_ids = (size_t)n_prompt,
+				    .ubatch = (uint32_t)engine_ubatch(s->e), .salt = o->cache_salt,
+				    .variant = variant };
+	bool share = !resume && prompt && n_prompt > 0 && o->endpoint && !o->no_prefix;
+	int ret = share ? hostkv_seq_open_prefix(s->hk, s->seq_name, s->m.fingerprint,
+						 s->m.cfg.n_layers, &g, &px, &s->hs, err, sizeof err)
+			: hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers,
+					  &g, !resume, &s->hs, err, sizeof err);
 	/* kvstored went away while the sequence was being opened (it answered Hello, so this is
 	 * not a missing daemon): ride it out as a run does (docs/design.md §4). A sequence the
 	 * dead daemon journaled comes back empty and detached; opening it again is fine. */
@@ -463,12 +514,16 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 		struct timespec ts = { backoff / 1000, (backoff % 1000) * 1000000L };
 		nanosleep(&ts, NULL);
 		backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
-		if (hostkv_open(&ho, &s->hk, err, sizeof err)) {
+		if (hostkv_open(&s->ho, &s->hk, err, sizeof err)) {
 			s->hk = NULL;
 			continue;
 		}
-		ret = hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, &g,
-				      !resume, &s->hs, err, sizeof err);
+		ret = share ? hostkv_seq_open_prefix(s->hk, s->seq_name, s->m.fingerprint,
+						     s->m.cfg.n_layers, &g, &px, &s->hs, err,
+						     sizeof err)
+			    : hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint,
+					      s->m.cfg.n_layers, &g, !resume, &s->hs, err,
+					      sizeof err);
 	}
 	if (ret) {
 		fprintf(stderr, "%s: sequence '%s': %s\n", o->prog, s->seq_name, err);
@@ -476,6 +531,16 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	}
 	const int32_t *ids;
 	int64_t n_ids = hostkv_seq_tokens(s->hs, &ids);
+	if (share && n_ids == n_prompt && !memcmp(ids, prompt, (size_t)n_prompt * sizeof *ids)) {
+		/* The store kept the prompt with the open; its committed length is what it found. */
+		s->prefix_covered = hostkv_seq_committed(s->hs);
+		if (s->prefix_covered)
+			fprintf(stderr, "%s: sequence '%s': %lld of %d prompt tokens found in "
+				"kvstored's pool; prefill runs %lld\n", o->prog, s->seq_name,
+				(long long)s->prefix_covered, n_prompt,
+				(long long)(n_prompt - s->prefix_covered));
+		n_ids = 0;
+	}
 	if (!resume && n_ids) {
 		fprintf(stderr, "%s: sequence '%s' already holds %lld tokens (continue it with "
 			"`kvworker resume`)\n", o->prog, s->seq_name, (long long)n_ids);
@@ -566,7 +631,13 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 	const struct kv_policy_opts *k = engine_kv_opts(s->e);
 	double pre = t->t1 - t->t0, dec = t->t2 - t->t1;
 #define ADD(key, val) json_object_object_add(o, key, val)
-	ADD("prompt_tokens", json_object_new_int(t->n_first));
+	ADD("prompt_tokens", json_object_new_int(t->n_first + (int)s->prefix_covered));
+	ADD("prefix_covered", json_object_new_int64(s->prefix_covered));
+	ADD("prefill_tokens", json_object_new_int(t->n_first));
+	/* Opening the sequence (with prefix sharing: the lookup, and rebuilding the policy's
+	 * state from the pages found) + the prefill: the time to the first token's logits. */
+	ADD("open_ms", json_object_new_double(s->open_ms));
+	ADD("ttft_ms", json_object_new_double(s->open_ms + pre));
 	ADD("generated_tokens", json_object_new_int(t->generated));
 	ADD("decode_steps", json_object_new_int(t->steps));
 	ADD("tokens_decoded", json_object_new_int(t->steps));
@@ -747,12 +818,7 @@ static int reconnect(struct cmd_session *s, const struct hist *h, float *logits)
 		s->hk = NULL;
 		if (attempt && clock_ms() >= deadline)
 			break;
-		char wname[64];
-		snprintf(wname, sizeof wname, "kvworker-%d", (int)getpid());
-		struct hostkv_opts ho = { .endpoint = o->endpoint, .worker_name = wname,
-					  .lease_budget = o->lease_budget,
-					  .retry_s = (int)o->store_retry };
-		int ret = hostkv_open(&ho, &s->hk, err, sizeof err);
+		int ret = hostkv_open(&s->ho, &s->hk, err, sizeof err);
 		if (ret) {
 			s->hk = NULL;
 			if (clock_ms() >= deadline)

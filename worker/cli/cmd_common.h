@@ -75,6 +75,8 @@ struct cmd_session_opts {
 	long store_retry;	/* --store-retry: seconds to wait for a kvstored that went away */
 	const char *seq_name;	/* --seq; NULL: a fresh name */
 	const char *backend;	/* --backend cuda|cpu|auto; NULL: auto */
+	const char *cache_salt;	/* --cache-salt: the prefix-sharing namespace; NULL: default */
+	bool no_prefix;		/* --no-prefix: neither share nor publish (docs/design.md §4) */
 	struct policy_opts po;
 };
 
@@ -130,6 +132,10 @@ struct cmd_session {
 	double progress_t0, progress_last; /* ms: start of the phase, last line written */
 	bool store_lost;	/* kvstored went away for good: the sequence stays in its journal */
 	bool first_by_decode;	/* cmd_session_run runs `first` by decode steps, not prefill */
+	int64_t prefix_covered;	/* prompt tokens found in the store's pool: not prefilled */
+	struct hostkv_opts ho;	/* how the store was opened (again on a reconnect) */
+	double open_ms;		/* cmd_session_open_seq's time (the prefix lookup and restore) */
+	char worker_name[64];
 };
 
 /* Loads the model, creates the backend and engine, opens the store and the sequence: a new
@@ -137,6 +143,13 @@ struct cmd_session {
  * whose policy state is rebuilt from the host copy (resume true). Prints why on failure;
  * 0 or -errno. */
 int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bool resume);
+/* The same in two steps, for a new sequence that starts with a prompt: load (everything but
+ * the sequence), then open the sequence with the prompt's ids. With a kvstored and without
+ * --no-prefix the prompt's leading pages that another sequence already holds are attached
+ * (docs/design.md §4 "Prefix sharing"): s->prefix_covered tokens, which the run skips
+ * (cmd_session_run takes the prompt from there). */
+int cmd_session_load(struct cmd_session *s, const struct cmd_session_opts *o, bool resume);
+int cmd_session_open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt);
 /* Runs first[0..n_first) (the prompt, or a resumed sequence's pending ids), then samples and
  * decodes up to o.n tokens, each kept in the host copy before it is printed. Prints the
  * --stats JSON to stderr and reports it to kvstored. When kvstored goes away (killed,

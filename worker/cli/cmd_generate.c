@@ -92,7 +92,7 @@ int cmd_generate(int argc, char **argv)
 	int *prompt = NULL;
 	int32_t *ids = NULL;
 	ret = CMD_FAIL;
-	if (cmd_session_open(&s, &o, false))
+	if (cmd_session_load(&s, &o, false))
 		goto out;
 	int n_prompt = tokenizer_encode(s.tok, text ? text : prompt_arg, true, &prompt);
 	if (n_prompt < 0) {
@@ -116,7 +116,11 @@ int cmd_generate(int argc, char **argv)
 	}
 	for (int i = 0; i < n_prompt; i++)
 		ids[i] = prompt[i];
-	ret = cmd_session_exit(&s, cmd_session_run(&s, ids, n_prompt));
+	if (cmd_session_open_seq(&s, ids, n_prompt))
+		goto out;
+	/* The prompt's leading tokens found in kvstored's pool are not run again. */
+	ret = cmd_session_exit(&s, cmd_session_run(&s, ids + s.prefix_covered,
+						   n_prompt - (int)s.prefix_covered));
 out:
 	cmd_session_close(&s);
 	free(ids);

@@ -443,6 +443,11 @@ int64_t engine_max_ctx(const struct engine *e)
 	return e->max_ctx;
 }
 
+int engine_ubatch(const struct engine *e)
+{
+	return e->ubatch;
+}
+
 void engine_kv_geom(const struct engine *e, struct kv_geom *g)
 {
 	*g = (struct kv_geom){ .n_kv = e->attn.n_kv_heads, .p = e->kv_opts.page,

@@ -55,6 +55,8 @@ void engine_free(struct engine *e);
 
 int engine_vocab(const struct engine *e);
 int64_t engine_max_ctx(const struct engine *e);
+/* Tokens per forward chunk: a prefill runs in chunks of it from where it starts. */
+int engine_ubatch(const struct engine *e);
 
 /* The resolved KV settings, the policy's name, and the geometry of the host page blocks
  * (n_kv, page, head dim, KV dtype) every sequence's host copy must be opened with. */

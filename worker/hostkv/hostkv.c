@@ -547,9 +547,29 @@ int hk_keep_ids(struct hostkv_seq *s, const int32_t *ids, size_t first, size_t n
 	return 0;
 }
 
+static int seq_open(struct hostkv *h, const char *name, const uint8_t *fingerprint,
+		    int n_layers, const struct kv_geom *g, bool create,
+		    const struct hostkv_prefix *px, struct hostkv_seq **out, char *err,
+		    size_t errlen);
+
 int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerprint,
 		    int n_layers, const struct kv_geom *g, bool create, struct hostkv_seq **out,
 		    char *err, size_t errlen)
+{
+	return seq_open(h, name, fingerprint, n_layers, g, create, NULL, out, err, errlen);
+}
+
+int hostkv_seq_open_prefix(struct hostkv *h, const char *name, const uint8_t *fingerprint,
+			   int n_layers, const struct kv_geom *g, const struct hostkv_prefix *px,
+			   struct hostkv_seq **out, char *err, size_t errlen)
+{
+	return seq_open(h, name, fingerprint, n_layers, g, true, px, out, err, errlen);
+}
+
+static int seq_open(struct hostkv *h, const char *name, const uint8_t *fingerprint,
+		    int n_layers, const struct kv_geom *g, bool create,
+		    const struct hostkv_prefix *px, struct hostkv_seq **out, char *err,
+		    size_t errlen)
 {
 	if (!name || !name[0] || strlen(name) >= sizeof ((struct hostkv_seq *)0)->name)
 		return errmsg(err, errlen, -EINVAL, "sequence name must have 1 to %zu bytes",
@@ -583,7 +603,7 @@ int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerpri
 	size_t n_ids = 0;
 	hk_lock_store(h);
 	int ret = h->ops->open_seq(h->st, name, fingerprint, FKV_FINGERPRINT_BYTES, &kg, create,
-				   &s->id, err, errlen);
+				   px, &s->id, err, errlen);
 	if (!ret)
 		ret = h->ops->attach(h->st, s->id, &committed, &ids, &n_ids, err, errlen);
 	hk_unlock_store(h, true);

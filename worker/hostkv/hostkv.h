@@ -82,6 +82,21 @@ int hostkv_seq_register(struct hostkv_seq *s, struct backend *be, char *err, siz
 int hostkv_seq_open(struct hostkv *h, const char *name, const uint8_t *fingerprint,
 		    int n_layers, const struct kv_geom *g, bool create, struct hostkv_seq **out,
 		    char *err, size_t errlen);
+/* Prefix sharing (docs/design.md §4): a new sequence opened with its prompt's ids attaches the
+ * leading pages of the same prompt that another sequence of the same model, geometry, ubatch,
+ * namespace (salt) and variant already has in the store; its committed length (and the ids it
+ * keeps: the whole prompt) tell the caller where to start its prefill, which must run in
+ * chunks of ubatch from there. The embedded store shares nothing. */
+struct hostkv_prefix {
+	const int32_t *ids;	/* the prompt */
+	size_t n_ids;
+	uint32_t ubatch;
+	const char *salt;	/* NULL or "": the default namespace */
+	const char *variant;	/* backend and policy: what else decides a page's bits */
+};
+int hostkv_seq_open_prefix(struct hostkv *h, const char *name, const uint8_t *fingerprint,
+			   int n_layers, const struct kv_geom *g, const struct hostkv_prefix *px,
+			   struct hostkv_seq **out, char *err, size_t errlen);
 /* Tokens whose K/V are committed in the host copy. */
 int64_t hostkv_seq_committed(const struct hostkv_seq *s);
 /* Token ids kept with the sequence (may run past the committed K/V by the tokens sampled but

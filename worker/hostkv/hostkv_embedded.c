@@ -7,9 +7,10 @@
 _Static_assert(HOSTKV_RING_BATCH <= KVS_EMBED_RING_MAX, "a ring op batch must fit the embed ring");
 
 static int e_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
-		      const struct kvs_geometry *g, bool create, uint64_t *id, char *err,
-		      size_t errlen)
+		      const struct kvs_geometry *g, bool create, const struct hostkv_prefix *px,
+		      uint64_t *id, char *err, size_t errlen)
 {
+	(void)px; /* sequences live as long as the handle: nothing to share */
 	return kvs_embed_open_seq(st, name, fp, fp_len, g, create, id, err, errlen);
 }
 

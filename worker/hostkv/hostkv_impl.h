@@ -22,10 +22,11 @@
 
 struct hostkv_store_ops {
 	const char *name;
-	/* OpenSequence; *id is the store's sequence id. */
+	/* OpenSequence; *id is the store's sequence id. px (NULL: none) asks for prefix sharing
+	 * (a store without it ignores it: nothing is covered). */
 	int (*open_seq)(void *st, const char *name, const uint8_t *fp, size_t fp_len,
-			const struct kvs_geometry *g, bool create, uint64_t *id, char *err,
-			size_t errlen);
+			const struct kvs_geometry *g, bool create, const struct hostkv_prefix *px,
+			uint64_t *id, char *err, size_t errlen);
 	/* Attach: the committed length and a malloc'ed copy of the token ids kept (caller frees). */
 	int (*attach)(void *st, uint64_t id, uint64_t *committed, uint32_t **ids, size_t *n_ids,
 		      char *err, size_t errlen);

@@ -103,7 +103,7 @@ static int resync_seq(struct hostkv *h, struct saved_seq *v, char *err, size_t e
 	uint32_t *ids = NULL;
 	size_t n_ids = 0;
 	hk_lock_store(h);
-	int ret = h->ops->open_seq(h->st, s->name, s->fp, sizeof s->fp, &s->kg, false, &id, err,
+	int ret = h->ops->open_seq(h->st, s->name, s->fp, sizeof s->fp, &s->kg, false, NULL, &id, err,
 				   errlen);
 	if (!ret)
 		ret = h->ops->attach(h->st, id, &committed, &ids, &n_ids, err, errlen);

@@ -46,11 +46,21 @@ static bool r_gone(void *st)
 }
 
 static int r_open_seq(void *st, const char *name, const uint8_t *fp, size_t fp_len,
-		      const struct kvs_geometry *g, bool create, uint64_t *id, char *err,
-		      size_t errlen)
+		      const struct kvs_geometry *g, bool create, const struct hostkv_prefix *px,
+		      uint64_t *id, char *err, size_t errlen)
 {
 	struct remote *r = st;
-	int ret = kvs_open_sequence(r->k, name, fp, fp_len, g, NULL, 0, create, id);
+	struct kvs_prefix_req q = { 0 };
+	if (px) {
+		q.ubatch = px->ubatch;
+		q.salt = px->salt;
+		q.variant = px->variant;
+		q.variant_len = px->variant ? strlen(px->variant) : 0;
+	}
+	/* The prompt's ids go with the open only when sharing is asked for. */
+	int ret = kvs_open_sequence_px(r->k, name, fp, fp_len, g,
+				       px ? (const uint32_t *)px->ids : NULL, px ? px->n_ids : 0,
+				       create, px ? &q : NULL, id, NULL);
 	return ret ? kerr(r, ret, err, errlen, "opening the sequence in kvstored") : 0;
 }
 
