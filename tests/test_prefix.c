@@ -364,6 +364,48 @@ static void test_fork(void **state)
 	harness_stop(&hs);
 }
 
+/* A restart (kill -9, persist = true) keeps shared blocks once, with both holders, and rebuilds
+ * the index from the ids: a later prompt finds the pages again. */
+static void test_restart_shared(void **state)
+{
+	(void)state;
+	static struct proc a, b, c;
+	static const char *const persist_on[] = { "--set", "persist=true", NULL };
+	struct harness hs;
+	harness_start(&hs, persist_on);
+	assert_int_equal(gen(&a, hs.endpoint, g_p1, "a", "full", NULL), 0);
+	assert_int_equal(gen(&b, hs.endpoint, g_p2, "b", "full", NULL), 0);
+	uint64_t cov = covered(hs.endpoint, "b");
+	assert_true(cov >= 512);
+	Freekv__Reply *before = stats(hs.endpoint);
+	uint64_t blocks = before->stats->blocks_dram;
+	kvs_reply_free(before);
+	h_kill9(&hs);
+	harness_spawn(&hs, persist_on, NULL);
+	for (int i = 0; i < 2; i++) {
+		Freekv__Reply *r = show(hs.endpoint, i ? "b" : "a");
+		assert_false(r->sequence->has_damaged_blocks);
+		assert_int_equal(r->sequence->shared_pages, cov / 16);
+		kvs_reply_free(r);
+	}
+	assert_int_equal(covered(hs.endpoint, "b"), cov);
+	Freekv__Reply *r = stats(hs.endpoint);
+	assert_int_equal(r->stats->blocks_dram, blocks); /* each shared block adopted once */
+	assert_int_equal(r->stats->prefix->shared_blocks, 5 * cov / 16);
+	assert_true(r->stats->prefix->indexed_pages >= cov / 16);
+	kvs_reply_free(r);
+	assert_int_equal(gen(&c, hs.endpoint, g_p2, "c", "full", NULL), 0);
+	assert_int_equal(covered(hs.endpoint, "c"), cov);
+	same_ids(&c, &b);
+	evict(hs.endpoint, "a");
+	evict(hs.endpoint, "b");
+	evict(hs.endpoint, "c");
+	r = stats(hs.endpoint);
+	assert_int_equal(r->stats->blocks_dram + r->stats->blocks_nvme, 0);
+	kvs_reply_free(r);
+	h_finish(&hs);
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -376,6 +418,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_salt_and_geometry, h_teardown),
 		cmocka_unit_test_teardown(test_nvme_shared, h_teardown),
 		cmocka_unit_test_teardown(test_fork, h_teardown),
+		cmocka_unit_test_teardown(test_restart_shared, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
