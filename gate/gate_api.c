@@ -210,6 +210,7 @@ static int pump(struct job *j, int ms)
 		snprintf(j->error, sizeof j->error, "%s", t.error);
 		snprintf(j->reason, sizeof j->reason, "%s", t.reason);
 		j->prompt_tokens = t.prompt_tokens;
+		j->out.cached_tokens = t.cached_tokens;
 		j->generated = t.generated_tokens;
 		if (!ret && !j->to.stopped)
 			ret = textout_flush(&j->to, &j->text);
@@ -400,7 +401,7 @@ int api_completion(struct gate *g, struct MHD_Connection *c, bool chat, const ch
 	struct router_gen gen = {
 		.model = j->rq.model, .prompt = chat ? prompt : j->rq.prompt, .ids = j->rq.ids,
 		.n_ids = j->rq.n_ids, .temp = j->rq.temperature, .top_p = j->rq.top_p,
-		.has_seed = j->rq.has_seed, .seed = j->rq.seed,
+		.has_seed = j->rq.has_seed, .seed = j->rq.seed, .cache_salt = j->rq.cache_salt,
 		/* The API's default: 16 for completions, up to the context for chat. */
 		.max_tokens = j->rq.has_max_tokens ? j->rq.max_tokens :
 			      chat ? g->chat_max_tokens : 16,

@@ -38,6 +38,7 @@ void oa_req_free(struct oa_req *r)
 		free((char *)r->msgs[i].content);
 	}
 	free(r->msgs);
+	free(r->cache_salt);
 	for (int i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	memset(r, 0, sizeof *r);
@@ -290,6 +291,8 @@ static int field(enum oa_kind kind, const char *key, struct json_object *v, stru
 		return 0; /* null is "not given" for an optional parameter */
 	if (!strcmp(key, "model"))
 		return dup_str(v, key, &r->model, e);
+	if (!strcmp(key, "cache_salt"))
+		return dup_str(v, key, &r->cache_salt, e);
 	if (kind == OA_COMPLETION && !strcmp(key, "prompt")) {
 		*has_prompt = true;
 		return parse_prompt(v, r, e);
@@ -432,12 +435,15 @@ static struct json_object *head(enum oa_kind kind, const struct oa_out *o, bool 
 	return r;
 }
 
-static struct json_object *usage(uint32_t p, uint32_t c)
+static struct json_object *usage(uint32_t p, uint32_t c, uint32_t cached)
 {
-	struct json_object *u = json_object_new_object();
+	struct json_object *u = json_object_new_object(), *d = json_object_new_object();
 	json_object_object_add(u, "prompt_tokens", json_object_new_int64(p));
 	json_object_object_add(u, "completion_tokens", json_object_new_int64(c));
 	json_object_object_add(u, "total_tokens", json_object_new_int64((int64_t)p + c));
+	/* Prompt tokens whose K/V kvstored already held (prefix sharing): not run again. */
+	json_object_object_add(d, "cached_tokens", json_object_new_int64(cached));
+	json_object_object_add(u, "prompt_tokens_details", d);
 	return u;
 }
 
@@ -465,7 +471,7 @@ char *oa_completion_json(enum oa_kind kind, const struct oa_out *o, const char *
 	json_object_object_add(c, "finish_reason", str_or_null(finish));
 	json_object_array_add(ch, c);
 	json_object_object_add(r, "choices", ch);
-	json_object_object_add(r, "usage", usage(prompt_tokens, completion_tokens));
+	json_object_object_add(r, "usage", usage(prompt_tokens, completion_tokens, o->cached_tokens));
 	return dump(r);
 }
 
@@ -497,6 +503,6 @@ char *oa_usage_chunk_json(enum oa_kind kind, const struct oa_out *o, uint32_t pr
 {
 	struct json_object *r = head(kind, o, true);
 	json_object_object_add(r, "choices", json_object_new_array());
-	json_object_object_add(r, "usage", usage(prompt_tokens, completion_tokens));
+	json_object_object_add(r, "usage", usage(prompt_tokens, completion_tokens, o->cached_tokens));
 	return dump(r);
 }

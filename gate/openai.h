@@ -50,6 +50,7 @@ struct oa_req {
 	float temperature, top_p;
 	bool has_seed;
 	uint64_t seed;
+	char *cache_salt;		/* prefix-sharing namespace (docs/design.md §4) */
 	char *stop[OA_MAX_STOP];
 	int n_stop;
 };
@@ -70,6 +71,7 @@ struct oa_out {
 	const char *id;		/* cmpl-... or chatcmpl-... */
 	const char *model;
 	long long created;	/* Unix seconds */
+	uint32_t cached_tokens;	/* usage.prompt_tokens_details.cached_tokens */
 };
 
 /* The non-streamed response: one choice, finish_reason "stop" or "length", usage. */

@@ -34,7 +34,7 @@ struct router_stream {
 	bool sent, final, released, cancel_wanted, cancel_sent, in_table;
 	int status;
 	char error[256], reason[16];
-	uint32_t prompt_tokens, generated;
+	uint32_t prompt_tokens, generated, cached_tokens;
 	int64_t charged;		/* tokens counted in the worker's outstanding */
 	uint8_t *req;			/* packed Request until sent */
 	size_t req_len;
@@ -250,6 +250,7 @@ static void on_reply(struct router *r, int wi, const uint8_t *data, size_t len)
 		} else if (rp->body_case == FREEKV__WORKER__REPLY__BODY_DONE) {
 			snprintf(s->reason, sizeof s->reason, "%s", rp->done->reason);
 			s->prompt_tokens = rp->done->prompt_tokens;
+			s->cached_tokens = rp->done->cached_tokens;
 			s->generated = rp->done->generated_tokens;
 			finish(r, s, 0, NULL);
 		}
@@ -519,6 +520,7 @@ static int pack_generate(const struct router_gen *g, uint64_t id, uint8_t **buf,
 	sp.top_p = g->top_p;
 	sp.has_seed = g->has_seed;
 	sp.seed = g->seed;
+	gen.cache_salt = (char *)g->cache_salt;
 	*len = freekv__worker__request__get_packed_size(&rq);
 	if (!(*buf = malloc(*len)))
 		return -ENOMEM;
@@ -642,6 +644,7 @@ int router_take(struct router_stream *s, int timeout_ms, struct router_take *t)
 	snprintf(t->error, sizeof t->error, "%s", s->error);
 	snprintf(t->reason, sizeof t->reason, "%s", s->reason);
 	t->prompt_tokens = s->prompt_tokens;
+	t->cached_tokens = s->cached_tokens;
 	t->generated_tokens = s->generated;
 	pthread_mutex_unlock(&r->mu);
 	return 0;

@@ -46,6 +46,7 @@ struct router_gen {
 	float temp, top_p;
 	bool has_seed;
 	uint64_t seed;
+	const char *cache_salt;		/* prefix-sharing namespace (NULL: the default one) */
 };
 
 /* What a stream holds when router_take returns. */
@@ -58,6 +59,7 @@ struct router_take {
 	char error[256];
 	char reason[16];		/* Done.reason: eos, length, context, cancelled, shutdown */
 	uint32_t prompt_tokens, generated_tokens;
+	uint32_t cached_tokens;		/* of prompt_tokens, found in kvstored's pool */
 	int worker;			/* index of the worker that ran it */
 };
 

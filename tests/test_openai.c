@@ -123,7 +123,7 @@ static void test_render(void **state)
 	assert_string_equal(str_at(o, "error", "code"), "model_not_found");
 	assert_string_equal(str_at(o, "error", "param"), "model");
 	json_object_put(o);
-	struct oa_out out = { "chatcmpl-1", "m", 1700000000 };
+	struct oa_out out = { "chatcmpl-1", "m", 1700000000, 3 };
 	o = back(oa_completion_json(OA_CHAT, &out, "hi/\xc3\xa9", "stop", 5, 2));
 	assert_string_equal(str_at(o, "object", NULL), "chat.completion");
 	x = json_object_array_get_idx(json_object_object_get(o, "choices"), 0);
@@ -131,6 +131,10 @@ static void test_render(void **state)
 	assert_string_equal(str_at(x, "finish_reason", NULL), "stop");
 	assert_int_equal(json_object_get_int(json_object_object_get(
 				 json_object_object_get(o, "usage"), "total_tokens")), 7);
+	/* Prompt tokens found in kvstored's pool, as OpenAI reports cached prompt tokens. */
+	assert_int_equal(json_object_get_int(json_object_object_get(json_object_object_get(
+				 json_object_object_get(o, "usage"), "prompt_tokens_details"),
+				 "cached_tokens")), 3);
 	json_object_put(o);
 	o = back(oa_chunk_json(OA_CHAT, &out, NULL, true, NULL));
 	x = json_object_array_get_idx(json_object_object_get(o, "choices"), 0);

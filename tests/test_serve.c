@@ -14,7 +14,9 @@
  *     STOPPING=1 reach NOTIFY_SOCKET;
  *   - kill -9 of kvstored while three requests decode, then a new kvstored on the same pool
  *     and journal: every client still gets exactly its solo ids (the worker continues in
- *     place), with full and with freekv. */
+ *     place), with full and with freekv;
+ *   - a chat's next turn finds the first turn's prompt pages in kvstored and decodes the
+ *     tokens of a cold run; another cache_salt finds nothing. */
 #include "clock.h"
 #include "test_kvworker_proc.h"
 
@@ -785,6 +787,77 @@ static void test_store_restart_freekv(void **state)
 	store_restart();
 }
 
+/* A chat's next turn (docs/design.md §4 "Prefix sharing"): its prompt repeats the first turn's,
+ * whose pages the first request left in kvstored; the worker finds them (Done.cached_tokens,
+ * whole ubatches) and the tokens are a cold run's. Another cache_salt finds nothing. */
+static void test_prefix_next_turn(void **state)
+{
+	(void)state;
+	char path[4096];
+	snprintf(path, sizeof path, "%s/tests/data/stories_corpus.txt", FREEKV_SOURCE_DIR);
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	static char turn1[1400], turn2[1600];
+	size_t n = fread(turn1, 1, 1200, f);
+	fclose(f);
+	turn1[n] = 0;
+	snprintf(turn2, sizeof turn2, "%s Lily smiled at her mom. What did Lily find in the park?",
+		 turn1);
+	static int ref[P_MAX_IDS];
+	const char *args[] = { "generate", "-m", g_model, "-p", turn2, "-n", "16", "--temp", "0",
+			       "--ids", "-t", "1", "--backend", "cpu", "-c", "1024", KV_FLAGS,
+			       NULL };
+	static struct proc p;
+	assert_int_equal(p_run(&p, args), 0);
+	assert_int_equal(p.n_ids, 16);
+	memcpy(ref, p.ids, sizeof(int) * 16);
+	struct harness h;
+	harness_start(&h, NULL);
+	struct server sv;
+	server_start(&sv, &h, (const char *const[]){ "-m", g_model, "-c", "1024", "--ubatch", "64",
+						     NULL });
+	void *s = w_connect(sv.listen, ZMQ_DEALER);
+	const char *salts[3] = { NULL, NULL, "another-tenant" };
+	const char *texts[3] = { turn1, turn2, turn2 };
+	uint32_t cached[3];
+	for (int t = 0; t < 3; t++) {
+		Freekv__Worker__Request rq;
+		Freekv__Worker__Generate g;
+		Freekv__Worker__Sampling sp;
+		gen_req(&rq, &g, &sp, 500 + (uint64_t)t, texts[t], 16);
+		g.has_keep = true;
+		g.keep = true;
+		g.cache_salt = (char *)salts[t];
+		w_send(s, &rq);
+		int got[16], n_got = 0;
+		for (bool done = false; !done;) {
+			Freekv__Worker__Reply *r = w_recv(s, 20000);
+			assert_non_null(r);
+			assert_int_equal(r->status, 0);
+			if (r->body_case == FREEKV__WORKER__REPLY__BODY_PIECE) {
+				assert_true(n_got < 16);
+				got[n_got++] = r->piece->token_id;
+			} else {
+				assert_int_equal(r->body_case, FREEKV__WORKER__REPLY__BODY_DONE);
+				cached[t] = r->done->cached_tokens;
+				done = true;
+			}
+			freekv__worker__reply__free_unpacked(r, NULL);
+		}
+		assert_int_equal(n_got, 16);
+		if (t)
+			assert_memory_equal(got, ref, sizeof got);
+	}
+	fprintf(stderr, "next turn: %u prompt tokens found in the pool\n", cached[1]);
+	assert_int_equal(cached[0], 0);
+	assert_true(cached[1] >= 128);
+	assert_int_equal(cached[1] % 64, 0);
+	assert_int_equal(cached[2], 0);
+	zmq_close(s);
+	server_stop(&sv);
+	harness_stop(&h);
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -800,6 +873,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_sigterm_resume_freekv, h_teardown),
 		cmocka_unit_test_teardown(test_store_restart_full, h_teardown),
 		cmocka_unit_test_teardown(test_store_restart_freekv, h_teardown),
+		cmocka_unit_test_teardown(test_prefix_next_turn, h_teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	zmq_ctx_term(g_zctx);

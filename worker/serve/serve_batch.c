@@ -33,8 +33,11 @@ struct serve_req {
 	struct sampler smp;
 	int32_t *pending;		/* ids to run at the next step */
 	int n_pending, cap_pending;
-	uint32_t n, generated, prompt_tokens, max_batch;
+	uint32_t n, generated, prompt_tokens, max_batch, cached_tokens;
 	bool keep, started;
+	/* Its prompt runs alone in the step, in whole ubatches from where the pages found in the
+	 * pool end, so that the pages it writes may be shared (docs/design.md §4). */
+	bool alone;
 	double t0, t1;			/* admitted, first token sampled */
 };
 
@@ -151,6 +154,8 @@ static void req_end(struct serve *s, struct serve_req *q, const char *reason)
 	d.seq = q->name;
 	d.reason = (char *)reason;
 	d.prompt_tokens = q->prompt_tokens;
+	d.has_cached_tokens = true;
+	d.cached_tokens = q->cached_tokens;
 	d.generated_tokens = q->generated;
 	d.seq_tokens = (uint64_t)n_ids;
 	d.kept = keep;
@@ -335,15 +340,29 @@ static int admit(struct serve *s, const struct peer *p, uint64_t id,
 			 (unsigned long long)++s->name_counter);
 	struct kv_geom geom;
 	engine_kv_geom(s->e, &geom);
-	char sub[256];
-	ret = hostkv_seq_open(s->hk, q->name, s->m->fingerprint, s->m->cfg.n_layers, &geom,
-			      !resume, &q->hs, sub, sizeof sub);
+	char sub[256], variant[128];
+	snprintf(variant, sizeof variant, "backend=%s;policy=%s", s->backend_name,
+		 engine_policy_name(s->e));
+	_Static_assert(sizeof(int) == sizeof(int32_t), "prompt ids are int32");
+	struct hostkv_prefix px = { .ids = (const int32_t *)tokens, .n_ids = (size_t)n_prompt,
+				    .ubatch = (uint32_t)engine_ubatch(s->e),
+				    .salt = resume ? NULL : g->cache_salt, .variant = variant };
+	ret = resume ? hostkv_seq_open(s->hk, q->name, s->m->fingerprint, s->m->cfg.n_layers,
+				       &geom, false, &q->hs, sub, sizeof sub)
+		     : hostkv_seq_open_prefix(s->hk, q->name, s->m->fingerprint,
+					      s->m->cfg.n_layers, &geom, &px, &q->hs, sub,
+					      sizeof sub);
 	if (ret) {
 		snprintf(err, errlen, "sequence '%s': %s", q->name, sub);
 		goto fail;
 	}
 	const int32_t *kept;
-	int64_t n_kept = hostkv_seq_tokens(q->hs, &kept);
+	int64_t n_kept = hostkv_seq_tokens(q->hs, &kept), covered = 0;
+	if (!resume && n_kept == n_prompt && !memcmp(kept, tokens, (size_t)n_prompt * sizeof *kept)) {
+		/* Kept with the open; the committed length is what the pool already had. */
+		covered = hostkv_seq_committed(q->hs);
+		n_kept = 0;
+	}
 	if (!resume && n_kept) {
 		snprintf(err, errlen, "sequence '%s' already holds %lld tokens (continue it with "
 			 "Resume)", q->name, (long long)n_kept);
@@ -377,11 +396,13 @@ static int admit(struct serve *s, const struct peer *p, uint64_t id,
 		ret = -ENOMEM;
 		q->pending = malloc((size_t)n_prompt * sizeof *q->pending);
 		if (q->pending) {
-			for (int i = 0; i < n_prompt; i++)
-				q->pending[i] = tokens[i];
-			q->n_pending = q->cap_pending = n_prompt;
+			for (int i = (int)covered; i < n_prompt; i++)
+				q->pending[i - covered] = tokens[i];
+			q->n_pending = q->cap_pending = n_prompt - (int)covered;
 			ret = 0;
 		}
+		q->alone = true;
+		q->cached_tokens = (uint32_t)covered;
 	}
 	if (ret || (ret = sampler_init(&q->smp, &sp, V))) {
 		snprintf(err, errlen, "out of memory");
@@ -395,11 +416,12 @@ static int admit(struct serve *s, const struct peer *p, uint64_t id,
 	q->delim = p->delim;
 	q->n = n;
 	q->keep = resume ? rs->keep : g->keep;
-	q->prompt_tokens = (uint32_t)q->n_pending;
+	q->prompt_tokens = (uint32_t)q->n_pending + q->cached_tokens;
 	q->t0 = clock_ms_f();
 	s->n_active++;
-	log_info("request %llu: %s sequence '%s', %d tokens to run, n %u",
-		(unsigned long long)id, resume ? "resume" : "generate", q->name, q->n_pending, n);
+	log_info("request %llu: %s sequence '%s', %d tokens to run (%u found in the pool), n %u",
+		(unsigned long long)id, resume ? "resume" : "generate", q->name, q->n_pending,
+		q->cached_tokens, n);
 	return 0;
 fail:
 	free(tokens);
@@ -710,39 +732,17 @@ static void after_step(struct serve *s, struct serve_req *q, const float *logits
 	q->n_pending = 1;
 }
 
-void serve_step(struct serve *s)
+/* One engine step over qs[0..k): each request's pending ids; then sampling and streaming. */
+static void run_batch(struct serve *s, struct serve_req **qs, int k)
 {
-	while (s->n_wait && s->n_active < s->max_seqs) {
-		struct serve_wait w = s->wait[s->wait_head];
-		s->wait_head = (s->wait_head + 1) % s->max_queue;
-		s->n_wait--;
-		admit_or_refuse(s, &w.p, w.rq);
-		freekv__worker__request__free_unpacked(w.rq, NULL);
-	}
-	int k = 0;
 	int *seqs = s->b_seqs, *ns = s->b_ns;
 	const int32_t **ids = s->b_ids;
-	struct serve_req **qs = s->b_reqs;
-	for (int i = 0; i < s->max_seqs; i++) {
-		struct serve_req *q = &s->reqs[i];
-		if (!q->used)
-			continue;
-		if (q->cancel) {
-			req_end(s, q, "cancelled");
-			continue;
-		}
-		if (q->n_pending <= 0) { /* a bug: every active request has ids to run */
-			req_end(s, q, "error");
-			continue;
-		}
-		qs[k] = q;
-		seqs[k] = q->seq;
-		ids[k] = q->pending;
-		ns[k] = q->n_pending;
-		k++;
+	for (int j = 0; j < k; j++) {
+		seqs[j] = qs[j]->seq;
+		ids[j] = qs[j]->pending;
+		ns[j] = qs[j]->n_pending;
+		qs[j]->alone = false; /* its prompt runs now; what follows are decode steps */
 	}
-	if (!k)
-		return;
 	char err[512];
 	double t0 = clock_ms_f();
 	int ret = engine_forward(s->e, k, seqs, ids, ns, s->logits, false, err, sizeof err);
@@ -768,6 +768,44 @@ void serve_step(struct serve *s)
 			qs[j]->max_batch = (uint32_t)k;
 		after_step(s, qs[j], s->logits + (size_t)j * (size_t)V);
 	}
+}
+
+void serve_step(struct serve *s)
+{
+	while (s->n_wait && s->n_active < s->max_seqs) {
+		struct serve_wait w = s->wait[s->wait_head];
+		s->wait_head = (s->wait_head + 1) % s->max_queue;
+		s->n_wait--;
+		admit_or_refuse(s, &w.p, w.rq);
+		freekv__worker__request__free_unpacked(w.rq, NULL);
+	}
+	int k = 0, n_alone = 0;
+	struct serve_req **qs = s->b_reqs, *alone[64];
+	for (int i = 0; i < s->max_seqs; i++) {
+		struct serve_req *q = &s->reqs[i];
+		if (!q->used)
+			continue;
+		if (q->cancel) {
+			req_end(s, q, "cancelled");
+			continue;
+		}
+		if (q->n_pending <= 0) { /* a bug: every active request has ids to run */
+			req_end(s, q, "error");
+			continue;
+		}
+		/* A new prompt runs in its own engine call, chunked in whole ubatches from its
+		 * start as a lone `generate` would, so the pages it writes are the ones a cold
+		 * run writes and may be shared (docs/design.md §4 "Prefix sharing"). */
+		if (q->alone && n_alone < (int)(sizeof alone / sizeof *alone))
+			alone[n_alone++] = q;
+		else
+			qs[k++] = q;
+	}
+	if (k)
+		run_batch(s, qs, k);
+	for (int i = 0; i < n_alone; i++)
+		if (alone[i]->used && !alone[i]->cancel)
+			run_batch(s, &alone[i], 1);
 }
 
 char *serve_stats_json(const struct serve *s)
