@@ -201,6 +201,8 @@ static json_object *prefix_json(const Freekv__PrefixStats *p)
 	json_object_object_add(o, "indexed_pages", json_object_new_uint64(p->indexed_pages));
 	json_object_object_add(o, "shared_blocks", json_object_new_uint64(p->shared_blocks));
 	json_object_object_add(o, "forks", json_object_new_uint64(p->forks));
+	json_object_object_add(o, "cached_blocks", json_object_new_uint64(p->cached_blocks));
+	json_object_object_add(o, "evicted_pages", json_object_new_uint64(p->evicted_pages));
 	return o;
 }
 
@@ -210,8 +212,10 @@ static void prefix_line(const Freekv__PrefixStats *p)
 		return;
 	printf("  prefix   %" PRIu64 " lookups: %" PRIu64 " hits, %" PRIu64 " misses; %" PRIu64
 	       " pages attached, %" PRIu64 " tokens not prefilled; %" PRIu64 " pages indexed, %"
-	       PRIu64 " blocks shared, %" PRIu64 " forks\n", p->lookups, p->hits, p->misses,
-	       p->pages_attached, p->tokens_saved, p->indexed_pages, p->shared_blocks, p->forks);
+	       PRIu64 " blocks shared, %" PRIu64 " cached (no sequence), %" PRIu64 " pages let "
+	       "go; %" PRIu64 " forks\n", p->lookups, p->hits, p->misses, p->pages_attached,
+	       p->tokens_saved, p->indexed_pages, p->shared_blocks, p->cached_blocks,
+	       p->evicted_pages, p->forks);
 }
 
 static json_object *status_json(const Freekv__StatsReply *s)

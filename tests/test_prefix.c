@@ -131,6 +131,18 @@ static void evict(const char *endpoint, const char *name)
 	kvs_close(k);
 }
 
+/* kvctl evict --detached: every detached sequence, and the pages only the index keeps. */
+static void evict_detached(const char *endpoint)
+{
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_DETACHED, 0, NULL, 0,
+				   false, &r), 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+}
+
 static void same_ids(const struct proc *a, const struct proc *b)
 {
 	assert_int_equal(a->n_ids, atoi(N_GEN));
@@ -184,7 +196,9 @@ static void test_share_freekv(void **state)
 }
 
 /* A is killed while B decodes over A's pages: B goes on untouched. Then dropping A leaves the
- * shared pages to B, and dropping B frees them: the pool ends empty. */
+ * shared pages to B; dropping B leaves the prompt pages to the index alone, as a cache that a
+ * third prompt still finds; evicting the detached sequences lets the cache go too: the pool
+ * ends empty. */
 static void test_kill_first_worker(void **state)
 {
 	(void)state;
@@ -202,9 +216,9 @@ static void test_kill_first_worker(void **state)
 	assert_int_equal(p_wait(&a), 128 + SIGKILL);
 	assert_int_equal(p_wait(&b), 0);
 	same_ids(&b, &cold);
-	uint64_t c = covered(hs.endpoint, "b");
-	assert_true(c >= 512);
-	assert_int_equal(shared_pages(hs.endpoint, "b"), c / 16);
+	uint64_t cov = covered(hs.endpoint, "b");
+	assert_true(cov >= 512);
+	assert_int_equal(shared_pages(hs.endpoint, "b"), cov / 16);
 	/* a is orphaned (its worker died); drop it: b keeps every page it shared. */
 	for (uint64_t t0 = clock_ms(); clock_ms() - t0 < 5000;) {
 		Freekv__Reply *r = show(hs.endpoint, "a");
@@ -222,9 +236,21 @@ static void test_kill_first_worker(void **state)
 	kvs_reply_free(r);
 	r = stats(hs.endpoint);
 	assert_int_equal(r->stats->prefix->shared_blocks, 0);
-	assert_int_equal(r->stats->blocks_dram, b_blocks); /* b's blocks and nothing of a's */
+	/* b's blocks, and of a's only its indexed prompt pages that b does not use (cached). */
+	assert_true(r->stats->prefix->cached_blocks > 0);
+	assert_int_equal(r->stats->blocks_dram, b_blocks + r->stats->prefix->cached_blocks);
+	uint64_t indexed = r->stats->prefix->indexed_pages;
 	kvs_reply_free(r);
 	evict(hs.endpoint, "b");
+	r = stats(hs.endpoint);
+	assert_int_equal(r->stats->blocks_dram, 5 * indexed); /* the index's pages alone */
+	assert_int_equal(r->stats->prefix->cached_blocks, 5 * indexed);
+	kvs_reply_free(r);
+	static struct proc c;
+	assert_int_equal(gen(&c, hs.endpoint, g_p2, "c", "full", NULL), 0);
+	assert_int_equal(covered(hs.endpoint, "c"), cov);
+	same_ids(&c, &cold);
+	evict_detached(hs.endpoint);
 	r = stats(hs.endpoint);
 	assert_int_equal(r->stats->blocks_dram + r->stats->blocks_nvme, 0);
 	assert_int_equal(r->stats->prefix->indexed_pages, 0);
@@ -397,13 +423,73 @@ static void test_restart_shared(void **state)
 	assert_int_equal(gen(&c, hs.endpoint, g_p2, "c", "full", NULL), 0);
 	assert_int_equal(covered(hs.endpoint, "c"), cov);
 	same_ids(&c, &b);
-	evict(hs.endpoint, "a");
-	evict(hs.endpoint, "b");
-	evict(hs.endpoint, "c");
+	evict_detached(hs.endpoint);
 	r = stats(hs.endpoint);
 	assert_int_equal(r->stats->blocks_dram + r->stats->blocks_nvme, 0);
 	kvs_reply_free(r);
 	h_finish(&hs);
+}
+
+/* The protocol itself, with the harness's synthetic geometry (2 layers, page 16): a reader
+ * attaches the publisher's pages and reads its bytes; a COMMIT to a shared block is refused
+ * (EROFS); once both are dropped the pages stay as a cache; an ALLOC that finds no room (no
+ * NVMe tier) lets the cache go, least recently used first. */
+static void test_cache_gives_way(void **state)
+{
+	(void)state;
+	static const char *const small[] = { "--set", "dram_bytes=4M", "--set", "nvme_path=",
+					     NULL };
+	struct harness hs;
+	harness_start(&hs, small);
+	static uint32_t ids[1025];
+	for (int i = 0; i < 1025; i++)
+		ids[i] = (uint32_t)(i * 7 + 3) % 500;
+	struct kvs_prefix_req px = { .ubatch = 16, .variant = "test", .variant_len = 4 };
+	struct kvs *k[2];
+	uint64_t seq[2], cov[2];
+	for (int w = 0; w < 2; w++) {
+		const char *name = w ? "reader" : "publisher";
+		assert_int_equal(kvs_connect(hs.endpoint, 5000, &k[w]), 0);
+		assert_int_equal(kvs_hello(k[w], KVS_ROLE_WORKER, name), 0);
+		assert_int_equal(kvs_open_sequence_px(k[w], name, h_fp, sizeof h_fp, &h_geo, ids, 1025,
+						      true, &px, &seq[w], &cov[w]), 0);
+		assert_int_equal(kvs_attach(k[w], seq[w], NULL), 0);
+		if (!w)
+			assert_int_equal(h_write_pages(k[0], seq[0], 1, 0, 64), 0);
+	}
+	assert_int_equal(cov[0], 0);
+	assert_int_equal(cov[1], 1024); /* every page, below the 1025-token prompt */
+	assert_int_equal(h_read_pages(k[1], seq[1], 1, 0, 64), 0); /* the publisher's bytes */
+	uint32_t page = 0;
+	uint64_t mask = 3, off, lease;
+	assert_int_equal(kvs_recall(k[1], seq[1], 0, &page, &mask, 1, &off, &lease), 0);
+	assert_int_equal(kvs_commit(k[1], seq[1], 1024, &off, 1), -EROFS);
+	assert_int_equal(kvs_release(k[1], &lease, 1), 0);
+	for (int w = 0; w < 2; w++) {
+		assert_int_equal(kvs_close_sequence(k[w], seq[w], true), 0);
+		kvs_close(k[w]);
+	}
+	Freekv__Reply *r = stats(hs.endpoint);
+	assert_int_equal(r->stats->prefix->cached_blocks, 2 * 64);
+	assert_int_equal(r->stats->prefix->indexed_pages, 64);
+	uint64_t total = r->stats->dram_bytes / H_BLOCK;
+	kvs_reply_free(r);
+	/* A filler that needs more than what the cache leaves free. */
+	uint64_t fseq;
+	struct kvs *f = h_worker(&hs, "filler", &fseq);
+	assert_non_null(f);
+	uint32_t pages = (uint32_t)((total - 64) / 2);
+	assert_int_equal(h_write_pages(f, fseq, 2, 0, pages), 0);
+	r = stats(hs.endpoint);
+	fprintf(stderr, "pool of %llu blocks: filler wrote %u pages, %llu cached pages let go\n",
+		(unsigned long long)total, pages, (unsigned long long)r->stats->prefix->evicted_pages);
+	assert_true(r->stats->prefix->evicted_pages > 0);
+	assert_true(r->stats->prefix->cached_blocks < 2 * 64);
+	assert_int_equal(r->stats->prefix->cached_blocks, 2 * r->stats->prefix->indexed_pages);
+	kvs_reply_free(r);
+	assert_int_equal(h_read_pages(f, fseq, 2, 0, pages), 0);
+	kvs_close(f);
+	harness_stop(&hs);
 }
 
 int main(void)
@@ -419,6 +505,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_nvme_shared, h_teardown),
 		cmocka_unit_test_teardown(test_fork, h_teardown),
 		cmocka_unit_test_teardown(test_restart_shared, h_teardown),
+		cmocka_unit_test_teardown(test_cache_gives_way, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

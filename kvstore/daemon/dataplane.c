@@ -180,7 +180,10 @@ int dp_rank_victim(void *ctx, const struct pool_block *b)
 	struct dp *dp = ctx;
 	if (!b->committed)
 		return -1;
-	if (b->refs > 1)
+	uint32_t holders = b->refs - (b->indexed ? 1 : 0);
+	if (!holders)
+		return 0; /* a cached page that no sequence uses (prefix index) */
+	if (holders > 1)
 		return 1; /* shared: hot while any of its sequences may be attached */
 	struct seq *s = seq_find(dp->seqs, b->seq_id);
 	return s && s->state == SEQ_ATTACHED ? 1 : 0;
@@ -350,6 +353,9 @@ static int op_alloc(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 			seq_set_block(s, e->layer, e->first_page + i, SEQ_NO_BLOCK);
 			pool_block_free(dp->pool, ids[i]);
 		}
+		/* Without a tier to demote to, cached prefix pages make the room. */
+		if (ret == -ENOSPC && !dp->tier && dp_prefix_evict(dp, e->count))
+			return op_alloc(dp, w, e);
 		return ret == -ENOSPC && dp->tier ? -EAGAIN : ret;
 	}
 	e->n_payload = e->count;
@@ -553,6 +559,10 @@ static int alloc_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 		reclaim_unit_for(dp, w, &p->e);
 	if (dp->demoting)
 		return -EAGAIN;
+	/* Nothing to demote (the tier is full, or every block is in use): cached prefix pages
+	 * give way before anyone waits. */
+	if (dp_prefix_evict(dp, p->e.count))
+		return -EAGAIN;
 	uint64_t now = dp_now_us();
 	if (!p->deadline_us)
 		p->deadline_us = now + dp->cfg->alloc_wait_ms * 1000;
@@ -741,11 +751,11 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		free_if_doomed(dp, id);
 		return;
 	}
-	if (r->status == -EBADMSG) {
+	if (r->status == -EBADMSG)
 		dp->crc_errors++;
-		prefix_unindex_block(&dp->px, id); /* never attached again; its sharers all fail */
-	}
 	dp_fail_recalls_of(dp, id, r->status);
+	if (r->status == -EBADMSG)
+		dp_unindex(dp, id); /* never attached again; its sharers all fail */
 	free_if_doomed(dp, id);
 }
 
@@ -1095,7 +1105,7 @@ void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u)
 			else
 				u->in_flight++;
 			u->leases += b->leases;
-			u->shared += l == 0 && b->refs > 1;
+			u->shared += l == 0 && b->refs - (b->indexed ? 1u : 0u) > 1;
 		}
 	}
 }

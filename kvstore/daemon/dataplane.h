@@ -71,7 +71,7 @@ struct dp_seq_usage {
  * blocks referenced by more than one sequence now, forks. */
 struct dp_prefix_stats {
 	uint64_t lookups, hits, misses, pages_attached, tokens_saved, indexed_pages, shared_blocks,
-		 forks;
+		 forks, cached_blocks, evicted_pages;
 };
 
 int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen);
@@ -142,6 +142,9 @@ void dp_prefix_publish(struct dp *dp, struct seq *s);
  * not in DRAM (moving) or the pool has no room for the copy, -EINVAL for another geometry. */
 int dp_fork(struct dp *dp, struct seq *src, struct seq *dst, char *err, size_t errlen);
 void dp_prefix_stats(struct dp *dp, struct dp_prefix_stats *st);
+/* Lets go of cached pages (indexed, held by no sequence), least recently used first, until at
+ * least want blocks are freed or none is left; returns the blocks freed. */
+uint64_t dp_prefix_evict(struct dp *dp, uint64_t want);
 uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid);
 /* When the worker's ring last carried an op (ms, monotonic), 0 never: ring traffic proves a
  * worker alive as well as a heartbeat does. Call with the dp lock held. */

@@ -127,6 +127,9 @@ void dp_block_unref(struct dp *dp, struct seq *s, uint32_t layer, uint32_t page)
 bool dp_seq_holds(const struct seq *s, const struct pool_block *b, uint32_t id);
 /* A shared or indexed block: never written again (COMMIT refuses it with EROFS). */
 bool dp_block_readonly(struct dp *dp, uint32_t id);
+/* Takes block id's page out of the prefix index, dropping the index's reference on each of
+ * its blocks (a block no sequence holds is freed). */
+void dp_unindex(struct dp *dp, uint32_t id);
 /* Calls fn for every sequence that maps block id (one scan of the table when it is shared). */
 void dp_each_holder(struct dp *dp, uint32_t id, void (*fn)(struct dp *, struct seq *, uint32_t));
 /* Every RECALL waiting for block fails with status (dataplane.c). */

@@ -25,15 +25,21 @@ bool dp_seq_holds(const struct seq *s, const struct pool_block *b, uint32_t id)
 bool dp_block_readonly(struct dp *dp, uint32_t id)
 {
 	const struct pool_block *b = pool_block_get(dp->pool, id);
-	return b && (b->refs > 1 || prefix_has_block(&dp->px, id));
+	return b && (b->refs > 1 || b->indexed);
+}
+
+/* Sequences that map b: its references less the index's. */
+static uint32_t holders(const struct pool_block *b)
+{
+	return b->refs - (b->indexed ? 1 : 0);
 }
 
 void dp_each_holder(struct dp *dp, uint32_t id, void (*fn)(struct dp *, struct seq *, uint32_t))
 {
 	struct pool_block *b = pool_block_get(dp->pool, id);
-	if (!b)
+	if (!b || !holders(b))
 		return;
-	if (b->refs <= 1) {
+	if (holders(b) == 1 && b->seq_id) {
 		struct seq *s = seq_find(dp->seqs, b->seq_id);
 		if (dp_seq_holds(s, b, id))
 			fn(dp, s, id);
@@ -44,23 +50,9 @@ void dp_each_holder(struct dp *dp, uint32_t id, void (*fn)(struct dp *, struct s
 			fn(dp, dp->seqs->v[i], id);
 }
 
-void dp_block_unref(struct dp *dp, struct seq *s, uint32_t layer, uint32_t page)
+/* The last reference went: free the block, or doom it while its I/O runs. */
+static void free_or_doom(struct dp *dp, uint32_t id, struct pool_block *b)
 {
-	uint32_t id = seq_block(s, layer, page);
-	struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
-	seq_set_block(s, layer, page, SEQ_NO_BLOCK);
-	if (!b)
-		return;
-	if (b->refs > 1) {
-		b->refs--;
-		if (b->seq_id == s->id) { /* b->seq_id names one holder: another one now */
-			for (size_t i = 0; i < dp->seqs->n; i++)
-				if (dp_seq_holds(dp->seqs->v[i], b, id))
-					b->seq_id = dp->seqs->v[i]->id;
-		}
-		return;
-	}
-	prefix_unindex_block(&dp->px, id);
 	if (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME) {
 		b->doomed = true; /* freed when its I/O ends (free_if_doomed) */
 		b->seq_id = 0;
@@ -69,6 +61,39 @@ void dp_block_unref(struct dp *dp, struct seq *s, uint32_t layer, uint32_t page)
 	if (b->tier == POOL_TIER_NVME)
 		tier_extent_free(dp->tier, b->nvme_off, b->bytes);
 	pool_block_free(dp->pool, id);
+}
+
+void dp_block_unref(struct dp *dp, struct seq *s, uint32_t layer, uint32_t page)
+{
+	uint32_t id = seq_block(s, layer, page);
+	struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+	seq_set_block(s, layer, page, SEQ_NO_BLOCK);
+	if (!b)
+		return;
+	if (--b->refs == 0) {
+		free_or_doom(dp, id, b);
+		return;
+	}
+	if (b->seq_id == s->id) { /* b->seq_id names one holder: another one now, or none */
+		b->seq_id = 0;
+		for (size_t i = 0; holders(b) && i < dp->seqs->n; i++)
+			if (dp_seq_holds(dp->seqs->v[i], b, id))
+				b->seq_id = dp->seqs->v[i]->id;
+	}
+}
+
+void dp_unindex(struct dp *dp, uint32_t id)
+{
+	uint32_t blocks[SEQ_MAX_LAYERS];
+	uint32_t n = prefix_unindex_block(&dp->px, id, blocks);
+	for (uint32_t l = 0; l < n; l++) {
+		struct pool_block *b = pool_block_get(dp->pool, blocks[l]);
+		if (!b || !b->indexed)
+			continue;
+		b->indexed = false;
+		if (--b->refs == 0)
+			free_or_doom(dp, blocks[l], b);
+	}
 }
 
 static int grow_keys(struct seq *s, uint32_t need)
@@ -190,7 +215,7 @@ void dp_prefix_publish(struct dp *dp, struct seq *s)
 		for (uint32_t l = 0; l < L; l++) {
 			uint32_t id = seq_block(s, l, s->n_keys);
 			if (id != SEQ_NO_BLOCK)
-				prefix_unindex_block(&dp->px, id);
+				dp_unindex(dp, id);
 		}
 	}
 	uint64_t lim = s->committed_tokens < s->n_tokens ? s->committed_tokens : s->n_tokens;
@@ -211,8 +236,15 @@ void dp_prefix_publish(struct dp *dp, struct seq *s)
 		s->n_keys++;
 		/* The first publisher of a key keeps it; the same page from another sequence (two
 		 * cold runs at once) is simply not indexed. */
-		if (!prefix_find(&dp->px, s->keys[p]))
-			prefix_insert(&dp->px, s->keys[p], blocks, L);
+		if (prefix_find(&dp->px, s->keys[p]) || prefix_insert(&dp->px, s->keys[p], blocks, L))
+			continue;
+		/* The index holds a reference: the page outlives the sequences that use it, as a
+		 * cache that gives way under pressure (dp_prefix_evict). */
+		for (uint32_t l = 0; l < L; l++) {
+			struct pool_block *b = pool_block_get(dp->pool, blocks[l]);
+			b->indexed = true;
+			b->refs++;
+		}
 	}
 }
 
@@ -301,7 +333,9 @@ undo:
 static int count_shared(void *ctx, uint32_t id, struct pool_block *b)
 {
 	(void)id;
-	*(uint64_t *)ctx += b->refs > 1;
+	struct dp_prefix_stats *st = ctx;
+	st->shared_blocks += holders(b) > 1;
+	st->cached_blocks += b->indexed && !holders(b);
 	return 0;
 }
 
@@ -309,6 +343,60 @@ void dp_prefix_stats(struct dp *dp, struct dp_prefix_stats *st)
 {
 	*st = dp->pxs;
 	st->indexed_pages = dp->px.entries;
-	st->shared_blocks = 0;
-	pool_each(dp->pool, count_shared, &st->shared_blocks);
+	st->shared_blocks = st->cached_blocks = 0;
+	pool_each(dp->pool, count_shared, st);
+}
+
+struct cached {
+	uint32_t id;
+	uint64_t lru;
+};
+
+struct cached_scan {
+	struct cached *v;
+	size_t n, cap;
+};
+
+static int collect_cached(void *ctx, uint32_t id, struct pool_block *b)
+{
+	struct cached_scan *c = ctx;
+	if (!b->indexed || holders(b) || b->leases ||
+	    (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))
+		return 0;
+	if (c->n == c->cap) {
+		size_t cap = c->cap ? c->cap * 2 : 256;
+		struct cached *v = realloc(c->v, cap * sizeof *v);
+		if (!v)
+			return 1;
+		c->v = v;
+		c->cap = cap;
+	}
+	c->v[c->n++] = (struct cached){ id, b->lru };
+	return 0;
+}
+
+static int by_lru(const void *a, const void *b)
+{
+	const struct cached *x = a, *y = b;
+	return x->lru < y->lru ? -1 : x->lru > y->lru;
+}
+
+uint64_t dp_prefix_evict(struct dp *dp, uint64_t want)
+{
+	struct cached_scan c = { 0 };
+	struct pool_usage u0, u;
+	pool_each(dp->pool, collect_cached, &c);
+	qsort(c.v, c.n, sizeof *c.v, by_lru);
+	pool_usage(dp->pool, &u0);
+	u = u0;
+	for (size_t i = 0; i < c.n && u0.blocks - u.blocks < want; i++) {
+		const struct pool_block *b = pool_block_get(dp->pool, c.v[i].id);
+		if (!b || !b->indexed || holders(b))
+			continue; /* went with an entry let go before */
+		dp_unindex(dp, c.v[i].id);
+		dp->pxs.evicted_pages++;
+		pool_usage(dp->pool, &u);
+	}
+	free(c.v);
+	return u0.blocks - u.blocks;
 }

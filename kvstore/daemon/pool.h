@@ -67,7 +67,7 @@ struct pool_block {
 	uint64_t user;          /* free for the daemon (e.g. owning worker id) */
 	uint32_t bytes;         /* block size (the class's block_bytes) */
 	uint32_t leases;        /* a leased block is never moved */
-	uint32_t refs;          /* sequences sharing this block */
+	uint32_t refs;          /* sequences mapping this block, + 1 while indexed (prefix.h) */
 	uint32_t crc;           /* crc32c of the block bytes, valid when has_crc */
 	uint32_t rows;          /* token rows of the page committed when rows_crc was taken */
 	uint32_t rows_crc;      /* crc32c of those rows (persist.h), checked after a restart */
@@ -76,6 +76,7 @@ struct pool_block {
 	bool committed;
 	bool has_crc;
 	bool doomed;            /* its sequence was dropped during its I/O: freed when that ends */
+	bool indexed;           /* its page is in the prefix index, which holds one of refs */
 };
 
 struct pool_usage {

@@ -165,15 +165,19 @@ int prefix_insert(struct prefix_index *x, const uint8_t key[PREFIX_KEY_BYTES],
 	return -ENOMEM;
 }
 
-void prefix_unindex_block(struct prefix_index *x, uint32_t block)
+uint32_t prefix_unindex_block(struct prefix_index *x, uint32_t block, uint32_t *out)
 {
 	struct prefix_rev *r = find_rev(x, block);
 	if (!r)
-		return;
+		return 0;
 	struct prefix_entry *e = r->e;
+	uint32_t n = e->n_layers;
+	if (out)
+		memcpy(out, e->blocks, n * sizeof *out);
 	HASH_DEL(x->by_key, e);
 	x->entries--;
-	entry_free(x, e, e->n_layers);
+	entry_free(x, e, n);
+	return n;
 }
 
 void prefix_index_clear(struct prefix_index *x)

@@ -51,8 +51,9 @@ int prefix_insert(struct prefix_index *x, const uint8_t key[PREFIX_KEY_BYTES],
 		  const uint32_t *blocks, uint32_t n_layers);
 /* Whether block is one of an entry's. */
 bool prefix_has_block(const struct prefix_index *x, uint32_t block);
-/* Removes the entry that holds block, if any (all its layers). */
-void prefix_unindex_block(struct prefix_index *x, uint32_t block);
+/* Removes the entry that holds block, if any (all its layers), copying its blocks to out
+ * (SEQ_MAX_LAYERS entries) when out is not NULL. Returns how many blocks it had (0: none). */
+uint32_t prefix_unindex_block(struct prefix_index *x, uint32_t block, uint32_t *out);
 void prefix_index_clear(struct prefix_index *x);
 
 #endif

@@ -577,6 +577,9 @@ static int h_evict(struct call *c)
 		for (size_t i = t->n; i-- > 0 && !ret;)
 			if (t->v[i]->state != SEQ_ATTACHED)
 				ret = evict_one(c, t->v[i], e->demote, &seqs, &blocks);
+		/* Pages kept only by the prefix index go too (docs/design.md §4). */
+		if (!ret && !e->demote)
+			blocks += dp_prefix_evict(c->s->ctx.dp, UINT64_MAX);
 		break;
 	default:
 		return fail(c, -EINVAL, "unknown evict target %d", e->target);
@@ -651,6 +654,9 @@ static Freekv__PrefixStats *prefix_stats_msg(struct call *c, struct dp *dp)
 	m->indexed_pages = p.indexed_pages;
 	m->shared_blocks = p.shared_blocks;
 	m->forks = p.forks;
+	m->has_cached_blocks = m->has_evicted_pages = true;
+	m->cached_blocks = p.cached_blocks;
+	m->evicted_pages = p.evicted_pages;
 	return m;
 }
 
