@@ -15,10 +15,12 @@ static void collect(void *ctx, struct prom_buf *b)
 {
 	struct store_metrics *m = ctx;
 	struct dp_stats d;
+	struct dp_prefix_stats px;
 	size_t nc = rpc_n_commands();
 	struct rpc_stat cmd[64], bad;
 	dp_lock(m->dp);
 	dp_stats(m->dp, &d);
+	dp_prefix_stats(m->dp, &px);
 	size_t n_seqs = m->seqs->n, n_workers = m->workers->n;
 	for (size_t i = 0; i < nc && i < 64; i++)
 		cmd[i] = m->rpc->stats[i];
@@ -55,6 +57,25 @@ static void collect(void *ctx, struct prom_buf *b)
 		 (double)d.swap_failures);
 	prom_one(b, "freekv_store_checksum_failures_total", "counter",
 		 "Blocks read from NVMe whose crc32c did not match", (double)d.crc_errors);
+	/* Prefix sharing (docs/design.md §4). */
+	prom_one(b, "freekv_store_prefix_lookups_total", "counter",
+		 "Sequence opens that looked for their prompt's pages", (double)px.lookups);
+	prom_one(b, "freekv_store_prefix_hits_total", "counter",
+		 "Prefix lookups that attached one page or more", (double)px.hits);
+	prom_one(b, "freekv_store_prefix_misses_total", "counter",
+		 "Prefix lookups that found nothing", (double)px.misses);
+	prom_one(b, "freekv_store_prefix_pages_attached_total", "counter",
+		 "Pages attached by prefix hits and forks", (double)px.pages_attached);
+	prom_one(b, "freekv_store_prefix_tokens_saved_total", "counter",
+		 "Prompt tokens found in the pool and not prefilled", (double)px.tokens_saved);
+	prom_one(b, "freekv_store_prefix_indexed_pages", "gauge", "Pages in the prefix index",
+		 (double)px.indexed_pages);
+	prom_one(b, "freekv_store_prefix_shared_blocks", "gauge",
+		 "Blocks referenced by more than one sequence", (double)px.shared_blocks);
+	prom_one(b, "freekv_store_prefix_cached_blocks", "gauge",
+		 "Blocks kept only by the prefix index", (double)px.cached_blocks);
+	prom_one(b, "freekv_store_prefix_evicted_pages_total", "counter",
+		 "Cached pages let go to make room", (double)px.evicted_pages);
 	prom_one(b, "freekv_store_uptime_seconds", "gauge", "Seconds since kvstored started",
 		 (double)(clock_ms() - m->start_ms) / 1e3);
 

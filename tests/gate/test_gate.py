@@ -433,8 +433,40 @@ def t_metrics(args, c):
     check(delta("kvstored", "freekv_store_ring_ops_total", {"op": "COMMIT"}) > 0, "commits")
 
 
+def t_prefix(args, c):
+    """Prefix sharing without flags (docs/design.md §4): a request whose prompt extends an
+    earlier one's finds that prompt's pages in kvstored (usage.prompt_tokens_details.
+    cached_tokens, whole ubatches of 256), with the greedy text of a cold run; another
+    cache_salt finds nothing and gives the same text."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                       "stories_corpus.txt")
+    with open(src, encoding="utf-8") as f:
+        first = f.read()[:1500]
+    second = first + " Then Lily asked her mom a question."
+    cl = client(c)
+
+    def cached(r):
+        d = getattr(r.usage, "prompt_tokens_details", None)
+        return d.cached_tokens if d is not None else None
+
+    r1 = cl.completions.create(model=MODEL_ID, prompt=first, max_tokens=8, temperature=0)
+    check(cached(r1) == 0, f"first request cached {cached(r1)}")
+    want = generate(args, second, 8)
+    r2 = cl.completions.create(model=MODEL_ID, prompt=second, max_tokens=8, temperature=0)
+    check(cached(r2) is not None and cached(r2) >= 256 and cached(r2) % 256 == 0,
+          f"second request cached {cached(r2)}")
+    check(r2.choices[0].text == want, f"shared {r2.choices[0].text!r} != cold {want!r}")
+    r3 = cl.completions.create(model=MODEL_ID, prompt=second, max_tokens=8, temperature=0,
+                               extra_body={"cache_salt": "another-tenant"})
+    check(cached(r3) == 0, f"other salt cached {cached(r3)}")
+    check(r3.choices[0].text == want, f"salted {r3.choices[0].text!r} != cold {want!r}")
+    s = scrape(c, "kvstored")
+    check(metric(s, "freekv_store_prefix_hits_total") >= 1, "store prefix hits")
+    check(metric(s, "freekv_store_prefix_tokens_saved_total") >= cached(r2), "tokens saved")
+
+
 CASES = [t_models_health, t_completion_greedy, t_completion_stop_seed, t_chat, t_concurrent,
-         t_bad_input, t_no_template, t_limits, t_kill_worker, t_metrics]
+         t_bad_input, t_no_template, t_limits, t_kill_worker, t_metrics, t_prefix]
 
 
 def main():
