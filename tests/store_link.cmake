@@ -5,7 +5,7 @@
 freekv_add_test(test_hostkv SOURCES test_hostkv.c LIBS freekv_runtime LABELS integration
   TIMEOUT 120)
 add_dependencies(test_hostkv kvstored)
-foreach(t resume two_workers restart_workers prefix)
+foreach(t resume two_workers restart_workers prefix prefix_logits)
   if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_${t}.c)
     freekv_add_test(test_${t} SOURCES test_${t}.c LIBS freekv_runtime LABELS integration
       TIMEOUT 180)
