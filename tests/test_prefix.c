@@ -465,6 +465,29 @@ static void test_cache_gives_way(void **state)
 	assert_int_equal(kvs_recall(k[1], seq[1], 0, &page, &mask, 1, &off, &lease), 0);
 	assert_int_equal(kvs_commit(k[1], seq[1], 1024, &off, 1), -EROFS);
 	assert_int_equal(kvs_release(k[1], &lease, 1), 0);
+	/* Another model fingerprint, dtype, ubatch or variant finds nothing. */
+	uint8_t fp2[sizeof h_fp];
+	memcpy(fp2, h_fp, sizeof fp2);
+	fp2[5] ^= 1;
+	struct kvs_geometry g32 = h_geo;
+	g32.dtype = 1; /* f32 */
+	struct kvs_prefix_req ub32 = px, var2 = px;
+	ub32.ubatch = 32;
+	var2.variant = "tesT";
+	struct {
+		const char *name;
+		const uint8_t *fp;
+		const struct kvs_geometry *g;
+		const struct kvs_prefix_req *q;
+	} miss[] = { { "other-fp", fp2, &h_geo, &px }, { "other-dtype", h_fp, &g32, &px },
+		     { "other-ubatch", h_fp, &h_geo, &ub32 }, { "other-variant", h_fp, &h_geo, &var2 } };
+	for (size_t i = 0; i < sizeof miss / sizeof miss[0]; i++) {
+		uint64_t id, c = 99;
+		assert_int_equal(kvs_open_sequence_px(k[1], miss[i].name, miss[i].fp, sizeof h_fp,
+						      miss[i].g, ids, 1025, true, miss[i].q, &id, &c), 0);
+		assert_int_equal(c, 0);
+		assert_int_equal(kvs_close_sequence(k[1], id, true), 0);
+	}
 	for (int w = 0; w < 2; w++) {
 		assert_int_equal(kvs_close_sequence(k[w], seq[w], true), 0);
 		kvs_close(k[w]);
