@@ -233,6 +233,21 @@ static json_object *status_json(const Freekv__StatsReply *s)
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
 	if (s->prefix)
 		json_object_object_add(j, "prefix", prefix_json(s->prefix));
+	if (s->remote) {
+		const Freekv__RemoteStats *m = s->remote;
+		json_object *o = json_object_new_object();
+		json_object_object_add(o, "url", json_object_new_string(m->url));
+		json_object_object_add(o, "ops", json_object_new_uint64(m->ops));
+		json_object_object_add(o, "errors", json_object_new_uint64(m->errors));
+		json_object_object_add(o, "bytes_put", json_object_new_uint64(m->bytes_put));
+		json_object_object_add(o, "bytes_got", json_object_new_uint64(m->bytes_got));
+		json_object_object_add(o, "total_us", json_object_new_uint64(m->total_us));
+		json_object_object_add(o, "crc_errors", json_object_new_uint64(m->crc_errors));
+		json_object_object_add(o, "published", json_object_new_uint64(m->published));
+		json_object_object_add(o, "adopted", json_object_new_uint64(m->adopted));
+		json_object_object_add(o, "owned", json_object_new_uint64(m->owned));
+		json_object_object_add(j, "remote", o);
+	}
 	if (s->journal) {
 		const Freekv__JournalStats *jr = s->journal;
 		json_object *o = json_object_new_object();
@@ -282,6 +297,16 @@ static void show_status(const Freekv__StatsReply *s, bool json)
 		printf("  DRAM  %12s / %-12s %8" PRIu64 " blocks\n", a, b, s->blocks_dram);
 		printf("  NVMe  %12s / %-12s %8" PRIu64 " blocks\n", c, d, s->blocks_nvme);
 		prefix_line(s->prefix);
+		if (s->remote) {
+			const Freekv__RemoteStats *m = s->remote;
+			mib(a, sizeof a, m->bytes_put);
+			mib(b, sizeof b, m->bytes_got);
+			printf("  remote   %s: %" PRIu64 " published, %" PRIu64 " adopted, %" PRIu64
+			       " owned; %s out, %s in; %" PRIu64 " commands in %.1f ms, %" PRIu64
+			       " errors, %" PRIu64 " checksum failures\n", m->url, m->published,
+			       m->adopted, m->owned, a, b, m->ops, m->total_us / 1e3, m->errors,
+			       m->crc_errors);
+		}
 		const Freekv__JournalStats *jr = s->journal;
 		if (!jr) {
 			printf("  journal  off (persist = false, or no nvme_path / journal_path): a restart "
@@ -544,6 +569,19 @@ static int v_evict(struct kvs *k, const struct opts *o)
 	return print_evicted(r, o, o->demote || o->worker ? "demoting" : "evicted");
 }
 
+static int v_publish(struct kvs *k, const struct opts *o)
+{
+	Freekv__Reply *r;
+	uint64_t id;
+	const char *name;
+	if (seq_arg(o->pos[0], &id, &name))
+		return EXIT_USAGE;
+	int ret = kvs_publish(k, id, name, &r);
+	if (ret)
+		return failed(k, ret);
+	return print_evicted(r, o, "published");
+}
+
 static int v_demote(struct kvs *k, const struct opts *o)
 {
 	Freekv__Reply *r;
@@ -705,6 +743,7 @@ static const struct verb verbs[] = {
 	{ "evict", "evict SEQ | --worker ID | --detached  [--demote]", 0, 1, v_evict },
 	{ "demote", "demote SEQ", 1, 1, v_demote },
 	{ "fork", "fork SRC DST", 2, 2, v_fork },
+	{ "publish", "publish SEQ", 1, 1, v_publish },
 	{ "stats", "stats", 0, 0, v_stats },
 	{ "config", "config get [KEY] | config set KEY VALUE", 1, 3, v_config },
 	{ "watch", "watch [--interval SECONDS] [--count N]", 0, 0, v_watch },
@@ -723,7 +762,9 @@ static void usage(FILE *f)
 		   "  moving between tiers, LEASES blocks leased by workers, SHARED pages\n"
 		   "  shared with other sequences (prefix sharing, fork)\n"
 		   "  fork makes DST share every full page of SRC and copy its tail page;\n"
-		   "  `kvworker resume --seq DST` continues it\n");
+		   "  `kvworker resume --seq DST` continues it\n"
+		   "  publish writes a detached sequence to kvstored's Redis tier (remote_url) and\n"
+		   "  hands its name over: `kvworker resume` on another host's kvstored adopts it\n");
 	for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
 		fprintf(f, "  kvctl %s\n", verbs[i].usage);
 	fprintf(f, "exit codes: 0 ok, 1 refused by kvstored, 2 usage, 3 kvstored unreachable\n");

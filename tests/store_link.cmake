@@ -1,11 +1,11 @@
 # tests/store_link.cmake — the worker's link to kvstored: hostkv against the embedded store and a
 # real kvstored; kvworker killed mid-generation and resumed; two workers on one kvstored; prefix
-# sharing and forks between workers.
+# sharing and forks between workers; sequences moved between two kvstored through Redis.
 # Integration tests: they start real kvstored (and kvworker) processes on temporary names.
 freekv_add_test(test_hostkv SOURCES test_hostkv.c LIBS freekv_runtime LABELS integration
   TIMEOUT 120)
 add_dependencies(test_hostkv kvstored)
-foreach(t resume two_workers restart_workers prefix prefix_logits)
+foreach(t resume two_workers restart_workers prefix prefix_logits remote)
   if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_${t}.c)
     freekv_add_test(test_${t} SOURCES test_${t}.c LIBS freekv_runtime LABELS integration
       TIMEOUT 180)

@@ -86,6 +86,19 @@ static const struct cfg_key keys[] = {
 	  "error, warn, info or debug" },
 	{ "metrics_listen", CFG_T_STRING, F(metrics_listen), 0, CFG_STR_MAX - 1, "", false,
 	  "loopback HOST:PORT serving Prometheus /metrics (empty: none)" },
+	{ "remote_url", CFG_T_STRING, F(remote_url), 0, CFG_STR_MAX - 1, "", false,
+	  "Redis server (redis://HOST:PORT) where sequences are published for other hosts to "
+	  "adopt (empty: none; Redis Cluster is not supported yet)" },
+	{ "remote_namespace", CFG_T_STRING, F(remote_namespace), 1, 100, "freekv", false,
+	  "prefix of every Redis key this daemon writes" },
+	{ "remote_host_id", CFG_T_STRING, F(remote_host_id), 0, 120, "", false,
+	  "this daemon's name in Redis leases (empty: <hostname>:<shm_name>)" },
+	{ "remote_timeout_ms", CFG_T_U64, F(remote_timeout_ms), 10, 600000, "2000", false,
+	  "a Redis call that takes longer fails (the local tiers are not affected)" },
+	{ "remote_lease_ms", CFG_T_U64, F(remote_lease_ms), 1000, 86400000, "30000", false,
+	  "how long a host's ownership of an adopted sequence's name lasts unless renewed" },
+	{ "remote_publish", CFG_T_BOOL, F(remote_publish), 0, 1, "false", true,
+	  "publish a sequence to Redis whenever its worker detaches it" },
 };
 
 #undef F

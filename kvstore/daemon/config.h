@@ -47,6 +47,13 @@ struct cfg {
 	uint64_t io_queue_depth;
 	uint64_t log_level;		/* enum cfg_log_level */
 	char metrics_listen[CFG_STR_MAX]; /* HOST:PORT of /metrics; empty: not served */
+	/* Beyond one host (docs/design.md §8, remote.h). */
+	char remote_url[CFG_STR_MAX];	/* redis://HOST:PORT; empty: no remote tier */
+	char remote_namespace[CFG_STR_MAX];
+	char remote_host_id[CFG_STR_MAX]; /* empty: <hostname>:<shm_name> */
+	uint64_t remote_timeout_ms;
+	uint64_t remote_lease_ms;
+	bool remote_publish;		/* publish a sequence when its worker detaches it */
 };
 
 /* Fill every key with its default. */

@@ -142,6 +142,17 @@ void dp_prefix_publish(struct dp *dp, struct seq *s);
  * not in DRAM (moving) or the pool has no room for the copy, -EINVAL for another geometry. */
 int dp_fork(struct dp *dp, struct seq *src, struct seq *dst, char *err, size_t errlen);
 void dp_prefix_stats(struct dp *dp, struct dp_prefix_stats *st);
+/* Beyond one host (dataplane_remote.c, docs/design.md §8). dp_seq_export copies the blocks of
+ * s's committed pages, every layer, page-major, into *out (n = layers × pages; free with
+ * dp_blocks_free): from DRAM, or read from NVMe and checked; -EBUSY while one is moving.
+ * dp_seq_import gives s (new, no blocks) blocks b[0..n) — allocated, filled, committed and
+ * journaled with its committed length — or nothing (-ENOSPC when the pool has no room). */
+struct remote_block;
+int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out, size_t *n,
+		  char *err, size_t errlen);
+int dp_seq_import(struct dp *dp, struct seq *s, const struct remote_block *b, size_t n,
+		  char *err, size_t errlen);
+void dp_blocks_free(struct remote_block *b, size_t n);
 /* Lets go of cached pages (indexed, held by no sequence), least recently used first, until at
  * least want blocks are freed or none is left; returns the blocks freed. */
 uint64_t dp_prefix_evict(struct dp *dp, uint64_t want);

@@ -22,6 +22,7 @@
 #include "freekv_store.h"
 #include "owner.h"
 #include "persist.h"
+#include "remote_seq.h"
 #include "rpc.h"
 #include "sdnotify.h"
 #include "seq.h"
@@ -63,6 +64,7 @@ struct daemon_state {
 	int sigfd;
 	struct store_metrics sm;	/* metrics_listen (docs/design.md §6) */
 	bool sm_on;
+	struct remote_seq remote;	/* remote_url (docs/design.md §8) */
 };
 
 static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print)
@@ -240,6 +242,7 @@ static void event_loop(struct daemon_state *d)
 		rpc_serve(&d->rpc, 256);
 		dp_run(d->dp);
 		reap_workers(d);
+		remote_seq_tick(&d->remote);
 
 		uint64_t t = clock_ms();
 		if (wd_ms && t - last_wd >= wd_ms) {
@@ -332,9 +335,16 @@ int main(int argc, char **argv)
 		log_error("zmq_ctx_new: %s", zmq_strerror(errno));
 		goto out_dp;
 	}
+	if ((ret = remote_seq_init(&d.remote, &d.cfg, d.dp, &d.seqs, d.ps, err, sizeof err))) {
+		log_error("%s", err);
+		goto out_zmq;
+	}
+	if (d.remote.r)
+		log_info("remote tier %s, namespace %s, host id %s", d.cfg.remote_url,
+			 d.cfg.remote_namespace, remote_host_id(d.remote.r));
 	struct rpc_ctx rctx = {
 		.cfg = &d.cfg, .seqs = &d.seqs, .workers = &d.workers, .dp = d.dp, .access = &d.access,
-		.ps = d.ps,
+		.ps = d.ps, .remote = &d.remote,
 		.start_ms = clock_ms(), .now_ms = clock_ms,
 	};
 	if ((ret = rpc_init(&d.rpc, d.zctx, &rctx, err, sizeof err))) {
@@ -374,6 +384,7 @@ out_rpc:
 		store_metrics_shutdown(&d.sm); /* its scrapes read the rpc counters */
 	rpc_shutdown(&d.rpc);
 out_zmq:
+	remote_seq_close(&d.remote);
 	zmq_ctx_term(d.zctx);
 out_dp:
 	dp_shutdown(d.dp);

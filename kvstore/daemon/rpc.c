@@ -5,6 +5,7 @@
 #include "pbcheck.h"
 #include "persist.h"
 #include "prefix.h"
+#include "remote_seq.h"
 #include "prom.h"
 
 #include <errno.h>
@@ -343,6 +344,15 @@ static int h_open(struct call *c)
 	    (o->has_prefix_variant && o->prefix_variant.len > PREFIX_MAX_SALT))
 		return fail(c, -EINVAL, "cache_salt or prefix_variant longer than %d bytes",
 			    PREFIX_MAX_SALT);
+	if (!s && !o->create && !(o->fork_from && o->fork_from[0]) && x->remote && x->remote->r) {
+		/* Unknown here: perhaps published by another host (docs/design.md §8). */
+		ret = remote_seq_adopt(x->remote, o->name, o->model_fingerprint.data,
+				       o->model_fingerprint.len, &g, c->w != NULL, c->w ? c->w->uid : 0,
+				       &s, c->err, sizeof c->err);
+		if (ret)
+			return ret;
+		had = s->n_tokens;
+	}
 	if (o->fork_from && o->fork_from[0]) {
 		/* Fork (docs/design.md §4): a new sequence that shares every full page of src. */
 		if (s)
@@ -393,6 +403,7 @@ static int h_open(struct call *c)
 
 static int h_attach(struct call *c)
 {
+	struct rpc_ctx *x = &c->s->ctx;
 	struct seq *s = lookup(c, true, c->req->attach->seq_id, NULL);
 	if (!s)
 		return -ENOENT;
@@ -401,10 +412,26 @@ static int h_attach(struct call *c)
 	int ret = may_use(c, s);
 	if (ret)
 		return ret;
+	if (s->state != SEQ_ATTACHED && x->remote &&
+	    (ret = remote_seq_claim(x->remote, s, c->err, sizeof c->err)))
+		return ret;
 	ret = seq_attach(s, c->w->id, c->err, sizeof c->err);
 	if (ret)
 		return ret;
 	return reply_seq(c, s, true);
+}
+
+/* remote_publish = true: a sequence its worker detaches goes to Redis (docs/design.md §8). A
+ * failure is logged; the detach stands. */
+static void auto_publish(struct call *c, struct seq *s)
+{
+	struct rpc_ctx *x = &c->s->ctx;
+	uint64_t blocks, bytes;
+	char err[256];
+	if (!x->remote || !x->remote->r || !x->cfg->remote_publish)
+		return;
+	if (remote_seq_publish(x->remote, s, &blocks, &bytes, err, sizeof err))
+		log_warn("sequence '%s' not published: %s", s->name, err);
 }
 
 static int h_detach(struct call *c)
@@ -416,6 +443,7 @@ static int h_detach(struct call *c)
 	if (ret)
 		return ret;
 	dp_worker_detach(c->s->ctx.dp, c->w->id, s);
+	auto_publish(c, s);
 	return reply_ack(c);
 }
 
@@ -441,6 +469,8 @@ static int h_close(struct call *c)
 	ret = dp_drop_seq(x->dp, s, &blocks, c->err, sizeof c->err);
 	if (ret)
 		return ret;
+	if (x->remote)
+		remote_seq_release(x->remote, s);
 	persist_seq_remove(x->ps, s->id);
 	seq_remove(x->seqs, s);
 	return reply_evicted(c, 1, blocks);
@@ -540,6 +570,8 @@ static int evict_one(struct call *c, struct seq *s, bool demote, uint64_t *seqs,
 			return fail(c, -EBUSY, "sequence '%s' is attached to worker %u (demote it instead)",
 				    s->name, s->worker_id);
 		ret = dp_drop_seq(x->dp, s, &n, c->err, sizeof c->err);
+		if (!ret && x->remote)
+			remote_seq_release(x->remote, s);
 		if (!ret) {
 			persist_seq_remove(x->ps, s->id);
 			seq_remove(x->seqs, s);
@@ -587,6 +619,26 @@ static int h_evict(struct call *c)
 	if (ret)
 		return ret;
 	return reply_evicted(c, seqs, blocks);
+}
+
+static int h_publish(struct call *c)
+{
+	const Freekv__Publish *p = c->req->publish;
+	struct rpc_ctx *x = &c->s->ctx;
+	struct seq *s = lookup(c, p->has_seq_id, p->seq_id, p->name);
+	uint64_t blocks = 0, bytes = 0;
+	if (!s)
+		return -ENOENT;
+	int ret = may_use(c, s);
+	if (ret)
+		return ret;
+	if (s->state == SEQ_ATTACHED)
+		return fail(c, -EBUSY, "sequence '%s' is attached to worker %u: detach it first",
+			    s->name, s->worker_id);
+	if (!x->remote || !x->remote->r)
+		return fail(c, -ENODEV, "no remote tier configured (remote_url is empty)");
+	ret = remote_seq_publish(x->remote, s, &blocks, &bytes, c->err, sizeof c->err);
+	return ret ? ret : reply_evicted(c, 1, blocks);
 }
 
 static int h_demote(struct call *c)
@@ -637,6 +689,26 @@ static Freekv__JournalStats *journal_stats_msg(struct call *c, const struct pers
 	j->ignored_bytes = p.ignored_bytes;
 	j->failed = p.failed;
 	return j;
+}
+
+static Freekv__RemoteStats *remote_stats_msg(struct call *c, const struct remote_seq *rs)
+{
+	struct remote_seq_stats st;
+	Freekv__RemoteStats *m = NEW(c, Freekv__RemoteStats, FREEKV__REMOTE_STATS__INIT);
+	if (!m)
+		return NULL;
+	remote_seq_stats(rs, &st);
+	m->url = (char *)remote_url(rs->r);
+	m->ops = st.io.ops;
+	m->errors = st.io.errors;
+	m->bytes_put = st.io.bytes_put;
+	m->bytes_got = st.io.bytes_got;
+	m->total_us = st.io.total_us;
+	m->crc_errors = st.io.crc_errors;
+	m->published = st.published;
+	m->adopted = st.adopted;
+	m->owned = st.owned;
+	return m;
 }
 
 static Freekv__PrefixStats *prefix_stats_msg(struct call *c, struct dp *dp)
@@ -690,6 +762,8 @@ static int h_stats(struct call *c)
 	r->swaps = d.swaps;
 	r->swap_failures = d.swap_failures;
 	if (!(r->prefix = prefix_stats_msg(c, x->dp)))
+		return -ENOMEM;
+	if (x->remote && x->remote->r && !(r->remote = remote_stats_msg(c, x->remote)))
 		return -ENOMEM;
 	if (x->ps && !(r->journal = journal_stats_msg(c, x->ps)))
 		return -ENOMEM;
@@ -787,6 +861,7 @@ static int h_goodbye(struct call *c)
 		if (s->state == SEQ_ATTACHED && s->worker_id == wid) {
 			dp_worker_detach(x->dp, wid, s);
 			seq_detach(s, wid, NULL, 0);
+			auto_publish(c, s);
 		}
 	}
 	dp_worker_gone(x->dp, wid);
@@ -823,6 +898,7 @@ static const struct rpc_cmd {
 	{ "ConfigSet", FREEKV__REQUEST__BODY_CONFIG_SET, NEED_HELLO | NEED_ADMIN, h_config_set },
 	{ "CommitTokens", FREEKV__REQUEST__BODY_COMMIT_TOKENS, NEED_WORKER, h_commit_tokens },
 	{ "Goodbye", FREEKV__REQUEST__BODY_GOODBYE, NEED_WORKER, h_goodbye },
+	{ "Publish", FREEKV__REQUEST__BODY_PUBLISH, NEED_HELLO, h_publish },
 };
 
 #define N_CMDS (sizeof cmds / sizeof cmds[0])

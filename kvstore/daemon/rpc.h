@@ -52,6 +52,7 @@ struct rpc_ctx {
 	struct dp *dp;
 	const struct access *access;	/* rights; NULL: every caller is trusted (tests) */
 	struct persist *ps;		/* durable metadata; NULL: persistence off */
+	struct remote_seq *remote;	/* beyond one host; NULL or no remote_url: none */
 	uint64_t start_ms;
 	uint64_t (*now_ms)(void);
 };

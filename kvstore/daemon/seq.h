@@ -26,6 +26,7 @@
 /* Values match freekv.DType and freekv.SequenceState in proto/kvstore.proto. */
 enum seq_dtype { SEQ_DTYPE_F32 = 1, SEQ_DTYPE_F16 = 2, SEQ_DTYPE_BF16 = 3 };
 enum seq_state { SEQ_ATTACHED = 1, SEQ_DETACHED = 2, SEQ_ORPHANED = 3 };
+enum seq_remote { SEQ_REMOTE_NONE = 0, SEQ_REMOTE_OWNED, SEQ_REMOTE_PUBLISHED };
 
 struct seq_geometry {
 	uint32_t n_layers, n_kv_heads, head_dim, page_size;
@@ -62,6 +63,11 @@ struct seq {
 	uint8_t key0[32];
 	uint8_t (*keys)[32];
 	uint32_t n_keys, keys_cap;
+	/* Beyond one host (remote.h): whether this host holds the name's Redis lease (OWNED) or
+	 * handed it over by publishing (PUBLISHED: attaching takes it back), and the generation
+	 * of the copy published or adopted. Not journaled. */
+	uint8_t remote;			/* enum seq_remote */
+	uint64_t remote_gen;
 	size_t slot;			/* index in seq_table.v */
 	UT_hash_handle hh_id, hh_name;	/* the table's indexes by id and by name */
 };

@@ -611,6 +611,18 @@ int kvs_demote(struct kvs *k, uint64_t seq_id, const char *name, Freekv__Reply *
 	return kvs_call(k, &q, out);
 }
 
+int kvs_publish(struct kvs *k, uint64_t seq_id, const char *name, Freekv__Reply **out)
+{
+	Freekv__Request q = FREEKV__REQUEST__INIT;
+	Freekv__Publish p = FREEKV__PUBLISH__INIT;
+	p.has_seq_id = seq_id != 0;
+	p.seq_id = seq_id;
+	p.name = (char *)name;
+	q.body_case = FREEKV__REQUEST__BODY_PUBLISH;
+	q.publish = &p;
+	return kvs_call(k, &q, out);
+}
+
 int kvs_config_get(struct kvs *k, const char *key, Freekv__Reply **out)
 {
 	Freekv__Request q = FREEKV__REQUEST__INIT;

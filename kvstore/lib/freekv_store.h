@@ -110,6 +110,9 @@ int kvs_evict(struct kvs *k, Freekv__EvictTarget target, uint64_t seq_id, const 
 	      uint32_t worker_id, bool demote, Freekv__Reply **out);
 int kvs_demote(struct kvs *k, uint64_t seq_id, const char *name, Freekv__Reply **out);
 int kvs_stats(struct kvs *k, Freekv__Reply **out);
+/* Writes a detached sequence to kvstored's remote tier for another host to adopt (docs/design.md
+ * §8); the reply is an EvictReply counting the blocks written. By seq_id when nonzero. */
+int kvs_publish(struct kvs *k, uint64_t seq_id, const char *name, Freekv__Reply **out);
 /* key NULL: every key. */
 int kvs_config_get(struct kvs *k, const char *key, Freekv__Reply **out);
 int kvs_config_set(struct kvs *k, const char *key, const char *value, Freekv__Reply **out);

@@ -1,0 +1,310 @@
+/* Beyond one host (docs/design.md §8): two (and three) kvstored "hosts" on one machine — their
+ * own pools, NVMe files and endpoints — share a real redis-server on loopback. A sequence
+ * generated on A and published resumes on B token for token as one uninterrupted run; A cannot
+ * attach it while B holds the lease, and gets -ESTALE once B published a newer copy, which A then
+ * adopts and continues; a corrupted block in Redis fails the adoption with a checksum error and
+ * leaves nothing behind; with Redis down a publish fails with a clear error in bounded time and
+ * the local copy goes on untouched, and once Redis is back the publish works. Skipped (77) when
+ * redis-server is not installed. */
+#include "clock.h"
+#include "test_kvworker_proc.h"
+
+#include <sys/wait.h>
+
+static const char *g_model;
+static int g_port;
+static pid_t g_redis;
+static char g_url[64], g_rdir[64];
+
+#define FLAGS "--policy", "full", "--temp", "0", "--ids", "-t", "1"
+
+static bool redis_ping(void)
+{
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "redis-cli -p %d ping >/dev/null 2>&1", g_port);
+	return system(cmd) == 0;
+}
+
+static void redis_start(void)
+{
+	char port[16];
+	snprintf(port, sizeof port, "%d", g_port);
+	g_redis = fork();
+	assert_true(g_redis >= 0);
+	if (g_redis == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, 1);
+		execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
+		       "--save", "", "--appendonly", "no", "--dir", g_rdir, (char *)NULL);
+		_exit(127);
+	}
+	for (uint64_t t0 = clock_ms(); !redis_ping(); h_sleep_ms(20)) {
+		int st;
+		if (waitpid(g_redis, &st, WNOHANG) == g_redis || clock_ms() - t0 > 10000)
+			fail_msg("redis-server on port %d did not start", g_port);
+	}
+}
+
+static void redis_stop(void)
+{
+	if (g_redis > 0) {
+		kill(g_redis, SIGKILL);
+		waitpid(g_redis, NULL, 0);
+	}
+	g_redis = 0;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	if (system("command -v redis-server >/dev/null && command -v redis-cli >/dev/null")) {
+		fprintf(stderr, "skip: redis-server / redis-cli not installed\n");
+		return -1;
+	}
+	snprintf(g_rdir, sizeof g_rdir, "/tmp/fkv-redis-%d", (int)getpid());
+	mkdir(g_rdir, 0700);
+	g_port = 21000 + (int)(getpid() % 20000);
+	snprintf(g_url, sizeof g_url, "remote_url=redis://127.0.0.1:%d", g_port);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	redis_stop();
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", g_rdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A kvstored "host" with the remote tier, lease `lease` ms. */
+static void host_start(struct harness *h, const char *id, const char *timeout)
+{
+	static char hid[8][64], to[8][64];
+	static int k;
+	int i = k++ % 8;
+	snprintf(hid[i], sizeof hid[i], "remote_host_id=%s", id);
+	snprintf(to[i], sizeof to[i], "remote_timeout_ms=%s", timeout);
+	const char *extra[] = { "--set", g_url, "--set", hid[i], "--set", to[i], NULL };
+	harness_start(h, extra);
+}
+
+static int publish(const struct harness *h, const char *name, char *err, size_t errlen)
+{
+	struct kvs *k;
+	Freekv__Reply *r = NULL;
+	assert_int_equal(kvs_connect(h->endpoint, 10000, &k), 0);
+	int ret = kvs_publish(k, 0, name, &r);
+	if (ret)
+		snprintf(err, errlen, "%s", kvs_error(k));
+	kvs_reply_free(r);
+	kvs_close(k);
+	return ret;
+}
+
+/* A worker's attach of name on h: 0, or the error (text in err). */
+static int try_attach(const struct harness *h, const char *name, char *err, size_t errlen)
+{
+	struct kvs *k;
+	uint64_t id;
+	assert_int_equal(kvs_connect(h->endpoint, 10000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "probe"), 0);
+	Freekv__Reply *r;
+	assert_int_equal(kvs_show_sequence(k, 0, name, false, &r), 0);
+	const Freekv__SequenceInfo *si = r->sequence;
+	struct kvs_geometry g = { si->geometry->n_layers, si->geometry->n_kv_heads,
+				  si->geometry->head_dim, si->geometry->page_size,
+				  (uint32_t)si->geometry->dtype };
+	int ret = kvs_open_sequence(k, name, si->model_fingerprint.data, si->model_fingerprint.len,
+				    &g, NULL, 0, false, &id);
+	kvs_reply_free(r);
+	if (!ret)
+		ret = kvs_attach(k, id, NULL);
+	snprintf(err, errlen, "%s", ret ? kvs_error(k) : "");
+	kvs_close(k);
+	return ret;
+}
+
+static Freekv__RemoteStats *remote_stats(const struct harness *h, Freekv__Reply **r)
+{
+	struct kvs *k;
+	assert_int_equal(kvs_connect(h->endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_stats(k, r), 0);
+	kvs_close(k);
+	assert_non_null((*r)->stats->remote);
+	return (*r)->stats->remote;
+}
+
+static void run_gen(struct proc *p, const struct harness *h, const char *seq, const char *n)
+{
+	const char *args[] = { "generate", "-m", g_model, "-p", "Once upon a time", "-n", n,
+			       "--store", h->endpoint, "--seq", seq, "--keep", FLAGS, NULL };
+	assert_int_equal(p_run(p, args), 0);
+}
+
+static int run_resume(struct proc *p, const struct harness *h, const char *seq, const char *n)
+{
+	const char *args[] = { "resume", "-m", g_model, "--store", h->endpoint, "--seq", seq, "-n", n,
+			       "--keep", FLAGS, NULL };
+	return p_run(p, args);
+}
+
+/* A -> B -> A, with the lease in between. */
+static void test_publish_resume(void **state)
+{
+	(void)state;
+	static struct proc ref, a, b, a2;
+	const char *args[] = { "generate", "-m", g_model, "-p", "Once upon a time", "-n", "90",
+			       FLAGS, NULL };
+	assert_int_equal(p_run(&ref, args), 0);
+	assert_int_equal(ref.n_ids, 90);
+	redis_start();
+	struct harness A, B;
+	host_start(&A, "host-A", "2000");
+	host_start(&B, "host-B", "2000");
+	char err[512];
+	run_gen(&a, &A, "s", "30");
+	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
+	assert_int_equal(run_resume(&b, &B, "s", "30"), 0);
+	assert_int_equal(b.n_ids, 30);
+	assert_memory_equal(b.ids, ref.ids + 30, 30 * sizeof(int)); /* as if one run */
+	/* B owns the name now: A may not decode it. */
+	assert_int_equal(try_attach(&A, "s", err, sizeof err), -EBUSY);
+	assert_non_null(strstr(err, "host-B"));
+	Freekv__Reply *r;
+	Freekv__RemoteStats *st = remote_stats(&B, &r);
+	assert_int_equal(st->adopted, 1);
+	assert_int_equal(st->owned, 1);
+	assert_true(st->bytes_got > 0);
+	kvs_reply_free(r);
+	st = remote_stats(&A, &r);
+	assert_int_equal(st->published, 1);
+	kvs_reply_free(r);
+	/* B hands it back with its 30 more tokens: A's own copy is older now. */
+	assert_int_equal(publish(&B, "s", err, sizeof err), 0);
+	assert_int_equal(try_attach(&A, "s", err, sizeof err), -ESTALE);
+	struct kvs *k;
+	assert_int_equal(kvs_connect(A.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_SEQUENCE, 0, "s", 0, false,
+				   &r), 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	assert_int_equal(run_resume(&a2, &A, "s", "30"), 0); /* adopts B's copy */
+	assert_memory_equal(a2.ids, ref.ids + 60, 30 * sizeof(int));
+	harness_stop(&B);
+	harness_stop(&A);
+	redis_stop();
+}
+
+/* One block's bytes changed in Redis: the adoption fails with a checksum error and leaves no
+ * sequence and no lease behind. */
+static void test_corrupt_block(void **state)
+{
+	(void)state;
+	static struct proc a, b;
+	redis_start();
+	struct harness A, B;
+	host_start(&A, "host-A", "2000");
+	host_start(&B, "host-B", "2000");
+	char err[512], cmd[256];
+	run_gen(&a, &A, "s", "20");
+	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
+	snprintf(cmd, sizeof cmd, "redis-cli -p %d setrange freekv:blk:s:1:2:0 100 XXXX >/dev/null",
+		 g_port);
+	assert_int_equal(system(cmd), 0);
+	assert_int_not_equal(run_resume(&b, &B, "s", "4"), 0);
+	assert_int_equal(b.n_ids, 0);
+	Freekv__Reply *r;
+	Freekv__RemoteStats *st = remote_stats(&B, &r);
+	assert_int_equal(st->crc_errors, 1);
+	assert_int_equal(st->adopted, 0);
+	assert_int_equal(r->stats->sequences, 0);
+	kvs_reply_free(r);
+	snprintf(cmd, sizeof cmd, "test -z \"$(redis-cli -p %d get freekv:owner:s)\"", g_port);
+	assert_int_equal(system(cmd), 0); /* the lease went back */
+	harness_stop(&B);
+	harness_stop(&A);
+	redis_stop();
+}
+
+/* Redis down: a publish fails within its timeout, saying so; the local copy is untouched and
+ * continues; Redis back: the publish works. */
+static void test_redis_down(void **state)
+{
+	(void)state;
+	static struct proc ref, a, a2;
+	const char *args[] = { "generate", "-m", g_model, "-p", "Once upon a time", "-n", "40",
+			       FLAGS, NULL };
+	assert_int_equal(p_run(&ref, args), 0);
+	redis_start();
+	struct harness A;
+	host_start(&A, "host-A", "500");
+	char err[512];
+	run_gen(&a, &A, "s", "20");
+	redis_stop();
+	uint64_t t0 = clock_ms();
+	int ret = publish(&A, "s", err, sizeof err);
+	uint64_t took = clock_ms() - t0;
+	fprintf(stderr, "publish with Redis down: %d (%s) in %llu ms\n", ret, err,
+		(unsigned long long)took);
+	assert_true(ret < 0);
+	assert_non_null(strstr(err, "Redis at"));
+	assert_true(took < 5000);
+	assert_int_equal(run_resume(&a2, &A, "s", "20"), 0);
+	assert_memory_equal(a2.ids, ref.ids + 20, 20 * sizeof(int));
+	redis_start();
+	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
+	Freekv__Reply *r;
+	Freekv__RemoteStats *st = remote_stats(&A, &r);
+	assert_true(st->errors >= 1);
+	assert_int_equal(st->published, 1);
+	kvs_reply_free(r);
+	harness_stop(&A);
+	redis_stop();
+}
+
+/* What a publish refuses: an attached sequence, and a daemon without remote_url. */
+static void test_publish_refused(void **state)
+{
+	(void)state;
+	redis_start();
+	struct harness A, plain;
+	host_start(&A, "host-A", "2000");
+	harness_start(&plain, NULL);
+	uint64_t seq;
+	struct kvs *w = h_worker(&A, "held", &seq);
+	assert_non_null(w);
+	char err[512];
+	assert_int_equal(publish(&A, "held", err, sizeof err), -EBUSY);
+	assert_non_null(strstr(err, "detach"));
+	kvs_close(w);
+	struct kvs *w2 = h_worker(&plain, "local", &seq);
+	assert_non_null(w2);
+	assert_int_equal(kvs_detach(w2, seq), 0);
+	assert_int_equal(publish(&plain, "local", err, sizeof err), -ENODEV);
+	assert_non_null(strstr(err, "remote_url"));
+	kvs_close(w2);
+	harness_stop(&plain);
+	harness_stop(&A);
+	redis_stop();
+}
+
+int main(void)
+{
+	g_model = test_model_path("stories260K/stories260K.gguf");
+	if (!g_model)
+		return TEST_SKIP_EXIT;
+	if (system("command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1")) {
+		fprintf(stderr, "skip: redis-server / redis-cli not installed (scripts/bootstrap.sh "
+			"installs them)\n");
+		return TEST_SKIP_EXIT;
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_publish_resume, h_teardown),
+		cmocka_unit_test_teardown(test_corrupt_block, h_teardown),
+		cmocka_unit_test_teardown(test_redis_down, h_teardown),
+		cmocka_unit_test_teardown(test_publish_refused, h_teardown),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
