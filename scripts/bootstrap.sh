@@ -10,7 +10,9 @@ PACKAGES=(
   build-essential cmake pkg-config
   libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
   liburing-dev libcmocka-dev libopenblas-dev libpcre2-dev libjson-c-dev libssl-dev libutf8proc-dev
-  libmicrohttpd-dev uthash-dev
+  libmicrohttpd-dev uthash-dev libhiredis-dev
+  # test_remote: two kvstored "hosts" share a real Redis
+  redis-server redis-tools
   fio
   # test_pretok_hf (HF tokenizers) and the kvgate tests: Python virtualenvs, curl, promtool
   python3 python3-venv curl prometheus

@@ -4,8 +4,8 @@
  * attach it while B holds the lease, and gets -ESTALE once B published a newer copy, which A then
  * adopts and continues; a corrupted block in Redis fails the adoption with a checksum error and
  * leaves nothing behind; with Redis down a publish fails with a clear error in bounded time and
- * the local copy goes on untouched, and once Redis is back the publish works. Skipped (77) when
- * redis-server is not installed. */
+ * the local copy goes on untouched; a Redis that answers nothing times the call out; once Redis is
+ * back the publish works. Skipped (77) when redis-server is not installed. */
 #include "clock.h"
 #include "test_kvworker_proc.h"
 
@@ -78,16 +78,25 @@ static int teardown(void **state)
 	return system(cmd) == 0 ? 0 : -1;
 }
 
-/* A kvstored "host" with the remote tier, lease `lease` ms. */
-static void host_start(struct harness *h, const char *id, const char *timeout)
+/* A kvstored "host" with the remote tier and Redis calls timing out after `timeout` ms; its
+ * /metrics on 127.0.0.1:metrics_port when that is not 0. */
+static void host_start_m(struct harness *h, const char *id, const char *timeout,
+			 int metrics_port)
 {
-	static char hid[8][64], to[8][64];
+	static char hid[8][64], to[8][64], ml[8][64];
 	static int k;
 	int i = k++ % 8;
 	snprintf(hid[i], sizeof hid[i], "remote_host_id=%s", id);
 	snprintf(to[i], sizeof to[i], "remote_timeout_ms=%s", timeout);
-	const char *extra[] = { "--set", g_url, "--set", hid[i], "--set", to[i], NULL };
+	snprintf(ml[i], sizeof ml[i], "metrics_listen=127.0.0.1:%d", metrics_port);
+	const char *extra[] = { "--set", g_url, "--set", hid[i], "--set", to[i],
+				metrics_port ? "--set" : NULL, ml[i], NULL };
 	harness_start(h, extra);
+}
+
+static void host_start(struct harness *h, const char *id, const char *timeout)
+{
+	host_start_m(h, id, timeout, 0);
 }
 
 static int publish(const struct harness *h, const char *name, char *err, size_t errlen)
@@ -239,7 +248,7 @@ static void test_redis_down(void **state)
 	assert_int_equal(p_run(&ref, args), 0);
 	redis_start();
 	struct harness A;
-	host_start(&A, "host-A", "500");
+	host_start_m(&A, "host-A", "500", g_port + 1);
 	char err[512];
 	run_gen(&a, &A, "s", "20");
 	redis_stop();
@@ -254,12 +263,32 @@ static void test_redis_down(void **state)
 	assert_int_equal(run_resume(&a2, &A, "s", "20"), 0);
 	assert_memory_equal(a2.ids, ref.ids + 20, 20 * sizeof(int));
 	redis_start();
+	/* A Redis that answers nothing (stopped): the call times out (remote_timeout_ms 500). */
+	assert_int_equal(kill(g_redis, SIGSTOP), 0);
+	t0 = clock_ms();
+	ret = publish(&A, "s", err, sizeof err);
+	took = clock_ms() - t0;
+	fprintf(stderr, "publish with Redis stopped: %d (%s) in %llu ms\n", ret, err,
+		(unsigned long long)took);
+	assert_true(ret < 0);
+	assert_true(took >= 400 && took < 5000);
+	assert_int_equal(kill(g_redis, SIGCONT), 0);
 	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
 	Freekv__Reply *r;
 	Freekv__RemoteStats *st = remote_stats(&A, &r);
 	assert_true(st->errors >= 1);
 	assert_int_equal(st->published, 1);
 	kvs_reply_free(r);
+	/* The same figures on /metrics, in a page promtool accepts. */
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "curl -sf http://127.0.0.1:%d/metrics | grep -q "
+		 "'^freekv_store_remote_published_total 1$'", g_port + 1);
+	assert_int_equal(system(cmd), 0);
+	if (!system("command -v promtool >/dev/null 2>&1")) {
+		snprintf(cmd, sizeof cmd, "curl -sf http://127.0.0.1:%d/metrics | promtool check "
+			 "metrics", g_port + 1);
+		assert_int_equal(system(cmd), 0);
+	}
 	harness_stop(&A);
 	redis_stop();
 }

@@ -353,7 +353,8 @@ int main(int argc, char **argv)
 	}
 	if (d.cfg.metrics_listen[0]) {
 		d.sm = (struct store_metrics){ .dp = d.dp, .rpc = &d.rpc, .seqs = &d.seqs,
-					       .workers = &d.workers, .start_ms = rctx.start_ms };
+					       .workers = &d.workers, .remote = &d.remote,
+					       .start_ms = rctx.start_ms };
 		if ((ret = store_metrics_init(&d.sm)) == 0)
 			d.sm_on = true;
 		if (!ret && (ret = store_metrics_start(&d.sm, d.cfg.metrics_listen, err, sizeof err)))

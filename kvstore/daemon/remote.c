@@ -102,8 +102,14 @@ static int ctx_errno(const redisContext *c)
 static int fail_ctx(struct remote *r, char *err, size_t errlen)
 {
 	int e = ctx_errno(r->c);
-	errmsg_set(err, errlen, "Redis at %s: %s", r->url, r->c->errstr[0] ? r->c->errstr :
-		   strerror(-e));
+	if (e == -EAGAIN || e == -EWOULDBLOCK || e == -ETIMEDOUT) {
+		e = -ETIMEDOUT;
+		errmsg_set(err, errlen, "Redis at %s: no answer within %u ms (remote_timeout_ms)",
+			   r->url, r->timeout_ms);
+	} else {
+		errmsg_set(err, errlen, "Redis at %s: %s", r->url, r->c->errstr[0] ? r->c->errstr :
+			   strerror(-e));
+	}
 	redisFree(r->c); /* made again at the next call */
 	r->c = NULL;
 	r->st.errors++;

@@ -81,6 +81,7 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 	bool had = false;
 	/* This host must be allowed to own the name: nobody else holds its lease. */
 	ret = remote_lease(x->r, name, err, errlen);
+	bool leased = !ret;
 	if (!ret) {
 		ret = remote_get_meta(x->r, name, &old, err, errlen);
 		if (!ret) {
@@ -101,7 +102,7 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 				   (old.geo.page_size ? old.geo.page_size : 1));
 	if (!ret)
 		ret = remote_unlease(x->r, name, err, errlen); /* handed over */
-	else if (ret != -EBUSY && s->remote != SEQ_REMOTE_OWNED)
+	else if (leased && s->remote != SEQ_REMOTE_OWNED)
 		remote_unlease(x->r, name, NULL, 0); /* taken above for this try only */
 	dp_lock(x->dp);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "remote_seq.h"
 
 int store_metrics_init(struct store_metrics *m)
 {
@@ -16,11 +17,15 @@ static void collect(void *ctx, struct prom_buf *b)
 	struct store_metrics *m = ctx;
 	struct dp_stats d;
 	struct dp_prefix_stats px;
+	struct remote_seq_stats rs;
+	bool remote = m->remote && m->remote->r;
 	size_t nc = rpc_n_commands();
 	struct rpc_stat cmd[64], bad;
 	dp_lock(m->dp);
 	dp_stats(m->dp, &d);
 	dp_prefix_stats(m->dp, &px);
+	if (remote)
+		remote_seq_stats(m->remote, &rs);
 	size_t n_seqs = m->seqs->n, n_workers = m->workers->n;
 	for (size_t i = 0; i < nc && i < 64; i++)
 		cmd[i] = m->rpc->stats[i];
@@ -76,6 +81,27 @@ static void collect(void *ctx, struct prom_buf *b)
 		 "Blocks kept only by the prefix index", (double)px.cached_blocks);
 	prom_one(b, "freekv_store_prefix_evicted_pages_total", "counter",
 		 "Cached pages let go to make room", (double)px.evicted_pages);
+	if (remote) { /* the remote tier (docs/design.md §8) */
+		prom_one(b, "freekv_store_remote_commands_total", "counter",
+			 "Redis commands answered", (double)rs.io.ops);
+		prom_one(b, "freekv_store_remote_errors_total", "counter",
+			 "Redis calls that failed (unreachable, timed out, error replies)",
+			 (double)rs.io.errors);
+		prom_one(b, "freekv_store_remote_written_bytes_total", "counter",
+			 "Block bytes written to Redis", (double)rs.io.bytes_put);
+		prom_one(b, "freekv_store_remote_read_bytes_total", "counter",
+			 "Block bytes read from Redis", (double)rs.io.bytes_got);
+		prom_one(b, "freekv_store_remote_seconds_total", "counter",
+			 "Time spent in Redis calls", rs.io.total_us / 1e6);
+		prom_one(b, "freekv_store_remote_checksum_failures_total", "counter",
+			 "Blocks read from Redis whose crc32c did not match", (double)rs.io.crc_errors);
+		prom_one(b, "freekv_store_remote_published_total", "counter",
+			 "Sequences published to Redis", (double)rs.published);
+		prom_one(b, "freekv_store_remote_adopted_total", "counter",
+			 "Sequences adopted from Redis", (double)rs.adopted);
+		prom_one(b, "freekv_store_remote_owned_sequences", "gauge",
+			 "Sequences whose Redis lease this daemon holds", (double)rs.owned);
+	}
 	prom_one(b, "freekv_store_uptime_seconds", "gauge", "Seconds since kvstored started",
 		 (double)(clock_ms() - m->start_ms) / 1e3);
 

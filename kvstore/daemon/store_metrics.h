@@ -22,6 +22,7 @@ struct store_metrics {
 	struct rpc_server *rpc;
 	struct seq_table *seqs;
 	struct wk_registry *workers;
+	const struct remote_seq *remote;	/* NULL or without a url: no remote figures */
 	uint64_t start_ms;
 	struct prom_hist rpc_latency;	/* seconds per control request (observed by rpc.c) */
 	struct prom_http *http;
