@@ -386,7 +386,8 @@ uint64_t dp_prefix_evict(struct dp *dp, uint64_t want)
 	struct cached_scan c = { 0 };
 	struct pool_usage u0, u;
 	pool_each(dp->pool, collect_cached, &c);
-	qsort(c.v, c.n, sizeof *c.v, by_lru);
+	if (c.n)
+		qsort(c.v, c.n, sizeof *c.v, by_lru);
 	pool_usage(dp->pool, &u0);
 	u = u0;
 	for (size_t i = 0; i < c.n && u0.blocks - u.blocks < want; i++) {
