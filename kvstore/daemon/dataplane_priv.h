@@ -123,6 +123,11 @@ int dp_rank_victim(void *ctx, const struct pool_block *b);
  * last reference frees the block (dooms it while its I/O runs), taking its page out of the
  * prefix index first; an earlier one leaves the block to the other sequences. */
 void dp_block_unref(struct dp *dp, struct seq *s, uint32_t layer, uint32_t page);
+/* A new committed DRAM block of class cls holding a copy of bytes[0..len), for sequence seq_id
+ * at (layer, page), one reference; cached prefix pages give way when the pool is full.
+ * -ENOSPC when there is no room even so. */
+int dp_block_copy_new(struct dp *dp, unsigned cls, const void *bytes, uint32_t len,
+		      uint64_t seq_id, uint32_t layer, uint32_t page, uint32_t *id);
 /* Whether s maps block id (at the block's own layer and page). */
 bool dp_seq_holds(const struct seq *s, const struct pool_block *b, uint32_t id);
 /* A shared or indexed block: never written again (COMMIT refuses it with EROFS). */

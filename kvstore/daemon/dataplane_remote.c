@@ -108,21 +108,12 @@ int dp_seq_import(struct dp *dp, struct seq *s, const struct remote_block *b, si
 				     "geometry", b[i].layer, b[i].page);
 			break;
 		}
-		ret = pool_block_alloc(dp->pool, cls, &id);
-		if (ret == -ENOSPC && dp_prefix_evict(dp, n - i))
-			ret = pool_block_alloc(dp->pool, cls, &id);
-		if (ret) {
+		if ((ret = dp_block_copy_new(dp, cls, b[i].data, b[i].len, s->id, b[i].layer,
+					     b[i].page, &id))) {
 			ret = errmsg(err, errlen, ret, "no room in the pool for %zu blocks (%zu taken)",
 				     n, i);
 			break;
 		}
-		memcpy(pool_block_data(dp->pool, id), b[i].data, b[i].len);
-		struct pool_block *pb = pool_block_get(dp->pool, id);
-		pb->seq_id = s->id;
-		pb->layer = b[i].layer;
-		pb->page = b[i].page;
-		pb->refs = 1;
-		pool_block_set_committed(dp->pool, id, true);
 		if ((ret = seq_set_block(s, b[i].layer, b[i].page, id))) {
 			pool_block_free(dp->pool, id);
 			ret = errmsg(err, errlen, ret, "out of memory");

@@ -96,6 +96,24 @@ void dp_unindex(struct dp *dp, uint32_t id)
 	}
 }
 
+int dp_block_copy_new(struct dp *dp, unsigned cls, const void *bytes, uint32_t len,
+		      uint64_t seq_id, uint32_t layer, uint32_t page, uint32_t *id)
+{
+	int ret = pool_block_alloc(dp->pool, cls, id);
+	if (ret == -ENOSPC && dp_prefix_evict(dp, 1))
+		ret = pool_block_alloc(dp->pool, cls, id);
+	if (ret)
+		return ret;
+	memcpy(pool_block_data(dp->pool, *id), bytes, len);
+	struct pool_block *b = pool_block_get(dp->pool, *id);
+	b->seq_id = seq_id;
+	b->layer = layer;
+	b->page = page;
+	b->refs = 1;
+	pool_block_set_committed(dp->pool, *id, true);
+	return 0;
+}
+
 static int grow_keys(struct seq *s, uint32_t need)
 {
 	if (need <= s->keys_cap)
@@ -275,18 +293,12 @@ int dp_fork(struct dp *dp, struct seq *src, struct seq *dst, char *err, size_t e
 				     "(demoted or moving); attach it once, then fork", src->name);
 			break;
 		}
-		if ((ret = pool_block_alloc(dp->pool, cls, &copy[made]))) {
+		if ((ret = dp_block_copy_new(dp, cls, pool_block_data(dp->pool, from),
+					     (uint32_t)src->block_bytes, dst->id, made, full,
+					     &copy[made]))) {
 			ret = errmsg(err, errlen, -EBUSY, "no room in the pool for the tail page's copy");
 			break;
 		}
-		memcpy(pool_block_data(dp->pool, copy[made]), pool_block_data(dp->pool, from),
-		       src->block_bytes);
-		struct pool_block *b = pool_block_get(dp->pool, copy[made]);
-		b->seq_id = dst->id;
-		b->layer = made;
-		b->page = full;
-		b->refs = 1;
-		pool_block_set_committed(dp->pool, copy[made], true);
 	}
 	if (ret) {
 		while (made--)

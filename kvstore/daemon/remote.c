@@ -143,6 +143,19 @@ struct cmd {
 
 typedef int (*reply_fn)(void *ctx, size_t i, const redisReply *rep, char *err, size_t errlen);
 
+/* Reads and drops the n replies still due for a window after a failed one. */
+static void drain(struct remote *r, size_t n)
+{
+	for (size_t k = 0; k < n && r->c; k++) {
+		void *skip = NULL;
+		if (redisGetReply(r->c, &skip) != REDIS_OK) {
+			fail_ctx(r, NULL, 0);
+			return;
+		}
+		freeReplyObject(skip);
+	}
+}
+
 /* Sends cmds[0..n) in windows of REMOTE_WINDOW and hands each reply to fn (NULL: any non-error
  * reply is fine). Stops at the first failure: a transport error drops the connection. */
 static int pipeline(struct remote *r, struct cmd *cmds, size_t n, reply_fn fn, void *ctx,
@@ -165,31 +178,13 @@ static int pipeline(struct remote *r, struct cmd *cmds, size_t n, reply_fn fn, v
 			}
 			const redisReply *rep = v;
 			r->st.ops++;
-			if (rep->type == REDIS_REPLY_ERROR) {
+			if (rep->type == REDIS_REPLY_ERROR)
 				ret = errmsg(err, errlen, -EIO, "Redis at %s: %s", r->url, rep->str);
-				r->st.errors++;
-				/* The rest of the window's replies are still to read. */
-				for (size_t k = i + 1; k < m; k++) {
-					void *skip = NULL;
-					if (redisGetReply(r->c, &skip) != REDIS_OK) {
-						fail_ctx(r, NULL, 0);
-						break;
-					}
-					freeReplyObject(skip);
-				}
-			} else if (fn) {
+			else if (fn)
 				ret = fn(ctx, w + i, rep, err, errlen);
-				if (ret) {
-					r->st.errors++;
-					for (size_t k = i + 1; k < m; k++) {
-						void *skip = NULL;
-						if (redisGetReply(r->c, &skip) != REDIS_OK) {
-							fail_ctx(r, NULL, 0);
-							break;
-						}
-						freeReplyObject(skip);
-					}
-				}
+			if (ret) {
+				r->st.errors++;
+				drain(r, m - i - 1); /* the rest of the window's replies */
 			}
 			freeReplyObject(v);
 		}
