@@ -246,6 +246,7 @@ static json_object *status_json(const Freekv__StatsReply *s)
 		json_object_object_add(o, "published", json_object_new_uint64(m->published));
 		json_object_object_add(o, "adopted", json_object_new_uint64(m->adopted));
 		json_object_object_add(o, "owned", json_object_new_uint64(m->owned));
+		json_object_object_add(o, "cluster", json_object_new_boolean(m->cluster));
 		json_object_object_add(j, "remote", o);
 	}
 	if (s->journal) {

@@ -5,7 +5,8 @@
  * adopts and continues; a corrupted block in Redis fails the adoption with a checksum error and
  * leaves nothing behind; with Redis down a publish fails with a clear error in bounded time and
  * the local copy goes on untouched; a Redis that answers nothing times the call out; once Redis is
- * back the publish works. Skipped (77) when redis-server is not installed. */
+ * back the publish works; the same moves work through a Redis Cluster of three masters.
+ * Skipped (77) when redis-server is not installed. */
 #include "clock.h"
 #include "test_kvworker_proc.h"
 
@@ -219,7 +220,7 @@ static void test_corrupt_block(void **state)
 	char err[512], cmd[256];
 	run_gen(&a, &A, "s", "20");
 	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
-	snprintf(cmd, sizeof cmd, "redis-cli -p %d setrange freekv:blk:s:1:2:0 100 XXXX >/dev/null",
+	snprintf(cmd, sizeof cmd, "redis-cli -p %d setrange 'freekv:{s}:blk:1:2:0' 100 XXXX >/dev/null",
 		 g_port);
 	assert_int_equal(system(cmd), 0);
 	assert_int_not_equal(run_resume(&b, &B, "s", "4"), 0);
@@ -230,7 +231,7 @@ static void test_corrupt_block(void **state)
 	assert_int_equal(st->adopted, 0);
 	assert_int_equal(r->stats->sequences, 0);
 	kvs_reply_free(r);
-	snprintf(cmd, sizeof cmd, "test -z \"$(redis-cli -p %d get freekv:owner:s)\"", g_port);
+	snprintf(cmd, sizeof cmd, "test -z \"$(redis-cli -p %d get 'freekv:{s}:owner')\"", g_port);
 	assert_int_equal(system(cmd), 0); /* the lease went back */
 	harness_stop(&B);
 	harness_stop(&A);
@@ -319,6 +320,82 @@ static void test_publish_refused(void **state)
 	redis_stop();
 }
 
+/* The same through a Redis Cluster of three masters (started here, `redis-cli --cluster create`),
+ * kvstored given one seed: three sequences, whose names hash to different slots. */
+static void test_cluster(void **state)
+{
+	(void)state;
+	pid_t nodes[3];
+	int port[3];
+	char cmd[512], ep[3][32], url[160];
+	for (int i = 0; i < 3; i++) {
+		port[i] = g_port + 10 + i;
+		char p[16], conf[96];
+		snprintf(p, sizeof p, "%d", port[i]);
+		snprintf(conf, sizeof conf, "nodes-%d.conf", port[i]);
+		nodes[i] = fork();
+		assert_true(nodes[i] >= 0);
+		if (nodes[i] == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			int null = open("/dev/null", O_WRONLY);
+			dup2(null, 1);
+			execlp("redis-server", "redis-server", "--port", p, "--bind", "127.0.0.1",
+			       "--cluster-enabled", "yes", "--cluster-config-file", conf, "--save", "",
+			       "--appendonly", "no", "--dir", g_rdir, (char *)NULL);
+			_exit(127);
+		}
+		snprintf(ep[i], sizeof ep[i], "127.0.0.1:%d", port[i]);
+		snprintf(cmd, sizeof cmd, "redis-cli -p %d ping >/dev/null 2>&1", port[i]);
+		for (uint64_t t0 = clock_ms(); system(cmd); h_sleep_ms(20))
+			assert_true(clock_ms() - t0 < 10000);
+	}
+	snprintf(cmd, sizeof cmd, "redis-cli --cluster create %s %s %s --cluster-replicas 0 "
+		 "--cluster-yes >/dev/null", ep[0], ep[1], ep[2]);
+	assert_int_equal(system(cmd), 0);
+	snprintf(cmd, sizeof cmd, "redis-cli -p %d cluster info | grep -q cluster_state:ok", port[0]);
+	for (uint64_t t0 = clock_ms(); system(cmd); h_sleep_ms(50))
+		assert_true(clock_ms() - t0 < 20000);
+	snprintf(url, sizeof url, "remote_url=redis://%s", ep[1]);
+	static const char *const names[3] = { "seq-a", "seq-b", "seq-c" };
+	static struct proc ref, a, b;
+	const char *args[] = { "generate", "-m", g_model, "-p", "Once upon a time", "-n", "40",
+			       FLAGS, NULL };
+	assert_int_equal(p_run(&ref, args), 0);
+	const char *ea[] = { "--set", url, "--set", "remote_host_id=host-A", NULL };
+	const char *eb[] = { "--set", url, "--set", "remote_host_id=host-B", NULL };
+	struct harness A, B;
+	harness_start(&A, ea);
+	harness_start(&B, eb);
+	char err[512];
+	for (int i = 0; i < 3; i++) {
+		run_gen(&a, &A, names[i], "20");
+		if (publish(&A, names[i], err, sizeof err))
+			fail_msg("publish %s: %s", names[i], err);
+		assert_int_equal(run_resume(&b, &B, names[i], "20"), 0);
+		assert_memory_equal(b.ids, ref.ids + 20, 20 * sizeof(int));
+		assert_int_equal(try_attach(&A, names[i], err, sizeof err), -EBUSY);
+	}
+	/* The three sequences' keys are spread over the masters. */
+	int holding = 0;
+	for (int i = 0; i < 3; i++) {
+		snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d dbsize)\" != 0", port[i]);
+		holding += system(cmd) == 0;
+	}
+	fprintf(stderr, "cluster: %d of 3 masters hold keys\n", holding);
+	assert_true(holding >= 2);
+	Freekv__Reply *r;
+	Freekv__RemoteStats *st = remote_stats(&B, &r);
+	assert_true(st->cluster);
+	assert_int_equal(st->adopted, 3);
+	kvs_reply_free(r);
+	harness_stop(&B);
+	harness_stop(&A);
+	for (int i = 0; i < 3; i++) {
+		kill(nodes[i], SIGKILL);
+		waitpid(nodes[i], NULL, 0);
+	}
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -334,6 +411,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_corrupt_block, h_teardown),
 		cmocka_unit_test_teardown(test_redis_down, h_teardown),
 		cmocka_unit_test_teardown(test_publish_refused, h_teardown),
+		cmocka_unit_test_teardown(test_cluster, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -87,8 +87,9 @@ static const struct cfg_key keys[] = {
 	{ "metrics_listen", CFG_T_STRING, F(metrics_listen), 0, CFG_STR_MAX - 1, "", false,
 	  "loopback HOST:PORT serving Prometheus /metrics (empty: none)" },
 	{ "remote_url", CFG_T_STRING, F(remote_url), 0, CFG_STR_MAX - 1, "", false,
-	  "Redis server (redis://HOST:PORT) where sequences are published for other hosts to "
-	  "adopt (empty: none; Redis Cluster is not supported yet)" },
+	  "Redis server (redis://HOST:PORT), or seed nodes of a Redis Cluster "
+	  "(redis://HOST:PORT,HOST:PORT...), where sequences are published for other hosts to "
+	  "adopt (empty: none)" },
 	{ "remote_namespace", CFG_T_STRING, F(remote_namespace), 1, 100, "freekv", false,
 	  "prefix of every Redis key this daemon writes" },
 	{ "remote_host_id", CFG_T_STRING, F(remote_host_id), 0, 120, "", false,

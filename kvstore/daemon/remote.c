@@ -15,12 +15,24 @@
 #include "log.h"
 
 #define KEY_MAX 400
+#define MAX_NODES 16
+#define N_SLOTS 16384
+
+/* One Redis server: a seed from remote_url, or a cluster master CLUSTER SLOTS named. */
+struct node {
+	char host[200];
+	int port;
+	redisContext *c;
+};
 
 struct remote {
-	char url[256], host[200], ns[128], id[128];
-	int port;
+	char url[256], ns[128], id[128];
 	uint32_t timeout_ms, lease_ms;
-	redisContext *c;
+	struct node nodes[MAX_NODES];
+	unsigned n_nodes, n_seeds;
+	bool probed;			/* whether the server is a cluster is known */
+	bool cluster;
+	uint8_t slot_node[N_SLOTS];	/* cluster: the node serving each hash slot */
 	struct remote_stats st;
 };
 
@@ -36,25 +48,52 @@ static const char lua_give[] =
 	"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
 	"return 0";
 
+/* A node by address, added when new; -1 when the table is full. */
+static int node_index(struct remote *r, const char *host, size_t hl, int port)
+{
+	for (unsigned i = 0; i < r->n_nodes; i++)
+		if (r->nodes[i].port == port && strlen(r->nodes[i].host) == hl &&
+		    !memcmp(r->nodes[i].host, host, hl))
+			return (int)i;
+	if (r->n_nodes == MAX_NODES || hl >= sizeof r->nodes[0].host)
+		return -1;
+	struct node *n = &r->nodes[r->n_nodes];
+	memcpy(n->host, host, hl);
+	n->host[hl] = 0;
+	n->port = port;
+	return (int)r->n_nodes++;
+}
+
 int remote_open(const struct remote_config *c, struct remote **out, char *err, size_t errlen)
 {
 	const char *u = c->url;
 	if (strncmp(u, "redis://", 8))
-		return errmsg(err, errlen, -EINVAL, "remote_url '%s': expected redis://HOST:PORT "
-			      "(Redis Cluster is not supported yet)", u);
-	const char *h = u + 8, *colon = strrchr(h, ':');
-	char *end;
-	long port = colon ? strtol(colon + 1, &end, 10) : 6379;
-	size_t hl = colon ? (size_t)(colon - h) : strlen(h);
-	if (!hl || hl >= sizeof ((struct remote *)0)->host || port < 1 || port > 65535 ||
-	    (colon && *end))
-		return errmsg(err, errlen, -EINVAL, "remote_url '%s': expected redis://HOST:PORT", u);
+		return errmsg(err, errlen, -EINVAL, "remote_url '%s': expected "
+			      "redis://HOST:PORT[,HOST:PORT...]", u);
 	struct remote *r = calloc(1, sizeof *r);
 	if (!r)
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	/* HOST:PORT seeds, comma-separated: one server, or nodes of a Redis Cluster. */
+	for (const char *h = u + 8; *h;) {
+		const char *comma = strchr(h, ','), *stop = comma ? comma : h + strlen(h);
+		const char *colon = memrchr(h, ':', (size_t)(stop - h));
+		char *end = NULL;
+		long port = colon ? strtol(colon + 1, &end, 10) : 6379;
+		size_t hl = colon ? (size_t)(colon - h) : (size_t)(stop - h);
+		if (!hl || port < 1 || port > 65535 || (colon && end != stop) ||
+		    node_index(r, h, hl, (int)port) < 0) {
+			free(r);
+			return errmsg(err, errlen, -EINVAL, "remote_url '%s': expected "
+				      "redis://HOST:PORT[,HOST:PORT...] (at most %d)", u, MAX_NODES);
+		}
+		h = comma ? comma + 1 : stop;
+	}
+	r->n_seeds = r->n_nodes;
+	if (!r->n_seeds) {
+		free(r);
+		return errmsg(err, errlen, -EINVAL, "remote_url '%s': no HOST:PORT", u);
+	}
 	snprintf(r->url, sizeof r->url, "%s", u);
-	memcpy(r->host, h, hl);
-	r->port = (int)port;
 	snprintf(r->ns, sizeof r->ns, "%s", c->ns);
 	snprintf(r->id, sizeof r->id, "%s", c->host_id);
 	r->timeout_ms = c->timeout_ms ? c->timeout_ms : 2000;
@@ -67,8 +106,9 @@ void remote_close(struct remote *r)
 {
 	if (!r)
 		return;
-	if (r->c)
-		redisFree(r->c);
+	for (unsigned i = 0; i < r->n_nodes; i++)
+		if (r->nodes[i].c)
+			redisFree(r->nodes[i].c);
 	free(r);
 }
 
@@ -80,6 +120,11 @@ const char *remote_url(const struct remote *r)
 const char *remote_host_id(const struct remote *r)
 {
 	return r->id;
+}
+
+bool remote_is_cluster(const struct remote *r)
+{
+	return r->cluster;
 }
 
 void remote_stats(const struct remote *r, struct remote_stats *st)
@@ -99,37 +144,122 @@ static int ctx_errno(const redisContext *c)
 	return c->err == REDIS_ERR_EOF ? -ECONNRESET : -EIO;
 }
 
-static int fail_ctx(struct remote *r, char *err, size_t errlen)
+static int fail_node(struct remote *r, struct node *n, char *err, size_t errlen)
 {
-	int e = ctx_errno(r->c);
+	int e = ctx_errno(n->c);
 	if (e == -EAGAIN || e == -EWOULDBLOCK || e == -ETIMEDOUT) {
 		e = -ETIMEDOUT;
-		errmsg_set(err, errlen, "Redis at %s: no answer within %u ms (remote_timeout_ms)",
-			   r->url, r->timeout_ms);
+		errmsg_set(err, errlen, "Redis at %s:%d: no answer within %u ms (remote_timeout_ms)",
+			   n->host, n->port, r->timeout_ms);
 	} else {
-		errmsg_set(err, errlen, "Redis at %s: %s", r->url, r->c->errstr[0] ? r->c->errstr :
-			   strerror(-e));
+		errmsg_set(err, errlen, "Redis at %s:%d: %s", n->host, n->port,
+			   n->c->errstr[0] ? n->c->errstr : strerror(-e));
 	}
-	redisFree(r->c); /* made again at the next call */
-	r->c = NULL;
+	redisFree(n->c); /* made again at the next call */
+	n->c = NULL;
 	r->st.errors++;
 	return e;
 }
 
-static int connect_now(struct remote *r, char *err, size_t errlen)
+static int connect_node(struct remote *r, struct node *n, char *err, size_t errlen)
 {
-	if (r->c)
+	if (n->c)
 		return 0;
 	struct timeval tv = { r->timeout_ms / 1000, (long)(r->timeout_ms % 1000) * 1000 };
 	errno = 0;
-	redisContext *c = redisConnectWithTimeout(r->host, r->port, tv);
+	redisContext *c = redisConnectWithTimeout(n->host, n->port, tv);
 	if (!c)
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
-	r->c = c;
+	n->c = c;
 	if (c->err || redisSetTimeout(c, tv) != REDIS_OK)
-		return fail_ctx(r, err, errlen);
+		return fail_node(r, n, err, errlen);
 	r->st.reconnects++;
 	return 0;
+}
+
+/* Reads CLUSTER SLOTS into the slot map. */
+static int read_slots(struct remote *r, const redisReply *rep, char *err, size_t errlen)
+{
+	unsigned covered = 0;
+	for (size_t i = 0; i < rep->elements; i++) {
+		const redisReply *e = rep->element[i];
+		if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+		    e->element[0]->type != REDIS_REPLY_INTEGER ||
+		    e->element[1]->type != REDIS_REPLY_INTEGER ||
+		    e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2)
+			return errmsg(err, errlen, -EPROTO, "unexpected CLUSTER SLOTS reply");
+		long long lo = e->element[0]->integer, hi = e->element[1]->integer;
+		const redisReply *m = e->element[2];
+		if (lo < 0 || hi >= N_SLOTS || lo > hi || m->element[0]->type != REDIS_REPLY_STRING ||
+		    m->element[1]->type != REDIS_REPLY_INTEGER)
+			return errmsg(err, errlen, -EPROTO, "unexpected CLUSTER SLOTS reply");
+		int k = node_index(r, m->element[0]->str, m->element[0]->len,
+				   (int)m->element[1]->integer);
+		if (k < 0)
+			return errmsg(err, errlen, -E2BIG, "more than %d Redis nodes", MAX_NODES);
+		for (long long sl = lo; sl <= hi; sl++)
+			r->slot_node[sl] = (uint8_t)k;
+		covered += (unsigned)(hi - lo + 1);
+	}
+	if (covered != N_SLOTS)
+		return errmsg(err, errlen, -EAGAIN, "Redis Cluster at %s serves %u of %d slots (not "
+			      "ready?)", r->url, covered, N_SLOTS);
+	return 0;
+}
+
+/* Whether the server is a cluster, and if so which node serves which slot: asked of the first
+ * seed that answers, once, and again after a MOVED or ASK. */
+static int probe(struct remote *r, char *err, size_t errlen)
+{
+	if (r->probed)
+		return 0;
+	int ret = -ENOENT;
+	for (unsigned i = 0; i < r->n_seeds && !r->probed; i++) {
+		struct node *n = &r->nodes[i];
+		if ((ret = connect_node(r, n, err, errlen)))
+			continue;
+		redisReply *rep = redisCommand(n->c, "CLUSTER SLOTS");
+		if (!rep) {
+			ret = fail_node(r, n, err, errlen);
+			continue;
+		}
+		r->st.ops++;
+		if (rep->type == REDIS_REPLY_ERROR) { /* cluster support disabled: one server */
+			if (i) { /* the node that answered serves everything */
+				struct node t = r->nodes[0];
+				r->nodes[0] = *n;
+				*n = t;
+			}
+			r->cluster = false;
+			r->probed = true;
+			ret = 0;
+		} else if (rep->type == REDIS_REPLY_ARRAY) {
+			ret = read_slots(r, rep, err, errlen);
+			r->cluster = r->probed = !ret;
+		} else {
+			ret = errmsg(err, errlen, -EPROTO, "unexpected CLUSTER SLOTS reply");
+		}
+		freeReplyObject(rep);
+	}
+	return ret;
+}
+
+/* Redis Cluster's hash slot of a key: CRC16 (XMODEM) of its hash tag ({...}) or of all of it. */
+static unsigned key_slot(const char *key)
+{
+	size_t len = strlen(key);
+	const char *open = strchr(key, '{'), *close = open ? strchr(open + 1, '}') : NULL;
+	if (open && close && close > open + 1) {
+		key = open + 1;
+		len = (size_t)(close - open - 1);
+	}
+	uint16_t crc = 0;
+	for (size_t i = 0; i < len; i++) {
+		crc ^= (uint16_t)((uint8_t)key[i] << 8);
+		for (int b = 0; b < 8; b++)
+			crc = crc & 0x8000 ? (uint16_t)(crc << 1 ^ 0x1021) : (uint16_t)(crc << 1);
+	}
+	return crc & (N_SLOTS - 1);
 }
 
 /* One command of a pipeline: up to 8 arguments; key and value buffers it owns (freed after). */
@@ -144,50 +274,77 @@ struct cmd {
 typedef int (*reply_fn)(void *ctx, size_t i, const redisReply *rep, char *err, size_t errlen);
 
 /* Reads and drops the n replies still due for a window after a failed one. */
-static void drain(struct remote *r, size_t n)
+static void drain(struct remote *r, struct node *nd, size_t n)
 {
-	for (size_t k = 0; k < n && r->c; k++) {
+	for (size_t k = 0; k < n && nd->c; k++) {
 		void *skip = NULL;
-		if (redisGetReply(r->c, &skip) != REDIS_OK) {
-			fail_ctx(r, NULL, 0);
+		if (redisGetReply(nd->c, &skip) != REDIS_OK) {
+			fail_node(r, nd, NULL, 0);
 			return;
 		}
 		freeReplyObject(skip);
 	}
 }
 
-/* Sends cmds[0..n) in windows of REMOTE_WINDOW and hands each reply to fn (NULL: any non-error
- * reply is fine). Stops at the first failure: a transport error drops the connection. */
-static int pipeline(struct remote *r, struct cmd *cmds, size_t n, reply_fn fn, void *ctx,
-		    char *err, size_t errlen)
+/* The window loop of pipeline() on one node; *moved when the cluster said the slot is served
+ * elsewhere (MOVED, ASK). */
+static int run(struct remote *r, struct node *nd, struct cmd *cmds, size_t n, reply_fn fn,
+	       void *ctx, bool *moved, char *err, size_t errlen)
 {
-	uint64_t t0 = clock_ns();
-	int ret = connect_now(r, err, errlen);
+	int ret = 0;
 	for (size_t w = 0; !ret && w < n; w += REMOTE_WINDOW) {
 		size_t m = n - w < REMOTE_WINDOW ? n - w : REMOTE_WINDOW;
 		for (size_t i = 0; i < m && !ret; i++) {
 			struct cmd *c = &cmds[w + i];
-			if (redisAppendCommandArgv(r->c, c->argc, c->argv, c->len) != REDIS_OK)
-				ret = fail_ctx(r, err, errlen);
+			if (redisAppendCommandArgv(nd->c, c->argc, c->argv, c->len) != REDIS_OK)
+				ret = fail_node(r, nd, err, errlen);
 		}
 		for (size_t i = 0; i < m && !ret; i++) {
 			void *v = NULL;
-			if (redisGetReply(r->c, &v) != REDIS_OK) {
-				ret = fail_ctx(r, err, errlen);
+			if (redisGetReply(nd->c, &v) != REDIS_OK) {
+				ret = fail_node(r, nd, err, errlen);
 				break;
 			}
 			const redisReply *rep = v;
 			r->st.ops++;
-			if (rep->type == REDIS_REPLY_ERROR)
-				ret = errmsg(err, errlen, -EIO, "Redis at %s: %s", r->url, rep->str);
-			else if (fn)
+			if (rep->type == REDIS_REPLY_ERROR) {
+				*moved = !strncmp(rep->str, "MOVED ", 6) || !strncmp(rep->str, "ASK ", 4);
+				ret = errmsg(err, errlen, -EIO, "Redis at %s:%d: %s", nd->host, nd->port,
+					     rep->str);
+			} else if (fn) {
 				ret = fn(ctx, w + i, rep, err, errlen);
+			}
 			if (ret) {
 				r->st.errors++;
-				drain(r, m - i - 1); /* the rest of the window's replies */
+				drain(r, nd, m - i - 1); /* the rest of the window's replies */
 			}
 			freeReplyObject(v);
 		}
+	}
+	return ret;
+}
+
+/* Sends cmds[0..n) (keys of one hash slot: every key names one sequence in a hash tag) in
+ * windows of REMOTE_WINDOW to the node that serves them and hands each reply to fn (NULL: any
+ * non-error reply is fine). Stops at the first failure: a transport error drops that node's
+ * connection. When a cluster answers MOVED or ASK, the slots are mapped again and the calls
+ * (all idempotent) run once more. Frees the commands' buffers. */
+static int pipeline(struct remote *r, struct cmd *cmds, size_t n, reply_fn fn, void *ctx,
+		    char *err, size_t errlen)
+{
+	uint64_t t0 = clock_ns();
+	int ret = 0;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		bool moved = false;
+		if ((ret = probe(r, err, errlen)))
+			break;
+		struct node *nd = &r->nodes[r->cluster && n ? r->slot_node[key_slot(cmds[0].key)] : 0];
+		ret = connect_node(r, nd, err, errlen);
+		if (!ret)
+			ret = run(r, nd, cmds, n, fn, ctx, &moved, err, errlen);
+		if (!moved)
+			break;
+		r->probed = false;
 	}
 	for (size_t i = 0; i < n; i++)
 		free(cmds[i].own);
@@ -209,7 +366,7 @@ static void sarg(struct cmd *c, const char *s)
 static void block_key(const struct remote *r, char *key, const char *name, uint64_t gen,
 		      uint32_t layer, uint32_t page)
 {
-	snprintf(key, KEY_MAX, "%s:blk:%s:%" PRIu64 ":%u:%u", r->ns, name, gen, layer, page);
+	snprintf(key, KEY_MAX, "%s:{%s}:blk:%" PRIu64 ":%u:%u", r->ns, name, gen, layer, page);
 }
 
 static void le32(uint8_t *p, uint32_t v)
@@ -346,7 +503,7 @@ int remote_put_meta(struct remote *r, const char *name, const struct remote_meta
 	char committed[24], gen[24];
 	snprintf(committed, sizeof committed, "%" PRIu64, m->committed);
 	snprintf(gen, sizeof gen, "%" PRIu64, m->gen);
-	snprintf(c.key, KEY_MAX, "%s:seq:%s", r->ns, name);
+	snprintf(c.key, KEY_MAX, "%s:{%s}:seq", r->ns, name);
 	/* HSET key geo .. fp .. committed .. tokens .. gen .. host ..: 14 arguments, in two
 	 * commands of the one pipeline (struct cmd holds 8). */
 	struct cmd cmds[2] = { 0 };
@@ -431,7 +588,7 @@ int remote_get_meta(struct remote *r, const char *name, struct remote_meta *m, c
 {
 	struct cmd c = { 0 };
 	memset(m, 0, sizeof *m);
-	snprintf(c.key, KEY_MAX, "%s:seq:%s", r->ns, name);
+	snprintf(c.key, KEY_MAX, "%s:{%s}:seq", r->ns, name);
 	sarg(&c, "HGETALL");
 	sarg(&c, c.key);
 	struct meta_ctx mc = { m, false };
@@ -448,7 +605,7 @@ int remote_get_meta(struct remote *r, const char *name, struct remote_meta *m, c
 static void lease_cmd(struct remote *r, struct cmd *c, const char *script, const char *name,
 		      char *ms)
 {
-	snprintf(c->key, KEY_MAX, "%s:owner:%s", r->ns, name);
+	snprintf(c->key, KEY_MAX, "%s:{%s}:owner", r->ns, name);
 	snprintf(ms, 24, "%u", r->lease_ms);
 	sarg(c, "EVAL");
 	sarg(c, script);
@@ -503,8 +660,13 @@ static int got_renew(void *ctx, size_t i, const redisReply *rep, char *err, size
 size_t remote_renew(struct remote *r, const char *const *names, size_t n)
 {
 	struct renew_ctx rc = { 0 };
-	for (size_t w = 0; w < n; w += REMOTE_WINDOW) {
-		size_t m = n - w < REMOTE_WINDOW ? n - w : REMOTE_WINDOW;
+	char e0[256];
+	probe(r, e0, sizeof e0);
+	/* One server: every lease in one pipeline. A cluster spreads the names over its slots:
+	 * one call each. */
+	size_t per = r->cluster ? 1 : REMOTE_WINDOW;
+	for (size_t w = 0; w < n; w += per) {
+		size_t m = n - w < per ? n - w : per;
 		struct cmd cmds[REMOTE_WINDOW];
 		char ms[REMOTE_WINDOW][24];
 		memset(cmds, 0, m * sizeof *cmds);

@@ -2,19 +2,22 @@
  * sequences published by one host and adopted by another, and the lease that lets one host at a
  * time own a sequence's name.
  *
- * Keys, under the namespace `ns`:
- *   <ns>:seq:<name>          hash: the sequence's metadata (remote_meta below)
- *   <ns>:blk:<name>:<gen>:<layer>:<page>
+ * Keys, under the namespace `ns`, each with the sequence's name as its hash tag (so that in a
+ * Redis Cluster all of a sequence's keys live in one slot, and one pipeline reaches them):
+ *   <ns>:{<name>}:seq        hash: the sequence's metadata (remote_meta below)
+ *   <ns>:{<name>}:blk:<gen>:<layer>:<page>
  *                            string: the block's crc32c (4 bytes, little-endian), then its bytes
- *   <ns>:owner:<name>        string: the owning host's id, with an expiry (the lease)
+ *   <ns>:{<name>}:owner      string: the owning host's id, with an expiry (the lease)
  * A publish writes the blocks of a new generation first, then the hash that names it, then
  * deletes the previous generation's blocks: a reader never finds a hash whose blocks are missing.
  *
  * Requests are pipelined in windows of at most REMOTE_WINDOW commands; every call has the
  * configured timeout. A connection that fails is dropped and made again at the next call, so a
  * Redis that was down is used again as soon as it is back; until then each call fails with the
- * reason (-ECONNREFUSED, -ETIMEDOUT, ...) in err. Only a single server (redis://host:port);
- * Redis Cluster is not supported yet.
+ * reason (-ECONNREFUSED, -ETIMEDOUT, ...) in err. remote_url names one server or seeds of a
+ * Redis Cluster (redis://HOST:PORT[,HOST:PORT...]); the first call asks CLUSTER SLOTS and, on a
+ * cluster, sends each call to the master serving its slot, mapping the slots again after a
+ * MOVED or ASK.
  *
  * Ownership: remote_open allocates struct remote (and connects lazily); remote_close frees it.
  * Not thread-safe: the control plane calls it, with the data-plane lock released during I/O. */
@@ -68,6 +71,8 @@ int remote_open(const struct remote_config *c, struct remote **out, char *err, s
 void remote_close(struct remote *r);
 const char *remote_url(const struct remote *r);
 const char *remote_host_id(const struct remote *r);
+/* Whether the server turned out to be a Redis Cluster (known after the first call). */
+bool remote_is_cluster(const struct remote *r);
 
 /* Writes blocks b[0..n) of generation gen of sequence name. */
 int remote_put_blocks(struct remote *r, const char *name, uint64_t gen,

@@ -708,6 +708,8 @@ static Freekv__RemoteStats *remote_stats_msg(struct call *c, const struct remote
 	m->published = st.published;
 	m->adopted = st.adopted;
 	m->owned = st.owned;
+	m->has_cluster = true;
+	m->cluster = remote_is_cluster(rs->r);
 	return m;
 }
 
