@@ -261,6 +261,25 @@ static const char *const PROMPTS[MAX_GENS] = {
 	"Sue had a red hat", "The old tree", "A tiny mouse", "The rain came down",
 };
 
+/* Every odd-numbered generation starts with this text (about 700 tokens of stories260K), so that
+ * under load they find one another's prompt pages in kvstored (prefix sharing, docs/design.md
+ * §4) and must still print the tokens of their run alone. */
+static const char SHARED_PREFIX[] =
+	"Once upon a time, there was a little girl named Lily. She loved to play with her toys. "
+	"One day, Lily and her mom went to the park to play. They saw a big tree with red apples. "
+	"Lily wanted to climb the tree, but her mom said it was too high. Lily was sad, but then "
+	"she saw a little dog. The dog was brown and white and had a long tail. Lily and the dog "
+	"played with a ball all day. When the sun went down, Lily and her mom went home. Lily "
+	"told her dad about the dog and the ball and the big tree. Her dad smiled and said that "
+	"tomorrow they could go to the park again. Lily was very happy and went to bed with a "
+	"smile. The next day, Lily woke up early. She ate her breakfast and put on her red shoes. "
+	"She ran to the door and waited for her mom. They walked to the park and looked for the "
+	"little dog. At first they could not find him, but then Lily heard a bark. The dog was "
+	"behind the big tree! Lily ran to him and gave him a hug. The dog licked her face and "
+	"wagged his tail. Lily and her mom and the dog played all morning. They had a picnic "
+	"under the tree and shared their sandwiches with the dog. Lily said the dog was her best "
+	"friend. Her mom said that friends are the best thing in the world. ";
+
 /* Runs kvworker generate greedily (store: NULL embedded, else that endpoint) and keeps its
  * stdout (the ids). Returns the pid; the output lands in out_path. */
 static pid_t generate(const struct opts *o, unsigned i, const char *store, const char *out_path)
@@ -275,10 +294,13 @@ static pid_t generate(const struct opts *o, unsigned i, const char *store, const
 		_exit(126);
 	char seq[32];
 	snprintf(seq, sizeof seq, "gen-%u", i);
-	const char *argv[32] = { o->kvworker, "generate", "-m", o->model, "-p", PROMPTS[i], "-n", "96",
+	static char prompt[sizeof SHARED_PREFIX + 128];
+	snprintf(prompt, sizeof prompt, "%s%s", i % 2 ? SHARED_PREFIX : "", PROMPTS[i]);
+	const char *argv[32] = { o->kvworker, "generate", "-m", o->model, "-p", prompt, "-n", "96",
 				 "--temp", "0", "--ids", "-t", "1", "--policy", "freekv",
-				 "--page-size", "8", "--budget", "64", "--sink", "8", "--window", "16" };
-	int n = 23;
+				 "--page-size", "8", "--budget", "64", "--sink", "8", "--window", "16",
+				 "-c", "2048" };
+	int n = 25;
 	if (store) {
 		argv[n++] = "--store", argv[n++] = store;
 		argv[n++] = "--seq", argv[n++] = seq;
@@ -545,7 +567,11 @@ int main(int argc, char **argv)
 	       all.mismatches + ver.mismatches, all.lost + ver.lost);
 	printf("leases left after every worker exited: %" PRIu64 "\n", leases_left);
 	if (o.generations)
-		printf("generations: %u of %u equal to their runs alone\n", gen_exact, o.generations);
+		printf("generations: %u of %u equal to their runs alone; prefix sharing: %" PRIu64
+		       " lookups, %" PRIu64 " hits, %" PRIu64 " prompt tokens found in the pool\n",
+		       gen_exact, o.generations, ds && ds->prefix ? ds->prefix->lookups : 0,
+		       ds && ds->prefix ? ds->prefix->hits : 0,
+		       ds && ds->prefix ? ds->prefix->tokens_saved : 0);
 	if (all.first_error)
 		printf("first error: %s (%s)\n", all.first_error_msg, strerror(-all.first_error));
 	if (ver.first_error)
