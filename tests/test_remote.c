@@ -396,6 +396,37 @@ static void test_cluster(void **state)
 	}
 }
 
+/* The host that adopted a sequence is killed and restarted (persist = true): it still knows it
+ * owns the name and renews the lease (1 s here), so the publisher still cannot attach. */
+static void test_restart_keeps_lease(void **state)
+{
+	(void)state;
+	static struct proc a, b;
+	redis_start();
+	struct harness A, B;
+	host_start(&A, "host-A", "2000");
+	char lease[] = "remote_lease_ms=1000";
+	const char *eb[] = { "--set", g_url, "--set", "remote_host_id=host-B", "--set", lease,
+			     "--set", "persist=true", NULL };
+	harness_start(&B, eb);
+	char err[512];
+	run_gen(&a, &A, "s", "10");
+	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
+	assert_int_equal(run_resume(&b, &B, "s", "4"), 0);
+	h_kill9(&B);
+	harness_spawn(&B, eb, NULL);
+	h_sleep_ms(2500); /* past the lease: only renewals keep it */
+	assert_int_equal(try_attach(&A, "s", err, sizeof err), -EBUSY);
+	Freekv__Reply *r;
+	Freekv__RemoteStats *st = remote_stats(&B, &r);
+	assert_int_equal(st->owned, 1);
+	kvs_reply_free(r);
+	assert_int_equal(try_attach(&B, "s", err, sizeof err), 0); /* its own: still the newest */
+	h_finish(&B);
+	harness_stop(&A);
+	redis_stop();
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -412,6 +443,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_redis_down, h_teardown),
 		cmocka_unit_test_teardown(test_publish_refused, h_teardown),
 		cmocka_unit_test_teardown(test_cluster, h_teardown),
+		cmocka_unit_test_teardown(test_restart_keeps_lease, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

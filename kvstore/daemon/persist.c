@@ -18,7 +18,8 @@
 #include "log.h"
 
 /* Record types and payloads (native byte order: a journal never leaves its host). */
-enum { REC_META = 1, REC_SEQ, REC_TOKENS, REC_COMMITTED, REC_BLOCK, REC_REMOVE, REC_PREFIX };
+enum { REC_META = 1, REC_SEQ, REC_TOKENS, REC_COMMITTED, REC_BLOCK, REC_REMOVE, REC_PREFIX,
+       REC_REMOTE };
 enum { BLK_DRAM = 1, BLK_NVME = 2 };
 #define SEQF_OWNER 1u
 
@@ -52,6 +53,13 @@ struct rec_block {
 
 struct rec_remove {
 	uint64_t id;
+};
+
+/* Beyond one host (docs/design.md §8): whether this host holds the name's Redis lease or
+ * published it, and the generation. */
+struct rec_remote {
+	uint64_t id, gen;
+	uint32_t state, pad;
 };
 
 /* Prefix sharing (docs/design.md §4): what a restart needs to key the sequence's pages again. */
@@ -265,6 +273,14 @@ void persist_seq_prefix(struct persist *ps, const struct seq *s)
 	append(ps, REC_PREFIX, &r, sizeof r);
 }
 
+void persist_seq_remote(struct persist *ps, const struct seq *s)
+{
+	if (!ps || !ps->j)
+		return;
+	struct rec_remote r = { .id = s->id, .gen = s->remote_gen, .state = s->remote };
+	append(ps, REC_REMOTE, &r, sizeof r);
+}
+
 void persist_seq_remove(struct persist *ps, uint64_t seq_id)
 {
 	if (!ps || !ps->j)
@@ -362,6 +378,10 @@ static int snap_fill(void *ctx, struct journal *j)
 			struct rec_prefix rp;
 			fill_prefix(&rp, s);
 			ret = journal_append(j, REC_PREFIX, &rp, sizeof rp);
+		}
+		if (!ret && s->remote) {
+			struct rec_remote rr = { .id = s->id, .gen = s->remote_gen, .state = s->remote };
+			ret = journal_append(j, REC_REMOTE, &rr, sizeof rr);
 		}
 		for (uint32_t l = 0; l < s->geo.n_layers && !ret; l++) {
 			for (uint32_t p = 0; p < s->n_pages && !ret; p++) {
@@ -566,6 +586,15 @@ static int on_record(void *ctx, uint32_t type, const void *p, uint32_t len, char
 		s->publish_limit = r->publish_limit;
 		s->covered_tokens = r->covered;
 		memcpy(s->key0, r->key0, sizeof s->key0);
+		return 0;
+	}
+	case REC_REMOTE: {
+		const struct rec_remote *r = p;
+		struct seq *s = len == sizeof *r ? seq_find(ps->seqs, r->id) : NULL;
+		if (!s || r->state > SEQ_REMOTE_PUBLISHED)
+			break;
+		s->remote = (uint8_t)r->state;
+		s->remote_gen = r->gen;
 		return 0;
 	}
 	default:

@@ -61,6 +61,8 @@ void persist_seq_open(struct persist *ps, const struct seq *s);
 void persist_seq_tokens(struct persist *ps, const struct seq *s, uint64_t first,
 			const uint32_t *ids, size_t n);
 void persist_seq_committed(struct persist *ps, const struct seq *s);
+/* Its remote-tier state: owned or published, and the generation (docs/design.md §8). */
+void persist_seq_remote(struct persist *ps, const struct seq *s);
 /* Its prefix-sharing state (ubatch, publish limit, covered length, the key chain's start). */
 void persist_seq_prefix(struct persist *ps, const struct seq *s);
 void persist_seq_remove(struct persist *ps, uint64_t seq_id);

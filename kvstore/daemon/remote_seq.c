@@ -109,6 +109,7 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 	if (!ret) {
 		s->remote = SEQ_REMOTE_PUBLISHED;
 		s->remote_gen = m.gen;
+		persist_seq_remote(x->ps, s);
 		x->published++;
 		*blocks = n;
 		*bytes = (uint64_t)n * s->block_bytes;
@@ -201,6 +202,7 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 	if (!ret) {
 		s->remote = SEQ_REMOTE_OWNED;
 		s->remote_gen = m.gen;
+		persist_seq_remote(x->ps, s);
 		x->adopted++;
 		log_info("sequence '%s' adopted from %s (published by %s, generation %" PRIu64 "): %"
 			 PRIu64 " tokens, %zu blocks", name, remote_url(x->r), m.host, m.gen,
@@ -218,7 +220,9 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 
 int remote_seq_claim(struct remote_seq *x, struct seq *s, char *err, size_t errlen)
 {
-	if (s->remote != SEQ_REMOTE_PUBLISHED)
+	/* Published: the lease is taken back. Owned: it is checked (it may have lapsed while this
+	 * daemon was down, and another host may have published since). */
+	if (s->remote == SEQ_REMOTE_NONE)
 		return 0;
 	if (!x->r)
 		return no_remote(err, errlen);
@@ -243,8 +247,10 @@ int remote_seq_claim(struct remote_seq *x, struct seq *s, char *err, size_t errl
 			remote_unlease(x->r, name, NULL, 0);
 	}
 	dp_lock(x->dp);
-	if (!ret)
+	if (!ret) {
 		s->remote = SEQ_REMOTE_OWNED;
+		persist_seq_remote(x->ps, s);
+	}
 	return ret;
 }
 

@@ -52,7 +52,8 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, size_t fp_len,
 		     const struct seq_geometry *g, bool has_owner, uint32_t owner_uid,
 		     struct seq **out, char *err, size_t errlen);
-/* Before an attach of s: a published sequence must get its lease back. */
+/* Before an attach of s: a published sequence must get its lease back, an owned one must
+ * still hold it; either must still be the newest generation (-ESTALE otherwise). */
 int remote_seq_claim(struct remote_seq *x, struct seq *s, char *err, size_t errlen);
 /* s is dropped here: its lease goes back (best effort). */
 void remote_seq_release(struct remote_seq *x, struct seq *s);

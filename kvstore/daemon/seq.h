@@ -65,7 +65,7 @@ struct seq {
 	uint32_t n_keys, keys_cap;
 	/* Beyond one host (remote.h): whether this host holds the name's Redis lease (OWNED) or
 	 * handed it over by publishing (PUBLISHED: attaching takes it back), and the generation
-	 * of the copy published or adopted. Not journaled. */
+	 * of the copy published or adopted (journaled: a restarted daemon renews its leases). */
 	uint8_t remote;			/* enum seq_remote */
 	uint64_t remote_gen;
 	size_t slot;			/* index in seq_table.v */
