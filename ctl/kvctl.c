@@ -25,7 +25,7 @@ struct opts {
 	const char *endpoint;
 	const char *token_file;	/* tcp endpoints: the daemon's auth token ($FREEKV_TOKEN_FILE too) */
 	int timeout_ms;
-	bool json, tokens, detached, demote;
+	bool json, tokens, detached, demote, remote;
 	const char *worker;
 	double interval;
 	long count;
@@ -169,6 +169,7 @@ static json_object *seq_json(const Freekv__SequenceInfo *s, bool tokens)
 	json_object_object_add(j, "block_bytes", json_object_new_uint64(s->block_bytes));
 	json_object_object_add(j, "pages_dram", json_object_new_uint64(s->pages->dram));
 	json_object_object_add(j, "pages_nvme", json_object_new_uint64(s->pages->nvme));
+	json_object_object_add(j, "pages_remote", json_object_new_uint64(s->pages->remote));
 	json_object_object_add(j, "pages_in_flight", json_object_new_uint64(s->pages->in_flight));
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
 	json_object_object_add(j, "model_fingerprint", json_object_new_string(fp));
@@ -247,6 +248,14 @@ static json_object *status_json(const Freekv__StatsReply *s)
 		json_object_object_add(o, "adopted", json_object_new_uint64(m->adopted));
 		json_object_object_add(o, "owned", json_object_new_uint64(m->owned));
 		json_object_object_add(o, "cluster", json_object_new_boolean(m->cluster));
+		json_object_object_add(o, "tier", json_object_new_boolean(m->tier));
+		json_object_object_add(o, "tier_blocks", json_object_new_uint64(m->tier_blocks));
+		json_object_object_add(o, "offloaded", json_object_new_uint64(m->offloaded));
+		json_object_object_add(o, "fetched", json_object_new_uint64(m->fetched));
+		json_object_object_add(o, "tier_errors", json_object_new_uint64(m->tier_errors));
+		json_object_object_add(o, "tier_bytes_put", json_object_new_uint64(m->tier_bytes_put));
+		json_object_object_add(o, "tier_bytes_got", json_object_new_uint64(m->tier_bytes_got));
+		json_object_object_add(o, "tier_us", json_object_new_uint64(m->tier_us));
 		json_object_object_add(j, "remote", o);
 	}
 	if (s->journal) {
@@ -307,6 +316,10 @@ static void show_status(const Freekv__StatsReply *s, bool json)
 			       " errors, %" PRIu64 " checksum failures\n", m->url, m->published,
 			       m->adopted, m->owned, a, b, m->ops, m->total_us / 1e3, m->errors,
 			       m->crc_errors);
+			if (m->tier)
+				printf("  remote tier  %" PRIu64 " blocks in Redis; %" PRIu64 " moved there "
+				       "from NVMe, %" PRIu64 " brought back, %" PRIu64 " failed moves\n",
+				       m->tier_blocks, m->offloaded, m->fetched, m->tier_errors);
 		}
 		const Freekv__JournalStats *jr = s->journal;
 		if (!jr) {
@@ -474,8 +487,9 @@ static int v_show(struct kvs *k, const struct opts *o)
 			printf("damaged    a block failed its checksum at a restart: %u blocks are never "
 			       "served, committed cut from %" PRIu64 " tokens (the token ids are kept: "
 			       "resume runs them again)\n", s->damaged_blocks, s->damaged_cut_from);
-		printf("pages      %" PRIu64 " DRAM, %" PRIu64 " NVMe, %" PRIu64 " in flight\n", s->pages->dram,
-		       s->pages->nvme, s->pages->in_flight);
+		printf("pages      %" PRIu64 " DRAM, %" PRIu64 " NVMe, %" PRIu64 " remote, %" PRIu64
+		       " in flight\n", s->pages->dram, s->pages->nvme, s->pages->remote,
+		       s->pages->in_flight);
 		printf("leases     %" PRIu64 "\n", s->leases);
 		printf("shared     %u pages shared with other sequences; %" PRIu64 " tokens found "
 		       "in the pool when it was opened\n", s->shared_pages, s->prefix_covered_tokens);
@@ -590,10 +604,10 @@ static int v_demote(struct kvs *k, const struct opts *o)
 	const char *name;
 	if (seq_arg(o->pos[0], &id, &name))
 		return EXIT_USAGE;
-	int ret = kvs_demote(k, id, name, &r);
+	int ret = kvs_demote_to(k, id, name, o->remote, &r);
 	if (ret)
 		return failed(k, ret);
-	return print_evicted(r, o, "demoting");
+	return print_evicted(r, o, o->remote ? "moving to the remote tier" : "demoting");
 }
 
 static json_object *stat_rows(Freekv__CommandStat **v, size_t n, bool print, const char *title)
@@ -742,7 +756,7 @@ static const struct verb verbs[] = {
 	{ "ls", "ls", 0, 0, v_ls },
 	{ "show", "show SEQ [--tokens]", 1, 1, v_show },
 	{ "evict", "evict SEQ | --worker ID | --detached  [--demote]", 0, 1, v_evict },
-	{ "demote", "demote SEQ", 1, 1, v_demote },
+	{ "demote", "demote SEQ [--remote]", 1, 1, v_demote },
 	{ "fork", "fork SRC DST", 2, 2, v_fork },
 	{ "publish", "publish SEQ", 1, 1, v_publish },
 	{ "stats", "stats", 0, 0, v_stats },
@@ -787,7 +801,7 @@ static int num_arg(const char *opt, const char *val, double min, double *out)
 static int parse(int argc, char **argv, struct opts *o, const char **verb)
 {
 	enum { O_TIMEOUT = 256, O_TOKEN, O_WORKER, O_INTERVAL, O_COUNT, O_JSON, O_TOKENS,
-	       O_DETACHED, O_DEMOTE, O_VERSION };
+	       O_DETACHED, O_DEMOTE, O_VERSION, O_REMOTE };
 	static const struct option lo[] = {
 		{ "endpoint", required_argument, NULL, 'e' },
 		{ "timeout", required_argument, NULL, O_TIMEOUT },
@@ -799,6 +813,7 @@ static int parse(int argc, char **argv, struct opts *o, const char **verb)
 		{ "tokens", no_argument, NULL, O_TOKENS },
 		{ "detached", no_argument, NULL, O_DETACHED },
 		{ "demote", no_argument, NULL, O_DEMOTE },
+		{ "remote", no_argument, NULL, O_REMOTE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ 0, 0, 0, 0 },
@@ -834,6 +849,7 @@ static int parse(int argc, char **argv, struct opts *o, const char **verb)
 		case O_TOKENS: o->tokens = true; break;
 		case O_DETACHED: o->detached = true; break;
 		case O_DEMOTE: o->demote = true; break;
+		case O_REMOTE: o->remote = true; break;
 		case 'h': usage(stdout); return 1;
 		case O_VERSION: fkv_version_print(stdout, "kvctl"); return 1;
 		case ':':

@@ -427,6 +427,130 @@ static void test_restart_keeps_lease(void **state)
 	redis_stop();
 }
 
+/* The pages of sequence name on h by tier, once nothing is moving (10 s at most). */
+static Freekv__TierPages tier_pages(const struct harness *h, const char *name)
+{
+	struct kvs *k;
+	Freekv__Reply *r;
+	Freekv__TierPages tp = FREEKV__TIER_PAGES__INIT;
+	assert_int_equal(kvs_connect(h->endpoint, 5000, &k), 0);
+	r = h_settled(k, name);
+	assert_non_null(r);
+	tp.dram = r->sequence->pages->dram;
+	tp.nvme = r->sequence->pages->nvme;
+	tp.remote = r->sequence->pages->remote;
+	tp.in_flight = r->sequence->pages->in_flight;
+	kvs_reply_free(r);
+	kvs_close(k);
+	return tp;
+}
+
+static void demote_to(const struct harness *h, const char *name, bool remote)
+{
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(h->endpoint, 5000, &k), 0);
+	int ret = kvs_demote_to(k, 0, name, remote, &r);
+	if (ret)
+		fail_msg("demote %s: %s", name, kvs_error(k));
+	kvs_reply_free(r);
+	kvs_close(k);
+}
+
+/* Waits until every block of name is in the remote tier. */
+static uint64_t all_remote(const struct harness *h, const char *name)
+{
+	Freekv__TierPages tp;
+	for (uint64_t t0 = clock_ms();; h_sleep_ms(20)) {
+		tp = tier_pages(h, name);
+		if (!tp.dram && !tp.nvme && !tp.in_flight && tp.remote)
+			return tp.remote;
+		if (clock_ms() - t0 > 10000)
+			fail_msg("'%s' did not reach the remote tier: %llu DRAM, %llu NVMe, %llu "
+				 "remote", name, (unsigned long long)tp.dram,
+				 (unsigned long long)tp.nvme, (unsigned long long)tp.remote);
+	}
+}
+
+/* The tier below NVMe: a sequence's blocks moved NVMe -> Redis (explicitly, then by the NVMe
+ * watermark) come back on resume exactly; a corrupted one fails the resume with a checksum
+ * error and stays where it is; a stopped Redis fails the resume after the timeout, and once it
+ * answers again the resume works; a kill -9 restart keeps the blocks in Redis. */
+static void test_tier(void **state)
+{
+	(void)state;
+	static struct proc ref, a, b;
+	const char *args[] = { "generate", "-m", g_model, "-p", "Once upon a time", "-n", "60",
+			       FLAGS, NULL };
+	assert_int_equal(p_run(&ref, args), 0);
+	redis_start();
+	const char *ex[] = { "--set", g_url, "--set", "remote_host_id=host-T", "--set",
+			     "remote_tier=true", "--set", "remote_timeout_ms=500", "--set",
+			     "persist=true", "--set", "nvme_bytes=1M", NULL };
+	struct harness A;
+	harness_start(&A, ex);
+	char cmd[512];
+	/* Explicitly: to NVMe, then on to Redis. */
+	run_gen(&a, &A, "s", "20");
+	demote_to(&A, "s", false);
+	assert_true(tier_pages(&A, "s").nvme > 0);
+	demote_to(&A, "s", true);
+	uint64_t n = all_remote(&A, "s");
+	snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d dbsize)\" = %llu", g_port,
+		 (unsigned long long)n);
+	assert_int_equal(system(cmd), 0);
+	/* A restart keeps them there (journaled). */
+	h_kill9(&A);
+	harness_spawn(&A, ex, NULL);
+	assert_int_equal(tier_pages(&A, "s").remote, n);
+	/* One value damaged in Redis: the resume fails, nothing decodes over it. */
+	snprintf(cmd, sizeof cmd, "k=$(redis-cli -p %d --scan --pattern 'freekv:{tier:host-T}:*' "
+		 "| head -1) && redis-cli -p %d setrange \"$k\" 40 XXXX >/dev/null && "
+		 "redis-cli -p %d get \"$k\" > %s/damaged.bin", g_port, g_port, g_port, g_rdir);
+	assert_int_equal(system(cmd), 0);
+	assert_int_not_equal(run_resume(&b, &A, "s", "20"), 0);
+	assert_int_equal(b.n_ids, 0);
+	Freekv__Reply *r;
+	Freekv__RemoteStats *st = remote_stats(&A, &r);
+	assert_true(st->tier);
+	assert_true(st->tier_errors >= 1);
+	kvs_reply_free(r);
+	/* Drop it (its blocks and their Redis keys). */
+	{
+		struct kvs *k;
+		assert_int_equal(kvs_connect(A.endpoint, 5000, &k), 0);
+		assert_int_equal(kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_SEQUENCE, 0, "s", 0,
+					   false, &r), 0);
+		kvs_reply_free(r);
+		kvs_close(k);
+	}
+	/* By the watermark: NVMe over 1 % (of 1 MiB) moves blocks to Redis by itself. */
+	struct kvs *k;
+	assert_int_equal(kvs_connect(A.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_config_set(k, "nvme_high_watermark", "1", &r), 0);
+	kvs_reply_free(r);
+	assert_int_equal(kvs_config_set(k, "nvme_low_watermark", "0", &r), 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	run_gen(&a, &A, "w", "20");
+	demote_to(&A, "w", false);
+	n = all_remote(&A, "w");
+	/* Redis stopped: the resume's reads time out and it fails; the blocks stay in Redis. */
+	assert_int_equal(kill(g_redis, SIGSTOP), 0);
+	assert_int_not_equal(run_resume(&b, &A, "w", "20"), 0);
+	assert_int_equal(kill(g_redis, SIGCONT), 0);
+	assert_int_equal(tier_pages(&A, "w").remote, n);
+	/* Redis answering again: the resume brings every block back and continues exactly. */
+	assert_int_equal(run_resume(&b, &A, "w", "20"), 0);
+	assert_memory_equal(b.ids, ref.ids + 20, 20 * sizeof(int));
+	st = remote_stats(&A, &r);
+	assert_true(st->fetched >= n);
+	assert_true(st->offloaded >= n); /* since the restart */
+	kvs_reply_free(r);
+	h_finish(&A);
+	redis_stop();
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -444,6 +568,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_publish_refused, h_teardown),
 		cmocka_unit_test_teardown(test_cluster, h_teardown),
 		cmocka_unit_test_teardown(test_restart_keeps_lease, h_teardown),
+		cmocka_unit_test_teardown(test_tier, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

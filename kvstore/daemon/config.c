@@ -100,6 +100,13 @@ static const struct cfg_key keys[] = {
 	  "how long a host's ownership of an adopted sequence's name lasts unless renewed" },
 	{ "remote_publish", CFG_T_BOOL, F(remote_publish), 0, 1, "false", true,
 	  "publish a sequence to Redis whenever its worker detaches it" },
+	{ "remote_tier", CFG_T_BOOL, F(remote_tier), 0, 1, "false", false,
+	  "a tier below NVMe in Redis (remote_url): cold NVMe blocks move there above "
+	  "nvme_high_watermark and come back on recall" },
+	{ "nvme_high_watermark", CFG_T_U64, F(nvme_high_watermark), 1, 100, "90", true,
+	  "percent of the NVMe tier in use above which blocks move to the remote tier" },
+	{ "nvme_low_watermark", CFG_T_U64, F(nvme_low_watermark), 0, 99, "75", true,
+	  "percent of the NVMe tier in use that the move to the remote tier brings usage down to" },
 };
 
 #undef F

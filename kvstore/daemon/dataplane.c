@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "persist.h"
 #include "pool.h"
+#include "remote_io.h"
 #include "ring.h"
 #include "tier.h"
 #include "errmsg.h"
@@ -65,6 +66,8 @@ int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char
 		if (ret)
 			goto fail;
 	}
+	if ((ret = dp_remote_start(dp, err, errlen)))
+		goto fail;
 	snprintf(dp->ring_prefix, sizeof dp->ring_prefix, "%s", cfg->shm_name);
 	*out = dp;
 	return 0;
@@ -442,6 +445,16 @@ static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 					goto fail;
 				pool_block_touch(dp->pool, p->blocks[i]);
 				break;
+			case POOL_TIER_REMOTE:
+				ret = dp_fetch_start(dp, p->blocks[i]);
+				if (ret == -ENOSPC) {
+					demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
+					ret = 0;
+				}
+				if (ret && ret != -EBUSY)
+					goto fail;
+				waiting = 1;
+				break;
 			case POOL_TIER_NVME: {
 				uint64_t off = b->nvme_off;
 				ret = pool_block_promote_begin(dp->pool, p->blocks[i]);
@@ -705,14 +718,13 @@ void dp_retry_recalls_of(struct dp *dp, uint32_t block)
 
 /* A block whose sequence was dropped while its I/O ran (dp_drop_seq) is freed once the I/O has
  * settled it in one tier. */
-static void free_if_doomed(struct dp *dp, uint32_t id)
+void dp_free_if_doomed(struct dp *dp, uint32_t id)
 {
 	struct pool_block *b = pool_block_get(dp->pool, id);
-	if (!b || !b->doomed || b->leases || (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))
+	if (!b || !b->doomed || b->leases || (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME &&
+					      b->tier != POOL_TIER_REMOTE))
 		return;
-	if (b->tier == POOL_TIER_NVME)
-		tier_extent_free(dp->tier, b->nvme_off, b->bytes);
-	pool_block_free(dp->pool, id);
+	dp_block_drop_storage(dp, id, b);
 }
 
 static void tier_done(void *ctx, const struct tier_result *r)
@@ -721,6 +733,10 @@ static void tier_done(void *ctx, const struct tier_result *r)
 	uint32_t id = (uint32_t)r->cookie;
 	if (r->cookie >> 32 == DP_COOKIE_SWAP) {
 		dp_swap_done(dp, r);
+		return;
+	}
+	if (r->cookie >> 32 == DP_COOKIE_OFFREAD) {
+		dp_offload_read_done(dp, r);
 		return;
 	}
 	struct pool_block *b = pool_block_get(dp->pool, id);
@@ -737,7 +753,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 			dp->demoted++;
 			dp_log_block(dp, id); /* its DRAM slot is reused only after this is synced */
 		}
-		free_if_doomed(dp, id);
+		dp_free_if_doomed(dp, id);
 		return;
 	}
 	uint64_t off = b->nvme_off;
@@ -748,7 +764,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		dp_log_block(dp, id);
 		tier_extent_free(dp->tier, off, b->bytes);
 		dp->promoted++;
-		free_if_doomed(dp, id);
+		dp_free_if_doomed(dp, id);
 		return;
 	}
 	if (r->status == -EBADMSG)
@@ -756,7 +772,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 	dp_fail_recalls_of(dp, id, r->status);
 	if (r->status == -EBADMSG)
 		dp_unindex(dp, id); /* never attached again; its sharers all fail */
-	free_if_doomed(dp, id);
+	dp_free_if_doomed(dp, id);
 }
 
 static void demote_queue_run(struct dp *dp);
@@ -768,6 +784,8 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
 	size_t n = 0;
 	if (n < max && dp->tier && tier_eventfd(dp->tier) >= 0)
 		fds[n++] = tier_eventfd(dp->tier);
+	if (n < max && dp_remote_fd(dp) >= 0)
+		fds[n++] = dp_remote_fd(dp);
 	return n;
 }
 
@@ -795,6 +813,7 @@ void dp_run(struct dp *dp)
 	/* Completions reaped at the end of a pass can unblock waiting ops: go round again. */
 	for (int pass = 0; pass < 8; pass++) {
 		int progress = dp->tier ? tier_reap(dp->tier, tier_done, dp) : 0;
+		progress += dp_remote_reap(dp);
 		for (size_t i = 0; i < dp->max_w; i++) {
 			struct dp_worker *w = &dp->w[i];
 			if (!w->ring)
@@ -816,6 +835,9 @@ void dp_run(struct dp *dp)
 			w->corrupt_logged |= n < 0;
 		}
 		demote_watermark(dp);
+		dp_offload_watermark(dp);
+		if (dp->n_offload_q)
+			dp_offload_queue_run(dp);
 		dp_swap_retry(dp);
 		if (dp->n_demote_q)
 			demote_queue_run(dp);
@@ -925,7 +947,8 @@ static void trim_past_committed(struct dp *dp, struct seq *s)
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			if (!b || !b->committed || b->leases ||
-			    (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))
+			    (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME &&
+			     b->tier != POOL_TIER_REMOTE))
 				continue;
 			dp_block_unref(dp, s, l, p);
 		}
@@ -1102,6 +1125,8 @@ void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u)
 				u->dram++;
 			else if (b->tier == POOL_TIER_NVME)
 				u->nvme++;
+			else if (b->tier == POOL_TIER_REMOTE)
+				u->remote++;
 			else
 				u->in_flight++;
 			u->leases += b->leases;
@@ -1132,6 +1157,13 @@ void dp_stats(struct dp *dp, struct dp_stats *st)
 	st->crc_errors = dp->crc_errors;
 	st->swaps = dp->swapped;
 	st->swap_failures = dp->swap_failures;
+	st->blocks_remote = pu.blocks_remote;
+	st->remote_tier = dp->rio != NULL;
+	st->offloaded = dp->offloaded;
+	st->fetched = dp->fetched;
+	st->remote_errors = dp->remote_errors;
+	if (dp->rio)
+		rio_stats(dp->rio, &st->remote_io);
 	for (size_t i = 0; i < dp->max_w; i++) {
 		if (!dp->w[i].ring)
 			continue;
@@ -1167,6 +1199,7 @@ void dp_shutdown(struct dp *dp)
 	}
 	dp_flush_completions(dp);
 	dp_drain(dp, 2000);
+	dp_remote_stop(dp);
 	for (size_t i = 0; dp->w && i < dp->max_w; i++) {
 		if (dp->w[i].ring) {
 			ring_destroy(dp->w[i].ring);

@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "remote.h"
 #include "seq.h"
 
 struct dp;
@@ -57,12 +58,15 @@ struct dp_stats {
 	uint64_t blocks_dram, blocks_nvme, blocks_inflight;
 	uint64_t demoted, promoted, crc_errors;
 	uint64_t swaps, swap_failures;	/* DRAM <-> NVMe swaps done / given up (not in demoted, promoted) */
+	uint64_t blocks_remote, offloaded, fetched, remote_errors;	/* the remote tier */
+	bool remote_tier;
+	struct remote_stats remote_io;	/* its Redis connection's counters */
 	uint64_t leases, pending_ops, tier_pending;
 	struct dp_opstat ops[DP_N_OPS];
 };
 
 struct dp_seq_usage {
-	uint64_t dram, nvme, in_flight, leases;
+	uint64_t dram, nvme, in_flight, leases, remote;
 	uint64_t shared;	/* pages (of layer 0) whose block another sequence references too */
 };
 
@@ -125,6 +129,9 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen);
 
 void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u);
+/* Moves seq's committed NVMe-resident blocks to the remote tier (docs/design.md §8); *blocks
+ * counts them (the moves go on as slots free up). -ENODEV without a remote tier. */
+int dp_offload_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen);
 
 /* Prefix sharing (dataplane_share.c, docs/design.md §4). dp_prefix_open: s was just created
  * with its prompt's ids (n_prompt of them); it joins the namespace of (its model, geometry,

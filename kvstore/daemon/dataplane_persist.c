@@ -66,6 +66,15 @@ void dp_seq_committed(struct dp *dp, struct seq *s, uint64_t old_committed)
 	dp_log_committed(dp, s, old_committed < s->committed_tokens ? old_committed : s->committed_tokens);
 }
 
+static int max_remote_id(void *ctx, uint32_t id, struct pool_block *b)
+{
+	(void)id;
+	uint64_t *m = ctx;
+	if (b->remote_id > *m)
+		*m = b->remote_id;
+	return 0;
+}
+
 int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen)
 {
 	if (!ps)
@@ -74,6 +83,8 @@ int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen)
 	if (ret)
 		return ret;
 	dp->ps = ps;
+	/* Remote tier ids are never given twice: the next one follows the highest adopted. */
+	pool_each(dp->pool, max_remote_id, &dp->next_remote_id);
 	/* Keys are not journaled: the index is rebuilt from each sequence's ids (design.md §4). */
 	for (size_t i = 0; i < dp->seqs->n; i++) {
 		dp->seqs->v[i]->n_keys = 0;

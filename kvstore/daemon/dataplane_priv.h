@@ -23,7 +23,15 @@
 #define DP_ALLOC_RETRY_MS 10		/* a waiting ALLOC is retried at least this often */
 
 /* Tier request cookies: kind << 32 | block id (or swap slot for DP_COOKIE_SWAP). */
-enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3 };
+enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3, DP_COOKIE_OFFREAD = 4 };
+#define DP_OFFLOAD_MAX 64u		/* NVMe -> remote moves in flight at once */
+
+/* One NVMe -> remote move: the block's bytes, read from NVMe, on their way to Redis. */
+struct dp_offload {
+	uint32_t block;
+	void *buf;			/* NULL: the slot is free */
+	uint64_t remote_id;
+};
 
 struct dp_lease {
 	uint32_t block;	/* POOL_NO_BLOCK when the slot is free */
@@ -102,6 +110,13 @@ struct dp {
 	struct dp_swap swaps[DP_SWAP_MAX];
 	uint64_t swapped, swap_failures;
 	uint64_t reclaims;		/* blocks demoted to give a slab unit to another class */
+	struct rio *rio;		/* remote tier below NVMe (dataplane_offload.c); NULL: none */
+	struct dp_offload offl[DP_OFFLOAD_MAX];
+	uint64_t next_remote_id;	/* the last remote_id given (journaled with its block) */
+	uint64_t offloading, fetching, offloaded, fetched, remote_errors;
+	bool offload_err_logged;
+	uint64_t offload_q[DP_DEMOTE_QUEUE];	/* sequences an explicit remote demotion goes on for */
+	size_t n_offload_q;
 	struct prefix_index px;		/* dataplane_share.c */
 	struct dp_prefix_stats pxs;	/* counters; indexed_pages and shared_blocks filled on read */
 };
@@ -137,6 +152,21 @@ bool dp_block_readonly(struct dp *dp, uint32_t id);
 void dp_unindex(struct dp *dp, uint32_t id);
 /* Calls fn for every sequence that maps block id (one scan of the table when it is shared). */
 void dp_each_holder(struct dp *dp, uint32_t id, void (*fn)(struct dp *, struct seq *, uint32_t));
+/* dataplane_offload.c: the remote tier. dp_remote_start opens its I/O thread when remote_url and
+ * remote_tier are set (-EINVAL without an NVMe tier). dp_block_drop_storage frees a settled
+ * block (DRAM, NVMe or remote) and its NVMe extent or Redis key. dp_fetch_start begins a RECALL's
+ * read of a REMOTE block into DRAM (-ENOSPC: no slot; -EBUSY: queue full). */
+int dp_remote_start(struct dp *dp, char *err, size_t errlen);
+void dp_remote_stop(struct dp *dp);
+int dp_remote_fd(const struct dp *dp);
+int dp_remote_reap(struct dp *dp);
+void dp_block_drop_storage(struct dp *dp, uint32_t id, struct pool_block *b);
+int dp_fetch_start(struct dp *dp, uint32_t id);
+void dp_offload_read_done(struct dp *dp, const struct tier_result *r);
+void dp_offload_watermark(struct dp *dp);
+void dp_offload_queue_run(struct dp *dp);
+/* A block dropped while it moved (doomed) is freed once it has settled (dataplane.c). */
+void dp_free_if_doomed(struct dp *dp, uint32_t id);
 /* Every RECALL waiting for block fails with status (dataplane.c). */
 void dp_fail_recalls_of(struct dp *dp, uint32_t block, int status);
 /* block is DRAM-resident now: the RECALLs waiting for it take their leases at once. */

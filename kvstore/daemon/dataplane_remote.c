@@ -79,6 +79,10 @@ int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out,
 			else if (dp->tier && pb->nvme_off != POOL_NO_OFFSET &&
 				 (pb->tier == POOL_TIER_NVME || pb->tier == POOL_TIER_PROMOTING))
 				ret = read_nvme(dp, pb, x->data, err, errlen);
+			else if (pb->tier == POOL_TIER_REMOTE)
+				ret = errmsg(err, errlen, -EBUSY, "sequence '%s': some blocks are in the "
+					     "remote tier; resume it here once (that brings them back), "
+					     "then publish", s->name);
 			else
 				ret = errmsg(err, errlen, -EBUSY, "sequence '%s': a block is moving; try "
 					     "again", s->name);

@@ -53,14 +53,12 @@ void dp_each_holder(struct dp *dp, uint32_t id, void (*fn)(struct dp *, struct s
 /* The last reference went: free the block, or doom it while its I/O runs. */
 static void free_or_doom(struct dp *dp, uint32_t id, struct pool_block *b)
 {
-	if (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME) {
-		b->doomed = true; /* freed when its I/O ends (free_if_doomed) */
+	if (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME && b->tier != POOL_TIER_REMOTE) {
+		b->doomed = true; /* freed when its I/O ends (dp_free_if_doomed) */
 		b->seq_id = 0;
 		return;
 	}
-	if (b->tier == POOL_TIER_NVME)
-		tier_extent_free(dp->tier, b->nvme_off, b->bytes);
-	pool_block_free(dp->pool, id);
+	dp_block_drop_storage(dp, id, b);
 }
 
 void dp_block_unref(struct dp *dp, struct seq *s, uint32_t layer, uint32_t page)
@@ -373,7 +371,7 @@ static int collect_cached(void *ctx, uint32_t id, struct pool_block *b)
 {
 	struct cached_scan *c = ctx;
 	if (!b->indexed || holders(b) || b->leases ||
-	    (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME))
+	    (b->tier != POOL_TIER_DRAM && b->tier != POOL_TIER_NVME && b->tier != POOL_TIER_REMOTE))
 		return 0;
 	if (c->n == c->cap) {
 		size_t cap = c->cap ? c->cap * 2 : 256;

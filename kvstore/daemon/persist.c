@@ -20,7 +20,7 @@
 /* Record types and payloads (native byte order: a journal never leaves its host). */
 enum { REC_META = 1, REC_SEQ, REC_TOKENS, REC_COMMITTED, REC_BLOCK, REC_REMOVE, REC_PREFIX,
        REC_REMOTE };
-enum { BLK_DRAM = 1, BLK_NVME = 2 };
+enum { BLK_DRAM = 1, BLK_NVME = 2, BLK_REMOTE = 3 };
 #define SEQF_OWNER 1u
 
 struct rec_meta {
@@ -73,7 +73,7 @@ struct rec_prefix {
 struct rblock {
 	uint64_t off, slab_base;
 	uint32_t crc, rows;
-	uint8_t where;	/* 0: none, BLK_DRAM, BLK_NVME */
+	uint8_t where;	/* 0: none, BLK_DRAM, BLK_NVME, BLK_REMOTE (off: its remote_id) */
 };
 
 struct rseq {
@@ -312,6 +312,12 @@ static bool block_record(struct pool *pool, const struct seq *s, uint32_t id,
 		r->off = b->dram_off;
 		r->crc = b->rows_crc;
 		r->rows = b->rows;
+	} else if (b->tier == POOL_TIER_REMOTE) {
+		if (!b->has_crc || !b->remote_id)
+			return false;
+		r->where = BLK_REMOTE;
+		r->off = b->remote_id;
+		r->crc = b->crc;
 	} else {
 		if (!b->has_crc || b->nvme_off == POOL_NO_OFFSET)
 			return false;
@@ -560,7 +566,8 @@ static int on_record(void *ctx, uint32_t type, const void *p, uint32_t len, char
 		struct rseq *rs = len == sizeof *r ? rseq_find(ps, r->seq) : NULL;
 		struct seq *s = rs ? seq_find(ps->seqs, r->seq) : NULL;
 		if (!s || r->layer >= s->geo.n_layers || r->page >= (1u << 24) ||
-		    (r->where != BLK_DRAM && r->where != BLK_NVME) || r->block_bytes != s->block_bytes ||
+		    (r->where != BLK_DRAM && r->where != BLK_NVME && r->where != BLK_REMOTE) ||
+		    r->block_bytes != s->block_bytes ||
 		    r->rows > s->geo.page_size)
 			break;
 		struct rblock b = { r->off, r->slab_base, r->crc, r->rows, (uint8_t)r->where };
@@ -632,6 +639,16 @@ static int match_nvme(void *ctx, uint32_t id, struct pool_block *b)
 	return 1;
 }
 
+static int match_remote(void *ctx, uint32_t id, struct pool_block *b)
+{
+	struct find_nvme *f = ctx;
+	if (b->tier != POOL_TIER_REMOTE || b->remote_id != f->off)
+		return 0;
+	f->id = id;
+	f->found = true;
+	return 1;
+}
+
 /* Whether the block rb names was adopted already (for another sequence, at the same layer and
  * page): *id names it then. An NVMe extent is looked for only once the tier says it is taken. */
 static bool adopted_before(struct adopt_ctx *a, const struct seq *s, uint32_t layer,
@@ -641,6 +658,11 @@ static bool adopted_before(struct adopt_ctx *a, const struct seq *s, uint32_t la
 	if (rb->where == BLK_DRAM) {
 		if (a->dram_ok && !pool_block_at(a->pool, rb->off, id))
 			b = pool_block_get(a->pool, *id);
+	} else if (rb->where == BLK_REMOTE) {
+		struct find_nvme f = { .off = rb->off };
+		pool_each(a->pool, match_remote, &f);
+		*id = f.id;
+		b = f.found ? pool_block_get(a->pool, f.id) : NULL;
 	} else if (a->tier && tier_extent_taken(a->tier, rb->off, s->block_bytes)) {
 		struct find_nvme f = { .off = rb->off };
 		pool_each(a->pool, match_nvme, &f);
@@ -693,6 +715,14 @@ static int adopt_block(struct adopt_ctx *a, struct seq *s, uint32_t layer, uint3
 		struct pool_block *b = pool_block_get(a->pool, id);
 		b->rows = rows;
 		b->rows_crc = crc;
+	} else if (rb->where == BLK_REMOTE) {
+		/* Checked against rb->crc when a RECALL brings it back (docs/design.md §8). */
+		if (!a->ps->cfg->remote_tier || !a->ps->cfg->remote_url[0])
+			return errmsg(why, whylen, -ENODEV, "it was on the remote tier, which is not "
+				      "configured now (remote_url, remote_tier)");
+		ret = pool_block_adopt_remote(a->pool, cls, rb->off, rb->crc, &id);
+		if (ret)
+			return errmsg(why, whylen, ret, "out of block descriptors");
 	} else {
 		if (!a->tier)
 			return errmsg(why, whylen, -ENODEV, "it was on an NVMe tier that is not "

@@ -244,8 +244,13 @@ static void count_tier(struct pool *p, uint8_t tier, int delta)
 	case POOL_TIER_NVME:
 		p->u.blocks_nvme += (uint64_t)(int64_t)delta;
 		break;
+	case POOL_TIER_REMOTE:
+		p->u.blocks_remote += (uint64_t)(int64_t)delta;
+		break;
 	case POOL_TIER_DEMOTING:
 	case POOL_TIER_PROMOTING:
+	case POOL_TIER_OFFLOADING:
+	case POOL_TIER_FETCHING:
 		p->u.blocks_inflight += (uint64_t)(int64_t)delta;
 		break;
 	default:
@@ -381,6 +386,78 @@ int pool_block_adopt_nvme(struct pool *p, unsigned cls, uint64_t nvme_off, uint3
 	return 0;
 }
 
+int pool_block_adopt_remote(struct pool *p, unsigned cls, uint64_t remote_id, uint32_t crc,
+			    uint32_t *id_out)
+{
+	struct slab_class_info ci;
+	uint32_t id;
+	int ret = desc_adopt(p, cls, &id, &ci);
+	if (ret < 0)
+		return ret;
+	struct pool_block *b = desc(p, id);
+	b->remote_id = remote_id;
+	b->crc = crc;
+	b->has_crc = true;
+	set_tier(p, b, POOL_TIER_REMOTE);
+	p->u.blocks++;
+	p->u.blocks_committed++;
+	*id_out = id;
+	return 0;
+}
+
+int pool_block_offload_begin(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_NVME)
+		return -EINVAL;
+	set_tier(p, b, POOL_TIER_OFFLOADING);
+	return 0;
+}
+
+int pool_block_offload_end(struct pool *p, uint32_t id, bool ok, uint64_t remote_id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_OFFLOADING)
+		return -EINVAL;
+	if (ok) {
+		b->nvme_off = POOL_NO_OFFSET;
+		b->remote_id = remote_id;
+		set_tier(p, b, POOL_TIER_REMOTE);
+	} else {
+		set_tier(p, b, POOL_TIER_NVME);
+	}
+	return 0;
+}
+
+int pool_block_fetch_begin(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_REMOTE)
+		return -EINVAL;
+	uint64_t off;
+	int ret = slot_alloc(p, id, b->cls, &off);
+	if (ret < 0)
+		return ret;
+	b->dram_off = off;
+	set_tier(p, b, POOL_TIER_FETCHING);
+	return 0;
+}
+
+int pool_block_fetch_end(struct pool *p, uint32_t id, bool ok)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_FETCHING)
+		return -EINVAL;
+	if (ok) {
+		b->lru = ++p->clock;
+		set_tier(p, b, POOL_TIER_DRAM);
+	} else {
+		slot_free(p, b);
+		set_tier(p, b, POOL_TIER_REMOTE);
+	}
+	return 0;
+}
+
 int pool_block_slab_base(const struct pool *p, uint32_t id, uint64_t *base)
 {
 	const struct pool_block *b = desc(p, id);
@@ -394,7 +471,8 @@ int pool_block_free(struct pool *p, uint32_t id)
 	struct pool_block *b = pool_block_get(p, id);
 	if (!b)
 		return -EINVAL;
-	if (b->leases || b->tier == POOL_TIER_DEMOTING || b->tier == POOL_TIER_PROMOTING)
+	if (b->leases || b->tier == POOL_TIER_DEMOTING || b->tier == POOL_TIER_PROMOTING ||
+	    b->tier == POOL_TIER_OFFLOADING || b->tier == POOL_TIER_FETCHING)
 		return -EBUSY;
 	if (b->dram_off != POOL_NO_OFFSET)
 		slot_free(p, b);

@@ -52,6 +52,9 @@ enum pool_tier {
 	POOL_TIER_DEMOTING,   /* write DRAM -> NVMe in flight: both offsets valid, DRAM authoritative */
 	POOL_TIER_PROMOTING,  /* read NVMe -> DRAM in flight: NVMe authoritative; dram_off valid
 			       * except during a swap (pool_block_swap_begin) */
+	POOL_TIER_REMOTE,     /* bytes in the remote tier only (Redis, remote_id) */
+	POOL_TIER_OFFLOADING, /* NVMe -> remote in flight: NVMe authoritative, nvme_off valid */
+	POOL_TIER_FETCHING,   /* remote -> DRAM in flight: remote authoritative, dram_off valid */
 };
 
 /* Block descriptor. The caller (daemon) may write the owner fields (seq_id, layer, page, refs,
@@ -63,6 +66,7 @@ struct pool_block {
 	uint32_t page;
 	uint64_t dram_off;      /* POOL_NO_OFFSET when not in DRAM */
 	uint64_t nvme_off;      /* POOL_NO_OFFSET when no NVMe extent */
+	uint64_t remote_id;     /* its key in the remote tier; 0 when none */
 	uint64_t lru;           /* pool clock at the last touch; smaller = colder */
 	uint64_t user;          /* free for the daemon (e.g. owning worker id) */
 	uint32_t bytes;         /* block size (the class's block_bytes) */
@@ -86,7 +90,8 @@ struct pool_usage {
 	uint64_t blocks;           /* descriptors in use */
 	uint64_t blocks_dram;
 	uint64_t blocks_nvme;
-	uint64_t blocks_inflight;  /* DEMOTING + PROMOTING */
+	uint64_t blocks_inflight;  /* DEMOTING + PROMOTING + OFFLOADING + FETCHING */
+	uint64_t blocks_remote;
 	uint64_t blocks_leased;
 	uint64_t blocks_committed;
 	uint64_t slabs;
@@ -170,6 +175,21 @@ int pool_block_demote_end(struct pool *p, uint32_t id, bool ok, uint32_t crc);
  *   end failed: PROMOTING -> NVME, releases the DRAM slot (if it has one: see swaps). */
 int pool_block_promote_begin(struct pool *p, uint32_t id);
 int pool_block_promote_end(struct pool *p, uint32_t id, bool ok);
+
+/* The remote tier below NVMe (docs/design.md §8), around a Redis write or read the caller runs
+ * (remote_io.h):
+ *   offload begin: NVME -> OFFLOADING. end ok: -> REMOTE with remote_id, nvme_off forgotten
+ *   (the caller frees the extent); end failed: -> NVME.
+ *   fetch begin: REMOTE -> FETCHING with a DRAM slot (-ENOSPC when none). end ok: -> DRAM
+ *   (touched; remote_id kept for the caller to delete, then clear); end failed: -> REMOTE,
+ *   the slot released. */
+int pool_block_offload_begin(struct pool *p, uint32_t id);
+int pool_block_offload_end(struct pool *p, uint32_t id, bool ok, uint64_t remote_id);
+int pool_block_fetch_begin(struct pool *p, uint32_t id);
+int pool_block_fetch_end(struct pool *p, uint32_t id, bool ok);
+/* Restart: a committed block a previous daemon left in the remote tier under remote_id. */
+int pool_block_adopt_remote(struct pool *p, unsigned cls, uint64_t remote_id, uint32_t crc,
+			    uint32_t *id);
 
 /* Swap, when DRAM and NVMe are both full: NVMe-resident block a takes DRAM-resident block v's
  * slot and v takes a's extent, around two I/Os the caller runs (read a's extent into a buffer,

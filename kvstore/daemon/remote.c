@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
@@ -62,6 +63,17 @@ static int node_index(struct remote *r, const char *host, size_t hl, int port)
 	n->host[hl] = 0;
 	n->port = port;
 	return (int)r->n_nodes++;
+}
+
+void remote_default_host_id(const char *configured, const char *shm_name, char *out, size_t len)
+{
+	if (configured && configured[0]) {
+		snprintf(out, len, "%s", configured);
+		return;
+	}
+	char host[64] = "host";
+	gethostname(host, sizeof host - 1);
+	snprintf(out, len, "%s:%s", host, shm_name);
 }
 
 int remote_open(const struct remote_config *c, struct remote **out, char *err, size_t errlen)
@@ -482,6 +494,84 @@ void remote_drop_blocks(struct remote *r, const char *name, uint64_t gen, uint32
 			log_warn("%s (blocks of an older copy of '%s' stay)", err, name);
 			return;
 		}
+	}
+}
+
+struct tier_ctx {
+	struct remote *r;
+	struct remote_tier_op *ops;
+};
+
+static int got_tier(void *ctx, size_t i, const redisReply *rep, char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	struct tier_ctx *t = ctx;
+	struct remote_tier_op *o = &t->ops[i];
+	if (o->kind != REMOTE_TIER_GET)
+		return 0;
+	if (rep->type == REDIS_REPLY_NIL) {
+		o->status = errmsg(o->err, sizeof o->err, -ENOENT, "tier block %" PRIu64 " is "
+				   "missing from Redis", o->id);
+		return 0;
+	}
+	const uint8_t *v = (const uint8_t *)rep->str;
+	if (rep->type != REDIS_REPLY_STRING || rep->len != (size_t)o->len + 4 || rd32(v) != o->crc ||
+	    crc32c(0, v + 4, o->len) != o->crc) {
+		t->r->st.crc_errors++;
+		o->status = errmsg(o->err, sizeof o->err, -EBADMSG, "tier block %" PRIu64 " in Redis "
+				   "fails its checksum (expected crc32c %08x)", o->id, o->crc);
+		return 0;
+	}
+	memcpy(o->buf, v + 4, o->len);
+	t->r->st.bytes_got += o->len;
+	return 0;
+}
+
+void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n)
+{
+	for (size_t w = 0; w < n; w += REMOTE_WINDOW) {
+		size_t m = n - w < REMOTE_WINDOW ? n - w : REMOTE_WINDOW;
+		struct cmd cmds[REMOTE_WINDOW];
+		memset(cmds, 0, m * sizeof *cmds);
+		int ret = 0;
+		for (size_t i = 0; i < m; i++) {
+			struct remote_tier_op *o = &ops[w + i];
+			struct cmd *c = &cmds[i];
+			o->status = 0;
+			o->err[0] = 0;
+			snprintf(c->key, KEY_MAX, "%s:{tier:%s}:%" PRIu64, r->ns, r->id, o->id);
+			if (o->kind == REMOTE_TIER_PUT) {
+				uint8_t *v = malloc((size_t)o->len + 4);
+				if (!v) {
+					ret = -ENOMEM;
+					break;
+				}
+				le32(v, o->crc);
+				memcpy(v + 4, o->buf, o->len);
+				c->own = v;
+				sarg(c, "SET");
+				sarg(c, c->key);
+				arg(c, v, (size_t)o->len + 4);
+				r->st.bytes_put += o->len;
+			} else {
+				sarg(c, o->kind == REMOTE_TIER_GET ? "GET" : "DEL");
+				sarg(c, c->key);
+			}
+		}
+		char err[160];
+		struct tier_ctx t = { r, ops + w };
+		if (!ret)
+			ret = pipeline(r, cmds, m, got_tier, &t, err, sizeof err);
+		else
+			for (size_t i = 0; i < m; i++)
+				free(cmds[i].own);
+		if (ret) /* the transport (or memory) failed: every op of the window did */
+			for (size_t i = 0; i < m; i++) {
+				ops[w + i].status = ret;
+				snprintf(ops[w + i].err, sizeof ops[w + i].err, "%s",
+					 ret == -ENOMEM ? "out of memory" : err);
+			}
 	}
 }
 

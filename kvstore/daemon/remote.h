@@ -66,6 +66,8 @@ struct remote_stats {
 
 struct remote;
 
+/* remote_host_id when set, else <hostname>:<shm_name>. */
+void remote_default_host_id(const char *configured, const char *shm_name, char *out, size_t len);
 /* -EINVAL for a URL that is not redis://HOST:PORT; nothing is connected yet. */
 int remote_open(const struct remote_config *c, struct remote **out, char *err, size_t errlen);
 void remote_close(struct remote *r);
@@ -99,6 +101,23 @@ int remote_lease(struct remote *r, const char *name, char *err, size_t errlen);
 size_t remote_renew(struct remote *r, const char *const *names, size_t n);
 /* Gives the lease on name back, when this host holds it. */
 int remote_unlease(struct remote *r, const char *name, char *err, size_t errlen);
+
+/* The remote tier below NVMe (docs/design.md §8): blocks kept in Redis under this host's id,
+ *   <ns>:{tier:<host_id>}:<id>   string: crc32c (4 bytes, little-endian), then the bytes
+ * (one hash slot per host: a batch reaches one node). Each op gets its own status: PUT writes
+ * buf; GET fills buf (len bytes) after checking both the stored and the expected crc32c
+ * (-EBADMSG), -ENOENT when missing; DEL removes. A transport failure fails every op of the
+ * batch with it. */
+enum remote_tier_kind { REMOTE_TIER_PUT = 1, REMOTE_TIER_GET, REMOTE_TIER_DEL };
+struct remote_tier_op {
+	uint8_t kind;		/* enum remote_tier_kind */
+	uint64_t id;
+	void *buf;
+	uint32_t len, crc;
+	int status;		/* out */
+	char err[160];		/* out, when status != 0 */
+};
+void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n);
 
 void remote_stats(const struct remote *r, struct remote_stats *st);
 

@@ -26,13 +26,7 @@ int remote_seq_init(struct remote_seq *x, const struct cfg *cfg, struct dp *dp,
 	if (!cfg->remote_url[0])
 		return 0;
 	char id[CFG_STR_MAX + 80];
-	if (cfg->remote_host_id[0]) {
-		snprintf(id, sizeof id, "%s", cfg->remote_host_id);
-	} else {
-		char host[64] = "host";
-		gethostname(host, sizeof host - 1);
-		snprintf(id, sizeof id, "%s:%s", host, cfg->shm_name);
-	}
+	remote_default_host_id(cfg->remote_host_id, cfg->shm_name, id, sizeof id);
 	struct remote_config rc = { .url = cfg->remote_url, .ns = cfg->remote_namespace,
 				    .host_id = id, .timeout_ms = (uint32_t)cfg->remote_timeout_ms,
 				    .lease_ms = (uint32_t)cfg->remote_lease_ms };

@@ -101,6 +101,8 @@ static Freekv__SequenceInfo *seq_info(struct call *c, const struct seq *s, bool 
 	tp->dram = u.dram;
 	tp->nvme = u.nvme;
 	tp->in_flight = u.in_flight;
+	tp->has_remote = true;
+	tp->remote = u.remote;
 	i->seq_id = s->id;
 	i->name = (char *)s->name;
 	i->state = (Freekv__SequenceState)s->state;
@@ -648,6 +650,10 @@ static int h_demote(struct call *c)
 	uint64_t seqs = 0, blocks = 0;
 	if (!s)
 		return -ENOENT;
+	if (d->has_remote && d->remote) {
+		int ret = dp_offload_seq(c->s->ctx.dp, s, &blocks, c->err, sizeof c->err);
+		return ret ? ret : reply_evicted(c, 1, blocks);
+	}
 	int ret = evict_one(c, s, true, &seqs, &blocks);
 	return ret ? ret : reply_evicted(c, seqs, blocks);
 }
@@ -710,6 +716,18 @@ static Freekv__RemoteStats *remote_stats_msg(struct call *c, const struct remote
 	m->owned = st.owned;
 	m->has_cluster = true;
 	m->cluster = remote_is_cluster(rs->r);
+	struct dp_stats d;
+	dp_stats(c->s->ctx.dp, &d);
+	m->has_tier = m->has_tier_blocks = m->has_offloaded = m->has_fetched = true;
+	m->has_tier_errors = m->has_tier_bytes_put = m->has_tier_bytes_got = m->has_tier_us = true;
+	m->tier = d.remote_tier;
+	m->tier_blocks = d.blocks_remote;
+	m->offloaded = d.offloaded;
+	m->fetched = d.fetched;
+	m->tier_errors = d.remote_errors;
+	m->tier_bytes_put = d.remote_io.bytes_put;
+	m->tier_bytes_got = d.remote_io.bytes_got;
+	m->tier_us = d.remote_io.total_us;
 	return m;
 }
 

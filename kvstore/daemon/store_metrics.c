@@ -102,6 +102,20 @@ static void collect(void *ctx, struct prom_buf *b)
 		prom_one(b, "freekv_store_remote_owned_sequences", "gauge",
 			 "Sequences whose Redis lease this daemon holds", (double)rs.owned);
 	}
+	if (d.remote_tier) { /* the tier below NVMe */
+		prom_one(b, "freekv_store_remote_tier_blocks", "gauge",
+			 "Blocks whose bytes are in Redis only", (double)d.blocks_remote);
+		prom_one(b, "freekv_store_remote_tier_offloaded_blocks_total", "counter",
+			 "Blocks moved from NVMe to Redis", (double)d.offloaded);
+		prom_one(b, "freekv_store_remote_tier_fetched_blocks_total", "counter",
+			 "Blocks brought back from Redis to DRAM", (double)d.fetched);
+		prom_one(b, "freekv_store_remote_tier_failures_total", "counter",
+			 "Moves to or from Redis that failed", (double)d.remote_errors);
+		prom_one(b, "freekv_store_remote_tier_written_bytes_total", "counter",
+			 "Block bytes written to Redis by the tier", (double)d.remote_io.bytes_put);
+		prom_one(b, "freekv_store_remote_tier_read_bytes_total", "counter",
+			 "Block bytes read from Redis by the tier", (double)d.remote_io.bytes_got);
+	}
 	prom_one(b, "freekv_store_uptime_seconds", "gauge", "Seconds since kvstored started",
 		 (double)(clock_ms() - m->start_ms) / 1e3);
 

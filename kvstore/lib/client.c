@@ -601,8 +601,16 @@ int kvs_evict(struct kvs *k, Freekv__EvictTarget target, uint64_t seq_id, const 
 
 int kvs_demote(struct kvs *k, uint64_t seq_id, const char *name, Freekv__Reply **out)
 {
+	return kvs_demote_to(k, seq_id, name, false, out);
+}
+
+int kvs_demote_to(struct kvs *k, uint64_t seq_id, const char *name, bool remote,
+		  Freekv__Reply **out)
+{
 	Freekv__Request q = FREEKV__REQUEST__INIT;
 	Freekv__Demote d = FREEKV__DEMOTE__INIT;
+	d.has_remote = remote;
+	d.remote = remote;
 	d.has_seq_id = seq_id != 0;
 	d.seq_id = seq_id;
 	d.name = (char *)name;

@@ -109,6 +109,9 @@ int kvs_list_workers(struct kvs *k, Freekv__Reply **out);
 int kvs_evict(struct kvs *k, Freekv__EvictTarget target, uint64_t seq_id, const char *name,
 	      uint32_t worker_id, bool demote, Freekv__Reply **out);
 int kvs_demote(struct kvs *k, uint64_t seq_id, const char *name, Freekv__Reply **out);
+/* remote: the sequence's NVMe-resident blocks go on to the remote tier (docs/design.md §8). */
+int kvs_demote_to(struct kvs *k, uint64_t seq_id, const char *name, bool remote,
+		  Freekv__Reply **out);
 int kvs_stats(struct kvs *k, Freekv__Reply **out);
 /* Writes a detached sequence to kvstored's remote tier for another host to adopt (docs/design.md
  * §8); the reply is an EvictReply counting the blocks written. By seq_id when nonzero. */
