@@ -429,33 +429,46 @@ int pool_block_offload_end(struct pool *p, uint32_t id, bool ok, uint64_t remote
 	return 0;
 }
 
-int pool_block_fetch_begin(struct pool *p, uint32_t id)
+/* A read into DRAM (promotion from NVMe, fetch from the remote tier) begins: from -> moving,
+ * with a DRAM slot; and ends: ok -> DRAM (touched), failed -> from (the slot, if any, freed). */
+static int into_dram_begin(struct pool *p, uint32_t id, uint8_t from, uint8_t moving)
 {
 	struct pool_block *b = pool_block_get(p, id);
-	if (!b || b->tier != POOL_TIER_REMOTE)
+	if (!b || b->tier != from)
 		return -EINVAL;
 	uint64_t off;
 	int ret = slot_alloc(p, id, b->cls, &off);
 	if (ret < 0)
 		return ret;
 	b->dram_off = off;
-	set_tier(p, b, POOL_TIER_FETCHING);
+	set_tier(p, b, moving);
 	return 0;
 }
 
-int pool_block_fetch_end(struct pool *p, uint32_t id, bool ok)
+static int into_dram_end(struct pool *p, uint32_t id, uint8_t moving, uint8_t from, bool ok)
 {
 	struct pool_block *b = pool_block_get(p, id);
-	if (!b || b->tier != POOL_TIER_FETCHING)
+	if (!b || b->tier != moving)
 		return -EINVAL;
 	if (ok) {
 		b->lru = ++p->clock;
 		set_tier(p, b, POOL_TIER_DRAM);
 	} else {
-		slot_free(p, b);
-		set_tier(p, b, POOL_TIER_REMOTE);
+		if (b->dram_off != POOL_NO_OFFSET)
+			slot_free(p, b);
+		set_tier(p, b, from);
 	}
 	return 0;
+}
+
+int pool_block_fetch_begin(struct pool *p, uint32_t id)
+{
+	return into_dram_begin(p, id, POOL_TIER_REMOTE, POOL_TIER_FETCHING);
+}
+
+int pool_block_fetch_end(struct pool *p, uint32_t id, bool ok)
+{
+	return into_dram_end(p, id, POOL_TIER_FETCHING, POOL_TIER_REMOTE, ok);
 }
 
 int pool_block_slab_base(const struct pool *p, uint32_t id, uint64_t *base)
@@ -578,33 +591,15 @@ int pool_block_demote_end(struct pool *p, uint32_t id, bool ok, uint32_t crc)
 
 int pool_block_promote_begin(struct pool *p, uint32_t id)
 {
-	struct pool_block *b = pool_block_get(p, id);
-	if (!b || b->tier != POOL_TIER_NVME)
-		return -EINVAL;
-	uint64_t off;
-	int ret = slot_alloc(p, id, b->cls, &off);
-	if (ret < 0)
-		return ret;
-	b->dram_off = off;
-	set_tier(p, b, POOL_TIER_PROMOTING);
-	return 0;
+	return into_dram_begin(p, id, POOL_TIER_NVME, POOL_TIER_PROMOTING);
 }
 
 int pool_block_promote_end(struct pool *p, uint32_t id, bool ok)
 {
 	struct pool_block *b = pool_block_get(p, id);
-	if (!b || b->tier != POOL_TIER_PROMOTING)
-		return -EINVAL;
-	if (ok) {
+	if (b && b->tier == POOL_TIER_PROMOTING && ok)
 		b->nvme_off = POOL_NO_OFFSET;
-		b->lru = ++p->clock;
-		set_tier(p, b, POOL_TIER_DRAM);
-	} else {
-		if (b->dram_off != POOL_NO_OFFSET)
-			slot_free(p, b);
-		set_tier(p, b, POOL_TIER_NVME);
-	}
-	return 0;
+	return into_dram_end(p, id, POOL_TIER_PROMOTING, POOL_TIER_NVME, ok);
 }
 
 int pool_block_swap_begin(struct pool *p, uint32_t a, uint32_t v)

@@ -70,6 +70,17 @@ static void *run(void *arg)
 	return NULL;
 }
 
+/* Frees what rio_start made (the thread is not running). */
+static void rio_free(struct rio *r)
+{
+	remote_close(r->remote);
+	if (r->efd >= 0)
+		close(r->efd);
+	free(r->todo);
+	free(r->done);
+	free(r);
+}
+
 int rio_start(const struct remote_config *c, struct rio **out, char *err, size_t errlen)
 {
 	struct rio *r = calloc(1, sizeof *r);
@@ -84,12 +95,7 @@ int rio_start(const struct remote_config *c, struct rio **out, char *err, size_t
 	if (!ret && (r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
 		ret = errmsg(err, errlen, -errno, "eventfd: %s", strerror(errno));
 	if (ret) {
-		remote_close(r->remote);
-		if (r->efd >= 0)
-			close(r->efd);
-		free(r->todo);
-		free(r->done);
-		free(r);
+		rio_free(r);
 		return ret;
 	}
 	pthread_mutex_init(&r->mu, NULL);
@@ -97,11 +103,7 @@ int rio_start(const struct remote_config *c, struct rio **out, char *err, size_t
 	if ((ret = pthread_create(&r->thread, NULL, run, r))) {
 		pthread_mutex_destroy(&r->mu);
 		pthread_cond_destroy(&r->cv);
-		remote_close(r->remote);
-		close(r->efd);
-		free(r->todo);
-		free(r->done);
-		free(r);
+		rio_free(r);
 		return errmsg(err, errlen, -ret, "cannot start the remote tier's thread");
 	}
 	*out = r;
@@ -119,11 +121,7 @@ void rio_stop(struct rio *r)
 	pthread_join(r->thread, NULL);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
-	remote_close(r->remote);
-	close(r->efd);
-	free(r->todo);
-	free(r->done);
-	free(r);
+	rio_free(r);
 }
 
 int rio_eventfd(const struct rio *r)
