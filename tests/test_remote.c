@@ -532,8 +532,20 @@ static void test_tier(void **state)
 	assert_int_equal(kvs_config_set(k, "nvme_low_watermark", "0", &r), 0);
 	kvs_reply_free(r);
 	kvs_close(k);
+	/* Redis killed while the watermark moves blocks: they stay on NVMe, the failures are
+	 * counted; Redis back, they move. */
+	redis_stop();
 	run_gen(&a, &A, "w", "20");
 	demote_to(&A, "w", false);
+	h_sleep_ms(300);
+	Freekv__TierPages tp = tier_pages(&A, "w");
+	assert_int_equal(tp.remote, 0);
+	assert_true(tp.nvme > 0);
+	st = remote_stats(&A, &r);
+	assert_true(st->tier_errors > 0);
+	kvs_reply_free(r);
+	redis_start();
+	demote_to(&A, "w", true); /* any move starts the next pass */
 	n = all_remote(&A, "w");
 	/* Redis stopped: the resume's reads time out and it fails; the blocks stay in Redis. */
 	assert_int_equal(kill(g_redis, SIGSTOP), 0);

@@ -98,6 +98,11 @@ static void offload_failed(struct dp *dp, struct dp_offload *o, const char *what
 		log_error("remote tier: moving block %u to Redis failed (%s: %s); it stays on "
 			  "NVMe", o->block, what, why && why[0] ? why : strerror(-status));
 	dp->offload_err_logged = true;
+	/* The watermark's moves pause, longer after each failure: a dead Redis is not hammered. */
+	dp->offload_backoff_us = dp->offload_backoff_us ? dp->offload_backoff_us * 2 : 1000000;
+	if (dp->offload_backoff_us > 30000000)
+		dp->offload_backoff_us = 30000000;
+	dp->offload_pause_until_us = dp_now_us() + dp->offload_backoff_us;
 	free(o->buf);
 	memset(o, 0, sizeof *o);
 	dp->offloading--;
@@ -179,6 +184,7 @@ static void rio_done(void *ctx, const struct rio_result *res)
 	dp_log_block(dp, id); /* the extent is reused only after this is synced */
 	dp->offloaded++;
 	dp->offload_err_logged = false;
+	dp->offload_backoff_us = 0;
 	free(o->buf);
 	memset(o, 0, sizeof *o);
 	dp->offloading--;
@@ -250,7 +256,7 @@ static int pick_nvme(void *ctx, uint32_t id, struct pool_block *b)
 
 void dp_offload_watermark(struct dp *dp)
 {
-	if (!dp->rio || dp->offloading >= DP_OFFLOAD_MAX)
+	if (!dp->rio || dp->offloading >= DP_OFFLOAD_MAX || dp_now_us() < dp->offload_pause_until_us)
 		return;
 	struct tier_usage tu;
 	tier_usage(dp->tier, &tu);

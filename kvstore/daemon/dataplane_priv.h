@@ -115,6 +115,8 @@ struct dp {
 	uint64_t next_remote_id;	/* the last remote_id given (journaled with its block) */
 	uint64_t offloading, fetching, offloaded, fetched, remote_errors;
 	bool offload_err_logged;
+	uint64_t offload_pause_until_us;	/* after a failed move: no watermark moves before */
+	uint64_t offload_backoff_us;	/* doubles with each failure (1 s to 30 s), 0 after a success */
 	uint64_t offload_q[DP_DEMOTE_QUEUE];	/* sequences an explicit remote demotion goes on for */
 	size_t n_offload_q;
 	struct prefix_index px;		/* dataplane_share.c */
