@@ -563,6 +563,50 @@ static void test_tier(void **state)
 	redis_stop();
 }
 
+/* With the tier below NVMe, an adopting host reads the published blocks only as RECALLs name
+ * them (a resume's attach leases them all): the control plane reads none, the tier all, and the
+ * tokens are exact; a damaged published block fails the resume with a checksum error. */
+static void test_adopt_on_demand(void **state)
+{
+	(void)state;
+	static struct proc ref, a, b;
+	const char *args[] = { "generate", "-m", g_model, "-p", "Once upon a time", "-n", "40",
+			       FLAGS, NULL };
+	assert_int_equal(p_run(&ref, args), 0);
+	redis_start();
+	struct harness A, B;
+	host_start(&A, "host-A", "2000");
+	const char *eb[] = { "--set", g_url, "--set", "remote_host_id=host-B", "--set",
+			     "remote_tier=true", NULL };
+	harness_start(&B, eb);
+	char err[512], cmd[512];
+	run_gen(&a, &A, "s", "20");
+	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
+	assert_int_equal(run_resume(&b, &B, "s", "20"), 0);
+	assert_memory_equal(b.ids, ref.ids + 20, 20 * sizeof(int));
+	Freekv__Reply *r;
+	Freekv__RemoteStats *st = remote_stats(&B, &r);
+	assert_int_equal(st->adopted, 1);
+	assert_int_equal(st->bytes_got, 0); /* nothing read at the open */
+	assert_true(st->fetched > 0);	    /* every block read by the tier, on recall */
+	assert_int_equal(st->tier_blocks, 0);
+	kvs_reply_free(r);
+	/* A damaged published block: the resume on B fails, nothing decodes over it. */
+	run_gen(&a, &A, "t", "20");
+	assert_int_equal(publish(&A, "t", err, sizeof err), 0);
+	snprintf(cmd, sizeof cmd, "redis-cli -p %d setrange 'freekv:{t}:blk:1:1:0' 100 XXXX "
+		 ">/dev/null", g_port);
+	assert_int_equal(system(cmd), 0);
+	assert_int_not_equal(run_resume(&b, &B, "t", "4"), 0);
+	assert_int_equal(b.n_ids, 0);
+	st = remote_stats(&B, &r);
+	assert_true(st->tier_errors > 0);
+	kvs_reply_free(r);
+	harness_stop(&B);
+	harness_stop(&A);
+	redis_stop();
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -581,6 +625,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_cluster, h_teardown),
 		cmocka_unit_test_teardown(test_restart_keeps_lease, h_teardown),
 		cmocka_unit_test_teardown(test_tier, h_teardown),
+		cmocka_unit_test_teardown(test_adopt_on_demand, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

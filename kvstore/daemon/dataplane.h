@@ -160,6 +160,12 @@ int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out,
 int dp_seq_import(struct dp *dp, struct seq *s, const struct remote_block *b, size_t n,
 		  char *err, size_t errlen);
 void dp_blocks_free(struct remote_block *b, size_t n);
+/* With the tier below NVMe (remote_tier): s (new, no blocks, its remote_gen set) gets blocks for
+ * pages [0, pages) of every layer that stay in Redis as the publisher left them, read when a
+ * RECALL names them (dataplane_offload.c). */
+bool dp_has_remote_tier(const struct dp *dp);
+int dp_seq_import_published(struct dp *dp, struct seq *s, uint32_t pages, char *err,
+			    size_t errlen);
 /* Lets go of cached pages (indexed, held by no sequence), least recently used first, until at
  * least want blocks are freed or none is left; returns the blocks freed. */
 uint64_t dp_prefix_evict(struct dp *dp, uint64_t want);

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "errmsg.h"
 #include "log.h"
+#include "persist.h"
 #include "pool.h"
 #include "remote_io.h"
 #include "tier.h"
@@ -49,8 +50,8 @@ void dp_block_drop_storage(struct dp *dp, uint32_t id, struct pool_block *b)
 {
 	if (b->tier == POOL_TIER_NVME)
 		tier_extent_free(dp->tier, b->nvme_off, b->bytes);
-	if (b->remote_id && dp->rio &&
-	    rio_submit(dp->rio, REMOTE_TIER_DEL, b->remote_id, NULL, 0, 0, 0))
+	if (b->remote_id && !b->remote_published && dp->rio &&
+	    rio_submit(dp->rio, REMOTE_TIER_DEL, b->remote_id, NULL, NULL, 0, 0, 0))
 		log_warn("remote tier busy: block %" PRIu64 " stays in Redis", b->remote_id);
 	pool_block_free(dp->pool, id);
 }
@@ -123,7 +124,7 @@ void dp_offload_read_done(struct dp *dp, const struct tier_result *r)
 	}
 	struct pool_block *b = pool_block_get(dp->pool, id);
 	o->remote_id = ++dp->next_remote_id;
-	int ret = rio_submit(dp->rio, REMOTE_TIER_PUT, o->remote_id, o->buf, b->bytes, b->crc,
+	int ret = rio_submit(dp->rio, REMOTE_TIER_PUT, o->remote_id, NULL, o->buf, b->bytes, b->crc,
 			     (uint64_t)RIO_COOKIE_PUT << 32 | id);
 	if (ret)
 		offload_failed(dp, o, "queue", ret, "the remote tier's queue is full");
@@ -151,11 +152,13 @@ static void fetch_done(struct dp *dp, uint32_t id, const struct rio_result *res)
 	}
 	pool_block_fetch_end(dp->pool, id, true);
 	uint64_t rid = b->remote_id;
+	bool published = b->remote_published;
 	b->remote_id = 0;
+	b->remote_published = false;
 	b->rows = b->rows_crc = 0; /* checksummed afresh from the bytes just read */
 	dp_log_block(dp, id);
 	dp->fetched++;
-	if (rio_submit(dp->rio, REMOTE_TIER_DEL, rid, NULL, 0, 0, 0))
+	if (!published && rio_submit(dp->rio, REMOTE_TIER_DEL, rid, NULL, NULL, 0, 0, 0))
 		log_warn("remote tier busy: block %" PRIu64 " stays in Redis", rid);
 	dp_free_if_doomed(dp, id);
 }
@@ -196,16 +199,69 @@ int dp_fetch_start(struct dp *dp, uint32_t id)
 	struct pool_block *b = pool_block_get(dp->pool, id);
 	if (!dp->rio)
 		return -EIO;
+	char key[256], *kp = NULL;
+	if (b->remote_published) { /* adopted on demand: the publisher's key */
+		const struct seq *s = seq_find(dp->seqs, b->seq_id);
+		if (!s)
+			return -EIO;
+		rio_published_key(dp->rio, s->name, s->remote_gen, b->layer, b->page, key,
+				  sizeof key);
+		kp = key;
+	}
 	int ret = pool_block_fetch_begin(dp->pool, id);
 	if (ret)
 		return ret; /* -ENOSPC: the caller makes room */
-	ret = rio_submit(dp->rio, REMOTE_TIER_GET, b->remote_id, pool_block_data(dp->pool, id),
+	ret = rio_submit(dp->rio, REMOTE_TIER_GET, b->remote_id, kp, pool_block_data(dp->pool, id),
 			 b->bytes, b->crc, (uint64_t)RIO_COOKIE_GET << 32 | id);
 	if (ret) {
 		pool_block_fetch_end(dp->pool, id, false);
 		return -EBUSY;
 	}
 	dp->fetching++;
+	return 0;
+}
+
+bool dp_has_remote_tier(const struct dp *dp)
+{
+	return dp->rio != NULL;
+}
+
+int dp_seq_import_published(struct dp *dp, struct seq *s, uint32_t pages, char *err,
+			    size_t errlen)
+{
+	unsigned cls;
+	int ret = pool_class(dp->pool, s->block_bytes, &cls);
+	if (ret)
+		return errmsg(err, errlen, ret, "no slab class for the page size");
+	for (uint32_t p = 0; p < pages && !ret; p++)
+		for (uint32_t l = 0; l < s->geo.n_layers && !ret; l++) {
+			uint32_t id;
+			if ((ret = pool_block_adopt_remote(dp->pool, cls, 0, 0, &id))) {
+				ret = errmsg(err, errlen, ret, "out of block descriptors");
+				break;
+			}
+			struct pool_block *b = pool_block_get(dp->pool, id);
+			b->has_crc = false; /* the value carries its own, checked when it is read */
+			b->remote_published = true;
+			b->seq_id = s->id;
+			b->layer = l;
+			b->page = p;
+			b->refs = 1;
+			if ((ret = seq_set_block(s, l, p, id))) {
+				pool_block_free(dp->pool, id);
+				ret = errmsg(err, errlen, ret, "out of memory");
+			}
+		}
+	if (ret) {
+		for (uint32_t p = 0; p < pages; p++)
+			for (uint32_t l = 0; l < s->geo.n_layers; l++)
+				dp_block_unref(dp, s, l, p);
+		return ret;
+	}
+	for (uint32_t p = 0; p < pages; p++)
+		for (uint32_t l = 0; l < s->geo.n_layers; l++)
+			persist_block(dp->ps, dp->pool, s, seq_block(s, l, p));
+	persist_seq_committed(dp->ps, s);
 	return 0;
 }
 

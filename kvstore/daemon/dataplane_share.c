@@ -271,6 +271,16 @@ int dp_fork(struct dp *dp, struct seq *src, struct seq *dst, char *err, size_t e
 		return errmsg(err, errlen, -EEXIST, "sequence '%s' exists already", dst->name);
 	uint64_t committed = src->committed_tokens;
 	uint32_t full = (uint32_t)(committed / P), tail = committed % P ? 1 : 0;
+	for (uint32_t p = 0; p < src->n_pages; p++)
+		for (uint32_t l = 0; l < L; l++) {
+			uint32_t id = seq_block(src, l, p);
+			const struct pool_block *b =
+				id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (b && b->remote_published) /* its key is src's publication's */
+				return errmsg(err, errlen, -EBUSY, "sequence '%s' was adopted and "
+					      "some of its blocks are still in Redis: resume it once, "
+					      "then fork", src->name);
+		}
 	/* The tail page's copy first: it is the part that can fail. */
 	uint32_t copy[SEQ_MAX_LAYERS];
 	unsigned cls;

@@ -20,7 +20,7 @@
 /* Record types and payloads (native byte order: a journal never leaves its host). */
 enum { REC_META = 1, REC_SEQ, REC_TOKENS, REC_COMMITTED, REC_BLOCK, REC_REMOVE, REC_PREFIX,
        REC_REMOTE };
-enum { BLK_DRAM = 1, BLK_NVME = 2, BLK_REMOTE = 3 };
+enum { BLK_DRAM = 1, BLK_NVME = 2, BLK_REMOTE = 3, BLK_PUBLISHED = 4 };
 #define SEQF_OWNER 1u
 
 struct rec_meta {
@@ -312,6 +312,8 @@ static bool block_record(struct pool *pool, const struct seq *s, uint32_t id,
 		r->off = b->dram_off;
 		r->crc = b->rows_crc;
 		r->rows = b->rows;
+	} else if (b->tier == POOL_TIER_REMOTE && b->remote_published) {
+		r->where = BLK_PUBLISHED; /* the publisher's key: name and generation (REC_REMOTE) */
 	} else if (b->tier == POOL_TIER_REMOTE) {
 		if (!b->has_crc || !b->remote_id)
 			return false;
@@ -566,7 +568,7 @@ static int on_record(void *ctx, uint32_t type, const void *p, uint32_t len, char
 		struct rseq *rs = len == sizeof *r ? rseq_find(ps, r->seq) : NULL;
 		struct seq *s = rs ? seq_find(ps->seqs, r->seq) : NULL;
 		if (!s || r->layer >= s->geo.n_layers || r->page >= (1u << 24) ||
-		    (r->where != BLK_DRAM && r->where != BLK_NVME && r->where != BLK_REMOTE) ||
+		    (r->where < BLK_DRAM || r->where > BLK_PUBLISHED) ||
 		    r->block_bytes != s->block_bytes ||
 		    r->rows > s->geo.page_size)
 			break;
@@ -715,14 +717,19 @@ static int adopt_block(struct adopt_ctx *a, struct seq *s, uint32_t layer, uint3
 		struct pool_block *b = pool_block_get(a->pool, id);
 		b->rows = rows;
 		b->rows_crc = crc;
-	} else if (rb->where == BLK_REMOTE) {
-		/* Checked against rb->crc when a RECALL brings it back (docs/design.md §8). */
+	} else if (rb->where == BLK_REMOTE || rb->where == BLK_PUBLISHED) {
+		/* Checked when a RECALL brings it back (docs/design.md §8). */
 		if (!a->ps->cfg->remote_tier || !a->ps->cfg->remote_url[0])
 			return errmsg(why, whylen, -ENODEV, "it was on the remote tier, which is not "
 				      "configured now (remote_url, remote_tier)");
 		ret = pool_block_adopt_remote(a->pool, cls, rb->off, rb->crc, &id);
 		if (ret)
 			return errmsg(why, whylen, ret, "out of block descriptors");
+		if (rb->where == BLK_PUBLISHED) {
+			struct pool_block *pb = pool_block_get(a->pool, id);
+			pb->remote_published = true;
+			pb->has_crc = false;
+		}
 	} else {
 		if (!a->tier)
 			return errmsg(why, whylen, -ENODEV, "it was on an NVMe tier that is not "

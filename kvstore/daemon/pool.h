@@ -81,6 +81,9 @@ struct pool_block {
 	bool has_crc;
 	bool doomed;            /* its sequence was dropped during its I/O: freed when that ends */
 	bool indexed;           /* its page is in the prefix index, which holds one of refs */
+	bool remote_published;  /* REMOTE: its bytes are a published sequence's block (the key
+				 * follows from its sequence's name and generation), not this
+				 * host's tier's: never deleted by this host */
 };
 
 struct pool_usage {

@@ -497,6 +497,14 @@ void remote_drop_blocks(struct remote *r, const char *name, uint64_t gen, uint32
 	}
 }
 
+static void op_key(const struct remote *r, const struct remote_tier_op *o, char *key)
+{
+	if (o->key[0])
+		snprintf(key, KEY_MAX, "%s", o->key);
+	else
+		snprintf(key, KEY_MAX, "%s:{tier:%s}:%" PRIu64, r->ns, r->id, o->id);
+}
+
 struct tier_ctx {
 	struct remote *r;
 	struct remote_tier_op *ops;
@@ -516,11 +524,14 @@ static int got_tier(void *ctx, size_t i, const redisReply *rep, char *err, size_
 		return 0;
 	}
 	const uint8_t *v = (const uint8_t *)rep->str;
-	if (rep->type != REDIS_REPLY_STRING || rep->len != (size_t)o->len + 4 || rd32(v) != o->crc ||
-	    crc32c(0, v + 4, o->len) != o->crc) {
+	uint32_t want = o->key[0] ? rd32(v) : o->crc; /* a published value carries its own */
+	if (rep->type != REDIS_REPLY_STRING || rep->len != (size_t)o->len + 4 || rd32(v) != want ||
+	    crc32c(0, v + 4, o->len) != want) {
 		t->r->st.crc_errors++;
-		o->status = errmsg(o->err, sizeof o->err, -EBADMSG, "tier block %" PRIu64 " in Redis "
-				   "fails its checksum (expected crc32c %08x)", o->id, o->crc);
+		char k[KEY_MAX];
+		op_key(t->r, o, k);
+		o->status = errmsg(o->err, sizeof o->err, -EBADMSG, "block %s in Redis fails its "
+				   "checksum (expected crc32c %08x)", k, want);
 		return 0;
 	}
 	memcpy(o->buf, v + 4, o->len);
@@ -530,8 +541,16 @@ static int got_tier(void *ctx, size_t i, const redisReply *rep, char *err, size_
 
 void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n)
 {
-	for (size_t w = 0; w < n; w += REMOTE_WINDOW) {
-		size_t m = n - w < REMOTE_WINDOW ? n - w : REMOTE_WINDOW;
+	/* One pipeline per run of keys in one hash slot (a cluster node answers for its slots). */
+	char k0[KEY_MAX], k1[KEY_MAX];
+	for (size_t w = 0; w < n;) {
+		size_t m = 1;
+		op_key(r, &ops[w], k0);
+		for (; w + m < n && m < REMOTE_WINDOW; m++) {
+			op_key(r, &ops[w + m], k1);
+			if (key_slot(k1) != key_slot(k0))
+				break;
+		}
 		struct cmd cmds[REMOTE_WINDOW];
 		memset(cmds, 0, m * sizeof *cmds);
 		int ret = 0;
@@ -540,7 +559,7 @@ void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n)
 			struct cmd *c = &cmds[i];
 			o->status = 0;
 			o->err[0] = 0;
-			snprintf(c->key, KEY_MAX, "%s:{tier:%s}:%" PRIu64, r->ns, r->id, o->id);
+			op_key(r, o, c->key);
 			if (o->kind == REMOTE_TIER_PUT) {
 				uint8_t *v = malloc((size_t)o->len + 4);
 				if (!v) {
@@ -572,7 +591,16 @@ void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n)
 				snprintf(ops[w + i].err, sizeof ops[w + i].err, "%s",
 					 ret == -ENOMEM ? "out of memory" : err);
 			}
+		w += m;
 	}
+}
+
+void remote_published_key(const struct remote *r, const char *name, uint64_t gen,
+			  uint32_t layer, uint32_t page, char *key, size_t len)
+{
+	char k[KEY_MAX];
+	block_key(r, k, name, gen, layer, page);
+	snprintf(key, len, "%s", k);
 }
 
 int remote_put_meta(struct remote *r, const char *name, const struct remote_meta *m, char *err,

@@ -112,12 +112,17 @@ enum remote_tier_kind { REMOTE_TIER_PUT = 1, REMOTE_TIER_GET, REMOTE_TIER_DEL };
 struct remote_tier_op {
 	uint8_t kind;		/* enum remote_tier_kind */
 	uint64_t id;
+	char key[256];		/* when set, the key (a published block: remote_published_key) and
+				 * a GET checks the value against its own stored crc32c only */
 	void *buf;
 	uint32_t len, crc;
 	int status;		/* out */
 	char err[160];		/* out, when status != 0 */
 };
 void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n);
+/* The key of block (layer, page) of generation gen of published sequence name. */
+void remote_published_key(const struct remote *r, const char *name, uint64_t gen,
+			  uint32_t layer, uint32_t page, char *key, size_t len);
 
 void remote_stats(const struct remote *r, struct remote_stats *st);
 

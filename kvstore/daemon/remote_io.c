@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -25,7 +26,7 @@ struct rio {
 	bool stop;
 	int efd;
 	/* Rings of requests: queued (todo) and finished (done); in flight between them. */
-	struct rio_req *todo, *done;
+	struct rio_req *todo, *done, *scratch;	/* scratch: rio_reap's copy of done */
 	size_t todo_head, n_todo, n_done, in_flight;
 	struct remote_stats st;	/* copied from the connection after each batch */
 };
@@ -78,6 +79,7 @@ static void rio_free(struct rio *r)
 		close(r->efd);
 	free(r->todo);
 	free(r->done);
+	free(r->scratch);
 	free(r);
 }
 
@@ -89,7 +91,9 @@ int rio_start(const struct remote_config *c, struct rio **out, char *err, size_t
 	r->efd = -1;
 	r->todo = calloc(RIO_MAX_QUEUE, sizeof *r->todo);
 	r->done = calloc(RIO_MAX_QUEUE, sizeof *r->done);
-	int ret = !r->todo || !r->done ? errmsg(err, errlen, -ENOMEM, "out of memory") : 0;
+	r->scratch = calloc(RIO_MAX_QUEUE, sizeof *r->scratch);
+	int ret = !r->todo || !r->done || !r->scratch ? errmsg(err, errlen, -ENOMEM, "out of memory")
+						      : 0;
 	if (!ret)
 		ret = remote_open(c, &r->remote, err, errlen);
 	if (!ret && (r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
@@ -129,8 +133,14 @@ int rio_eventfd(const struct rio *r)
 	return r->efd;
 }
 
-int rio_submit(struct rio *r, uint8_t kind, uint64_t id, void *buf, uint32_t len, uint32_t crc,
-	       uint64_t cookie)
+void rio_published_key(struct rio *r, const char *name, uint64_t gen, uint32_t layer,
+		       uint32_t page, char *key, size_t len)
+{
+	remote_published_key(r->remote, name, gen, layer, page, key, len);
+}
+
+int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, void *buf,
+	       uint32_t len, uint32_t crc, uint64_t cookie)
 {
 	pthread_mutex_lock(&r->mu);
 	if (r->n_todo + r->in_flight + r->n_done >= RIO_MAX_QUEUE) {
@@ -141,6 +151,8 @@ int rio_submit(struct rio *r, uint8_t kind, uint64_t id, void *buf, uint32_t len
 	memset(q, 0, sizeof *q);
 	q->op.kind = kind;
 	q->op.id = id;
+	if (key)
+		snprintf(q->op.key, sizeof q->op.key, "%s", key);
 	q->op.buf = buf;
 	q->op.len = len;
 	q->op.crc = crc;
@@ -157,7 +169,7 @@ int rio_reap(struct rio *r, void (*fn)(void *ctx, const struct rio_result *res),
 	if (read(r->efd, &v, sizeof v) < 0) {
 		/* nothing signalled: there may still be completions from before the last read */
 	}
-	struct rio_req got[RIO_MAX_QUEUE];
+	struct rio_req *got = r->scratch;
 	pthread_mutex_lock(&r->mu);
 	size_t n = r->n_done;
 	memcpy(got, r->done, n * sizeof *got);

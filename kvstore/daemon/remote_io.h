@@ -30,9 +30,13 @@ struct rio;
 int rio_start(const struct remote_config *c, struct rio **out, char *err, size_t errlen);
 void rio_stop(struct rio *r);
 int rio_eventfd(const struct rio *r);
-/* -EBUSY when RIO_MAX_QUEUE requests are queued or in flight. */
-int rio_submit(struct rio *r, uint8_t kind, uint64_t id, void *buf, uint32_t len, uint32_t crc,
-	       uint64_t cookie);
+/* -EBUSY when RIO_MAX_QUEUE requests are queued or in flight. key NULL: the tier's key of id;
+ * else that key (a published block's, remote_published_key). */
+int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, void *buf,
+	       uint32_t len, uint32_t crc, uint64_t cookie);
+/* The published-block key of (name, gen, layer, page), as this thread's connection spells it. */
+void rio_published_key(struct rio *r, const char *name, uint64_t gen, uint32_t layer,
+		       uint32_t page, char *key, size_t len);
 /* Calls fn for each finished request (in the caller's thread); returns how many. */
 int rio_reap(struct rio *r, void (*fn)(void *ctx, const struct rio_result *res), void *ctx);
 /* Requests queued or in flight. */

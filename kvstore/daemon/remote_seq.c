@@ -153,7 +153,9 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 		leased = true;
 	uint64_t bb = seq_block_bytes(&m.geo);
 	uint32_t pages = ret ? 0 : (uint32_t)((m.committed + m.geo.page_size - 1) / m.geo.page_size);
-	if (!ret) {
+	/* With a tier below NVMe the blocks stay in Redis until a RECALL reads them. */
+	bool lazy = dp_has_remote_tier(x->dp);
+	if (!ret && !lazy) {
 		n = (size_t)m.geo.n_layers * pages;
 		b = calloc(n ? n : 1, sizeof *b);
 		if (!b)
@@ -166,7 +168,7 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 				ret = errmsg(err, errlen, -ENOMEM, "out of memory");
 		}
 	}
-	if (!ret)
+	if (!ret && !lazy)
 		ret = remote_get_blocks(x->r, name, m.gen, b, n, err, errlen);
 	if (ret && leased)
 		remote_unlease(x->r, name, NULL, 0);
@@ -184,8 +186,10 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 		s->has_owner = has_owner;
 		s->owner_uid = owner_uid;
 		s->committed_tokens = m.committed;
+		s->remote_gen = m.gen;
 		persist_seq_open(x->ps, s);
-		ret = dp_seq_import(x->dp, s, b, n, err, errlen);
+		ret = lazy ? dp_seq_import_published(x->dp, s, pages, err, errlen)
+			   : dp_seq_import(x->dp, s, b, n, err, errlen);
 		if (ret) {
 			s->committed_tokens = 0;
 			persist_seq_remove(x->ps, s->id);
@@ -199,8 +203,8 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 		persist_seq_remote(x->ps, s);
 		x->adopted++;
 		log_info("sequence '%s' adopted from %s (published by %s, generation %" PRIu64 "): %"
-			 PRIu64 " tokens, %zu blocks", name, remote_url(x->r), m.host, m.gen,
-			 m.committed, n);
+			 PRIu64 " tokens, %u pages%s", name, remote_url(x->r), m.host, m.gen,
+			 m.committed, pages, lazy ? ", read from Redis as they are recalled" : "");
 		*out = s;
 	} else if (leased && s == NULL) {
 		dp_unlock(x->dp);
