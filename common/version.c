@@ -11,6 +11,11 @@ void fkv_version_print(FILE *f, const char *prog)
 		FREEKV_COMMIT, FREEKV_BUILD_TYPE, !strcmp(FREEKV_CUDA_BUILT, "ON") ? "on" : "off");
 }
 
+const char *fkv_build_id(void)
+{
+	return FREEKV_VERSION " " FREEKV_COMMIT;
+}
+
 int fkv_version_asked(int argc, char **argv)
 {
 	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)

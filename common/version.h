@@ -8,6 +8,8 @@
 
 /* "PROG (freekv) 0.1.0\ncommit ...\nbuild TYPE, CUDA on|off\n" on f. */
 void fkv_version_print(FILE *f, const char *prog);
+/* "VERSION COMMIT": what identifies this build's code (prefix-sharing keys include it). */
+const char *fkv_build_id(void);
 /* Whether argv holds --version before any "--" (then the caller prints and exits 0). */
 int fkv_version_asked(int argc, char **argv);
 

@@ -204,6 +204,8 @@ static json_object *prefix_json(const Freekv__PrefixStats *p)
 	json_object_object_add(o, "forks", json_object_new_uint64(p->forks));
 	json_object_object_add(o, "cached_blocks", json_object_new_uint64(p->cached_blocks));
 	json_object_object_add(o, "evicted_pages", json_object_new_uint64(p->evicted_pages));
+	json_object_object_add(o, "remote_published", json_object_new_uint64(p->remote_published));
+	json_object_object_add(o, "remote_pages", json_object_new_uint64(p->remote_pages));
 	return o;
 }
 

@@ -607,6 +607,61 @@ static void test_adopt_on_demand(void **state)
 	redis_stop();
 }
 
+/* remote_prefix: pages host A published for its prompt are found by host B for a prompt that
+ * shares 3/4 of it: B prefills only the rest and decodes the tokens of its cold run. */
+static void test_prefix_across_hosts(void **state)
+{
+	(void)state;
+	char p1[128], p2[128], path[1024], cmd[4096];
+	snprintf(path, sizeof path, "%s/tests/data/stories_corpus.txt", FREEKV_SOURCE_DIR);
+	snprintf(p1, sizeof p1, "%s/p1.txt", g_rdir);
+	snprintf(p2, sizeof p2, "%s/p2.txt", g_rdir);
+	snprintf(cmd, sizeof cmd, "cp %s %s && head -c 4000 %s > %s && printf ' Then a red bird "
+		 "flew over the hill.' >> %s", path, p1, path, p2, p2);
+	assert_int_equal(system(cmd), 0);
+	redis_start();
+	const char *ea[] = { "--set", g_url, "--set", "remote_host_id=host-A", "--set",
+			     "remote_tier=true", "--set", "remote_prefix=true", NULL };
+	const char *eb[] = { "--set", g_url, "--set", "remote_host_id=host-B", "--set",
+			     "remote_tier=true", "--set", "remote_prefix=true", NULL };
+	struct harness A, B;
+	harness_start(&A, ea);
+	harness_start(&B, eb);
+	static struct proc a, cold, b;
+	const char *ga[] = { "generate", "-m", g_model, "-f", p1, "-n", "16", "--store", A.endpoint,
+			     "--seq", "a", "--keep", "-c", "4096", FLAGS, NULL };
+	assert_int_equal(p_run(&a, ga), 0);
+	/* A's page copies reach Redis in the background. */
+	snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d --scan --pattern 'freekv:{pfx:*' | "
+		 "wc -l)\" -ge 100", g_port);
+	for (uint64_t t0 = clock_ms(); system(cmd); h_sleep_ms(50))
+		assert_true(clock_ms() - t0 < 10000);
+	const char *gc[] = { "generate", "-m", g_model, "-f", p2, "-n", "16", "--store", B.endpoint,
+			     "--seq", "cold", "--no-prefix", "-c", "4096", FLAGS, NULL };
+	assert_int_equal(p_run(&cold, gc), 0);
+	const char *gb[] = { "generate", "-m", g_model, "-f", p2, "-n", "16", "--store", B.endpoint,
+			     "--seq", "b", "--keep", "-c", "4096", FLAGS, NULL };
+	assert_int_equal(p_run(&b, gb), 0);
+	assert_int_equal(b.n_ids, 16);
+	assert_memory_equal(b.ids, cold.ids, 16 * sizeof(int));
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(B.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_show_sequence(k, 0, "b", false, &r), 0);
+	uint64_t covered = r->sequence->prefix_covered_tokens;
+	kvs_reply_free(r);
+	assert_int_equal(kvs_stats(k, &r), 0);
+	fprintf(stderr, "host B found %llu prompt tokens in Redis (%llu pages)\n",
+		(unsigned long long)covered, (unsigned long long)r->stats->prefix->remote_pages);
+	assert_true(covered >= 512);
+	assert_true(r->stats->prefix->remote_pages > 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	harness_stop(&B);
+	harness_stop(&A);
+	redis_stop();
+}
+
 int main(void)
 {
 	g_model = test_model_path("stories260K/stories260K.gguf");
@@ -626,6 +681,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_restart_keeps_lease, h_teardown),
 		cmocka_unit_test_teardown(test_tier, h_teardown),
 		cmocka_unit_test_teardown(test_adopt_on_demand, h_teardown),
+		cmocka_unit_test_teardown(test_prefix_across_hosts, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

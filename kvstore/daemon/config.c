@@ -103,6 +103,10 @@ static const struct cfg_key keys[] = {
 	{ "remote_tier", CFG_T_BOOL, F(remote_tier), 0, 1, "false", false,
 	  "a tier below NVMe in Redis (remote_url): cold NVMe blocks move there above "
 	  "nvme_high_watermark and come back on recall" },
+	{ "remote_prefix", CFG_T_BOOL, F(remote_prefix), 0, 1, "false", false,
+	  "prefix pages published here are written to Redis too, and a prompt's pages not in the "
+	  "pool are looked for there (needs remote_tier; hosts share only with the same build "
+	  "and CPU model)" },
 	{ "nvme_high_watermark", CFG_T_U64, F(nvme_high_watermark), 1, 100, "90", true,
 	  "percent of the NVMe tier in use above which blocks move to the remote tier" },
 	{ "nvme_low_watermark", CFG_T_U64, F(nvme_low_watermark), 0, 99, "75", true,

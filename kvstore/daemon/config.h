@@ -55,6 +55,7 @@ struct cfg {
 	uint64_t remote_lease_ms;
 	bool remote_publish;		/* publish a sequence when its worker detaches it */
 	bool remote_tier;		/* demote cold NVMe blocks to Redis (docs/design.md §8) */
+	bool remote_prefix;		/* prefix pages found across hosts through Redis */
 	uint64_t nvme_high_watermark;	/* percent of the NVMe tier in use that starts it */
 	uint64_t nvme_low_watermark;	/* percent it brings usage down to */
 };

@@ -76,6 +76,7 @@ struct dp_seq_usage {
 struct dp_prefix_stats {
 	uint64_t lookups, hits, misses, pages_attached, tokens_saved, indexed_pages, shared_blocks,
 		 forks, cached_blocks, evicted_pages;
+	uint64_t remote_published, remote_pages;	/* pages written to / found in Redis */
 };
 
 int dp_init(struct dp **out, const struct cfg *cfg, struct seq_table *seqs, char *err, size_t errlen);
@@ -164,6 +165,13 @@ void dp_blocks_free(struct remote_block *b, size_t n);
  * pages [0, pages) of every layer that stay in Redis as the publisher left them, read when a
  * RECALL names them (dataplane_offload.c). */
 bool dp_has_remote_tier(const struct dp *dp);
+/* remote_prefix, at open: the content keys of the pages s may still find beyond what it
+ * attached (pages [s->n_keys, returned)), computed into s->keys. 0: nothing to look for. */
+uint32_t dp_prefix_ahead(struct dp *dp, struct seq *s, size_t n_prompt);
+/* Attaches pages [s->n_keys, s->n_keys + got) from their fetched bytes b (page-major, every
+ * layer; checked), indexing them, and cuts the covered length to whole ubatches. */
+int dp_prefix_attach_remote(struct dp *dp, struct seq *s, size_t n_prompt, uint32_t got,
+			    const struct remote_block *b, char *err, size_t errlen);
 int dp_seq_import_published(struct dp *dp, struct seq *s, uint32_t pages, char *err,
 			    size_t errlen);
 /* Lets go of cached pages (indexed, held by no sequence), least recently used first, until at

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "crc32c.h"
 #include "errmsg.h"
 #include "log.h"
 #include "persist.h"
@@ -20,7 +21,7 @@
 #include "remote_io.h"
 #include "tier.h"
 
-enum { RIO_COOKIE_PUT = 1, RIO_COOKIE_GET = 2 };
+enum { RIO_COOKIE_PUT = 1, RIO_COOKIE_GET = 2, RIO_COOKIE_PFX = 3 };
 
 int dp_remote_start(struct dp *dp, char *err, size_t errlen)
 {
@@ -171,6 +172,13 @@ static void rio_done(void *ctx, const struct rio_result *res)
 		fetch_done(dp, id, res);
 		return;
 	}
+	if (res->cookie >> 32 == RIO_COOKIE_PFX) { /* a prefix page's copy: its buffer is ours */
+		free(res->buf);
+		if (res->status && !dp->pfx_err_logged)
+			log_warn("remote prefix: %s", res->err);
+		dp->pfx_err_logged = res->status != 0;
+		return;
+	}
 	if (res->cookie >> 32 != RIO_COOKIE_PUT)
 		return; /* a DEL: nothing waits for it */
 	struct dp_offload *o = offload_of(dp, id);
@@ -219,6 +227,33 @@ int dp_fetch_start(struct dp *dp, uint32_t id)
 	}
 	dp->fetching++;
 	return 0;
+}
+
+void dp_prefix_remote_put(struct dp *dp, const uint8_t key[32], const uint32_t *blocks,
+			  uint32_t n_layers)
+{
+	if (!dp->rio || !dp->cfg->remote_prefix)
+		return;
+	for (uint32_t l = 0; l < n_layers; l++) {
+		const struct pool_block *b = pool_block_get(dp->pool, blocks[l]);
+		if (!b || b->tier != POOL_TIER_DRAM)
+			return; /* a page all of whose layers can be copied now, or none */
+	}
+	for (uint32_t l = 0; l < n_layers; l++) {
+		const struct pool_block *b = pool_block_get(dp->pool, blocks[l]);
+		void *copy = malloc(b->bytes);
+		char k[256];
+		if (!copy)
+			return;
+		memcpy(copy, pool_block_data(dp->pool, blocks[l]), b->bytes);
+		rio_prefix_key(dp->rio, key, l, k, sizeof k);
+		if (rio_submit(dp->rio, REMOTE_TIER_PUT, 0, k, copy, b->bytes,
+			       crc32c(0, copy, b->bytes), (uint64_t)RIO_COOKIE_PFX << 32)) {
+			free(copy);
+			return;
+		}
+	}
+	dp->pxs.remote_published++;
 }
 
 bool dp_has_remote_tier(const struct dp *dp)

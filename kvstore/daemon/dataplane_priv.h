@@ -114,7 +114,7 @@ struct dp {
 	struct dp_offload offl[DP_OFFLOAD_MAX];
 	uint64_t next_remote_id;	/* the last remote_id given (journaled with its block) */
 	uint64_t offloading, fetching, offloaded, fetched, remote_errors;
-	bool offload_err_logged;
+	bool offload_err_logged, pfx_err_logged;
 	uint64_t offload_pause_until_us;	/* after a failed move: no watermark moves before */
 	uint64_t offload_backoff_us;	/* doubles with each failure (1 s to 30 s), 0 after a success */
 	uint64_t offload_q[DP_DEMOTE_QUEUE];	/* sequences an explicit remote demotion goes on for */
@@ -164,6 +164,9 @@ int dp_remote_fd(const struct dp *dp);
 int dp_remote_reap(struct dp *dp);
 void dp_block_drop_storage(struct dp *dp, uint32_t id, struct pool_block *b);
 int dp_fetch_start(struct dp *dp, uint32_t id);
+/* remote_prefix: a copy of the page just indexed goes to Redis under its content key. */
+void dp_prefix_remote_put(struct dp *dp, const uint8_t key[32], const uint32_t *blocks,
+			  uint32_t n_layers);
 void dp_offload_read_done(struct dp *dp, const struct tier_result *r);
 void dp_offload_watermark(struct dp *dp);
 void dp_offload_queue_run(struct dp *dp);

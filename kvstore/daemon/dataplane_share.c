@@ -261,7 +261,88 @@ void dp_prefix_publish(struct dp *dp, struct seq *s)
 			b->indexed = true;
 			b->refs++;
 		}
+		dp_prefix_remote_put(dp, s->keys[p], blocks, L);
 	}
+}
+
+/* The unit the covered length is a multiple of: whole pages and whole ubatches. */
+static uint64_t cover_unit(const struct seq *s)
+{
+	uint32_t P = s->geo.page_size, ub = s->prefix_ubatch;
+	return (uint64_t)ub / gcd64(ub, P) * P;
+}
+
+uint32_t dp_prefix_ahead(struct dp *dp, struct seq *s, size_t n_prompt)
+{
+	(void)dp;
+	if (!s->prefix_ubatch || n_prompt > s->n_tokens || !n_prompt)
+		return 0;
+	uint64_t unit = cover_unit(s);
+	uint32_t max_pages = (uint32_t)((n_prompt - 1) / unit * unit / s->geo.page_size);
+	if (max_pages <= s->n_keys || grow_keys(s, max_pages))
+		return 0;
+	for (uint32_t p = s->n_keys; p < max_pages; p++)
+		if (page_key(s, p, p ? s->keys[p - 1] : s->key0, s->keys[p]))
+			return p;
+	return max_pages;
+}
+
+int dp_prefix_attach_remote(struct dp *dp, struct seq *s, size_t n_prompt, uint32_t got,
+			    const struct remote_block *b, char *err, size_t errlen)
+{
+	uint32_t P = s->geo.page_size, L = s->geo.n_layers, first = s->n_keys;
+	uint64_t unit = cover_unit(s), old = s->covered_tokens;
+	uint64_t cover = (uint64_t)(first + got) * P / unit * unit;
+	uint32_t pages = (uint32_t)(cover / P);
+	if (pages <= first)
+		return 0;
+	unsigned cls;
+	int ret = pool_class(dp->pool, s->block_bytes, &cls);
+	if (ret)
+		return errmsg(err, errlen, ret, "no slab class for the page size");
+	uint32_t p = first;
+	for (; p < pages && !ret; p++) {
+		const uint32_t *local = prefix_find(&dp->px, s->keys[p]);
+		uint32_t ids[SEQ_MAX_LAYERS];
+		uint32_t l = 0;
+		for (; l < L && !ret; l++) {
+			if (local) {
+				ret = share_block(dp, s, l, p, local[l]);
+				continue;
+			}
+			const struct remote_block *x = &b[(size_t)(p - first) * L + l];
+			ret = dp_block_copy_new(dp, cls, x->data, x->len, s->id, l, p, &ids[l]);
+			if (!ret && (ret = seq_set_block(s, l, p, ids[l])))
+				pool_block_free(dp->pool, ids[l]);
+		}
+		if (!ret && !local && !prefix_insert(&dp->px, s->keys[p], ids, L)) {
+			for (l = 0; l < L; l++) {
+				struct pool_block *pb = pool_block_get(dp->pool, ids[l]);
+				pb->indexed = true;
+				pb->refs++;
+			}
+		}
+	}
+	if (ret) {
+		for (uint32_t q = first; q < p; q++)
+			for (uint32_t l = 0; l < L; l++)
+				dp_block_unref(dp, s, l, q);
+		return errmsg(err, errlen, ret, "no room in the pool for the pages found in Redis");
+	}
+	s->n_keys = pages;
+	s->covered_tokens = cover;
+	s->committed_tokens = cover;
+	s->publish_limit = cover + (n_prompt - cover) / s->prefix_ubatch * s->prefix_ubatch;
+	if (!old) { /* counted a miss at open: a hit now */
+		dp->pxs.misses--;
+		dp->pxs.hits++;
+	}
+	dp->pxs.pages_attached += pages - first;
+	dp->pxs.tokens_saved += cover - old;
+	dp->pxs.remote_pages += pages - first;
+	persist_seq_prefix(dp->ps, s);
+	log_shared(dp, s, pages);
+	return 0;
 }
 
 int dp_fork(struct dp *dp, struct seq *src, struct seq *dst, char *err, size_t errlen)

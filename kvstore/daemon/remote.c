@@ -595,6 +595,15 @@ void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n)
 	}
 }
 
+void remote_prefix_key(const struct remote *r, const uint8_t key[32], uint32_t layer, char *out,
+		       size_t len)
+{
+	char hex[65];
+	for (int i = 0; i < 32; i++)
+		snprintf(hex + 2 * i, 3, "%02x", key[i]);
+	snprintf(out, len, "%s:{pfx:%s}:%u", r->ns, hex, layer);
+}
+
 void remote_published_key(const struct remote *r, const char *name, uint64_t gen,
 			  uint32_t layer, uint32_t page, char *key, size_t len)
 {

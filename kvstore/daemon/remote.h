@@ -120,6 +120,10 @@ struct remote_tier_op {
 	char err[160];		/* out, when status != 0 */
 };
 void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n);
+/* Prefix pages across hosts (remote_prefix): the key of one layer's block of the page whose
+ * content key is key (prefix.h): <ns>:{pfx:<hex key>}:<layer>. */
+void remote_prefix_key(const struct remote *r, const uint8_t key[32], uint32_t layer, char *out,
+		       size_t len);
 /* The key of block (layer, page) of generation gen of published sequence name. */
 void remote_published_key(const struct remote *r, const char *name, uint64_t gen,
 			  uint32_t layer, uint32_t page, char *key, size_t len);

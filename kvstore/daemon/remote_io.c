@@ -133,6 +133,11 @@ int rio_eventfd(const struct rio *r)
 	return r->efd;
 }
 
+void rio_prefix_key(struct rio *r, const uint8_t key[32], uint32_t layer, char *out, size_t len)
+{
+	remote_prefix_key(r->remote, key, layer, out, len);
+}
+
 void rio_published_key(struct rio *r, const char *name, uint64_t gen, uint32_t layer,
 		       uint32_t page, char *key, size_t len)
 {
@@ -177,7 +182,7 @@ int rio_reap(struct rio *r, void (*fn)(void *ctx, const struct rio_result *res),
 	pthread_mutex_unlock(&r->mu);
 	for (size_t i = 0; i < n; i++) {
 		struct rio_result res = { .cookie = got[i].cookie, .kind = got[i].op.kind,
-					  .status = got[i].op.status };
+					  .status = got[i].op.status, .buf = got[i].op.buf };
 		memcpy(res.err, got[i].op.err, sizeof res.err);
 		fn(ctx, &res);
 	}

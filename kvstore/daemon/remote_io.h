@@ -20,6 +20,7 @@
 
 struct rio_result {
 	uint64_t cookie;
+	void *buf;		/* as submitted */
 	uint8_t kind;		/* enum remote_tier_kind */
 	int status;
 	char err[160];
@@ -34,6 +35,7 @@ int rio_eventfd(const struct rio *r);
  * else that key (a published block's, remote_published_key). */
 int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, void *buf,
 	       uint32_t len, uint32_t crc, uint64_t cookie);
+void rio_prefix_key(struct rio *r, const uint8_t key[32], uint32_t layer, char *out, size_t len);
 /* The published-block key of (name, gen, layer, page), as this thread's connection spells it. */
 void rio_published_key(struct rio *r, const char *name, uint64_t gen, uint32_t layer,
 		       uint32_t page, char *key, size_t len);

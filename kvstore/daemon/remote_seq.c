@@ -25,6 +25,10 @@ int remote_seq_init(struct remote_seq *x, const struct cfg *cfg, struct dp *dp,
 	x->lease_ms = (uint32_t)cfg->remote_lease_ms;
 	if (!cfg->remote_url[0])
 		return 0;
+	if (cfg->remote_prefix && !cfg->remote_tier)
+		return errmsg(err, errlen, -EINVAL, "remote_prefix needs remote_tier (its writes go "
+			      "through the tier's I/O thread)");
+	x->prefix = cfg->remote_prefix;
 	char id[CFG_STR_MAX + 80];
 	remote_default_host_id(cfg->remote_host_id, cfg->shm_name, id, sizeof id);
 	struct remote_config rc = { .url = cfg->remote_url, .ns = cfg->remote_namespace,
@@ -214,6 +218,58 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 	dp_blocks_free(b, n);
 	free(m.tokens);
 	return ret;
+}
+
+void remote_seq_prefix_extend(struct remote_seq *x, struct seq *s, size_t n_prompt)
+{
+	if (!x->r || !x->prefix)
+		return;
+	uint32_t first = s->n_keys, max = dp_prefix_ahead(x->dp, s, n_prompt);
+	if (max <= first)
+		return;
+	uint32_t L = s->geo.n_layers;
+	size_t n = (size_t)(max - first) * L;
+	struct remote_tier_op *ops = calloc(n, sizeof *ops);
+	struct remote_block *b = calloc(n, sizeof *b);
+	bool ok = ops && b;
+	for (size_t i = 0; ok && i < n; i++) {
+		uint32_t p = first + (uint32_t)(i / L), l = (uint32_t)(i % L);
+		ops[i].kind = REMOTE_TIER_GET;
+		ops[i].len = (uint32_t)s->block_bytes;
+		ops[i].buf = malloc(s->block_bytes);
+		ok = ops[i].buf != NULL;
+		remote_prefix_key(x->r, s->keys[p], l, ops[i].key, sizeof ops[i].key);
+		b[i] = (struct remote_block){ l, p, ops[i].buf, ops[i].len };
+	}
+	uint64_t id = s->id;
+	if (ok) {
+		dp_unlock(x->dp);
+		remote_tier_batch(x->r, ops, n);
+		dp_lock(x->dp);
+	}
+	/* Leading pages every layer of which came back. */
+	uint32_t got = 0;
+	while (ok && got < max - first) {
+		bool page = true;
+		for (uint32_t l = 0; l < L; l++)
+			page &= ops[(size_t)got * L + l].status == 0;
+		if (!page)
+			break;
+		got++;
+	}
+	char err[256];
+	if (ok && got && (s = seq_find(x->seqs, id)) &&
+	    dp_prefix_attach_remote(x->dp, s, n_prompt, got, b, err, sizeof err))
+		log_warn("sequence '%s': pages found in Redis not attached: %s", s->name, err);
+	for (size_t i = 0; ok && i < n; i++)
+		if (ops[i].status && ops[i].status != -ENOENT) {
+			log_warn("remote prefix lookup: %s", ops[i].err);
+			break;
+		}
+	for (size_t i = 0; ops && i < n; i++)
+		free(ops[i].buf);
+	free(ops);
+	free(b);
 }
 
 int remote_seq_claim(struct remote_seq *x, struct seq *s, char *err, size_t errlen)

@@ -37,6 +37,7 @@ struct remote_seq {
 	uint64_t published, adopted;
 	uint64_t last_renew_ms;
 	uint32_t lease_ms;
+	bool prefix;			/* remote_prefix */
 };
 
 /* x->r NULL when cfg has no remote_url (0). -EINVAL for a bad remote_url. */
@@ -52,6 +53,11 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, size_t fp_len,
 		     const struct seq_geometry *g, bool has_owner, uint32_t owner_uid,
 		     struct seq **out, char *err, size_t errlen);
+/* remote_prefix: s was just opened with its prompt (n_prompt ids) and attached what the local
+ * pool had; the pages that follow are looked for in Redis (pipelined GETs by content key, each
+ * checked by its crc32c) and attached as far as they go, cut to whole ubatches. Best effort: a
+ * Redis that fails leaves s as it was (logged). */
+void remote_seq_prefix_extend(struct remote_seq *x, struct seq *s, size_t n_prompt);
 /* Before an attach of s: a published sequence must get its lease back, an owned one must
  * still hold it; either must still be the newest generation (-ESTALE otherwise). */
 int remote_seq_claim(struct remote_seq *x, struct seq *s, char *err, size_t errlen);

@@ -393,6 +393,8 @@ static int h_open(struct call *c)
 			seq_remove(x->seqs, s);
 			return ret;
 		}
+		if (!src && s->prefix_ubatch && x->remote)
+			remote_seq_prefix_extend(x->remote, s, o->n_token_ids);
 	} else if (src) {
 		return fail(c, -EEXIST, "cannot fork into '%s': it exists", o->name);
 	} else if (s->n_tokens > had) {
@@ -746,6 +748,9 @@ static Freekv__PrefixStats *prefix_stats_msg(struct call *c, struct dp *dp)
 	m->indexed_pages = p.indexed_pages;
 	m->shared_blocks = p.shared_blocks;
 	m->forks = p.forks;
+	m->has_remote_published = m->has_remote_pages = true;
+	m->remote_published = p.remote_published;
+	m->remote_pages = p.remote_pages;
 	m->has_cached_blocks = m->has_evicted_pages = true;
 	m->cached_blocks = p.cached_blocks;
 	m->evicted_pages = p.evicted_pages;

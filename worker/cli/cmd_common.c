@@ -466,13 +466,6 @@ int cmd_session_load(struct cmd_session *s, const struct cmd_session_opts *o, bo
 
 static int open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt);
 
-/* What else than the model, geometry and ubatch decides the bits of a prefilled page: the
- * backend and the policy (docs/design.md §4 "Prefix sharing"). */
-static void prefix_variant(const struct cmd_session *s, char *buf, size_t len)
-{
-	snprintf(buf, len, "backend=%s;policy=%s", s->be->ops->name, s->o.po.policy);
-}
-
 int cmd_session_open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt)
 {
 	double t0 = clock_ms_f();
@@ -483,12 +476,12 @@ int cmd_session_open_seq(struct cmd_session *s, const int32_t *prompt, int n_pro
 
 static int open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt)
 {
-	char err[512], variant[128];
+	char err[512], variant[256];
 	const struct cmd_session_opts *o = &s->o;
 	bool resume = s->resumed;
 	struct kv_geom g;
 	engine_kv_geom(s->e, &g);
-	prefix_variant(s, variant, sizeof variant);
+	engine_prefix_variant(s->e, variant, sizeof variant);
 	struct hostkv_prefix px = { .ids = prompt, .n_ids = (size_t)n_prompt,
 				    .ubatch = (uint32_t)engine_ubatch(s->e), .salt = o->cache_salt,
 				    .variant = variant };

@@ -12,6 +12,7 @@
 
 #include "errmsg.h"
 #include "hostkv.h"
+#include "version.h"
 #include "policy_opts.h"
 
 struct engine_layer {
@@ -446,6 +447,33 @@ int64_t engine_max_ctx(const struct engine *e)
 int engine_ubatch(const struct engine *e)
 {
 	return e->ubatch;
+}
+
+/* The CPU's model name (/proc/cpuinfo), or "unknown". */
+static void cpu_model(char *buf, size_t len)
+{
+	snprintf(buf, len, "unknown");
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[256];
+	while (f && fgets(line, sizeof line, f)) {
+		char *colon = strchr(line, ':');
+		if (colon && !strncmp(line, "model name", 10)) {
+			colon += colon[1] == ' ' ? 2 : 1;
+			colon[strcspn(colon, "\n")] = 0;
+			snprintf(buf, len, "%s", colon);
+			break;
+		}
+	}
+	if (f)
+		fclose(f);
+}
+
+void engine_prefix_variant(const struct engine *e, char *buf, size_t len)
+{
+	char cpu[128];
+	cpu_model(cpu, sizeof cpu);
+	snprintf(buf, len, "backend=%s;policy=%s;build=%s;cpu=%s", e->be->ops->name, e->policy->name,
+		 fkv_build_id(), cpu);
 }
 
 void engine_kv_geom(const struct engine *e, struct kv_geom *g)

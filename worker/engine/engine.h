@@ -57,6 +57,9 @@ int engine_vocab(const struct engine *e);
 int64_t engine_max_ctx(const struct engine *e);
 /* Tokens per forward chunk: a prefill runs in chunks of it from where it starts. */
 int engine_ubatch(const struct engine *e);
+/* What besides the model, geometry and ubatch decides the bits of a page this engine prefills
+ * (docs/design.md §4 "Prefix sharing"): backend, policy, build and CPU model, as one string. */
+void engine_prefix_variant(const struct engine *e, char *buf, size_t len);
 
 /* The resolved KV settings, the policy's name, and the geometry of the host page blocks
  * (n_kv, page, head dim, KV dtype) every sequence's host copy must be opened with. */

@@ -340,9 +340,8 @@ static int admit(struct serve *s, const struct peer *p, uint64_t id,
 			 (unsigned long long)++s->name_counter);
 	struct kv_geom geom;
 	engine_kv_geom(s->e, &geom);
-	char sub[256], variant[128];
-	snprintf(variant, sizeof variant, "backend=%s;policy=%s", s->backend_name,
-		 engine_policy_name(s->e));
+	char sub[256], variant[256];
+	engine_prefix_variant(s->e, variant, sizeof variant);
 	_Static_assert(sizeof(int) == sizeof(int32_t), "prompt ids are int32");
 	struct hostkv_prefix px = { .ids = (const int32_t *)tokens, .n_ids = (size_t)n_prompt,
 				    .ubatch = (uint32_t)engine_ubatch(s->e),
