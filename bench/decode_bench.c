@@ -49,6 +49,7 @@
  *                last stands in for ArkVale) (default
  *                full,streaming,quest,freekv,freekv:0,hardkv,refreshkv,specache:2,specache:1) */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,62 +201,66 @@ static int parse(int argc, char **argv, struct bench_args *a)
 			   "specache:1";
 	bool quick = false, set_n = false, set_ctx = false;
 	char err[256];
-	for (int i = 1; i < argc; i++) {
-		const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-		long x;
-		char *end;
-		if (!strcmp(s, "--quick")) {
-			quick = true;
-			continue;
-		}
-		if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-			usage(stdout);
-			exit(0);
-		}
-		if (!strncmp(s, "--policy", 8) && (s[8] == '\0' || s[8] == '=')) {
-			fprintf(stderr, "decode_bench: use --rows policy[:tau],...\n");
-			return -EINVAL;
-		}
-		int r = policy_opts_parse_flag(&po, argc, argv, &i, err, sizeof err);
-		if (r < 0) {
-			fprintf(stderr, "decode_bench: %s\n", err);
-			return -EINVAL;
-		}
-		if (r > 0)
-			continue;
-		if (!v) {
-			fprintf(stderr, "decode_bench: %s needs a value\n", s);
-			return -EINVAL;
-		}
-		i++;
-		if (!strcmp(s, "--ctx")) {
-			ctx = v;
-			set_ctx = true;
-		} else if (!strcmp(s, "--rows")) {
-			rows = strcmp(v, "fig8") ? v : BENCH_FIG8_ROWS;
-		} else if (!strcmp(s, "-m")) {
-			a->model = v;
-		} else {
-			x = strtol(v, &end, 10);
+	/* getopt_long, the retrieval options from policy_opts' table, as kvworker's commands. */
+	enum { O_QUICK = 256, O_CTX, O_ROWS, O_LAYERS, O_VOCAB };
+	static const struct option own[] = {
+		{ "quick", no_argument, NULL, O_QUICK },
+		{ "ctx", required_argument, NULL, O_CTX },
+		{ "rows", required_argument, NULL, O_ROWS },
+		{ "layers", required_argument, NULL, O_LAYERS },
+		{ "vocab", required_argument, NULL, O_VOCAB },
+		{ "help", no_argument, NULL, 'h' },
+	};
+	struct option opts[64];
+	size_t n = sizeof own / sizeof *own;
+	memcpy(opts, own, sizeof own);
+	n += policy_opts_options(opts + n, 63 - n);
+	opts[n] = (struct option){ 0 };
+	optind = 1;
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":n:w:t:m:h", opts, NULL)) != -1) {
+		long x = 0;
+		char *end = NULL;
+		if (c == 'n' || c == 'w' || c == 't' || c == O_LAYERS || c == O_VOCAB) {
+			x = strtol(optarg, &end, 10);
 			if (*end || x < 0 || x > (1L << 20)) {
-				fprintf(stderr, "decode_bench: bad value '%s' for %s\n", v, s);
-				return -EINVAL;
-			}
-			if (!strcmp(s, "-n"))
-				a->steps = (int)x, set_n = true;
-			else if (!strcmp(s, "-w"))
-				a->warmup = (int)x;
-			else if (!strcmp(s, "-t"))
-				a->threads = (int)x;
-			else if (!strcmp(s, "--layers"))
-				a->layers = (int)x;
-			else if (!strcmp(s, "--vocab"))
-				a->vocab = (int)x;
-			else {
-				fprintf(stderr, "decode_bench: unknown flag %s\n", s);
+				fprintf(stderr, "decode_bench: bad value '%s' for %s\n", optarg,
+					argv[optind - 1]);
 				return -EINVAL;
 			}
 		}
+		switch (c) {
+		case O_QUICK: quick = true; break;
+		case O_CTX: ctx = optarg; set_ctx = true; break;
+		case O_ROWS: rows = strcmp(optarg, "fig8") ? optarg : BENCH_FIG8_ROWS; break;
+		case O_LAYERS: a->layers = (int)x; break;
+		case O_VOCAB: a->vocab = (int)x; break;
+		case 'n': a->steps = (int)x; set_n = true; break;
+		case 'w': a->warmup = (int)x; break;
+		case 't': a->threads = (int)x; break;
+		case 'm': a->model = optarg; break;
+		case 'h': usage(stdout); exit(0);
+		case ':':
+			fprintf(stderr, "decode_bench: %s needs a value\n", argv[optind - 1]);
+			return -EINVAL;
+		case '?':
+			fprintf(stderr, "decode_bench: unknown option %s\n", argv[optind - 1]);
+			return -EINVAL;
+		default:
+			if (c == POLICY_OPT_POLICY) {
+				fprintf(stderr, "decode_bench: use --rows policy[:tau],...\n");
+				return -EINVAL;
+			}
+			if (policy_opts_apply(&po, c, optarg, err, sizeof err) != 1) {
+				fprintf(stderr, "decode_bench: %s\n", err);
+				return -EINVAL;
+			}
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "decode_bench: unexpected argument '%s'\n", argv[optind]);
+		return -EINVAL;
 	}
 	if (quick) {
 		if (!set_ctx)

@@ -7,8 +7,8 @@
  *
  * The commands parse with getopt_long: policy_opts_options() appends the retrieval options to a
  * command's own table (val POLICY_OPT_BASE + index) and policy_opts_apply() takes what
- * getopt_long returns for them. policy_opts_parse_flag() reads one flag of a hand-built argv
- * (tests, benchmarks). */
+ * getopt_long returns for them (every binary, decode_bench too). policy_opts_parse_flag()
+ * reads one flag of a hand-built argv through the same table (tests). */
 #ifndef FREEKV_POLICY_OPTS_H
 #define FREEKV_POLICY_OPTS_H
 
