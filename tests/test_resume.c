@@ -145,6 +145,10 @@ static void test_refusals(void **state)
 	assert_int_equal(p_run(&p, unknown), 1);
 	const char *usage[] = { "resume", "-m", g_model, "--seq", "nope", NULL };
 	assert_int_equal(p_run(&p, usage), 2);
+	/* Prefix sharing is for a new sequence's prompt: its flags mean nothing to resume. */
+	const char *salt[] = { "resume", "-m", g_model, "--store", E, "--seq", "nope",
+			       "--cache-salt", "t", NULL };
+	assert_int_equal(p_run(&p, salt), 2);
 
 	const char *gen[] = { "generate", "-m", g_model, "-p", PROMPT, "-n", "8", "--temp", "0",
 			      "--ids", "--store", E, "--seq", "kept", "--keep", NULL };

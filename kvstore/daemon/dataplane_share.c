@@ -486,6 +486,9 @@ uint64_t dp_prefix_evict(struct dp *dp, uint64_t want)
 {
 	struct cached_scan c = { 0 };
 	struct pool_usage u0, u;
+	if (!dp->px.entries)
+		return 0; /* nothing indexed, nothing cached: no scan of the pool (a full ALLOC
+			   * retries this every pass while it waits) */
 	pool_each(dp->pool, collect_cached, &c);
 	if (c.n)
 		qsort(c.v, c.n, sizeof *c.v, by_lru);

@@ -367,8 +367,10 @@ int pool_block_adopt_dram(struct pool *p, unsigned cls, uint64_t slab_base, uint
 	return 0;
 }
 
-int pool_block_adopt_nvme(struct pool *p, unsigned cls, uint64_t nvme_off, uint32_t crc,
-			  uint32_t *id_out)
+/* A committed block a previous daemon left outside DRAM (NVMe extent or remote id), with its
+ * crc32c. */
+static int adopt_outside(struct pool *p, unsigned cls, uint8_t tier, uint64_t where, uint32_t crc,
+			 uint32_t *id_out)
 {
 	struct slab_class_info ci;
 	uint32_t id;
@@ -376,33 +378,29 @@ int pool_block_adopt_nvme(struct pool *p, unsigned cls, uint64_t nvme_off, uint3
 	if (ret < 0)
 		return ret;
 	struct pool_block *b = desc(p, id);
-	b->nvme_off = nvme_off;
+	if (tier == POOL_TIER_NVME)
+		b->nvme_off = where;
+	else
+		b->remote_id = where;
 	b->crc = crc;
 	b->has_crc = true;
-	set_tier(p, b, POOL_TIER_NVME);
+	set_tier(p, b, tier);
 	p->u.blocks++;
 	p->u.blocks_committed++;
 	*id_out = id;
 	return 0;
 }
 
+int pool_block_adopt_nvme(struct pool *p, unsigned cls, uint64_t nvme_off, uint32_t crc,
+			  uint32_t *id_out)
+{
+	return adopt_outside(p, cls, POOL_TIER_NVME, nvme_off, crc, id_out);
+}
+
 int pool_block_adopt_remote(struct pool *p, unsigned cls, uint64_t remote_id, uint32_t crc,
 			    uint32_t *id_out)
 {
-	struct slab_class_info ci;
-	uint32_t id;
-	int ret = desc_adopt(p, cls, &id, &ci);
-	if (ret < 0)
-		return ret;
-	struct pool_block *b = desc(p, id);
-	b->remote_id = remote_id;
-	b->crc = crc;
-	b->has_crc = true;
-	set_tier(p, b, POOL_TIER_REMOTE);
-	p->u.blocks++;
-	p->u.blocks_committed++;
-	*id_out = id;
-	return 0;
+	return adopt_outside(p, cls, POOL_TIER_REMOTE, remote_id, crc, id_out);
 }
 
 int pool_block_offload_begin(struct pool *p, uint32_t id)

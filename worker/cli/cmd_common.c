@@ -466,6 +466,17 @@ int cmd_session_load(struct cmd_session *s, const struct cmd_session_opts *o, bo
 
 static int open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt);
 
+/* One try at opening the session's sequence: with its prompt for prefix sharing (px), else
+ * plain (created unless resuming). */
+static int open_once(struct cmd_session *s, const struct kv_geom *g,
+		     const struct hostkv_prefix *px, char *err, size_t errlen)
+{
+	return px ? hostkv_seq_open_prefix(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers,
+					   g, px, &s->hs, err, errlen)
+		  : hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers, g,
+				    !s->resumed, &s->hs, err, errlen);
+}
+
 int cmd_session_open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt)
 {
 	double t0 = clock_ms_f();
@@ -486,10 +497,7 @@ static int open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt)
 				    .ubatch = (uint32_t)engine_ubatch(s->e), .salt = o->cache_salt,
 				    .variant = variant };
 	bool share = !resume && prompt && n_prompt > 0 && o->endpoint && !o->no_prefix;
-	int ret = share ? hostkv_seq_open_prefix(s->hk, s->seq_name, s->m.fingerprint,
-						 s->m.cfg.n_layers, &g, &px, &s->hs, err, sizeof err)
-			: hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint, s->m.cfg.n_layers,
-					  &g, !resume, &s->hs, err, sizeof err);
+	int ret = open_once(s, &g, share ? &px : NULL, err, sizeof err);
 	/* kvstored went away while the sequence was being opened (it answered Hello, so this is
 	 * not a missing daemon): ride it out as a run does (docs/design.md §4). A sequence the
 	 * dead daemon journaled comes back empty and detached; opening it again is fine. */
@@ -511,12 +519,7 @@ static int open_seq(struct cmd_session *s, const int32_t *prompt, int n_prompt)
 			s->hk = NULL;
 			continue;
 		}
-		ret = share ? hostkv_seq_open_prefix(s->hk, s->seq_name, s->m.fingerprint,
-						     s->m.cfg.n_layers, &g, &px, &s->hs, err,
-						     sizeof err)
-			    : hostkv_seq_open(s->hk, s->seq_name, s->m.fingerprint,
-					      s->m.cfg.n_layers, &g, !resume, &s->hs, err,
-					      sizeof err);
+		ret = open_once(s, &g, share ? &px : NULL, err, sizeof err);
 	}
 	if (ret) {
 		fprintf(stderr, "%s: sequence '%s': %s\n", o->prog, s->seq_name, err);

@@ -68,6 +68,12 @@ int cmd_resume(int argc, char **argv)
 		usage(stderr);
 		return CMD_USAGE;
 	}
+	if (o.cache_salt || o.no_prefix) { /* prefix sharing is for a new sequence's prompt */
+		fprintf(stderr, "kvworker resume: --cache-salt and --no-prefix apply to generate: a "
+			"resumed sequence keeps its pages\n");
+		usage(stderr);
+		return CMD_USAGE;
+	}
 	if (!o.model || !o.endpoint || !o.seq_name) {
 		fprintf(stderr, "kvworker resume: need -m, --store and --seq\n");
 		usage(stderr);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -449,9 +450,14 @@ int engine_ubatch(const struct engine *e)
 	return e->ubatch;
 }
 
-/* The CPU's model name (/proc/cpuinfo), or "unknown". */
-static void cpu_model(char *buf, size_t len)
+/* The CPU's model name (/proc/cpuinfo), or "unknown"; read once (every sequence open asks). */
+static char g_cpu_model[128];
+static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
+
+static void read_cpu_model(void)
 {
+	char *buf = g_cpu_model;
+	size_t len = sizeof g_cpu_model;
 	snprintf(buf, len, "unknown");
 	FILE *f = fopen("/proc/cpuinfo", "r");
 	char line[256];
@@ -470,10 +476,9 @@ static void cpu_model(char *buf, size_t len)
 
 void engine_prefix_variant(const struct engine *e, char *buf, size_t len)
 {
-	char cpu[128];
-	cpu_model(cpu, sizeof cpu);
+	pthread_once(&g_cpu_once, read_cpu_model);
 	snprintf(buf, len, "backend=%s;policy=%s;build=%s;cpu=%s", e->be->ops->name, e->policy->name,
-		 fkv_build_id(), cpu);
+		 fkv_build_id(), g_cpu_model);
 }
 
 void engine_kv_geom(const struct engine *e, struct kv_geom *g)
