@@ -6,11 +6,17 @@
  *   (Without swaps the first NVMe-resident page fails with ENOSPC.)
  * - A byte flipped in every NVMe extent: each swap fails on the read with EBADMSG and leaves both
  *   pages where they were, so every DRAM-resident page still reads back intact; once the bytes
- *   are flipped back, every page reads back intact again, the NVMe ones through swaps. */
+ *   are flipped back, every page reads back intact again, the NVMe ones through swaps.
+ * - DRAM full of another worker's uncommitted blocks, the tier full of cold pages: a RECALL of a
+ *   cold page has no slot and nothing to trade places with. It waits alloc_wait_ms (300: then
+ *   ENOSPC, not at once), and with a longer wait it completes, intact, once the other worker
+ *   commits and a swap has a victim. */
 #include "test_kvstored_harness.h"
 
 #include <inttypes.h>
 #include <json-c/json.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #define DRAM_BLOCKS 256u	/* dram_bytes=2M: one 2 MiB slab unit of 8 KiB blocks */
@@ -35,9 +41,9 @@ static int recall_one(struct kvs *k, uint64_t seq, uint32_t layer, uint32_t page
 	return same ? ret : -EILSEQ;
 }
 
-static void expect_tiers(struct kvs *k, uint64_t dram, uint64_t nvme)
+static void expect_tiers(struct kvs *k, const char *name, uint64_t dram, uint64_t nvme)
 {
-	Freekv__Reply *r = h_settled(k, "swap");
+	Freekv__Reply *r = h_settled(k, name);
 	assert_non_null(r);
 	assert_int_equal(r->sequence->pages->in_flight, 0);
 	assert_int_equal(r->sequence->pages->dram, dram);
@@ -85,7 +91,7 @@ static struct kvs *fill_both(struct harness *h, uint64_t *seq)
 	if (ret)
 		fprintf(stderr, "fill: %s\n", kvs_error(k));
 	assert_int_equal(ret, 0);
-	expect_tiers(k, DRAM_BLOCKS, NVME_BLOCKS);
+	expect_tiers(k, "swap", DRAM_BLOCKS, NVME_BLOCKS);
 	return k;
 }
 
@@ -127,7 +133,7 @@ static void test_swap_when_both_full(void **state)
 	get_stats(k, &swaps, &failures, &crc_errors);
 	assert_int_equal(failures, 0);
 	assert_int_equal(crc_errors, 0);
-	expect_tiers(k, DRAM_BLOCKS, NVME_BLOCKS);
+	expect_tiers(k, "swap", DRAM_BLOCKS, NVME_BLOCKS);
 	expect_kvctl_swaps(&h, swaps, 0);
 	kvs_close(k);
 	harness_stop(&h);
@@ -181,7 +187,7 @@ static void test_swap_crc_error_keeps_both(void **state)
 	assert_int_equal(swaps, 0);
 	assert_int_equal(failures, NVME_BLOCKS);
 	assert_true(crc_errors >= NVME_BLOCKS);
-	expect_tiers(k, DRAM_BLOCKS, NVME_BLOCKS);
+	expect_tiers(k, "swap", DRAM_BLOCKS, NVME_BLOCKS);
 	assert_true(harness_alive(&h));
 
 	/* The NVMe pages were left where they were: repaired, all of them read back. */
@@ -192,9 +198,83 @@ static void test_swap_crc_error_keeps_both(void **state)
 	get_stats(k, &swaps, &failures, &crc_errors);
 	assert_true(swaps >= NVME_BLOCKS);
 	assert_int_equal(failures, NVME_BLOCKS);
-	expect_tiers(k, DRAM_BLOCKS, NVME_BLOCKS);
+	expect_tiers(k, "swap", DRAM_BLOCKS, NVME_BLOCKS);
 	expect_kvctl_swaps(&h, swaps, NVME_BLOCKS);
 	kvs_close(k);
+	harness_stop(&h);
+}
+
+struct late_commit {
+	struct kvs *k;
+	uint64_t seq;
+	uint64_t (*offs)[DRAM_BLOCKS / 2];
+	atomic_bool committed;
+	int ret;
+};
+
+/* After 300 ms, commit the hot sequence's blocks (32 pages per COMMIT, as they were allocated). */
+static void *commit_later(void *arg)
+{
+	struct late_commit *c = arg;
+	h_sleep_ms(300);
+	atomic_store(&c->committed, true);
+	for (uint32_t p0 = 0; p0 < DRAM_BLOCKS / 2 && !c->ret; p0 += 32)
+		for (uint32_t l = 0; l < h_geo.n_layers && !c->ret; l++)
+			c->ret = kvs_commit(c->k, c->seq, (uint64_t)(p0 + 32) * h_geo.page_size,
+					    &c->offs[l][p0], 32);
+	return NULL;
+}
+
+static void set_conf(struct kvs *k, const char *key, const char *value)
+{
+	Freekv__Reply *r;
+	assert_int_equal(kvs_config_set(k, key, value, &r), 0);
+	kvs_reply_free(r);
+}
+
+static void test_recall_waits_for_room(void **state)
+{
+	(void)state;
+	struct harness h;
+	uint64_t cold, hot, off;
+	harness_start(&h, small_tiers);
+	/* The cold sequence fills the tier: written, then demoted whole. */
+	struct kvs *kc = h_worker(&h, "cold", &cold);
+	assert_non_null(kc);
+	assert_int_equal(h_write_pages(kc, cold, TAG, 0, NVME_BLOCKS / 2), 0);
+	Freekv__Reply *r;
+	assert_int_equal(kvs_demote(kc, cold, NULL, &r), 0);
+	kvs_reply_free(r);
+	expect_tiers(kc, "cold", 0, NVME_BLOCKS);
+	/* The hot one fills DRAM with blocks it has not committed: nothing can move. */
+	struct kvs *kh = h_worker(&h, "hot", &hot);
+	assert_non_null(kh);
+	static uint64_t offs[2][DRAM_BLOCKS / 2];
+	for (uint32_t p0 = 0; p0 < DRAM_BLOCKS / 2; p0 += 32)
+		for (uint32_t l = 0; l < h_geo.n_layers; l++)
+			assert_int_equal(kvs_alloc(kh, hot, l, p0, 32, &offs[l][p0]), 0);
+
+	set_conf(kc, "alloc_wait_ms", "300");
+	uint64_t t0 = clock_ms();
+	assert_int_equal(recall_one(kc, cold, 0, 5, &off), -ENOSPC);
+	assert_true(clock_ms() - t0 >= 300);
+
+	set_conf(kc, "alloc_wait_ms", "20000");
+	struct late_commit c = { .k = kh, .seq = hot, .offs = offs };
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, commit_later, &c), 0);
+	int ret = recall_one(kc, cold, 0, 5, &off);
+	bool waited = atomic_load(&c.committed);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	if (ret)
+		fprintf(stderr, "recall: %s\n", kvs_error(kc));
+	assert_int_equal(ret, 0);
+	assert_true(waited);
+	assert_int_equal(c.ret, 0);
+	/* Every cold page reads back intact (through swaps with the hot blocks). */
+	assert_int_equal(h_read_pages(kc, cold, TAG, 0, NVME_BLOCKS / 2), 0);
+	kvs_close(kh);
+	kvs_close(kc);
 	harness_stop(&h);
 }
 
@@ -203,6 +283,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_swap_when_both_full, h_teardown),
 		cmocka_unit_test_teardown(test_swap_crc_error_keeps_both, h_teardown),
+		cmocka_unit_test_teardown(test_recall_waits_for_room, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

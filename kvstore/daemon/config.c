@@ -66,8 +66,9 @@ static const struct cfg_key keys[] = {
 	{ "dram_low_watermark", CFG_T_U64, F(dram_low_watermark), 0, 99, "75", true,
 	  "percent of the pool in use that demotion brings usage down to" },
 	{ "alloc_wait_ms", CFG_T_U64, F(alloc_wait_ms), 0, 600000, "2000", true,
-	  "an ALLOC that finds DRAM full of leased or uncommitted blocks waits this long for them "
-	  "to be released or committed and demoted, then fails with ENOSPC (0: fail at once)" },
+	  "an ALLOC, or a RECALL's promotion, that finds DRAM full of leased or uncommitted blocks "
+	  "waits this long for them to be released or committed and demoted, then fails with "
+	  "ENOSPC (0: fail at once)" },
 	{ "heartbeat_timeout_ms", CFG_T_U64, F(heartbeat_timeout_ms), 100, 3600000, "5000", true,
 	  "a worker silent this long is declared dead (its pid is also watched)" },
 	{ "ring_entries", CFG_T_U64, F(ring_entries), 8, 65536, "1024", false,

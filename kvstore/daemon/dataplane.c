@@ -405,6 +405,35 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 	return 0;
 }
 
+/* An op found no DRAM room for its class and nothing to demote: take a unit back from another
+ * class (reclaim_unit_for), else let cached prefix pages go, else wait up to alloc_wait_ms for a
+ * release or a commit. -EAGAIN: keep it pending; -ENOSPC: give up. An ALLOC comes here after
+ * starting demotion; a RECALL whose promotion had no slot and no block to trade places with. */
+static int room_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
+{
+	p->room = true;
+	if (!dp->demoting)
+		reclaim_unit_for(dp, w, &p->e);
+	if (dp->demoting)
+		return -EAGAIN;
+	if (dp_prefix_evict(dp, p->e.op == RING_OP_ALLOC ? p->e.count : 1))
+		return -EAGAIN;
+	uint64_t now = dp_now_us();
+	if (!p->deadline_us)
+		p->deadline_us = now + dp->cfg->alloc_wait_ms * 1000;
+	return now < p->deadline_us ? -EAGAIN : -ENOSPC;
+}
+
+/* An op that waited for room stopped waiting (it got its blocks, gave up, or its worker went):
+ * the units kept for its class by reclaim_unit_for go back to every class (slab_reclaim_pick). */
+static void room_unreserve(struct dp *dp, struct dp_worker *w, const struct dp_pending *p)
+{
+	struct seq *s = p->room ? attached_seq(dp, w, p->e.seq_id) : NULL;
+	unsigned cls;
+	if (s && !pool_class(dp->pool, s->block_bytes, &cls))
+		pool_unreserve(dp->pool, cls);
+}
+
 static void unlease_pending(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 {
 	for (uint32_t i = 0; i < p->e.count; i++) {
@@ -449,9 +478,9 @@ static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 				ret = dp_fetch_start(dp, p->blocks[i]);
 				if (ret == -ENOSPC) {
 					demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
-					ret = 0;
+					ret = dp->demoting ? 0 : room_wait(dp, w, p);
 				}
-				if (ret && ret != -EBUSY)
+				if (ret && ret != -EBUSY && ret != -EAGAIN)
 					goto fail;
 				waiting = 1;
 				break;
@@ -462,7 +491,10 @@ static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 					demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
 					/* Nothing could be demoted (the tier is full too): trade places. */
 					ret = dp->demoting ? 0 : dp_swap_start(dp, p->blocks[i]);
-					if (ret && ret != -EBUSY)
+					/* No block of its class to trade with: wait for room as an ALLOC does. */
+					if (ret == -ENOSPC)
+						ret = room_wait(dp, w, p);
+					if (ret && ret != -EBUSY && ret != -EAGAIN)
 						goto fail;
 					waiting = 1;
 					break;
@@ -550,38 +582,15 @@ static int op_release(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 	return 0;
 }
 
-/* Queues p; -EBUSY when the worker already has a ring's worth of ops waiting (more could not
- * all complete into its completion ring, and the queue must not grow without bound). */
-/* An ALLOC that found DRAM full: start demotion; when nothing can be demoted yet (every block
- * leased or not committed), wait up to alloc_wait_ms for a release or a commit. -EAGAIN: keep
- * it pending; -ENOSPC: give up. */
-/* An ALLOC stopped waiting (it got its blocks, gave up, or its worker went): the units kept for
- * its class by reclaim_unit_for go back to every class (slab_reclaim_pick). */
-static void alloc_unreserve(struct dp *dp, struct dp_worker *w, const struct ring_entry *e)
-{
-	struct seq *s = attached_seq(dp, w, e->seq_id);
-	unsigned cls;
-	if (s && !pool_class(dp->pool, s->block_bytes, &cls))
-		pool_unreserve(dp->pool, cls);
-}
-
+/* An ALLOC that found DRAM full: start demotion, then wait for room (room_wait). */
 static int alloc_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 {
 	demote_to(dp, pool_bytes(dp->pool) / 100 * dp->cfg->dram_low_watermark);
-	if (!dp->demoting)
-		reclaim_unit_for(dp, w, &p->e);
-	if (dp->demoting)
-		return -EAGAIN;
-	/* Nothing to demote (the tier is full, or every block is in use): cached prefix pages
-	 * give way before anyone waits. */
-	if (dp_prefix_evict(dp, p->e.count))
-		return -EAGAIN;
-	uint64_t now = dp_now_us();
-	if (!p->deadline_us)
-		p->deadline_us = now + dp->cfg->alloc_wait_ms * 1000;
-	return now < p->deadline_us ? -EAGAIN : -ENOSPC;
+	return room_wait(dp, w, p);
 }
 
+/* Queues p; -EBUSY when the worker already has a ring's worth of ops waiting (more could not
+ * all complete into its completion ring, and the queue must not grow without bound). */
 static int defer(struct dp_worker *w, struct dp_pending *p)
 {
 	struct dp_pending **pp = &w->pending;
@@ -614,7 +623,6 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 			ret = alloc_wait(dp, w, p);
 			if (ret == -EAGAIN && !(ret = defer(w, p)))
 				return; /* waits (retry_pending) */
-			alloc_unreserve(dp, w, &p->e);
 		}
 		break;
 	case RING_OP_COMMIT:
@@ -636,6 +644,7 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 		ret = -EINVAL;
 		break;
 	}
+	room_unreserve(dp, w, p);
 	complete(dp, w, &p->e, ret, p->t0_us);
 	free(p);
 }
@@ -650,10 +659,6 @@ static void retry_pending(struct dp *dp, struct dp_worker *w)
 			ret = op_alloc(dp, w, &p->e);
 			if (ret == -EAGAIN && !dp->demoting)
 				ret = alloc_wait(dp, w, p);
-			/* Done waiting, with its blocks (perhaps in its own class's slabs, room made by
-			 * demotion) or without: units still kept for its class go back. */
-			if (ret != -EAGAIN)
-				alloc_unreserve(dp, w, &p->e);
 		} else {
 			ret = recall_step(dp, w, p);
 		}
@@ -662,6 +667,9 @@ static void retry_pending(struct dp *dp, struct dp_worker *w)
 			continue;
 		}
 		*pp = p->next;
+		/* Done waiting, with its blocks (perhaps in its own class's slabs, room made by
+		 * demotion) or without: units still kept for its class go back. */
+		room_unreserve(dp, w, p);
 		complete(dp, w, &p->e, ret, p->t0_us);
 		free(p);
 	}
@@ -696,6 +704,7 @@ static void settle_recalls_of(struct dp *dp, uint32_t block, bool fail, int stat
 			*pp = p->next;
 			if (fail)
 				unlease_pending(dp, w, p);
+			room_unreserve(dp, w, p);
 			complete(dp, w, &p->e, ret, p->t0_us);
 			free(p);
 		}
@@ -798,7 +807,7 @@ int dp_poll_timeout(const struct dp *dp, int dflt)
 		return 1;
 	for (size_t i = 0; i < dp->max_w; i++)
 		for (const struct dp_pending *p = dp->w[i].pending; p; p = p->next)
-			if (p->deadline_us) /* an ALLOC waiting for room: retry, and fail it in time */
+			if (p->deadline_us) /* an op waiting for room: retry, and fail it in time */
 				return dflt < DP_ALLOC_RETRY_MS ? dflt : DP_ALLOC_RETRY_MS;
 	for (unsigned i = 0; i < DP_SWAP_MAX; i++)
 		if (dp->swaps[i].phase == DP_SWAP_RESTORE && dp->swaps[i].restore_waiting)
@@ -979,8 +988,7 @@ void dp_worker_gone(struct dp *dp, uint32_t wid)
 		w->pending = p->next;
 		if (p->e.op == RING_OP_RECALL)
 			unlease_pending(dp, w, p);
-		else
-			alloc_unreserve(dp, w, &p->e);
+		room_unreserve(dp, w, p);
 		free(p);
 	}
 	for (uint32_t i = 0; i < w->cap; i++)

@@ -20,7 +20,7 @@
 #define DP_DEMOTE_QUEUE 64u		/* sequences whose explicit demotion is still going */
 #define DP_SWAP_MAX 8u			/* swaps in flight at once */
 #define DP_SWAP_RETRY_US 100000u	/* between attempts to write a page back after a failed swap */
-#define DP_ALLOC_RETRY_MS 10		/* a waiting ALLOC is retried at least this often */
+#define DP_ALLOC_RETRY_MS 10		/* an op waiting for room is retried at least this often */
 
 /* Tier request cookies: kind << 32 | block id (or swap slot for DP_COOKIE_SWAP). */
 enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3, DP_COOKIE_OFFREAD = 4 };
@@ -39,13 +39,14 @@ struct dp_lease {
 	uint64_t seq_id;	/* the sequence it was taken through (a shared block has several) */
 };
 
-/* A ring op that waits: an ALLOC for room, a RECALL for promotions. */
+/* A ring op that waits: an ALLOC for room, a RECALL for promotions (or for room). */
 struct dp_pending {
 	struct ring_entry e;
 	uint32_t blocks[DP_RECALL_MAX];
 	uint64_t lease_ids[DP_RECALL_MAX];	/* 0: not leased yet */
 	uint64_t t0_us;
-	uint64_t deadline_us;			/* ALLOC: fails with ENOSPC past this (0: none) */
+	uint64_t deadline_us;			/* waiting for room: fails with ENOSPC past this (0: none) */
+	bool room;				/* waited for room (room_wait): may keep units for its class */
 	struct dp_pending *next;
 };
 
