@@ -59,7 +59,7 @@ static pid_t spawn(struct daemon *d, bool persist, const char *dram)
 	snprintf(a[4], 300, "dram_bytes=%s", dram);
 	pid_t pid = fork();
 	if (pid == 0) {
-		execl(exe, exe, "--foreground", "--set", a[0], "--set", a[1], "--set", a[2], "--set",
+		execl(exe, exe, "--set", a[0], "--set", a[1], "--set", a[2], "--set",
 		      a[3], "--set", a[4], "--set", "lock_memory=false", "--set", "nvme_bytes=64M",
 		      "--set", "log_level=warn", "--set", "heartbeat_timeout_ms=600000", (char *)NULL);
 		_exit(127);

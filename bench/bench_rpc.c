@@ -89,7 +89,7 @@ static pid_t start_kvstored(const char *ep, const char *shm)
 	snprintf(a_shm, sizeof a_shm, "shm_name=%s", shm);
 	pid_t pid = fork();
 	if (pid == 0) {
-		execl(exe, exe, "--foreground", "--set", a_ep, "--set", a_shm, "--set", "lock_memory=false",
+		execl(exe, exe, "--set", a_ep, "--set", a_shm, "--set", "lock_memory=false",
 		      "--set", "dram_bytes=64M", "--set", "nvme_path=", "--set", "log_level=error",
 		      /* The worker heartbeats only in its own blocks; the other blocks take seconds. */
 		      "--set", "heartbeat_timeout_ms=600000", (char *)NULL);

@@ -47,7 +47,7 @@ wait_bytes() {
 # persist=false: this demo shows a worker crash and resume; a clean stop then leaves nothing
 # behind (with persistence the pool segment is kept for the next start to re-adopt).
 say "kvstored: 64 MiB pool /dev/shm$shm, 256 MiB NVMe tier at $tmp/nvme.img"
-"$BIN/kvstore/kvstored" --foreground \
+"$BIN/kvstore/kvstored" \
   --set endpoint="$endpoint" --set shm_name="$shm" --set lock_memory=false \
   --set dram_bytes=64M --set nvme_path="$tmp/nvme.img" --set nvme_bytes=256M \
   --set persist=false 2>"$tmp/kvstored.log" &

@@ -107,7 +107,7 @@ else
   echo "skip: systemd-sysusers/systemd-tmpfiles not found"
 fi
 
-conf=$(sed -n 's/^ExecStart=[^ ]* --foreground --config \([^ ]*\).*/\1/p' "$units/kvstored.service")
+conf=$(sed -n 's/^ExecStart=[^ ]* --config \([^ ]*\).*/\1/p' "$units/kvstored.service")
 "$D$PREFIX/sbin/kvstored" --config "$D$conf" --print-config >/dev/null ||
   bad "the installed kvstored refuses the installed $conf"
 exit $fail

@@ -70,7 +70,6 @@ static inline void harness_spawn(struct harness *h, const char *const *extra, ch
 	const char *argv[H_MAX_ARGS];
 	int n = 0;
 	argv[n++] = h_kvstored_path();
-	argv[n++] = "--foreground";
 	for (int i = 0; i < 8; i++) {
 		argv[n++] = "--set";
 		argv[n++] = sets[i];

@@ -41,11 +41,11 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvstored [--config FILE] [--set KEY=VALUE]... [--print-config] [--foreground]\n"
+	fprintf(f, "usage: kvstored [--config FILE] [--set KEY=VALUE]... [--print-config]\n"
+		   "Runs in the foreground and logs to stderr (systemd supervises it; see kvstored(8)).\n"
 		   "  -c, --config FILE   read KEY = VALUE lines (# comments)\n"
 		   "  -s, --set K=V       override one key (after the file)\n"
 		   "  -p, --print-config  print the effective configuration and exit\n"
-		   "  -f, --foreground    run in the foreground (the only mode: systemd supervises)\n"
 		   "      --version       print the version, commit and build, and exit\n");
 }
 
@@ -73,7 +73,6 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 		{ "config", required_argument, NULL, 'c' },
 		{ "set", required_argument, NULL, 's' },
 		{ "print-config", no_argument, NULL, 'p' },
-		{ "foreground", no_argument, NULL, 'f' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ 0, 0, 0, 0 },
@@ -81,12 +80,11 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 	char err[CFG_ERR_MAX];
 	int o;
 	/* 0 to run, 1 after --help, -EINVAL on bad usage. The file first, then every --set, whatever their order on the command line. */
-	while ((o = getopt_long(argc, argv, "c:s:pfh", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "c:s:ph", opts, NULL)) != -1) {
 		switch (o) {
 		case 'c': d->config_path = optarg; break;
 		case 's': break;
 		case 'p': *print = true; break;
-		case 'f': break;
 		case 'h': usage(stdout); return 1;
 		case 'V': fkv_version_print(stdout, "kvstored"); return 1;
 		default: usage(stderr); return -EINVAL;
@@ -101,7 +99,7 @@ static int parse_args(struct daemon_state *d, int argc, char **argv, bool *print
 		return -EINVAL;
 	}
 	optind = 1;
-	while ((o = getopt_long(argc, argv, "c:s:pfh", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "c:s:ph", opts, NULL)) != -1) {
 		if (o == 's' && cfg_set_arg(&d->cfg, optarg, err, sizeof err)) {
 			fprintf(stderr, "kvstored: --set %s: %s\n", optarg, err);
 			return -EINVAL;

@@ -66,7 +66,7 @@ class Cluster:
         if self.metrics:
             self.ports["kvstored"] = free_port()
             sets.append(f"metrics_listen=127.0.0.1:{self.ports['kvstored']}")
-        argv = [f"{self.build}/kvstore/kvstored", "--foreground"]
+        argv = [f"{self.build}/kvstore/kvstored"]
         for s in sets:
             argv += ["--set", s]
         self.spawn("kvstored", argv)

@@ -80,7 +80,7 @@ class Store:
         self.shm = f"/fkv-smol-{os.getpid()}"
         sets = [f"endpoint={self.endpoint}", f"shm_name={self.shm}", f"nvme_path={tmp}/tier.bin",
                 "lock_memory=false", "dram_bytes=256M", "nvme_bytes=256M", "log_level=warn"]
-        argv = [os.path.join(build, "kvstore", "kvstored"), "--foreground"]
+        argv = [os.path.join(build, "kvstore", "kvstored")]
         for s in sets:
             argv += ["--set", s]
         self.p = subprocess.Popen(argv)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# test_kvstored_cli.sh BUILD_DIR — kvstored's command line: usage errors exit 2 and name what was
+# wrong; --help exits 0 and lists only options that do something (kvstored always runs in the
+# foreground, so there is no --foreground to accept and ignore).
+set -uo pipefail
+B=$1
+K="$B/kvstore/kvstored"
+fail=0
+expect() { # exit code, pattern the output must hold, args...
+  local want=$1 pat=$2; shift 2
+  local out rc
+  out=$("$K" "$@" 2>&1); rc=$?
+  if [ "$rc" != "$want" ]; then
+    echo "FAIL: kvstored $* exited $rc, not $want: $out"; fail=1
+  elif ! grep -q -- "$pat" <<<"$out"; then
+    echo "FAIL: kvstored $*: no '$pat' in: $out"; fail=1
+  else
+    echo "ok: kvstored $* -> $rc"
+  fi
+}
+expect 2 "unrecognized option '--foreground'" --foreground
+expect 2 "unexpected argument 'extra'" extra
+expect 2 "nosuch" --set nosuch=1
+expect 2 "dram_bytes" --set dram_bytes=lots
+expect 2 "/nonexistent/kvstored.conf" --config /nonexistent/kvstored.conf
+expect 0 "foreground" --help
+if "$K" --help | grep -q -- "--foreground"; then
+  echo "FAIL: kvstored --help lists --foreground"; fail=1
+fi
+expect 0 "dram_bytes" --print-config
+exit $fail
