@@ -18,6 +18,8 @@ PACKAGES=(
   python3 python3-venv curl prometheus
   # test_completion (the bash completion scripts), test_man (groff renders the man pages)
   bash-completion groff-base bsdextrautils
+  # test_unit_syscalls: every system call the daemons make, against their units' filters
+  strace
 )
 
 missing=()

@@ -28,4 +28,20 @@ if "$K" --help | grep -q -- "--foreground"; then
   echo "FAIL: kvstored --help lists --foreground"; fail=1
 fi
 expect 0 "dram_bytes" --print-config
+
+# A pool larger than the memlock limit: the error names the limit and what to change. Without
+# CAP_IPC_LOCK (dropped here, since root's mlock ignores the limit) and with a 1 MiB limit.
+if command -v setpriv >/dev/null; then
+  out=$(setpriv --bounding-set -ipc_lock --inh-caps -ipc_lock bash -c "ulimit -l 1024; exec '$K' \
+    --set endpoint=ipc:///tmp/fkv-cli-$$.sock --set shm_name=/fkv-cli-$$ --set dram_bytes=64M \
+    --set lock_memory=true --set nvme_path= --set persist=false" 2>&1); rc=$?
+  if [ $rc != 1 ] || ! grep -q "cannot lock the 64 MiB pool.*memlock limit is 1024 KiB.*LimitMEMLOCK" <<<"$out"; then
+    echo "FAIL: memlock limit below the pool: exit $rc: $out"; fail=1
+  else
+    echo "ok: memlock limit below the pool -> $rc: $(tail -n1 <<<"$out")"
+  fi
+  rm -f "/dev/shm/fkv-cli-$$"
+else
+  echo "skip: no setpriv (util-linux) to drop CAP_IPC_LOCK"
+fi
 exit $fail

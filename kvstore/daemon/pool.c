@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +42,32 @@ struct pool {
 };
 
 /* ---------------------------------------------------------------- creator side */
+
+/* Why mlock of the pool failed, and what to change: the memlock limit when it is below the
+ * pool, else the host's memory (MemAvailable), since raising the limit would not help. */
+static void lock_error(uint64_t bytes, int ret, char *err, size_t err_len)
+{
+	struct rlimit rl;
+	unsigned long long mib = (unsigned long long)(bytes >> 20);
+	if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < bytes) {
+		errmsg_set(err, err_len, "cannot lock the %llu MiB pool (%s): the memlock limit is "
+			   "%llu KiB; raise it (LimitMEMLOCK=infinity in the unit, or ulimit -l "
+			   "unlimited), lower dram_bytes, or set lock_memory=false to run without "
+			   "locking", mib, strerror(-ret), (unsigned long long)(rl.rlim_cur >> 10));
+		return;
+	}
+	unsigned long long avail_kib = 0;
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[128];
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "MemAvailable: %llu kB", &avail_kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	errmsg_set(err, err_len, "cannot lock the %llu MiB pool (%s) although the memlock limit "
+		   "allows it: the host has %llu MiB available; lower dram_bytes to fit, or set "
+		   "lock_memory=false to run without locking", mib, strerror(-ret), avail_kib >> 10);
+}
 
 int pool_create(const struct pool_config *cfg, struct pool **out, char *err, size_t err_len)
 {
@@ -101,11 +128,7 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 	if (cfg->lock_memory) {
 		if (mlock(p->base, p->bytes) < 0) {
 			ret = -errno;
-			errmsg_set(err, err_len,
-				"cannot lock %llu bytes of pool memory (%s): raise the memlock limit "
-				"(LimitMEMLOCK=infinity in the unit, or ulimit -l unlimited) or set "
-				"lock_memory=false to run without locking",
-				(unsigned long long)p->bytes, strerror(-ret));
+			lock_error(p->bytes, ret, err, err_len);
 			pool_segment_unmap(p->base, p->bytes, p->fd);
 			if (!p->adopted) /* an adopted segment still holds the committed blocks */
 				pool_segment_unlink(p->name, p->huge_dir);

@@ -38,8 +38,10 @@ def http_get(url, timeout=5):
 
 
 class Cluster:
-    def __init__(self, build, model, workers=2, gate_args=(), worker_args=(), metrics=False):
+    def __init__(self, build, model, workers=2, gate_args=(), worker_args=(), metrics=False,
+                 wrap=None):
         self.build, self.model = build, model
+        self.wrap = wrap  # name -> argv prefix each child runs under (e.g. strace), or None
         self.dir = tempfile.mkdtemp(prefix="fkv-gate-")
         self.procs = {}
         self.store = f"ipc://{self.dir}/kvstored.sock"
@@ -54,6 +56,8 @@ class Cluster:
         return open(os.path.join(self.dir, name + ".log"), "ab")
 
     def spawn(self, name, argv):
+        if self.wrap:
+            argv = self.wrap(name) + argv
         p = subprocess.Popen(argv, stdout=self.log(name), stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         self.procs[name] = p
