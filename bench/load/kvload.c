@@ -13,6 +13,7 @@
  * their runs alone. At the end every committed block of every sequence is read back and checked.
  * Exit 0 only when nothing was lost or wrong, no forged op was accepted, every generation was
  * exact and the daemon is still up. */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -185,11 +187,23 @@ static void stop_daemon(void)
 		return;
 	kill(g.daemon, SIGTERM);
 	waitpid(g.daemon, NULL, 0);
-	unlink(g.nvme);
-	char p[160];
-	snprintf(p, sizeof p, "%s/kvstored.sock", g.dir);
-	unlink(p);
+	/* What the daemon leaves for a restart to adopt (persist is on): the tier, its journal,
+	 * the socket, and the pool segment with its lock. */
+	DIR *dir = opendir(g.dir);
+	for (struct dirent *e; dir && (e = readdir(dir));) {
+		char p[400];
+		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+			snprintf(p, sizeof p, "%s/%s", g.dir, e->d_name);
+			unlink(p);
+		}
+	}
+	if (dir)
+		closedir(dir);
 	rmdir(g.dir);
+	char lock[sizeof g.shm + 8];
+	snprintf(lock, sizeof lock, "%s.lock", g.shm);
+	shm_unlink(g.shm);
+	shm_unlink(lock);
 }
 
 /* Anonymous resident memory (the daemon's heap: metadata; the pool is shared memory) and CPU
