@@ -646,6 +646,9 @@ static void show_stats(const Freekv__StatsReply *s, bool json)
 		json_object_object_add(j, "tier_in_flight", json_object_new_uint64(s->tier_in_flight));
 		json_object_object_add(j, "swaps", json_object_new_uint64(s->swaps));
 		json_object_object_add(j, "swap_failures", json_object_new_uint64(s->swap_failures));
+		if (s->has_heap_in_use_bytes)
+			json_object_object_add(j, "heap_in_use_bytes",
+					       json_object_new_uint64(s->heap_in_use_bytes));
 		json_object_object_add(j, "commands", stat_rows(s->commands, s->n_commands, false, NULL));
 		json_object_object_add(j, "ring_ops", stat_rows(s->ring_ops, s->n_ring_ops, false, NULL));
 		if (s->prefix)
@@ -656,6 +659,9 @@ static void show_stats(const Freekv__StatsReply *s, bool json)
 		       PRIu64 ", pending ops %" PRIu64 ", tier I/O %" PRIu64 "\n\n",
 		       s->demoted_blocks, s->promoted_blocks, s->swaps, s->swap_failures, s->crc_errors,
 		       s->pending_ops, s->tier_in_flight);
+		if (s->has_heap_in_use_bytes)
+			printf("heap in use %.1f MiB (kvstored's metadata)\n\n",
+			       (double)s->heap_in_use_bytes / (1 << 20));
 		if (s->prefix) {
 			prefix_line(s->prefix);
 			printf("\n");

@@ -128,9 +128,13 @@ static void test_verbs(void **state)
 	assert_int_equal(kvctl(&h, "stats --json"), 0);
 	j = parsed();
 	assert_int_equal(jint(j, "demoted_blocks"), 4);
+	/* The daemon's metadata: its tables at least (the worker registry alone is 94 KiB). */
+	assert_true(jint(j, "heap_in_use_bytes") > 64 * 1024);
+	assert_true(jint(j, "heap_in_use_bytes") < 1ll << 30);
 	json_object_put(j);
 	assert_int_equal(kvctl(&h, "stats"), 0);
 	assert_non_null(strstr(out, "OpenSequence"));
+	assert_non_null(strstr(out, "heap in use"));
 
 	assert_int_equal(kvctl(&h, "config get heartbeat_timeout_ms --json"), 0);
 	j = parsed();

@@ -437,6 +437,7 @@ int main(int argc, char **argv)
 	static struct child ch[MAX_WORKERS + 1];
 	struct load_stats all = { 0 };
 	uint64_t anon0 = 0, anon_warm = 0, anon_end = 0, faults_kill = 0, faults_stop = 0, fenced = 0;
+	uint64_t heap_warm = 0; /* the daemon's malloc'd bytes in use at the warm-up mark */
 	double cpu0 = 0, cpu1 = 0;
 	if (g.daemon > 0)
 		proc_usage(g.daemon, &anon0, &cpu0);
@@ -453,8 +454,14 @@ int main(int argc, char **argv)
 	while (!ret && load_now_s() < deadline) {
 		usleep(100 * 1000);
 		double now = load_now_s();
-		if (!anon_warm && now - start > 0.25 * o.c.duration_s)
+		if (!anon_warm && now - start > 0.25 * o.c.duration_s) {
+			Freekv__Reply *hk;
+			Freekv__StatsReply *hs;
 			proc_usage(g.daemon, &anon_warm, &cpu1);
+			stats_of_daemon(&hs, &hk);
+			heap_warm = hs && hs->has_heap_in_use_bytes ? hs->heap_in_use_bytes : 0;
+			kvs_reply_free(hk);
+		}
 		if (o.generations && !gens_started && now - start > 0.25 * o.c.duration_s) {
 			for (unsigned i = 0; i < o.generations; i++) {
 				char p[80];
@@ -563,6 +570,10 @@ int main(int argc, char **argv)
 	printf("daemon: heap (RssAnon) %" PRIu64 " KiB at start, %" PRIu64 " KiB after warm-up, %" PRIu64
 	       " KiB at the end (%+" PRId64 " KiB since warm-up); CPU %.0f%%\n",
 	       anon0, anon_warm, anon_end, (int64_t)anon_end - (int64_t)anon_warm, 100.0 * cpu1 / secs);
+	if (ds && ds->has_heap_in_use_bytes && heap_warm)
+		printf("daemon: malloc'd in use %" PRIu64 " KiB after warm-up, %" PRIu64 " KiB at the end "
+		       "(%+" PRId64 " KiB)\n", heap_warm >> 10, ds->heap_in_use_bytes >> 10,
+		       ((int64_t)ds->heap_in_use_bytes - (int64_t)heap_warm) / 1024);
 	if (ds)
 		printf("pool: %" PRIu64 " of %" PRIu64 " MiB DRAM, %" PRIu64 " of %" PRIu64 " MiB NVMe; blocks "
 		       "%" PRIu64 " DRAM, %" PRIu64 " NVMe; demoted %" PRIu64 ", promoted %" PRIu64 ", swaps "
@@ -596,12 +607,13 @@ int main(int argc, char **argv)
 		  !leases_left;
 	if (o.json)
 		printf("{\"ok\": %s, \"ops_per_s\": %.1f, \"ring_p99_us\": %.1f, \"ring_p99_alone_us\": %.1f, "
-		       "\"rss_growth_kib\": %" PRId64 ", \"verified_blocks\": %" PRIu64 ", \"wrong\": %" PRIu64
+		       "\"rss_growth_kib\": %" PRId64 ", \"heap_growth_kib\": %" PRId64 ", \"verified_blocks\": %" PRIu64 ", \"wrong\": %" PRIu64
 		       ", \"lost\": %" PRIu64 ", \"kills\": %" PRIu64 ", \"stalls\": %" PRIu64 "}\n",
 		       ok ? "true" : "false",
 		       (double)(all.ops[OP_ALLOC] + all.ops[OP_COMMIT] + all.ops[OP_RECALL] +
 				all.ops[OP_RELEASE] + all.ops[OP_RPC]) / secs,
 		       p99l / 1e3, p99b / 1e3, (int64_t)anon_end - (int64_t)anon_warm,
+		       ds && heap_warm ? ((int64_t)ds->heap_in_use_bytes - (int64_t)heap_warm) / 1024 : 0,
 		       all.pages_verified + ver.pages_verified, all.mismatches + ver.mismatches,
 		       all.lost + ver.lost, faults_kill, faults_stop);
 	if (!ok)

@@ -9,6 +9,7 @@
 #include "prom.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <grp.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -757,6 +758,12 @@ static Freekv__PrefixStats *prefix_stats_msg(struct call *c, struct dp *dp)
 	return m;
 }
 
+uint64_t rpc_heap_in_use(void)
+{
+	struct mallinfo2 m = mallinfo2();
+	return (uint64_t)m.uordblks + (uint64_t)m.hblkhd;
+}
+
 static int h_stats(struct call *c)
 {
 	struct rpc_ctx *x = &c->s->ctx;
@@ -786,6 +793,8 @@ static int h_stats(struct call *c)
 	r->has_swaps = r->has_swap_failures = true;
 	r->swaps = d.swaps;
 	r->swap_failures = d.swap_failures;
+	r->has_heap_in_use_bytes = true;
+	r->heap_in_use_bytes = rpc_heap_in_use();
 	if (!(r->prefix = prefix_stats_msg(c, x->dp)))
 		return -ENOMEM;
 	if (x->remote && x->remote->r && !(r->remote = remote_stats_msg(c, x->remote)))

@@ -107,4 +107,8 @@ void rpc_notify_shutdown(struct rpc_server *s);
 size_t rpc_n_commands(void);
 const char *rpc_command_name(size_t i);
 
+/* What the daemon has malloc'd and not freed: every arena, mmapped chunks included (glibc
+ * mallinfo2). StatsReply.heap_in_use_bytes and /metrics report it. */
+uint64_t rpc_heap_in_use(void);
+
 #endif
