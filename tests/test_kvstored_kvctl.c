@@ -128,13 +128,20 @@ static void test_verbs(void **state)
 	assert_int_equal(kvctl(&h, "stats --json"), 0);
 	j = parsed();
 	assert_int_equal(jint(j, "demoted_blocks"), 4);
+#ifdef __SANITIZE_ADDRESS__
+	/* The sanitizer's allocator: the daemon knows nothing and says nothing. */
+	assert_false(json_object_object_get_ex(j, "heap_in_use_bytes", NULL));
+#else
 	/* The daemon's metadata: its tables at least (the worker registry alone is 94 KiB). */
 	assert_true(jint(j, "heap_in_use_bytes") > 64 * 1024);
 	assert_true(jint(j, "heap_in_use_bytes") < 1ll << 30);
+#endif
 	json_object_put(j);
 	assert_int_equal(kvctl(&h, "stats"), 0);
 	assert_non_null(strstr(out, "OpenSequence"));
+#ifndef __SANITIZE_ADDRESS__
 	assert_non_null(strstr(out, "heap in use"));
+#endif
 
 	assert_int_equal(kvctl(&h, "config get heartbeat_timeout_ms --json"), 0);
 	j = parsed();

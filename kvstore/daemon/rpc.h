@@ -108,7 +108,8 @@ size_t rpc_n_commands(void);
 const char *rpc_command_name(size_t i);
 
 /* What the daemon has malloc'd and not freed: every arena, mmapped chunks included (glibc
- * mallinfo2). StatsReply.heap_in_use_bytes and /metrics report it. */
-uint64_t rpc_heap_in_use(void);
+ * mallinfo2). StatsReply.heap_in_use_bytes and /metrics report it. false (nothing known) in an
+ * AddressSanitizer build, whose allocator mallinfo2 does not see. */
+bool rpc_heap_in_use(uint64_t *bytes);
 
 #endif

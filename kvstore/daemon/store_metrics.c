@@ -51,8 +51,10 @@ static void collect(void *ctx, struct prom_buf *b)
 	prom_one(b, "freekv_store_tier_io_in_flight", "gauge", "NVMe reads and writes in flight",
 		 (double)d.tier_pending);
 	prom_one(b, "freekv_store_sequences", "gauge", "Sequences kept", (double)n_seqs);
-	prom_one(b, "freekv_store_heap_in_use_bytes", "gauge",
-		 "Bytes the daemon has malloc'd and not freed (its metadata)", (double)rpc_heap_in_use());
+	uint64_t heap;
+	if (rpc_heap_in_use(&heap))
+		prom_one(b, "freekv_store_heap_in_use_bytes", "gauge",
+			 "Bytes the daemon has malloc'd and not freed (its metadata)", (double)heap);
 	prom_one(b, "freekv_store_workers", "gauge", "Registered clients", (double)n_workers);
 	prom_one(b, "freekv_store_demoted_blocks_total", "counter", "Blocks moved DRAM to NVMe",
 		 (double)d.demoted);
