@@ -107,6 +107,9 @@ def main():
     if probe.returncode != 0:
         print(f"skip: strace cannot trace here: {probe.stderr.decode().strip()}")
         return 77
+    # LeakSanitizer cannot run under ptrace (an ASan build's daemons would abort at exit).
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    os.environ["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "detect_leaks=0"
     known = expand("@known")
     c = Cluster(args.build, args.model, workers=1,
                 wrap=lambda name: ["strace", "-f", "-qq", "-o", f"{c.dir}/{name}.strace"])
