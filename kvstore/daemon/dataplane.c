@@ -411,7 +411,14 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
  * starting demotion; a RECALL whose promotion had no slot and no block to trade places with. */
 static int room_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 {
-	p->room = true;
+	if (!p->room) { /* its class, kept so that its units go back whatever becomes of the seq */
+		struct seq *s = attached_seq(dp, w, p->e.seq_id);
+		unsigned cls;
+		if (!s || pool_class(dp->pool, s->block_bytes, &cls))
+			return -ENOENT;
+		p->room = true;
+		p->room_cls = cls;
+	}
 	if (!dp->demoting)
 		reclaim_unit_for(dp, w, &p->e);
 	if (dp->demoting)
@@ -426,12 +433,10 @@ static int room_wait(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 
 /* An op that waited for room stopped waiting (it got its blocks, gave up, or its worker went):
  * the units kept for its class by reclaim_unit_for go back to every class (slab_reclaim_pick). */
-static void room_unreserve(struct dp *dp, struct dp_worker *w, const struct dp_pending *p)
+static void room_unreserve(struct dp *dp, const struct dp_pending *p)
 {
-	struct seq *s = p->room ? attached_seq(dp, w, p->e.seq_id) : NULL;
-	unsigned cls;
-	if (s && !pool_class(dp->pool, s->block_bytes, &cls))
-		pool_unreserve(dp->pool, cls);
+	if (p->room)
+		pool_unreserve(dp->pool, p->room_cls);
 }
 
 static void unlease_pending(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
@@ -644,7 +649,7 @@ static void serve_entry(struct dp *dp, struct dp_worker *w, const struct ring_en
 		ret = -EINVAL;
 		break;
 	}
-	room_unreserve(dp, w, p);
+	room_unreserve(dp, p);
 	complete(dp, w, &p->e, ret, p->t0_us);
 	free(p);
 }
@@ -669,7 +674,7 @@ static void retry_pending(struct dp *dp, struct dp_worker *w)
 		*pp = p->next;
 		/* Done waiting, with its blocks (perhaps in its own class's slabs, room made by
 		 * demotion) or without: units still kept for its class go back. */
-		room_unreserve(dp, w, p);
+		room_unreserve(dp, p);
 		complete(dp, w, &p->e, ret, p->t0_us);
 		free(p);
 	}
@@ -704,7 +709,7 @@ static void settle_recalls_of(struct dp *dp, uint32_t block, bool fail, int stat
 			*pp = p->next;
 			if (fail)
 				unlease_pending(dp, w, p);
-			room_unreserve(dp, w, p);
+			room_unreserve(dp, p);
 			complete(dp, w, &p->e, ret, p->t0_us);
 			free(p);
 		}
@@ -988,7 +993,7 @@ void dp_worker_gone(struct dp *dp, uint32_t wid)
 		w->pending = p->next;
 		if (p->e.op == RING_OP_RECALL)
 			unlease_pending(dp, w, p);
-		room_unreserve(dp, w, p);
+		room_unreserve(dp, p);
 		free(p);
 	}
 	for (uint32_t i = 0; i < w->cap; i++)

@@ -47,6 +47,7 @@ struct dp_pending {
 	uint64_t t0_us;
 	uint64_t deadline_us;			/* waiting for room: fails with ENOSPC past this (0: none) */
 	bool room;				/* waited for room (room_wait): may keep units for its class */
+	unsigned room_cls;			/* that class (valid with room) */
 	struct dp_pending *next;
 };
 
