@@ -563,6 +563,104 @@ static void test_tier(void **state)
 	redis_stop();
 }
 
+/* A worker's open of name on dst, which adopts it from Redis (dst does not know it; src does,
+ * for its geometry), then its disconnect, which leaves it detached and unread. */
+static void adopt_only(const struct harness *src, const struct harness *dst, const char *name)
+{
+	struct kvs *k;
+	uint64_t id;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(src->endpoint, 10000, &k), 0);
+	assert_int_equal(kvs_show_sequence(k, 0, name, false, &r), 0);
+	kvs_close(k);
+	const Freekv__SequenceInfo *si = r->sequence;
+	struct kvs_geometry g = { si->geometry->n_layers, si->geometry->n_kv_heads,
+				  si->geometry->head_dim, si->geometry->page_size,
+				  (uint32_t)si->geometry->dtype };
+	assert_int_equal(kvs_connect(dst->endpoint, 10000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "probe"), 0);
+	int ret = kvs_open_sequence(k, name, si->model_fingerprint.data,
+				    si->model_fingerprint.len, &g, NULL, 0, false, &id);
+	if (ret)
+		fail_msg("adopting '%s': %s", name, kvs_error(k));
+	kvs_reply_free(r);
+	kvs_close(k);
+}
+
+/* A sequence whose blocks went on to the tier below NVMe is published from there: the blocks
+ * are read back from Redis (checked) and written as the published copy, which another host
+ * resumes exactly. A damaged tier value fails the publish with a checksum error and publishes
+ * nothing. A host that adopted a sequence on demand (its blocks still the publisher's keys)
+ * publishes it again without recalling it, and the first host resumes that copy exactly. */
+static void test_publish_from_tier(void **state)
+{
+	(void)state;
+	static struct proc ref, a, b, a2;
+	const char *args[] = { "generate", "-m", g_model, "-p", "Once upon a time", "-n", "60",
+			       FLAGS, NULL };
+	assert_int_equal(p_run(&ref, args), 0);
+	redis_start();
+	const char *ea[] = { "--set", g_url, "--set", "remote_host_id=host-A", "--set",
+			     "remote_tier=true", NULL };
+	const char *eb[] = { "--set", g_url, "--set", "remote_host_id=host-B", "--set",
+			     "remote_tier=true", NULL };
+	struct harness A, B;
+	harness_start(&A, ea);
+	harness_start(&B, eb);
+	char err[512], cmd[512];
+	/* A damaged value in the tier: the publish fails naming it, and nothing is published. */
+	run_gen(&a, &A, "d", "20");
+	demote_to(&A, "d", false);
+	assert_true(tier_pages(&A, "d").nvme > 0); /* settled: --remote moves NVMe blocks */
+	demote_to(&A, "d", true);
+	all_remote(&A, "d");
+	snprintf(cmd, sizeof cmd, "k=$(redis-cli -p %d --scan --pattern 'freekv:{tier:host-A}:*' "
+		 "| head -1) && redis-cli -p %d setrange \"$k\" 40 XXXX >/dev/null", g_port, g_port);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(publish(&A, "d", err, sizeof err), -EBADMSG);
+	assert_non_null(strstr(err, "checksum"));
+	snprintf(cmd, sizeof cmd, "test -z \"$(redis-cli -p %d --scan --pattern 'freekv:{d}:*')\"",
+		 g_port);
+	assert_int_equal(system(cmd), 0); /* no metadata, no blocks, no lease */
+	/* Whole: published from Redis, resumed on B exactly. */
+	run_gen(&a, &A, "s", "20");
+	demote_to(&A, "s", false);
+	assert_true(tier_pages(&A, "s").nvme > 0); /* settled: --remote moves NVMe blocks */
+	demote_to(&A, "s", true);
+	uint64_t n = all_remote(&A, "s");
+	assert_int_equal(publish(&A, "s", err, sizeof err), 0);
+	assert_int_equal(tier_pages(&A, "s").remote, n); /* A's blocks stay where they were */
+	assert_int_equal(run_resume(&b, &B, "s", "20"), 0);
+	assert_memory_equal(b.ids, ref.ids + 20, 20 * sizeof(int));
+	/* B publishes its 20 more tokens; C adopts that copy by an open alone (every block still
+	 * the publisher's key in Redis) and publishes it again unread; A resumes it exactly. */
+	assert_int_equal(publish(&B, "s", err, sizeof err), 0);
+	const char *ec[] = { "--set", g_url, "--set", "remote_host_id=host-C", "--set",
+			     "remote_tier=true", NULL };
+	struct harness C;
+	harness_start(&C, ec);
+	adopt_only(&B, &C, "s");
+	Freekv__TierPages tp = tier_pages(&C, "s");
+	assert_true(tp.remote > n && !tp.dram && !tp.nvme);
+	assert_int_equal(publish(&C, "s", err, sizeof err), 0);
+	harness_stop(&C);
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(A.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_evict(k, FREEKV__EVICT_TARGET__EVICT_TARGET_SEQUENCE, 0, "s", 0, false,
+				   &r), 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	assert_int_equal(run_resume(&a2, &A, "s", "20"), 0);
+	assert_memory_equal(a2.ids, ref.ids + 40, 20 * sizeof(int));
+	snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d hget 'freekv:{s}:seq' host)\" = host-C",
+		 g_port);
+	assert_int_equal(system(cmd), 0);
+	harness_stop(&B);
+	harness_stop(&A);
+	redis_stop();
+}
+
 /* With the tier below NVMe, an adopting host reads the published blocks only as RECALLs name
  * them (a resume's attach leases them all): the control plane reads none, the tier all, and the
  * tokens are exact; a damaged published block fails the resume with a checksum error. */
@@ -609,6 +707,53 @@ static void test_adopt_on_demand(void **state)
 
 /* remote_prefix: pages host A published for its prompt are found by host B for a prompt that
  * shares 3/4 of it: B prefills only the rest and decodes the tokens of its cold run. */
+/* How many prefix copies in Redis have a TTL in [lo, hi] (TTL -1: no expiry). */
+static int pfx_ttl_count(long lo, long hi)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "redis-cli -p %d --scan --pattern 'freekv:{pfx:*' | while read -r "
+		 "k; do redis-cli -p %d TTL \"$k\"; done | awk '$1 >= %ld && $1 <= %ld' | wc -l",
+		 g_port, g_port, lo, hi);
+	FILE *f = popen(cmd, "r");
+	assert_non_null(f);
+	int n = -1;
+	assert_int_equal(fscanf(f, "%d", &n), 1);
+	pclose(f);
+	return n;
+}
+
+/* With a short remote_prefix_ttl_s, the copies a host wrote leave Redis by themselves. */
+static void test_prefix_expiry(void **state)
+{
+	(void)state;
+	char path[1024], cmd[512];
+	snprintf(path, sizeof path, "%s/tests/data/stories_corpus.txt", FREEKV_SOURCE_DIR);
+	redis_start();
+	const char *ea[] = { "--set", g_url, "--set", "remote_host_id=host-A", "--set",
+			     "remote_tier=true", "--set", "remote_prefix=true", "--set",
+			     "remote_prefix_ttl_s=2", NULL };
+	struct harness A;
+	harness_start(&A, ea);
+	static struct proc a;
+	const char *ga[] = { "generate", "-m", g_model, "-f", path, "-n", "4", "--store",
+			     A.endpoint, "--seq", "a", "-c", "4096", FLAGS, NULL };
+	assert_int_equal(p_run(&a, ga), 0);
+	snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d --scan --pattern 'freekv:{pfx:*' | "
+		 "wc -l)\" %s 0", g_port, "-gt");
+	uint64_t t0 = clock_ms();
+	while (system(cmd)) { /* written in the background */
+		assert_true(clock_ms() - t0 < 10000);
+		h_sleep_ms(20);
+	}
+	assert_int_equal(pfx_ttl_count(-1, -1), 0); /* each has its expiry */
+	snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d --scan --pattern 'freekv:{pfx:*' | "
+		 "wc -l)\" %s 0", g_port, "-eq");
+	for (t0 = clock_ms(); system(cmd); h_sleep_ms(200))
+		assert_true(clock_ms() - t0 < 15000);
+	harness_stop(&A);
+	redis_stop();
+}
+
 static void test_prefix_across_hosts(void **state)
 {
 	(void)state;
@@ -620,10 +765,13 @@ static void test_prefix_across_hosts(void **state)
 		 "flew over the hill.' >> %s", path, p1, path, p2, p2);
 	assert_int_equal(system(cmd), 0);
 	redis_start();
+	/* Two expiries, so that B's renewal of the pages it finds shows. */
 	const char *ea[] = { "--set", g_url, "--set", "remote_host_id=host-A", "--set",
-			     "remote_tier=true", "--set", "remote_prefix=true", NULL };
+			     "remote_tier=true", "--set", "remote_prefix=true", "--set",
+			     "remote_prefix_ttl_s=600", NULL };
 	const char *eb[] = { "--set", g_url, "--set", "remote_host_id=host-B", "--set",
-			     "remote_tier=true", "--set", "remote_prefix=true", NULL };
+			     "remote_tier=true", "--set", "remote_prefix=true", "--set",
+			     "remote_prefix_ttl_s=900", NULL };
 	struct harness A, B;
 	harness_start(&A, ea);
 	harness_start(&B, eb);
@@ -636,6 +784,9 @@ static void test_prefix_across_hosts(void **state)
 		 "wc -l)\" -ge 100", g_port);
 	for (uint64_t t0 = clock_ms(); system(cmd); h_sleep_ms(50))
 		assert_true(clock_ms() - t0 < 10000);
+	/* Every copy expires (A's remote_prefix_ttl_s): none without, none later than 600 s. */
+	assert_int_equal(pfx_ttl_count(-1, -1), 0);
+	assert_int_equal(pfx_ttl_count(601, 1000000), 0);
 	const char *gc[] = { "generate", "-m", g_model, "-f", p2, "-n", "16", "--store", B.endpoint,
 			     "--seq", "cold", "--no-prefix", "-c", "4096", FLAGS, NULL };
 	assert_int_equal(p_run(&cold, gc), 0);
@@ -657,6 +808,11 @@ static void test_prefix_across_hosts(void **state)
 	assert_true(r->stats->prefix->remote_pages > 0);
 	kvs_reply_free(r);
 	kvs_close(k);
+	/* The pages B found had their expiry renewed to B's 900 s (GETEX): at least one layer of
+	 * every page it attached. */
+	int renewed = pfx_ttl_count(601, 900);
+	fprintf(stderr, "prefix copies renewed by host B: %d\n", renewed);
+	assert_true(renewed >= (int)(covered / 64));
 	harness_stop(&B);
 	harness_stop(&A);
 	redis_stop();
@@ -681,7 +837,9 @@ int main(void)
 		cmocka_unit_test_teardown(test_restart_keeps_lease, h_teardown),
 		cmocka_unit_test_teardown(test_tier, h_teardown),
 		cmocka_unit_test_teardown(test_adopt_on_demand, h_teardown),
+		cmocka_unit_test_teardown(test_publish_from_tier, h_teardown),
 		cmocka_unit_test_teardown(test_prefix_across_hosts, h_teardown),
+		cmocka_unit_test_teardown(test_prefix_expiry, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -108,6 +108,9 @@ static const struct cfg_key keys[] = {
 	  "prefix pages published here are written to Redis too, and a prompt's pages not in the "
 	  "pool are looked for there (needs remote_tier; hosts share only with the same build "
 	  "and CPU model)" },
+	{ "remote_prefix_ttl_s", CFG_T_U64, F(remote_prefix_ttl_s), 0, 315360000, "86400", false,
+	  "seconds a prefix page stays in Redis after it was written or last found by a host "
+	  "(0: until deleted by hand)" },
 	{ "nvme_high_watermark", CFG_T_U64, F(nvme_high_watermark), 1, 100, "90", true,
 	  "percent of the NVMe tier in use above which blocks move to the remote tier" },
 	{ "nvme_low_watermark", CFG_T_U64, F(nvme_low_watermark), 0, 99, "75", true,

@@ -56,6 +56,7 @@ struct cfg {
 	bool remote_publish;		/* publish a sequence when its worker detaches it */
 	bool remote_tier;		/* demote cold NVMe blocks to Redis (docs/design.md §8) */
 	bool remote_prefix;		/* prefix pages found across hosts through Redis */
+	uint64_t remote_prefix_ttl_s;	/* their expiry in Redis, renewed when found; 0: none */
 	uint64_t nvme_high_watermark;	/* percent of the NVMe tier in use that starts it */
 	uint64_t nvme_low_watermark;	/* percent it brings usage down to */
 };

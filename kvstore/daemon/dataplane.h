@@ -152,11 +152,15 @@ int dp_fork(struct dp *dp, struct seq *src, struct seq *dst, char *err, size_t e
 void dp_prefix_stats(struct dp *dp, struct dp_prefix_stats *st);
 /* Beyond one host (dataplane_remote.c, docs/design.md §8). dp_seq_export copies the blocks of
  * s's committed pages, every layer, page-major, into *out (n = layers × pages; free with
- * dp_blocks_free): from DRAM, or read from NVMe and checked; -EBUSY while one is moving.
+ * dp_blocks_free): from DRAM, or read from NVMe and checked; -EBUSY while one is moving. Blocks
+ * in the tier below NVMe are left for the caller to read from Redis without the lock:
+ * *fetch[0..n_fetch) are GETs into their out buffers (free the array; NULL when none).
  * dp_seq_import gives s (new, no blocks) blocks b[0..n) — allocated, filled, committed and
  * journaled with its committed length — or nothing (-ENOSPC when the pool has no room). */
 struct remote_block;
+struct remote_tier_op;
 int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out, size_t *n,
+		  struct remote_tier_op **fetch, size_t *n_fetch,
 		  char *err, size_t errlen);
 int dp_seq_import(struct dp *dp, struct seq *s, const struct remote_block *b, size_t n,
 		  char *err, size_t errlen);

@@ -52,7 +52,7 @@ void dp_block_drop_storage(struct dp *dp, uint32_t id, struct pool_block *b)
 	if (b->tier == POOL_TIER_NVME)
 		tier_extent_free(dp->tier, b->nvme_off, b->bytes);
 	if (b->remote_id && !b->remote_published && dp->rio &&
-	    rio_submit(dp->rio, REMOTE_TIER_DEL, b->remote_id, NULL, NULL, 0, 0, 0))
+	    rio_submit(dp->rio, REMOTE_TIER_DEL, b->remote_id, NULL, 0, NULL, 0, 0, 0))
 		log_warn("remote tier busy: block %" PRIu64 " stays in Redis", b->remote_id);
 	pool_block_free(dp->pool, id);
 }
@@ -125,8 +125,8 @@ void dp_offload_read_done(struct dp *dp, const struct tier_result *r)
 	}
 	struct pool_block *b = pool_block_get(dp->pool, id);
 	o->remote_id = ++dp->next_remote_id;
-	int ret = rio_submit(dp->rio, REMOTE_TIER_PUT, o->remote_id, NULL, o->buf, b->bytes, b->crc,
-			     (uint64_t)RIO_COOKIE_PUT << 32 | id);
+	int ret = rio_submit(dp->rio, REMOTE_TIER_PUT, o->remote_id, NULL, 0, o->buf, b->bytes,
+			     b->crc, (uint64_t)RIO_COOKIE_PUT << 32 | id);
 	if (ret)
 		offload_failed(dp, o, "queue", ret, "the remote tier's queue is full");
 }
@@ -159,7 +159,7 @@ static void fetch_done(struct dp *dp, uint32_t id, const struct rio_result *res)
 	b->rows = b->rows_crc = 0; /* checksummed afresh from the bytes just read */
 	dp_log_block(dp, id);
 	dp->fetched++;
-	if (!published && rio_submit(dp->rio, REMOTE_TIER_DEL, rid, NULL, NULL, 0, 0, 0))
+	if (!published && rio_submit(dp->rio, REMOTE_TIER_DEL, rid, NULL, 0, NULL, 0, 0, 0))
 		log_warn("remote tier busy: block %" PRIu64 " stays in Redis", rid);
 	dp_free_if_doomed(dp, id);
 }
@@ -219,7 +219,7 @@ int dp_fetch_start(struct dp *dp, uint32_t id)
 	int ret = pool_block_fetch_begin(dp->pool, id);
 	if (ret)
 		return ret; /* -ENOSPC: the caller makes room */
-	ret = rio_submit(dp->rio, REMOTE_TIER_GET, b->remote_id, kp, pool_block_data(dp->pool, id),
+	ret = rio_submit(dp->rio, REMOTE_TIER_GET, b->remote_id, kp, 0, pool_block_data(dp->pool, id),
 			 b->bytes, b->crc, (uint64_t)RIO_COOKIE_GET << 32 | id);
 	if (ret) {
 		pool_block_fetch_end(dp->pool, id, false);
@@ -247,7 +247,8 @@ void dp_prefix_remote_put(struct dp *dp, const uint8_t key[32], const uint32_t *
 			return;
 		memcpy(copy, pool_block_data(dp->pool, blocks[l]), b->bytes);
 		rio_prefix_key(dp->rio, key, l, k, sizeof k);
-		if (rio_submit(dp->rio, REMOTE_TIER_PUT, 0, k, copy, b->bytes,
+		if (rio_submit(dp->rio, REMOTE_TIER_PUT, 0, k,
+			       (uint32_t)dp->cfg->remote_prefix_ttl_s, copy, b->bytes,
 			       crc32c(0, copy, b->bytes), (uint64_t)RIO_COOKIE_PFX << 32)) {
 			free(copy);
 			return;

@@ -15,6 +15,7 @@
 #include "persist.h"
 #include "pool.h"
 #include "remote.h"
+#include "remote_io.h"
 #include "tier.h"
 
 void dp_blocks_free(struct remote_block *b, size_t n)
@@ -47,16 +48,46 @@ static int read_nvme(struct dp *dp, const struct pool_block *b, void *out, char 
 	return ret;
 }
 
+/* A GET of REMOTE block pb into x->data: its tier key, or the publisher's key of a block
+ * adopted on demand (as dp_fetch_start reads it). */
+static void fetch_op(struct dp *dp, const struct seq *s, const struct pool_block *pb,
+		     const struct remote_block *x, struct remote_tier_op *o)
+{
+	memset(o, 0, sizeof *o);
+	o->kind = REMOTE_TIER_GET;
+	o->id = pb->remote_id;
+	o->crc = pb->crc;
+	o->buf = x->data;
+	o->len = x->len;
+	if (pb->remote_published)
+		rio_published_key(dp->rio, s->name, s->remote_gen, pb->layer, pb->page, o->key,
+				  sizeof o->key);
+}
+
 int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out, size_t *n,
-		  char *err, size_t errlen)
+		  struct remote_tier_op **fetch, size_t *n_fetch, char *err, size_t errlen)
 {
 	uint32_t P = s->geo.page_size, L = s->geo.n_layers;
 	uint32_t pages = (uint32_t)((s->committed_tokens + P - 1) / P);
 	size_t total = (size_t)L * pages;
 	struct remote_block *b = calloc(total ? total : 1, sizeof *b);
+	*fetch = NULL;
+	*n_fetch = 0;
 	if (!b)
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	int ret = 0;
+	size_t nf = 0;
+	for (size_t i = 0; i < total; i++) {
+		const struct pool_block *pb = pool_block_get(dp->pool, seq_block(s, (uint32_t)(i % L),
+										   (uint32_t)(i / L)));
+		nf += pb && pb->tier == POOL_TIER_REMOTE;
+	}
+	struct remote_tier_op *f = nf ? calloc(nf, sizeof *f) : NULL;
+	if (nf && !f) {
+		free(b);
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	}
+	nf = 0;
 	for (uint32_t p = 0; p < pages && !ret; p++) {
 		for (uint32_t l = 0; l < L && !ret; l++) {
 			struct remote_block *x = &b[(size_t)p * L + l];
@@ -77,12 +108,11 @@ int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out,
 			if (dram)
 				memcpy(x->data, dram, s->block_bytes);
 			else if (dp->tier && pb->nvme_off != POOL_NO_OFFSET &&
-				 (pb->tier == POOL_TIER_NVME || pb->tier == POOL_TIER_PROMOTING))
+				 (pb->tier == POOL_TIER_NVME || pb->tier == POOL_TIER_PROMOTING ||
+				  pb->tier == POOL_TIER_OFFLOADING))
 				ret = read_nvme(dp, pb, x->data, err, errlen);
-			else if (pb->tier == POOL_TIER_REMOTE)
-				ret = errmsg(err, errlen, -EBUSY, "sequence '%s': some blocks are in the "
-					     "remote tier; resume it here once (that brings them back), "
-					     "then publish", s->name);
+			else if (pb->tier == POOL_TIER_REMOTE && dp->rio)
+				fetch_op(dp, s, pb, x, &f[nf++]);
 			else
 				ret = errmsg(err, errlen, -EBUSY, "sequence '%s': a block is moving; try "
 					     "again", s->name);
@@ -90,10 +120,13 @@ int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out,
 	}
 	if (ret) {
 		dp_blocks_free(b, total);
+		free(f);
 		return ret;
 	}
 	*out = b;
 	*n = total;
+	*fetch = f;
+	*n_fetch = nf;
 	return 0;
 }
 

@@ -280,6 +280,7 @@ struct cmd {
 	const char *argv[8];
 	size_t len[8];
 	char key[KEY_MAX];
+	char num[24];		/* a numeric argument's text (an expiry) */
 	void *own;
 };
 
@@ -539,6 +540,16 @@ static int got_tier(void *ctx, size_t i, const redisReply *rep, char *err, size_
 	return 0;
 }
 
+/* "EX seconds" after a SET or GETEX; nothing for 0. */
+static void ttl_arg(struct cmd *c, uint32_t ttl_s)
+{
+	if (!ttl_s)
+		return;
+	snprintf(c->num, sizeof c->num, "%" PRIu32, ttl_s);
+	sarg(c, "EX");
+	sarg(c, c->num);
+}
+
 void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n)
 {
 	/* One pipeline per run of keys in one hash slot (a cluster node answers for its slots). */
@@ -572,7 +583,12 @@ void remote_tier_batch(struct remote *r, struct remote_tier_op *ops, size_t n)
 				sarg(c, "SET");
 				sarg(c, c->key);
 				arg(c, v, (size_t)o->len + 4);
+				ttl_arg(c, o->ttl_s);
 				r->st.bytes_put += o->len;
+			} else if (o->kind == REMOTE_TIER_GET && o->ttl_s) {
+				sarg(c, "GETEX"); /* Redis >= 6.2: read and renew the expiry */
+				sarg(c, c->key);
+				ttl_arg(c, o->ttl_s);
 			} else {
 				sarg(c, o->kind == REMOTE_TIER_GET ? "GET" : "DEL");
 				sarg(c, c->key);

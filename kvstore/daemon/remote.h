@@ -116,6 +116,8 @@ struct remote_tier_op {
 				 * a GET checks the value against its own stored crc32c only */
 	void *buf;
 	uint32_t len, crc;
+	uint32_t ttl_s;		/* > 0: a PUT sets this expiry (SET ... EX), a GET renews it
+				 * (GETEX ... EX): prefix pages across hosts */
 	int status;		/* out */
 	char err[160];		/* out, when status != 0 */
 };

@@ -144,8 +144,8 @@ void rio_published_key(struct rio *r, const char *name, uint64_t gen, uint32_t l
 	remote_published_key(r->remote, name, gen, layer, page, key, len);
 }
 
-int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, void *buf,
-	       uint32_t len, uint32_t crc, uint64_t cookie)
+int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, uint32_t ttl_s,
+	       void *buf, uint32_t len, uint32_t crc, uint64_t cookie)
 {
 	pthread_mutex_lock(&r->mu);
 	if (r->n_todo + r->in_flight + r->n_done >= RIO_MAX_QUEUE) {
@@ -158,6 +158,7 @@ int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, void *
 	q->op.id = id;
 	if (key)
 		snprintf(q->op.key, sizeof q->op.key, "%s", key);
+	q->op.ttl_s = ttl_s;
 	q->op.buf = buf;
 	q->op.len = len;
 	q->op.crc = crc;

@@ -32,9 +32,9 @@ int rio_start(const struct remote_config *c, struct rio **out, char *err, size_t
 void rio_stop(struct rio *r);
 int rio_eventfd(const struct rio *r);
 /* -EBUSY when RIO_MAX_QUEUE requests are queued or in flight. key NULL: the tier's key of id;
- * else that key (a published block's, remote_published_key). */
-int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, void *buf,
-	       uint32_t len, uint32_t crc, uint64_t cookie);
+ * else that key (a published block's, remote_published_key). ttl_s as in remote_tier_op. */
+int rio_submit(struct rio *r, uint8_t kind, uint64_t id, const char *key, uint32_t ttl_s,
+	       void *buf, uint32_t len, uint32_t crc, uint64_t cookie);
 void rio_prefix_key(struct rio *r, const uint8_t key[32], uint32_t layer, char *out, size_t len);
 /* The published-block key of (name, gen, layer, page), as this thread's connection spells it. */
 void rio_published_key(struct rio *r, const char *name, uint64_t gen, uint32_t layer,

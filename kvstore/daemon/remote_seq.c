@@ -29,6 +29,7 @@ int remote_seq_init(struct remote_seq *x, const struct cfg *cfg, struct dp *dp,
 		return errmsg(err, errlen, -EINVAL, "remote_prefix needs remote_tier (its writes go "
 			      "through the tier's I/O thread)");
 	x->prefix = cfg->remote_prefix;
+	x->prefix_ttl_s = (uint32_t)cfg->remote_prefix_ttl_s;
 	char id[CFG_STR_MAX + 80];
 	remote_default_host_id(cfg->remote_host_id, cfg->shm_name, id, sizeof id);
 	struct remote_config rc = { .url = cfg->remote_url, .ns = cfg->remote_namespace,
@@ -48,14 +49,34 @@ static int no_remote(char *err, size_t errlen)
 	return errmsg(err, errlen, -ENODEV, "no remote tier configured (remote_url is empty)");
 }
 
+/* Reads a publish's blocks that are in the tier below NVMe (pipelined, each checked). One
+ * that left the tier meanwhile (recalled by a sharer, or dropped) fails the publish with
+ * -EAGAIN: nothing was written yet, and a second try finds it in DRAM. */
+static int fetch_tier_blocks(struct remote *r, const char *name, struct remote_tier_op *ops,
+			     size_t n, char *err, size_t errlen)
+{
+	remote_tier_batch(r, ops, n);
+	for (size_t i = 0; i < n; i++) {
+		if (ops[i].status == -ENOENT)
+			return errmsg(err, errlen, -EAGAIN, "sequence '%s': a block left the remote "
+				      "tier while it was read for the publish (%s); try again",
+				      name, ops[i].err);
+		if (ops[i].status)
+			return errmsg(err, errlen, ops[i].status, "sequence '%s': %s", name,
+				      ops[i].err);
+	}
+	return 0;
+}
+
 int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, uint64_t *bytes,
 		       char *err, size_t errlen)
 {
 	if (!x->r)
 		return no_remote(err, errlen);
 	struct remote_block *b = NULL;
-	size_t n = 0;
-	int ret = dp_seq_export(x->dp, s, &b, &n, err, errlen);
+	struct remote_tier_op *fetch = NULL;
+	size_t n = 0, n_fetch = 0;
+	int ret = dp_seq_export(x->dp, s, &b, &n, &fetch, &n_fetch, err, errlen);
 	if (ret)
 		return ret;
 	struct remote_meta m = { .geo = s->geo, .fp_len = s->fp_len, .committed = s->committed_tokens,
@@ -65,6 +86,7 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 	m.tokens = malloc(s->n_tokens * sizeof *m.tokens + 1);
 	if (!m.tokens) {
 		dp_blocks_free(b, n);
+		free(fetch);
 		return errmsg(err, errlen, -ENOMEM, "out of memory");
 	}
 	if (s->n_tokens)
@@ -91,6 +113,8 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 		}
 	}
 	m.gen = old_gen + 1;
+	if (!ret && n_fetch) /* blocks in the tier below NVMe: read back and checked first */
+		ret = fetch_tier_blocks(x->r, name, fetch, n_fetch, err, errlen);
 	if (!ret)
 		ret = remote_put_blocks(x->r, name, m.gen, b, n, err, errlen);
 	if (!ret)
@@ -116,6 +140,7 @@ int remote_seq_publish(struct remote_seq *x, struct seq *s, uint64_t *blocks, ui
 	}
 	free(m.tokens);
 	dp_blocks_free(b, n);
+	free(fetch);
 	return ret;
 }
 
@@ -235,6 +260,7 @@ void remote_seq_prefix_extend(struct remote_seq *x, struct seq *s, size_t n_prom
 	for (size_t i = 0; ok && i < n; i++) {
 		uint32_t p = first + (uint32_t)(i / L), l = (uint32_t)(i % L);
 		ops[i].kind = REMOTE_TIER_GET;
+		ops[i].ttl_s = x->prefix_ttl_s; /* a page found lives on */
 		ops[i].len = (uint32_t)s->block_bytes;
 		ops[i].buf = malloc(s->block_bytes);
 		ok = ops[i].buf != NULL;

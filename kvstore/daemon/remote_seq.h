@@ -38,6 +38,7 @@ struct remote_seq {
 	uint64_t last_renew_ms;
 	uint32_t lease_ms;
 	bool prefix;			/* remote_prefix */
+	uint32_t prefix_ttl_s;		/* remote_prefix_ttl_s */
 };
 
 /* x->r NULL when cfg has no remote_url (0). -EINVAL for a bad remote_url. */
