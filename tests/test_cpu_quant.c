@@ -4,13 +4,17 @@
  * float64 dot product of the reference values (normalised by Σ|w x|, since a sum that cancels
  * has no relative error to speak of); and through the ops table, matmul with one activation row
  * (the dot path) and with several (dequantized tiles + sgemm) and embed agree with the same
- * float64 reference, bit for bit across thread counts. */
+ * float64 reference, bit for bit across thread counts. The integer path on K-quants
+ * (cpu_qdot8.c): the activation's 8-bit quantization, the kernel equal bit for bit to its scalar
+ * reference, both within 1e-5 of float64 on the quantized activation (saturating values
+ * included), and matmul through it within the quantization's error of the f32 activation. */
 #include "test_util.h"
 
 #include <errno.h>
 #include <math.h>
 
 #include "backend.h"
+#include "cpu_qdot8.h"
 #include "cpu_quant.h"
 #include "dtype.h"
 
@@ -115,6 +119,107 @@ static void test_kernels(void **state)
 	}
 }
 
+static const enum fkv_quant k_formats[] = { FKV_Q4_K, FKV_Q5_K, FKV_Q6_K };
+
+/* The activation as cpu_qdot8 sees it: d · qs. */
+static float *q8k_values(const struct q8k_block *b, int64_t cols)
+{
+	float *v = malloc((size_t)cols * sizeof *v);
+	assert_non_null(v);
+	for (int64_t i = 0; i < cols; i++)
+		v[i] = b[i / QK_K].d * b[i / QK_K].qs[i % QK_K];
+	return v;
+}
+
+static void test_q8k_quantize(void **state)
+{
+	(void)state;
+	const int64_t cols = 3 * QK_K;
+	float *x = randv(cols);
+	for (int i = 0; i < QK_K; i++)
+		x[QK_K + i] = 0; /* an all-zero block */
+	x[7] = -4.0f;	 /* the block's largest magnitude is negative */
+	struct q8k_block b[3];
+	cpu_q8k_quantize(b, x, cols);
+	assert_true(b[0].d == 4.0f / 127.0f);
+	assert_int_equal(b[0].qs[7], -127);
+	assert_true(b[1].d == 0);
+	for (int64_t i = 0; i < cols; i++) {
+		const struct q8k_block *o = &b[i / QK_K];
+		assert_true(o->qs[i % QK_K] >= -127);
+		assert_true(fabsf(x[i] - o->d * o->qs[i % QK_K]) <= o->d * 0.5f * (1 + 1e-5f));
+	}
+	for (int k = 0; k < 3; k++)
+		for (int j = 0; j < 16; j++) {
+			int s = 0;
+			for (int i = 0; i < 16; i++)
+				s += b[k].qs[16 * j + i];
+			assert_int_equal(b[k].bsums[j], s);
+		}
+	free(x);
+}
+
+static void test_qdot8_kernels(void **state)
+{
+	(void)state;
+	for (size_t f = 0; f < sizeof k_formats / sizeof k_formats[0]; f++) {
+		const enum fkv_quant q = k_formats[f];
+		const int64_t colss[] = { QK_K, 3 * QK_K, 4096 };
+		for (size_t ci = 0; ci < 3; ci++) {
+			/* random bytes; then every byte 0xff (largest values, scales and mins) against
+			 * an activation of +1 and -1: the int16 pair sums at their largest */
+			for (int sat = 0; sat < 2; sat++) {
+				const int64_t rows = 21, cols = colss[ci];
+				uint8_t *w = rand_matrix(q, rows, cols);
+				float *x = randv(cols);
+				if (sat) {
+					const size_t bb = quant_block_bytes(q);
+					memset(w, 0xff, quant_row_bytes(q, cols) * rows);
+					for (uint8_t *b = w; b < w + quant_row_bytes(q, cols) * rows; b += bb) {
+						const uint16_t h[2] = { f32_to_f16(0.01f),
+									f32_to_f16(0.01f) };
+						memcpy(q == FKV_Q6_K ? b + 208 : b, h,
+						       q == FKV_Q6_K ? 2 : 4); /* d (and dmin) */
+					}
+					for (int64_t i = 0; i < cols; i++)
+						x[i] = i % 3 ? 1.0f : -1.0f;
+				}
+				float *wd = malloc(sizeof(float) * (size_t)(rows * cols));
+				float *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
+				struct q8k_block *xq = malloc(sizeof *xq * (size_t)(cols / QK_K));
+				assert_non_null(wd);
+				assert_non_null(y);
+				assert_non_null(yr);
+				assert_non_null(xq);
+				quant_dequant(q, wd, w, rows * cols);
+				cpu_q8k_quantize(xq, x, cols);
+				float *xv = q8k_values(xq, cols);
+				cpu_qdot8_rows_ref(yr, xq, w, q, cols, 0, rows);
+				double e = dot_err(yr, wd, xv, rows, cols);
+				if (!(e < 1e-5))
+					fail_msg("%s, %lld columns%s: reference error %g", quant_name(q),
+						 (long long)cols, sat ? ", saturating" : "", e);
+				if (cpu_qdot8_usable(q)) {
+					y[0] = NAN;
+					cpu_qdot8_rows(y, xq, w, q, cols, 1, rows);
+					assert_true(isnan(y[0]));
+					assert_memory_equal(y + 1, yr + 1, sizeof(float) * (rows - 1));
+				}
+				free(w);
+				free(x);
+				free(wd);
+				free(y);
+				free(yr);
+				free(xq);
+				free(xv);
+			}
+		}
+	}
+	if (!cpu_qdot8_usable(FKV_Q4_K))
+		fprintf(stderr, "note: no AVX2 here (or FREEKV_CPU_QDOT8=0): the integer kernel "
+			"itself was not run, only its reference\n");
+}
+
 /* matmul (n = 1 and n = 5) and embed through the ops table, 1 and 2 threads. */
 static void test_backend_ops(void **state)
 {
@@ -146,7 +251,18 @@ static void test_backend_ops(void **state)
 				if (!(err < 1e-5))
 					fail_msg("%s matmul row %lld: error %g", quant_name(q), (long long)i, err);
 			}
-			assert_true(dot_err(y[th], wd, x, rows, cols) < 1e-5);
+			if (cpu_qdot8_usable(q)) {
+				/* one row takes the integer path: exact on the quantized activation,
+				 * within its rounding of the f32 one */
+				struct q8k_block xq[512 / QK_K];
+				cpu_q8k_quantize(xq, x, cols);
+				float *xv = q8k_values(xq, cols);
+				assert_true(dot_err(y[th], wd, xv, rows, cols) < 1e-5);
+				assert_true(dot_err(y[th], wd, x, rows, cols) < 1e-2);
+				free(xv);
+			} else {
+				assert_true(dot_err(y[th], wd, x, rows, cols) < 1e-5);
+			}
 			for (int i = 0; i < 3; i++)
 				assert_memory_equal(e[th] + i * cols, wd + ids[i] * cols, sizeof(float) * cols);
 		}
@@ -172,6 +288,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kernels),
+		cmocka_unit_test(test_q8k_quantize),
+		cmocka_unit_test(test_qdot8_kernels),
 		cmocka_unit_test(test_backend_ops),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "backend_cpu_priv.h"
 #include "cpu_dot16.h"
+#include "cpu_qdot8.h"
 #include "cpu_quant.h"
 #include "layout.h"
 
@@ -125,6 +126,7 @@ static void cpu_free(void *ctx)
 	free(c->scratch);
 	free(c->slot_spans);
 	free(c->slot_src);
+	free(c->q8);
 	cpu_kivi_free(c);
 	free(c);
 }
@@ -298,19 +300,36 @@ CPU_HOT static void dot_rows(float *const *y, const float *const *x, int nx,
  * spread over the threads; 16-bit, every activation row in the same pass (the vectorised work
  * is in dot_rows, outside the OpenMP region, so that it gets the CPU_HOT clone); quantized,
  * one row at a time. */
-static void matmul_dot(float *y, const float *x, const struct backend_mat *w, int64_t n)
+static int matmul_dot(struct cpu_ctx *c, float *y, const float *x, const struct backend_mat *w,
+		      int64_t n)
 {
 	const int64_t rows = w->rows, cols = w->cols;
 	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
 	float *const ys[2] = { y, y + rows };
 	const float *const xs[2] = { x, x + cols };
 	const bool dot16 = !w->quant && cpu_dot16_usable(); /* AVX2 + F16C: cpu_dot16.c */
+	/* K-quants with AVX2: the activation rows quantized once, integer dots (cpu_qdot8.c) */
+	const bool qdot8 = w->quant && cpu_qdot8_usable(w->quant);
+	const int64_t nq = cols / QK_K;
+	if (qdot8 && (size_t)(n * nq) > c->q8_len) {
+		struct q8k_block *p = realloc(c->q8, (size_t)(n * nq) * sizeof *p);
+		if (!p)
+			return -ENOMEM;
+		c->q8 = p;
+		c->q8_len = (size_t)(n * nq);
+	}
+	for (int64_t j = 0; qdot8 && j < n; j++)
+		cpu_q8k_quantize(c->q8 + j * nq, x + j * cols, cols);
 	#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
 	for (int64_t b = 0; b < nblk; b++) {
 		const int64_t r0 = b * CPU_DOT_ROWS;
 		const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
 		if (dot16)
 			cpu_dot16_rows(ys, xs, (int)n, w->data, cols, r0, r1, w->dtype);
+		else if (qdot8)
+			for (int64_t j = 0; j < n; j++)
+				cpu_qdot8_rows(y + j * rows, c->q8 + j * nq, w->data, w->quant, cols,
+					       r0, r1);
 		else if (!w->quant)
 			dot_rows(ys, xs, (int)n, w, r0, r1);
 		else
@@ -318,6 +337,7 @@ static void matmul_dot(float *y, const float *x, const struct backend_mat *w, in
 				cpu_quant_dot_rows(y + j * rows, x + j * cols, w->data, w->quant, cols,
 						   r0, r1);
 	}
+	return 0;
 }
 
 /* n 16-bit values of dtype t to f32: the tile conversion of matmul_blocks, cloned. */
@@ -397,10 +417,8 @@ static int cpu_matmul(void *ctx, float *y, const float *x, const struct backend_
 {
 	if (n <= 0)
 		return 0;
-	if ((w->dtype != FKV_F32 || w->quant) && n <= CPU_GEMV_MAX_ROWS) {
-		matmul_dot(y, x, w, n);
-		return 0;
-	}
+	if ((w->dtype != FKV_F32 || w->quant) && n <= CPU_GEMV_MAX_ROWS)
+		return matmul_dot(ctx, y, x, w, n);
 	return matmul_blocks(ctx, y, x, w, n);
 }
 
