@@ -119,16 +119,25 @@ static void test_kernels(void **state)
 	}
 }
 
-static const enum fkv_quant k_formats[] = { FKV_Q4_K, FKV_Q5_K, FKV_Q6_K };
-
-/* The activation as cpu_qdot8 sees it: d · qs. */
-static float *q8k_values(const struct q8k_block *b, int64_t cols)
+/* The activation as cpu_qdot8 sees it for weights of format q: d · qs. */
+static float *act_values(const void *act, int64_t cols, enum fkv_quant q)
 {
 	float *v = malloc((size_t)cols * sizeof *v);
 	assert_non_null(v);
+	const struct q8k_block *k = act;
+	const struct q8_32_block *l = act;
 	for (int64_t i = 0; i < cols; i++)
-		v[i] = b[i / QK_K].d * b[i / QK_K].qs[i % QK_K];
+		v[i] = quant_block_elems(q) == QK_K ? k[i / QK_K].d * k[i / QK_K].qs[i % QK_K]
+						    : l[i / 32].d * l[i / 32].qs[i % 32];
 	return v;
+}
+
+static void *quantize_act(const float *x, int64_t cols, enum fkv_quant q)
+{
+	void *a = malloc(cpu_qdot8_act_bytes(q, cols));
+	assert_non_null(a);
+	cpu_qdot8_quantize(a, x, cols, q);
+	return a;
 }
 
 static void test_q8k_quantize(void **state)
@@ -140,7 +149,7 @@ static void test_q8k_quantize(void **state)
 		x[QK_K + i] = 0; /* an all-zero block */
 	x[7] = -4.0f;	 /* the block's largest magnitude is negative */
 	struct q8k_block b[3];
-	cpu_q8k_quantize(b, x, cols);
+	cpu_qdot8_quantize(b, x, cols, FKV_Q4_K);
 	assert_true(b[0].d == 4.0f / 127.0f);
 	assert_int_equal(b[0].qs[7], -127);
 	assert_true(b[1].d == 0);
@@ -156,15 +165,30 @@ static void test_q8k_quantize(void **state)
 				s += b[k].qs[16 * j + i];
 			assert_int_equal(b[k].bsums[j], s);
 		}
+	/* blocks of 32 for the legacy formats */
+	struct q8_32_block l[3 * QK_K / 32];
+	assert_int_equal(cpu_qdot8_act_bytes(FKV_Q8_0, cols), sizeof l);
+	cpu_qdot8_quantize(l, x, cols, FKV_Q5_0);
+	assert_true(l[0].d == 4.0f / 127.0f);
+	for (size_t k = 0; k < sizeof l / sizeof l[0]; k++) {
+		int s = 0;
+		for (int i = 0; i < 32; i++) {
+			s += l[k].qs[i];
+			assert_true(fabsf(x[32 * k + i] - l[k].d * l[k].qs[i]) <=
+				    l[k].d * 0.5f * (1 + 1e-5f));
+		}
+		assert_int_equal(l[k].sum, s);
+	}
 	free(x);
 }
 
 static void test_qdot8_kernels(void **state)
 {
 	(void)state;
-	for (size_t f = 0; f < sizeof k_formats / sizeof k_formats[0]; f++) {
-		const enum fkv_quant q = k_formats[f];
-		const int64_t colss[] = { QK_K, 3 * QK_K, 4096 };
+	for (size_t f = 0; f < N_FMT; f++) {
+		const enum fkv_quant q = formats[f];
+		const int be = quant_block_elems(q);
+		const int64_t colss[] = { be, 3 * be, 4096 };
 		for (size_t ci = 0; ci < 3; ci++) {
 			/* random bytes; then every byte 0xff (largest values, scales and mins) against
 			 * an activation of +1 and -1: the int16 pair sums at their largest */
@@ -175,25 +199,29 @@ static void test_qdot8_kernels(void **state)
 				if (sat) {
 					const size_t bb = quant_block_bytes(q);
 					memset(w, 0xff, quant_row_bytes(q, cols) * rows);
+					const bool two = q != FKV_Q6_K && q != FKV_Q8_0 &&
+							 q != FKV_Q4_0 && q != FKV_Q5_0;
 					for (uint8_t *b = w; b < w + quant_row_bytes(q, cols) * rows; b += bb) {
 						const uint16_t h[2] = { f32_to_f16(0.01f),
 									f32_to_f16(0.01f) };
-						memcpy(q == FKV_Q6_K ? b + 208 : b, h,
-						       q == FKV_Q6_K ? 2 : 4); /* d (and dmin) */
+						/* d, and dmin or m */
+						memcpy(q == FKV_Q6_K ? b + 208 : b, h, two ? 4 : 2);
 					}
+					if (q == FKV_Q8_0) /* -128 · -127: the largest |product| */
+						for (uint8_t *b = w; b < w + quant_row_bytes(q, cols) * rows;
+						     b += bb)
+							memset(b + 2, 0x80, 32);
 					for (int64_t i = 0; i < cols; i++)
 						x[i] = i % 3 ? 1.0f : -1.0f;
 				}
 				float *wd = malloc(sizeof(float) * (size_t)(rows * cols));
 				float *y = malloc(sizeof(float) * rows), *yr = malloc(sizeof(float) * rows);
-				struct q8k_block *xq = malloc(sizeof *xq * (size_t)(cols / QK_K));
 				assert_non_null(wd);
 				assert_non_null(y);
 				assert_non_null(yr);
-				assert_non_null(xq);
 				quant_dequant(q, wd, w, rows * cols);
-				cpu_q8k_quantize(xq, x, cols);
-				float *xv = q8k_values(xq, cols);
+				void *xq = quantize_act(x, cols, q);
+				float *xv = act_values(xq, cols, q);
 				cpu_qdot8_rows_ref(yr, xq, w, q, cols, 0, rows);
 				double e = dot_err(yr, wd, xv, rows, cols);
 				if (!(e < 1e-5))
@@ -215,7 +243,7 @@ static void test_qdot8_kernels(void **state)
 			}
 		}
 	}
-	if (!cpu_qdot8_usable(FKV_Q4_K))
+	if (!cpu_qdot8_usable(FKV_Q8_0))
 		fprintf(stderr, "note: no AVX2 here (or FREEKV_CPU_QDOT8=0): the integer kernel "
 			"itself was not run, only its reference\n");
 }
@@ -254,12 +282,12 @@ static void test_backend_ops(void **state)
 			if (cpu_qdot8_usable(q)) {
 				/* one row takes the integer path: exact on the quantized activation,
 				 * within its rounding of the f32 one */
-				struct q8k_block xq[512 / QK_K];
-				cpu_q8k_quantize(xq, x, cols);
-				float *xv = q8k_values(xq, cols);
+				void *xq = quantize_act(x, cols, q);
+				float *xv = act_values(xq, cols, q);
 				assert_true(dot_err(y[th], wd, xv, rows, cols) < 1e-5);
 				assert_true(dot_err(y[th], wd, x, rows, cols) < 1e-2);
 				free(xv);
+				free(xq);
 			} else {
 				assert_true(dot_err(y[th], wd, x, rows, cols) < 1e-5);
 			}

@@ -308,18 +308,19 @@ static int matmul_dot(struct cpu_ctx *c, float *y, const float *x, const struct 
 	float *const ys[2] = { y, y + rows };
 	const float *const xs[2] = { x, x + cols };
 	const bool dot16 = !w->quant && cpu_dot16_usable(); /* AVX2 + F16C: cpu_dot16.c */
-	/* K-quants with AVX2: the activation rows quantized once, integer dots (cpu_qdot8.c) */
+	/* Quantized weights with AVX2: the activation rows quantized once, integer dot products
+	 * (cpu_qdot8.c) */
 	const bool qdot8 = w->quant && cpu_qdot8_usable(w->quant);
-	const int64_t nq = cols / QK_K;
-	if (qdot8 && (size_t)(n * nq) > c->q8_len) {
-		struct q8k_block *p = realloc(c->q8, (size_t)(n * nq) * sizeof *p);
+	const size_t ab = qdot8 ? cpu_qdot8_act_bytes(w->quant, cols) : 0;
+	if (qdot8 && (size_t)n * ab > c->q8_len) {
+		void *p = realloc(c->q8, (size_t)n * ab);
 		if (!p)
 			return -ENOMEM;
 		c->q8 = p;
-		c->q8_len = (size_t)(n * nq);
+		c->q8_len = (size_t)n * ab;
 	}
 	for (int64_t j = 0; qdot8 && j < n; j++)
-		cpu_q8k_quantize(c->q8 + j * nq, x + j * cols, cols);
+		cpu_qdot8_quantize((char *)c->q8 + j * ab, x + j * cols, cols, w->quant);
 	#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
 	for (int64_t b = 0; b < nblk; b++) {
 		const int64_t r0 = b * CPU_DOT_ROWS;
@@ -328,8 +329,8 @@ static int matmul_dot(struct cpu_ctx *c, float *y, const float *x, const struct 
 			cpu_dot16_rows(ys, xs, (int)n, w->data, cols, r0, r1, w->dtype);
 		else if (qdot8)
 			for (int64_t j = 0; j < n; j++)
-				cpu_qdot8_rows(y + j * rows, c->q8 + j * nq, w->data, w->quant, cols,
-					       r0, r1);
+				cpu_qdot8_rows(y + j * rows, (const char *)c->q8 + j * ab, w->data,
+					       w->quant, cols, r0, r1);
 		else if (!w->quant)
 			dot_rows(ys, xs, (int)n, w, r0, r1);
 		else

@@ -142,8 +142,8 @@ struct cpu_ctx {
 	float *kivi_pr;
 	size_t kivi_pr_len;
 	/* matmul_dot on K-quant weights: the activation rows quantized to 8 bits (cpu_qdot8.h) */
-	struct q8k_block *q8;
-	size_t q8_len;
+	void *q8;
+	size_t q8_len; /* bytes */
 };
 
 /* Query rows that share one KV head, as one unit of work: row r is query q[r] (d) attending

@@ -28,7 +28,7 @@ static bool k_format(enum fkv_quant q)
 	return q == FKV_Q4_K || q == FKV_Q5_K || q == FKV_Q6_K;
 }
 
-void cpu_q8k_quantize(struct q8k_block *dst, const float *x, int64_t cols)
+static void q8k_quantize(struct q8k_block *dst, const float *x, int64_t cols)
 {
 	for (int64_t b = 0; b < cols / QK_K; b++, x += QK_K) {
 		struct q8k_block *o = &dst[b];
@@ -48,6 +48,104 @@ void cpu_q8k_quantize(struct q8k_block *dst, const float *x, int64_t cols)
 			o->bsums[j] = (int16_t)s;
 		}
 	}
+}
+
+static void q8_32_quantize(struct q8_32_block *dst, const float *x, int64_t cols)
+{
+	for (int64_t b = 0; b < cols / QK_LEGACY; b++, x += QK_LEGACY) {
+		struct q8_32_block *o = &dst[b];
+		float amax = 0;
+		for (int i = 0; i < QK_LEGACY; i++)
+			amax = fmaxf(amax, fabsf(x[i]));
+		o->d = amax / 127.0f;
+		const float id = amax > 0 ? 127.0f / amax : 0.0f;
+		o->sum = 0;
+		for (int i = 0; i < QK_LEGACY; i++) {
+			long v = lrintf(x[i] * id);
+			o->qs[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+			o->sum += o->qs[i];
+		}
+	}
+}
+
+size_t cpu_qdot8_act_bytes(enum fkv_quant q, int64_t cols)
+{
+	return k_format(q) ? (size_t)(cols / QK_K) * sizeof(struct q8k_block)
+			   : (size_t)(cols / QK_LEGACY) * sizeof(struct q8_32_block);
+}
+
+void cpu_qdot8_quantize(void *act, const float *x, int64_t cols, enum fkv_quant q)
+{
+	if (k_format(q))
+		q8k_quantize(act, x, cols);
+	else
+		q8_32_quantize(act, x, cols);
+}
+
+/* ---- legacy formats: a block as 32 bytes v with w_i = d·v_i (+ m) ---- */
+
+/* Whether v is signed (w = d·v) or unsigned with a min (w = d·v + m). */
+static bool legacy_has_min(enum fkv_quant q)
+{
+	return q == FKV_Q4_1 || q == FKV_Q5_1;
+}
+
+/* The scalar decoder: v[0..32), d and m (0 when none) of block blk. */
+static void legacy_values(enum fkv_quant q, const uint8_t *blk, int v[32], uint16_t *d,
+			  uint16_t *m)
+{
+	const uint8_t *qs;
+	uint32_t qh = 0;
+	*m = 0;
+	memcpy(d, blk, 2);
+	switch (q) {
+	case FKV_Q8_0:
+		for (int i = 0; i < 32; i++)
+			v[i] = ((const struct blk_q8_0 *)blk)->qs[i];
+		return;
+	case FKV_Q4_0: qs = ((const struct blk_q4_0 *)blk)->qs; break;
+	case FKV_Q4_1: qs = ((const struct blk_q4_1 *)blk)->qs; memcpy(m, blk + 2, 2); break;
+	case FKV_Q5_0:
+		qs = ((const struct blk_q5_0 *)blk)->qs;
+		memcpy(&qh, ((const struct blk_q5_0 *)blk)->qh, 4);
+		break;
+	default: /* FKV_Q5_1 */
+		qs = ((const struct blk_q5_1 *)blk)->qs;
+		memcpy(&qh, ((const struct blk_q5_1 *)blk)->qh, 4);
+		memcpy(m, blk + 2, 2);
+		break;
+	}
+	const int off = q == FKV_Q4_0 ? 8 : q == FKV_Q5_0 ? 16 : 0;
+	for (int i = 0; i < 32; i++)
+		v[i] = ((i < 16 ? qs[i] & 15 : qs[i - 16] >> 4) | (int)((qh >> i) & 1) << 4) - off;
+}
+
+/* Eight f32 lanes summed as the AVX2 kernel sums them. */
+static float hsum8_ref(const float a[8])
+{
+	return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+static float legacy_row_ref(const uint8_t *row, const struct q8_32_block *x, enum fkv_quant q,
+			    int64_t nb)
+{
+	const size_t bb = quant_block_bytes(q);
+	float acc[8] = { 0 }, accm = 0;
+	for (int64_t i = 0; i < nb; i++, row += bb) {
+		int v[32];
+		uint16_t d, m;
+		legacy_values(q, row, v, &d, &m);
+		const float dd = x[i].d * f16_to_f32(d);
+		for (int l = 0; l < 8; l++) {
+			int32_t s = 0;
+			for (int k = 4 * l; k < 4 * l + 4; k++)
+				s += v[k] * x[i].qs[k];
+			acc[l] = fmaf((float)s, dd, acc[l]);
+		}
+		if (legacy_has_min(q))
+			accm = fmaf(x[i].d * f16_to_f32(m), (float)x[i].sum, accm);
+	}
+	return hsum8_ref(acc) + accm;
 }
 
 /* ---- the scalar reference: one block's integer sums, then the shared f32 step ---- */
@@ -99,10 +197,17 @@ __attribute__((always_inline)) static inline float k_acc(float acc, float dx, ui
 	return fmaf(-(dx * f16_to_f32(dmin)), (float)summ, acc);
 }
 
-void cpu_qdot8_rows_ref(float *y, const struct q8k_block *x, const void *w, enum fkv_quant q,
-			int64_t cols, int64_t r0, int64_t r1)
+void cpu_qdot8_rows_ref(float *y, const void *act, const void *w, enum fkv_quant q, int64_t cols,
+			int64_t r0, int64_t r1)
 {
 	const size_t rb = quant_row_bytes(q, cols);
+	if (!k_format(q)) {
+		for (int64_t r = r0; r < r1; r++)
+			y[r] = legacy_row_ref((const uint8_t *)w + (size_t)r * rb, act, q,
+					      cols / QK_LEGACY);
+		return;
+	}
+	const struct q8k_block *x = act;
 	const int64_t nb = cols / QK_K;
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
@@ -140,7 +245,7 @@ bool cpu_qdot8_usable(enum fkv_quant q)
 		usable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
 			 __builtin_cpu_supports("f16c");
 	}
-	return usable && k_format(q) && enabled();
+	return usable && quant_known(q) && enabled();
 }
 
 AI int32_t hsum_i32(__m256i v)
@@ -257,10 +362,92 @@ AI int32_t q6k_block(const struct blk_q6_k *b, const struct q8k_block *x)
 	return hsum_i32(acc) - 32 * bias;
 }
 
-QDOT8_TARGET void cpu_qdot8_rows(float *y, const struct q8k_block *x, const void *w,
-				 enum fkv_quant q, int64_t cols, int64_t r0, int64_t r1)
+/* A legacy block's 32 values as bytes (legacy_values), in order: the low nibbles of qs are
+ * values 0..15, the high ones 16..31; the fifth bits of Q5_0/Q5_1 spread from the 32-bit qh
+ * (byte i of a broadcast selected by vpshufb, bit i % 8 tested). */
+AI __m256i legacy_bytes(enum fkv_quant q, const uint8_t *blk)
+{
+	if (q == FKV_Q8_0)
+		return _mm256_loadu_si256((const __m256i *)((const struct blk_q8_0 *)blk)->qs);
+	const size_t qs_off = q == FKV_Q4_0 ? 2 : q == FKV_Q4_1 ? 4 : q == FKV_Q5_0 ? 6 : 8;
+	const __m128i m4 = _mm_set1_epi8(0x0f);
+	const __m128i b = _mm_loadu_si128((const __m128i *)(blk + qs_off));
+	__m256i v = _mm256_setr_m128i(_mm_and_si128(b, m4),
+				      _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+	if (q == FKV_Q5_0 || q == FKV_Q5_1) {
+		uint32_t qh;
+		memcpy(&qh, blk + (q == FKV_Q5_0 ? 2 : 4), 4);
+		const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+						     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+		const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+		__m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+		h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+		v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(16)));
+	}
+	if (q == FKV_Q4_0)
+		v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+	else if (q == FKV_Q5_0)
+		v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+	return v;
+}
+
+/* Eight int32 lanes, lane l = Σ v_i x_i over i = 4l .. 4l + 3: vpmaddubsw takes unsigned
+ * bytes first, so signed values go in as |v| with x given v's sign (vpsignb). */
+AI __m256i legacy_lanes(__m256i v, __m256i x, bool has_min)
+{
+	const __m256i p = has_min ? _mm256_maddubs_epi16(v, x)
+				  : _mm256_maddubs_epi16(_mm256_sign_epi8(v, v),
+							 _mm256_sign_epi8(x, v));
+	return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+AI float hsum8(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+	return _mm_cvtss_f32(s);
+}
+
+AI float legacy_row(const uint8_t *row, const struct q8_32_block *x, enum fkv_quant q,
+		    int64_t nb, size_t bb, bool has_min)
+{
+	__m256 acc = _mm256_setzero_ps();
+	float accm = 0;
+	for (int64_t i = 0; i < nb; i++, row += bb) {
+		uint16_t d;
+		memcpy(&d, row, 2);
+		const __m256i xv = _mm256_loadu_si256((const __m256i *)x[i].qs);
+		const __m256 s = _mm256_cvtepi32_ps(legacy_lanes(legacy_bytes(q, row), xv, has_min));
+		acc = _mm256_fmadd_ps(s, _mm256_set1_ps(x[i].d * _cvtsh_ss(d)), acc);
+		if (has_min) {
+			uint16_t m;
+			memcpy(&m, row + 2, 2);
+			accm = fmaf(x[i].d * _cvtsh_ss(m), (float)x[i].sum, accm);
+		}
+	}
+	return hsum8(acc) + accm;
+}
+
+/* One instance per format, so that legacy_bytes' branches fold away. */
+#define LEGACY_ROWS(Q)                                                                          \
+	for (int64_t r = r0; r < r1; r++)                                                        \
+		y[r] = legacy_row((const uint8_t *)w + (size_t)r * rb, act, Q, cols / QK_LEGACY, \
+				  quant_block_bytes(Q), legacy_has_min(Q));
+
+QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum fkv_quant q,
+				 int64_t cols, int64_t r0, int64_t r1)
 {
 	const size_t rb = quant_row_bytes(q, cols);
+	switch (q) {
+	case FKV_Q8_0: LEGACY_ROWS(FKV_Q8_0) return;
+	case FKV_Q4_0: LEGACY_ROWS(FKV_Q4_0) return;
+	case FKV_Q4_1: LEGACY_ROWS(FKV_Q4_1) return;
+	case FKV_Q5_0: LEGACY_ROWS(FKV_Q5_0) return;
+	case FKV_Q5_1: LEGACY_ROWS(FKV_Q5_1) return;
+	default: break;
+	}
+	const struct q8k_block *x = act;
 	const int64_t nb = cols / QK_K;
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
@@ -297,14 +484,13 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const struct q8k_block *x, const void
 bool cpu_qdot8_usable(enum fkv_quant q)
 {
 	(void)q;
-	(void)k_format;
 	return false;
 }
 
-void cpu_qdot8_rows(float *y, const struct q8k_block *x, const void *w, enum fkv_quant q,
-		    int64_t cols, int64_t r0, int64_t r1)
+void cpu_qdot8_rows(float *y, const void *act, const void *w, enum fkv_quant q, int64_t cols,
+		    int64_t r0, int64_t r1)
 {
-	(void)y, (void)x, (void)w, (void)q, (void)cols, (void)r0, (void)r1;
+	(void)y, (void)act, (void)w, (void)q, (void)cols, (void)r0, (void)r1;
 }
 
 #endif
