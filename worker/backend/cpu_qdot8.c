@@ -34,7 +34,7 @@ static void q8k_quantize(struct q8k_block *dst, const float *x, int64_t cols)
 		struct q8k_block *o = &dst[b];
 		float amax = 0;
 		for (int i = 0; i < QK_K; i++)
-			amax = fmaxf(amax, fabsf(x[i]));
+			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
 		o->d = amax / 127.0f;
 		const float id = amax > 0 ? 127.0f / amax : 0.0f;
 		for (int i = 0; i < QK_K; i++) {
@@ -56,7 +56,7 @@ static void q8_32_quantize(struct q8_32_block *dst, const float *x, int64_t cols
 		struct q8_32_block *o = &dst[b];
 		float amax = 0;
 		for (int i = 0; i < QK_LEGACY; i++)
-			amax = fmaxf(amax, fabsf(x[i]));
+			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
 		o->d = amax / 127.0f;
 		const float id = amax > 0 ? 127.0f / amax : 0.0f;
 		o->sum = 0;
@@ -295,6 +295,24 @@ AI int32_t k45_mins(const uint8_t mn[8], const struct q8k_block *x)
 	return _mm_cvtsi128_si32(s);
 }
 
+/* vpshufb masks that fill the low 128 bits with int16 lane a of a broadcast 128-bit source and
+ * the high 128 bits with lane b: per-sub-block scales as vpmaddwd operands. Rows 0..7: a = b = j
+ * (Q4_K/Q5_K, one sub-block of 32 per register); rows 8..11: a = 2k, b = 2k + 1 (Q6_K, two
+ * sub-blocks of 16). */
+#define PM_HALF(a) 2 * (a), 2 * (a) + 1, 2 * (a), 2 * (a) + 1, 2 * (a), 2 * (a) + 1, 2 * (a),   \
+		   2 * (a) + 1, 2 * (a), 2 * (a) + 1, 2 * (a), 2 * (a) + 1, 2 * (a), 2 * (a) + 1, \
+		   2 * (a), 2 * (a) + 1
+#define PM(a, b) { PM_HALF(a), PM_HALF(b) }
+static const uint8_t pair_masks[12][32] __attribute__((aligned(32))) = {
+	PM(0, 0), PM(1, 1), PM(2, 2), PM(3, 3), PM(4, 4), PM(5, 5), PM(6, 6), PM(7, 7),
+	PM(0, 1), PM(2, 3), PM(4, 5), PM(6, 7),
+};
+
+AI __m256i pair_mask(int row)
+{
+	return _mm256_load_si256((const __m256i *)pair_masks[row]);
+}
+
 /* One Q4_K or Q5_K block (qh NULL for Q4_K): sumi and summ as k45_sums computes them. Each 32
  * bytes of qs hold sub-blocks 2p (low nibbles) and 2p+1 (high nibbles); vpmaddubsw multiplies
  * the unsigned values with the signed activation (pairs summed in int16: at most 31·127·2), then
@@ -306,6 +324,9 @@ AI void k45_block(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
 	k45_unpack(scales, sc, mn);
 	const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
 	const __m256i hv = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+	/* the eight scales as int16, in both halves; one vpshufb gives a sub-block's */
+	const __m256i sc16 = _mm256_broadcastsi128_si256(
+		_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
 	__m256i acc = _mm256_setzero_si256();
 	for (int p = 0; p < 4; p++) {
 		const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
@@ -320,9 +341,9 @@ AI void k45_block(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
 		const __m256i xl = _mm256_loadu_si256((const __m256i *)(x->qs + 64 * p));
 		const __m256i xh = _mm256_loadu_si256((const __m256i *)(x->qs + 64 * p + 32));
 		const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl),
-						     _mm256_set1_epi16(sc[2 * p]));
+						     _mm256_shuffle_epi8(sc16, pair_mask(2 * p)));
 		const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh),
-						     _mm256_set1_epi16(sc[2 * p + 1]));
+						     _mm256_shuffle_epi8(sc16, pair_mask(2 * p + 1)));
 		acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
 	}
 	*sumi = hsum_i32(acc);
@@ -336,6 +357,9 @@ AI int32_t q6k_block(const struct blk_q6_k *b, const struct q8k_block *x)
 	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
 	__m256i acc = _mm256_setzero_si256();
 	for (int h = 0; h < 2; h++) {
+		/* this half's eight scales as int16, in both halves of a register */
+		const __m256i sc16 = _mm256_broadcastsi128_si256(
+			_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b->scales + 8 * h))));
 		const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
 		const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
 		const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
@@ -349,17 +373,15 @@ AI int32_t q6k_block(const struct blk_q6_k *b, const struct q8k_block *x)
 			const __m256i v = _mm256_or_si256(q[k], _mm256_slli_epi16(hb, 4));
 			const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h +
 										  32 * k));
-			const int8_t *s = b->scales + 8 * h + 2 * k;
-			const __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(s[0]),
-							      _mm_set1_epi16(s[1]));
+			const __m256i scv = _mm256_shuffle_epi8(sc16, pair_mask(8 + k));
 			acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v, xv),
 								      scv));
 		}
 	}
-	int32_t bias = 0;
-	for (int j = 0; j < 16; j++)
-		bias += b->scales[j] * x->bsums[j];
-	return hsum_i32(acc) - 32 * bias;
+	/* Σ_j sc_j bsums_j, in int32 lanes: vpmaddwd of the scales (int16) and the sums */
+	const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+	const __m256i bias = _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums));
+	return hsum_i32(_mm256_sub_epi32(acc, _mm256_slli_epi32(bias, 5)));
 }
 
 /* A legacy block's 32 values as bytes (legacy_values), in order: the low nibbles of qs are
