@@ -28,19 +28,25 @@ static bool k_format(enum fkv_quant q)
 	return q == FKV_Q4_K || q == FKV_Q5_K || q == FKV_Q6_K;
 }
 
+/* n values of x as qs · d: d = max|x| / 127, qs rounded to nearest; all zero for zeros. */
+static float quantize_run(int8_t *qs, const float *x, int n)
+{
+	float amax = 0;
+	for (int i = 0; i < n; i++)
+		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+	const float id = amax > 0 ? 127.0f / amax : 0.0f;
+	for (int i = 0; i < n; i++) {
+		long v = lrintf(x[i] * id);
+		qs[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+	}
+	return amax / 127.0f;
+}
+
 static void q8k_quantize(struct q8k_block *dst, const float *x, int64_t cols)
 {
 	for (int64_t b = 0; b < cols / QK_K; b++, x += QK_K) {
 		struct q8k_block *o = &dst[b];
-		float amax = 0;
-		for (int i = 0; i < QK_K; i++)
-			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-		o->d = amax / 127.0f;
-		const float id = amax > 0 ? 127.0f / amax : 0.0f;
-		for (int i = 0; i < QK_K; i++) {
-			long v = lrintf(x[i] * id);
-			o->qs[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-		}
+		o->d = quantize_run(o->qs, x, QK_K);
 		for (int j = 0; j < 16; j++) {
 			int s = 0;
 			for (int i = 0; i < 16; i++)
@@ -54,17 +60,10 @@ static void q8_32_quantize(struct q8_32_block *dst, const float *x, int64_t cols
 {
 	for (int64_t b = 0; b < cols / QK_LEGACY; b++, x += QK_LEGACY) {
 		struct q8_32_block *o = &dst[b];
-		float amax = 0;
-		for (int i = 0; i < QK_LEGACY; i++)
-			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-		o->d = amax / 127.0f;
-		const float id = amax > 0 ? 127.0f / amax : 0.0f;
+		o->d = quantize_run(o->qs, x, QK_LEGACY);
 		o->sum = 0;
-		for (int i = 0; i < QK_LEGACY; i++) {
-			long v = lrintf(x[i] * id);
-			o->qs[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+		for (int i = 0; i < QK_LEGACY; i++)
 			o->sum += o->qs[i];
-		}
 	}
 }
 
