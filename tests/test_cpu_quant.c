@@ -179,6 +179,13 @@ static void test_q8k_quantize(void **state)
 		}
 		assert_int_equal(l[k].sum, s);
 	}
+	/* a NaN in a block reaches the result, as through the f32 path */
+	x[3] = NAN;
+	cpu_qdot8_quantize(b, x, cols, FKV_Q4_K);
+	assert_true(isnan(b[0].d));
+	cpu_qdot8_quantize(l, x, cols, FKV_Q8_0);
+	assert_true(isnan(l[0].d));
+	assert_false(isnan(l[1].d));
 	free(x);
 }
 

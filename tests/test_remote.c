@@ -739,7 +739,7 @@ static void test_prefix_expiry(void **state)
 			     A.endpoint, "--seq", "a", "-c", "4096", FLAGS, NULL };
 	assert_int_equal(p_run(&a, ga), 0);
 	snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d --scan --pattern 'freekv:{pfx:*' | "
-		 "wc -l)\" %s 0", g_port, "-gt");
+		 "wc -l)\" -gt 0", g_port);
 	uint64_t t0 = clock_ms();
 	while (system(cmd)) { /* written in the background */
 		assert_true(clock_ms() - t0 < 10000);
@@ -747,7 +747,7 @@ static void test_prefix_expiry(void **state)
 	}
 	assert_int_equal(pfx_ttl_count(-1, -1), 0); /* each has its expiry */
 	snprintf(cmd, sizeof cmd, "test \"$(redis-cli -p %d --scan --pattern 'freekv:{pfx:*' | "
-		 "wc -l)\" %s 0", g_port, "-eq");
+		 "wc -l)\" -eq 0", g_port);
 	for (t0 = clock_ms(); system(cmd); h_sleep_ms(200))
 		assert_true(clock_ms() - t0 < 15000);
 	harness_stop(&A);

@@ -113,6 +113,10 @@ int dp_seq_export(struct dp *dp, const struct seq *s, struct remote_block **out,
 				ret = read_nvme(dp, pb, x->data, err, errlen);
 			else if (pb->tier == POOL_TIER_REMOTE && dp->rio)
 				fetch_op(dp, s, pb, x, &f[nf++]);
+			else if (pb->tier == POOL_TIER_REMOTE)
+				ret = errmsg(err, errlen, -EIO, "sequence '%s': (layer %u, page %u) is "
+					     "in Redis, and this daemon runs without remote_tier", s->name,
+					     l, p);
 			else
 				ret = errmsg(err, errlen, -EBUSY, "sequence '%s': a block is moving; try "
 					     "again", s->name);

@@ -520,8 +520,10 @@ static int got_tier(void *ctx, size_t i, const redisReply *rep, char *err, size_
 	if (o->kind != REMOTE_TIER_GET)
 		return 0;
 	if (rep->type == REDIS_REPLY_NIL) {
-		o->status = errmsg(o->err, sizeof o->err, -ENOENT, "tier block %" PRIu64 " is "
-				   "missing from Redis", o->id);
+		char k[KEY_MAX];
+		op_key(t->r, o, k);
+		o->status = errmsg(o->err, sizeof o->err, -ENOENT, "block %s is missing from Redis",
+				   k);
 		return 0;
 	}
 	const uint8_t *v = (const uint8_t *)rep->str;

@@ -49,14 +49,19 @@ static int no_remote(char *err, size_t errlen)
 	return errmsg(err, errlen, -ENODEV, "no remote tier configured (remote_url is empty)");
 }
 
-/* Reads a publish's blocks that are in the tier below NVMe (pipelined, each checked). One
- * that left the tier meanwhile (recalled by a sharer, or dropped) fails the publish with
- * -EAGAIN: nothing was written yet, and a second try finds it in DRAM. */
+/* Reads a publish's blocks that are in Redis (pipelined, each checked). A tier block that left
+ * the tier meanwhile (recalled by a sharer, or dropped) fails the publish with -EAGAIN: nothing
+ * was written yet, and a second try finds it in DRAM. A block adopted on demand whose
+ * publisher's copy is gone (another host published the name again) fails it with -ESTALE. */
 static int fetch_tier_blocks(struct remote *r, const char *name, struct remote_tier_op *ops,
 			     size_t n, char *err, size_t errlen)
 {
 	remote_tier_batch(r, ops, n);
 	for (size_t i = 0; i < n; i++) {
+		if (ops[i].status == -ENOENT && ops[i].key[0])
+			return errmsg(err, errlen, -ESTALE, "sequence '%s': the copy this host "
+				      "adopted is no longer in Redis (%s): another host published "
+				      "it since", name, ops[i].err);
 		if (ops[i].status == -ENOENT)
 			return errmsg(err, errlen, -EAGAIN, "sequence '%s': a block left the remote "
 				      "tier while it was read for the publish (%s); try again",

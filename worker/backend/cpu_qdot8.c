@@ -1,6 +1,7 @@
 /* cpu_qdot8 — see cpu_qdot8.h; the block layouts in docs/quant.md. */
 #include "cpu_qdot8.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,18 +29,22 @@ static bool k_format(enum fkv_quant q)
 	return q == FKV_Q4_K || q == FKV_Q5_K || q == FKV_Q6_K;
 }
 
-/* n values of x as qs · d: d = max|x| / 127, qs rounded to nearest; all zero for zeros. */
+/* n values of x as qs · d: d = max|x| / 127, qs rounded to nearest; all zero for zeros. A NaN
+ * makes d NaN, so that it reaches the result as it would through the f32 path. */
 static float quantize_run(int8_t *qs, const float *x, int n)
 {
 	float amax = 0;
-	for (int i = 0; i < n; i++)
-		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-	const float id = amax > 0 ? 127.0f / amax : 0.0f;
+	bool nan = false;
 	for (int i = 0; i < n; i++) {
-		long v = lrintf(x[i] * id);
+		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+		nan |= x[i] != x[i];
+	}
+	const float id = amax > 0 && amax <= FLT_MAX ? 127.0f / amax : 0.0f;
+	for (int i = 0; i < n; i++) {
+		long v = nan ? 0 : lrintf(x[i] * id);
 		qs[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
 	}
-	return amax / 127.0f;
+	return nan ? NAN : amax / 127.0f;
 }
 
 static void q8k_quantize(struct q8k_block *dst, const float *x, int64_t cols)
