@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "cpu_dot16.h"
+#include "cpu_gemm.h"
 #include "layout.h"
 #include "test_backend.h"
 
@@ -90,6 +91,9 @@ static void test_matmul(void **state)
 	/* Several converted tiles (tile = 1 MiB of f32 rows). */
 	check_matmul(FKV_BF16, 9, 4000, 300);
 	check_matmul(FKV_F16, 12, 4000, 300);
+	/* Several column chunks of the 16-bit GEMM (CPU_GEMM_KC), with a short last one. */
+	check_matmul(FKV_F16, 7, 41, 2 * CPU_GEMM_KC + 37);
+	check_matmul(FKV_BF16, 13, 9, 3 * CPU_GEMM_KC);
 }
 
 /* A product of one or two rows gives each row the bits it gets alone (CPU_GEMV_MAX_ROWS): a
@@ -166,6 +170,56 @@ static void test_matmul_dot16_equals_portable(void **state)
 				free(x);
 				free(ya);
 				free(yb);
+			}
+}
+
+/* The AVX-512 prefill GEMM on 16-bit weights (cpu_gemm.c) against its scalar reference: the
+ * same bits, directly on row ranges and through matmul, for both dtypes, every count of
+ * activation rows in a register tile (3 .. 14: full tiles of six and each short one), weight
+ * row counts that leave a short group of four, and columns that end in a masked step, inside
+ * the first chunk or past several. */
+static void test_matmul_gemm_equals_ref(void **state)
+{
+	(void)state;
+	cpu_gemm_enable(true);
+	if (!cpu_gemm_usable(FKV_F16, FKV_QNONE)) {
+		printf("skipped: this CPU lacks AVX-512, so converted tiles + sgemm run\n");
+		return;
+	}
+	static const int64_t shapes[][2] = { { 67, 300 }, { 130, 2051 }, { 5, 16 }, { 3, 5 },
+					     { 64, CPU_GEMM_KC }, { 9, 2 * CPU_GEMM_KC + 1 } };
+	static const enum fkv_dtype t16[] = { FKV_F16, FKV_BF16 };
+	for (size_t t = 0; t < 2; t++)
+		for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+			for (int64_t n = 3; n <= 14; n++) {
+				const int64_t rows = shapes[i][0], cols = shapes[i][1];
+				double *w64;
+				uint16_t *w = rand_typed(t16[t], rows * cols, &w64);
+				float *x = randv(n * cols, 1.0f);
+				float *ya = malloc((size_t)(n * rows) * 4), *yb = malloc((size_t)(n * rows) * 4);
+				float *yc = malloc((size_t)(n * rows) * 4);
+				assert_true(ya && yb && yc);
+				assert_int_equal(cpu_gemm_ref(ya, rows, x, n, w, t16[t], FKV_QNONE, cols, 0, rows), 0);
+				/* two row ranges, the first ending inside a group of four */
+				const int64_t cut = rows > 6 ? 6 : rows;
+				cpu_gemm_rows(yb, rows, x, n, w, t16[t], FKV_QNONE, cols, 0, cut);
+				cpu_gemm_rows(yb, rows, x, n, w, t16[t], FKV_QNONE, cols, cut, rows);
+				struct backend_mat m = mat(w, t16[t], rows, cols);
+				assert_int_equal(be->ops->matmul(be->ctx, yc, x, &m, n), 0);
+				for (int64_t k = 0; k < n * rows; k++)
+					if (memcmp(&ya[k], &yb[k], 4) || memcmp(&ya[k], &yc[k], 4))
+						fail_msg("gemm %s %lldx%lld n=%lld: element %lld is %a "
+							 "in the reference, %a by the kernel, %a by matmul",
+							 dtype_name(t16[t]), (long long)rows,
+							 (long long)cols, (long long)n, (long long)k,
+							 ya[k], yb[k], yc[k]);
+				be->ops->weight_release(be->ctx, &m);
+				free(w);
+				free(w64);
+				free(x);
+				free(ya);
+				free(yb);
+				free(yc);
 			}
 }
 
@@ -1100,6 +1154,7 @@ int main(void)
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_matmul_rows_alone),
 		cmocka_unit_test(test_matmul_dot16_equals_portable),
+		cmocka_unit_test(test_matmul_gemm_equals_ref),
 		cmocka_unit_test(test_matmul_all_16bit_patterns),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_rope),

@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "backend_cpu_priv.h"
 #include "cpu_dot16.h"
+#include "cpu_gemm.h"
 #include "cpu_qdot8.h"
 #include "cpu_quant.h"
 #include "layout.h"
@@ -414,12 +415,31 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 	return 0;
 }
 
+/* More than CPU_GEMV_MAX_ROWS activation rows on 16-bit or quantized weights with AVX-512:
+ * blocks of CPU_DOT_ROWS weight rows spread over the threads, each multiplied by cpu_gemm.c
+ * (16-bit weights in their stored dtype, quantized ones dequantized a small tile at a time; no
+ * packing, no converted matrix). */
+static int matmul_gemm(float *y, const float *x, const struct backend_mat *w, int64_t n)
+{
+	const int64_t rows = w->rows, cols = w->cols;
+	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
+	#pragma omp parallel for schedule(static) if (n * rows * cols > CPU_PAR_MIN)
+	for (int64_t b = 0; b < nblk; b++) {
+		const int64_t r0 = b * CPU_DOT_ROWS;
+		const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
+		cpu_gemm_rows(y, rows, x, n, w->data, w->dtype, w->quant, cols, r0, r1);
+	}
+	return 0;
+}
+
 static int cpu_matmul(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	if (n <= 0)
 		return 0;
 	if ((w->dtype != FKV_F32 || w->quant) && n <= CPU_GEMV_MAX_ROWS)
 		return matmul_dot(ctx, y, x, w, n);
+	if (!w->priv && cpu_gemm_usable(w->dtype, w->quant))
+		return matmul_gemm(y, x, w, n);
 	return matmul_blocks(ctx, y, x, w, n);
 }
 

@@ -79,11 +79,11 @@ struct engine {
 	/* Activations (backend memory), T = ubatch rows each. */
 	float *x, *xb;	   /* (T, dim) */
 	float *att;	   /* (T, n_heads * d) */
-	/* q (T, n_heads * d), k, v (T, n_kv * d) back to back in qkv, and hb, hb2 (T, ffn) in gu,
-	 * for the ubatch's T: one token's fused projection row [q | k | v] (or [gate | up]) is
-	 * then exactly q, k, v (hb, hb2). */
+	/* q (T, n_heads * d), k, v (T, n_kv * d) back to back in qkv, for the ubatch's T, and
+	 * gate, up (T', ffn) in gu for the T' rows of the FFN (layer_tail): one token's fused
+	 * projection row [q | k | v] (or [gate | up]) is then exactly q, k, v (gate, up). */
 	float *qkv, *gu;
-	float *q, *k, *v, *hb, *hb2;
+	float *q, *k, *v;
 	float *xo;	   /* (R, dim) rows whose logits are wanted */
 	float *logits;	   /* (R, vocab) */
 	int64_t logit_rows; /* R allocated */
@@ -648,6 +648,36 @@ static int layer_attention(struct engine *e, int l, const struct piece *pc, int 
 	return 0;
 }
 
+/* The rest of layer L past attention, on T rows: x += att . wo, then x += ffn(norm(x)). */
+static int layer_tail(struct engine *e, const struct engine_layer *L, float *x, const float *att,
+		      int64_t T)
+{
+	const struct backend_ops *o = e->be->ops;
+	void *c = e->be->ctx;
+	const struct fkv_model_config *cf = &e->cfg;
+	int64_t dim = cf->dim, ffn = cf->ffn_dim;
+	float *gate = e->gu, *up = e->gu + T * ffn;
+	return o->matmul(c, e->xb, att, &L->wo, T)
+	    ?: o->add(c, x, e->xb, T * dim)
+	    ?: o->rmsnorm(c, e->xb, x, &L->ffn_norm, T, dim, cf->norm_eps)
+	    ?: (T == 1 && L->wgu.data ? o->matmul(c, gate, e->xb, &L->wgu, T)
+		: o->matmul(c, gate, e->xb, &L->w_gate, T)
+		?: o->matmul(c, up, e->xb, &L->w_up, T))
+	    ?: o->silu_mul(c, gate, gate, up, T * ffn)
+	    ?: o->matmul(c, e->xb, gate, &L->w_down, T)
+	    ?: o->add(c, x, e->xb, T * dim);
+}
+
+/* The logits of the n_out final residual rows gathered in e->xo, into e->logits. */
+static int logits(struct engine *e, int64_t n_out)
+{
+	const struct backend_ops *o = e->be->ops;
+	void *c = e->be->ctx;
+	return o->rmsnorm(c, e->xo, e->xo, &e->out_norm, n_out, e->cfg.dim, e->cfg.norm_eps)
+	    ?: o->matmul(c, e->logits, e->xo, &e->output, n_out)
+	    ?: (o->sync ? o->sync(c) : 0);
+}
+
 /* Runs one ubatch of T tokens (ids, positions and out_rows filled in on the host) through
  * every layer, then the logits of the n_out rows listed in out_rows into e->logits. */
 static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int np, int64_t n_out)
@@ -655,15 +685,13 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 	const struct backend_ops *o = e->be->ops;
 	void *c = e->be->ctx;
 	const struct fkv_model_config *cf = &e->cfg;
-	int64_t dim = cf->dim, ffn = cf->ffn_dim;
+	int64_t dim = cf->dim;
 	int64_t qd = (int64_t)cf->n_heads * cf->head_dim;
 	int64_t kvd = (int64_t)cf->n_kv_heads * cf->head_dim;
 	size_t i4 = sizeof(int32_t);
 	e->q = e->qkv;
 	e->k = e->q + T * qd;
 	e->v = e->k + T * kvd;
-	e->hb = e->gu;
-	e->hb2 = e->gu + T * ffn;
 	int ret = o->upload(c, e->ids_b, e->ids, (size_t)T * i4)
 	       ?: o->upload(c, e->pos_b, e->pos, (size_t)T * i4)
 	       ?: (n_out ? o->upload(c, e->rows_b, e->out_rows, (size_t)n_out * i4) : 0)
@@ -682,23 +710,28 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 			   ?: o->add_bias(c, e->v, &L->bv, T);
 		ret = ret ?: o->rope(c, e->q, T, cf->n_heads, cf->head_dim, e->pos_b, &e->rope)
 		   ?: o->rope(c, e->k, T, cf->n_kv_heads, cf->head_dim, e->pos_b, &e->rope)
-		   ?: layer_attention(e, l, pc, np)
-		   ?: o->matmul(c, e->xb, e->att, &L->wo, T)
-		   ?: o->add(c, e->x, e->xb, T * dim)
-		   ?: o->rmsnorm(c, e->xb, e->x, &L->ffn_norm, T, dim, cf->norm_eps)
-		   ?: (T == 1 && L->wgu.data ? o->matmul(c, e->hb, e->xb, &L->wgu, T)
-			   : o->matmul(c, e->hb, e->xb, &L->w_gate, T)
-			   ?: o->matmul(c, e->hb2, e->xb, &L->w_up, T))
-		   ?: o->silu_mul(c, e->hb, e->hb, e->hb2, T * ffn)
-		   ?: o->matmul(c, e->xb, e->hb, &L->w_down, T)
-		   ?: o->add(c, e->x, e->xb, T * dim);
+		   ?: layer_attention(e, l, pc, np);
+		if (ret || l < cf->n_layers - 1 || n_out == T) {
+			ret = ret ?: layer_tail(e, L, e->x, e->att, T);
+			continue;
+		}
+		/* The last layer's K and V are in the cache now; past them only the n_out rows
+		 * whose logits were asked for matter (none in a ubatch that only fills the
+		 * cache): their residual and attention rows are gathered (the latter into q,
+		 * free now) and the rest of the layer runs on them alone. */
+		if (!n_out)
+			return 0;
+		ret = o->gather_rows(c, e->xo, e->x, dim, e->rows_b, n_out)
+		   ?: o->gather_rows(c, e->q, e->att, qd, e->rows_b, n_out)
+		   ?: layer_tail(e, L, e->xo, e->q, n_out);
+		if (ret)
+			return ret;
+		return logits(e, n_out);
 	}
 	if (ret || !n_out)
 		return ret;
-	return o->gather_rows(c, e->xo, e->x, dim, e->rows_b, n_out)
-	    ?: o->rmsnorm(c, e->xo, e->xo, &e->out_norm, n_out, dim, cf->norm_eps)
-	    ?: o->matmul(c, e->logits, e->xo, &e->output, n_out)
-	    ?: (o->sync ? o->sync(c) : 0);
+	ret = o->gather_rows(c, e->xo, e->x, dim, e->rows_b, n_out);
+	return ret ?: logits(e, n_out);
 }
 
 /* Checks the whole request before anything runs, so a refused call changes nothing. */
