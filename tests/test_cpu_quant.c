@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "backend.h"
+#include "cpu_gemm.h"
 #include "cpu_qdot8.h"
 #include "cpu_quant.h"
 #include "dtype.h"
@@ -256,6 +257,45 @@ static void test_qdot8_kernels(void **state)
 }
 
 /* matmul (n = 1 and n = 5) and embed through the ops table, 1 and 2 threads. */
+/* The prefill GEMM (cpu_gemm.c) on every format against its scalar reference: the same bits,
+ * for one block, several blocks inside a column chunk and several chunks, every short register
+ * tile of activation rows, and a short group of weight rows. */
+static void test_gemm_kernels(void **state)
+{
+	(void)state;
+	for (size_t f = 0; f < N_FMT; f++) {
+		const enum fkv_quant q = formats[f];
+		if (!cpu_gemm_usable(FKV_F32, q)) {
+			printf("skipped: no AVX-512 here, so prefill takes converted tiles + sgemm\n");
+			return;
+		}
+		const int be = quant_block_elems(q);
+		const int64_t colss[] = { be, 3 * be, 3 * CPU_GEMM_KC };
+		for (size_t ci = 0; ci < 3; ci++)
+			for (int64_t n = 3; n <= 8; n++) {
+				const int64_t rows = 9, cols = colss[ci];
+				uint8_t *w = rand_matrix(q, rows, cols);
+				float *x = randv(n * cols);
+				float *ya = malloc(sizeof(float) * (size_t)(n * rows));
+				float *yb = malloc(sizeof(float) * (size_t)(n * rows));
+				assert_true(ya && yb);
+				assert_int_equal(cpu_gemm_ref(ya, rows, x, n, w, FKV_F32, q, cols, 0, rows), 0);
+				cpu_gemm_rows(yb, rows, x, n, w, FKV_F32, q, cols, 0, 5);
+				cpu_gemm_rows(yb, rows, x, n, w, FKV_F32, q, cols, 5, rows);
+				for (int64_t k = 0; k < n * rows; k++)
+					if (memcmp(&ya[k], &yb[k], sizeof(float)))
+						fail_msg("gemm %s %lldx%lld n=%lld: element %lld is %a in "
+							 "the reference, %a by the kernel", quant_name(q),
+							 (long long)rows, (long long)cols, (long long)n,
+							 (long long)k, ya[k], yb[k]);
+				free(w);
+				free(x);
+				free(ya);
+				free(yb);
+			}
+	}
+}
+
 static void test_backend_ops(void **state)
 {
 	(void)state;
@@ -325,6 +365,7 @@ int main(void)
 		cmocka_unit_test(test_kernels),
 		cmocka_unit_test(test_q8k_quantize),
 		cmocka_unit_test(test_qdot8_kernels),
+		cmocka_unit_test(test_gemm_kernels),
 		cmocka_unit_test(test_backend_ops),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
