@@ -270,7 +270,7 @@ static void test_gemm_kernels(void **state)
 			return;
 		}
 		const int be = quant_block_elems(q);
-		const int64_t colss[] = { be, 3 * be, 3 * CPU_GEMM_KC };
+		const int64_t colss[] = { be, 3 * be, 3 * CPU_GEMM_KCQ };
 		for (size_t ci = 0; ci < 3; ci++)
 			for (int64_t n = 3; n <= 8; n++) {
 				const int64_t rows = 9, cols = colss[ci];

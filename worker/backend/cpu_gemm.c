@@ -51,6 +51,7 @@ int cpu_gemm_ref(float *y, int64_t ldy, const float *x, int64_t n, const void *w
 	if (!row)
 		return -ENOMEM;
 	const size_t rb = q != FKV_QNONE ? quant_row_bytes(q, cols) : 0;
+	const int64_t kc = q != FKV_QNONE ? CPU_GEMM_KCQ : CPU_GEMM_KC;
 	for (int64_t r = r0; r < r1; r++) {
 		if (q != FKV_QNONE)
 			quant_dequant(q, row, (const char *)w + (size_t)r * rb, cols);
@@ -60,8 +61,8 @@ int cpu_gemm_ref(float *y, int64_t ldy, const float *x, int64_t n, const void *w
 		for (int64_t j = 0; j < n; j++) {
 			const float *xj = x + j * cols;
 			float acc = 0;
-			for (int64_t k0 = 0; k0 < cols; k0 += CPU_GEMM_KC) {
-				const int64_t k1 = k0 + CPU_GEMM_KC < cols ? k0 + CPU_GEMM_KC : cols;
+			for (int64_t k0 = 0; k0 < cols; k0 += kc) {
+				const int64_t k1 = k0 + kc < cols ? k0 + kc : cols;
 				float lane[16] = { 0 };
 				for (int64_t k = k0; k < k1; k++)
 					lane[(k - k0) & 15] = fmaf(xj[k], row[k], lane[(k - k0) & 15]);
@@ -97,7 +98,7 @@ bool cpu_gemm_usable(enum fkv_dtype t, enum fkv_quant q)
 		usable = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
 			 __builtin_cpu_supports("avx512bw");
 	}
-	const bool kind = q != FKV_QNONE ? CPU_GEMM_KC % quant_block_elems(q) == 0
+	const bool kind = q != FKV_QNONE ? CPU_GEMM_KCQ % quant_block_elems(q) == 0
 					 : t == FKV_F16 || t == FKV_BF16;
 	return kind && usable && enabled();
 }
@@ -130,7 +131,7 @@ reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
 
 /* Weight rows and activation rows of one register tile. */
 #define GW 4
-#define GT 6
+#define GT 5
 
 /* Element k of weight row i of a tile. */
 #define WAT(i, k) (wk == W_F32 ? (const void *)((const float *)wr[i] + (k)) \
@@ -142,7 +143,7 @@ reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
 		__m512 wv[GW];                                                               \
 		_Pragma("GCC unroll 4") for (int i = 0; i < GW; i++)                         \
 			wv[i] = ld_w(WAT(i, k), (m), wk);                                    \
-		_Pragma("GCC unroll 6") for (int j = 0; j < NT; j++) {                       \
+		_Pragma("GCC unroll 5") for (int j = 0; j < NT; j++) {                       \
 			const __m512 xv = _mm512_maskz_loadu_ps((m), xr[j] + (k));           \
 			_Pragma("GCC unroll 4") for (int i = 0; i < GW; i++)                 \
 				acc[i][j] = _mm512_fmadd_ps(xv, wv[i], acc[i][j]);           \
@@ -158,13 +159,13 @@ tile(float *y, int64_t ldy, const float *x, int64_t cols, const void *const *wr,
      bool first, const int NT, __mmask8 m, const enum wkind wk, const bool prefetch)
 {
 	const float *xr[GT];
-	#pragma GCC unroll 6
+	#pragma GCC unroll 5
 	for (int j = 0; j < NT; j++)
 		xr[j] = x + j * cols;
 	__m512 acc[GW][GT];
 	#pragma GCC unroll 4
 	for (int i = 0; i < GW; i++)
-		#pragma GCC unroll 6
+		#pragma GCC unroll 5
 		for (int j = 0; j < NT; j++)
 			acc[i][j] = _mm512_setzero_ps();
 	const __mmask16 all = 0xffff;
@@ -185,7 +186,7 @@ tile(float *y, int64_t ldy, const float *x, int64_t cols, const void *const *wr,
 		const __mmask16 km = (__mmask16)((1u << (len - k)) - 1);
 		GEMM_STEP(k, km);
 	}
-	#pragma GCC unroll 6
+	#pragma GCC unroll 5
 	for (int j = 0; j < NT; j++) {
 		__m128 s = reduce4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]);
 		float *yj = y + j * ldy;
@@ -208,7 +209,6 @@ group(float *y, int64_t ldy, const float *x, int64_t n, int64_t cols, const void
 	const float *xj = x + j * cols;
 	const bool pf = prefetch && !j;
 	switch (n - j) {
-	case 5: tile(yj, ldy, xj, cols, wr, len, first, 5, m, wk, pf); break;
 	case 4: tile(yj, ldy, xj, cols, wr, len, first, 4, m, wk, pf); break;
 	case 3: tile(yj, ldy, xj, cols, wr, len, first, 3, m, wk, pf); break;
 	case 2: tile(yj, ldy, xj, cols, wr, len, first, 2, m, wk, pf); break;
@@ -238,26 +238,26 @@ rows16(float *y, int64_t ldy, const float *x, int64_t n, const uint16_t *w, int6
 }
 
 /* Quantized weights: the same, each group's chunk first dequantized into an f32 tile of GW rows
- * of CPU_GEMM_KC (rows past r1 are not dequantized; their tile rows repeat the last one). */
+ * of CPU_GEMM_KCQ (rows past r1 are not dequantized; their tile rows repeat the last one). */
 GEMM_TARGET static void rowsq(float *y, int64_t ldy, const float *x, int64_t n, const void *w,
 			      enum fkv_quant q, int64_t cols, int64_t r0, int64_t r1)
 {
-	float t[GW * CPU_GEMM_KC] __attribute__((aligned(64)));
+	float t[GW * CPU_GEMM_KCQ] __attribute__((aligned(64)));
 	const size_t rb = quant_row_bytes(q, cols);
 	const size_t bb = quant_block_bytes(q);
 	const int64_t be = quant_block_elems(q);
-	for (int64_t k0 = 0; k0 < cols; k0 += CPU_GEMM_KC) {
-		const int64_t len = k0 + CPU_GEMM_KC < cols ? CPU_GEMM_KC : cols - k0;
+	for (int64_t k0 = 0; k0 < cols; k0 += CPU_GEMM_KCQ) {
+		const int64_t len = k0 + CPU_GEMM_KCQ < cols ? CPU_GEMM_KCQ : cols - k0;
 		for (int64_t r = r0; r < r1; r += GW) {
 			const int valid = r1 - r < GW ? (int)(r1 - r) : GW;
 			const void *wr[GW];
 			for (int i = 0; i < GW; i++) {
 				if (i < valid)
-					cpu_quant_dequant_rows(t + i * CPU_GEMM_KC,
+					cpu_quant_dequant_rows(t + i * CPU_GEMM_KCQ,
 							       (const char *)w + (size_t)(r + i) * rb +
 								       (size_t)(k0 / be) * bb,
 							       q, len, 0, 1);
-				wr[i] = t + (i < valid ? i : valid - 1) * CPU_GEMM_KC;
+				wr[i] = t + (i < valid ? i : valid - 1) * CPU_GEMM_KCQ;
 			}
 			group(y + r, ldy, x + k0, n, cols, wr, len, !k0, (__mmask8)((1u << valid) - 1),
 			      W_F32, false);
