@@ -259,6 +259,20 @@ GEMM_TARGET static void rowsq(float *y, int64_t ldy, const float *x, int64_t n, 
 							       q, len, 0, 1);
 				wr[i] = t + (i < valid ? i : valid - 1) * CPU_GEMM_KCQ;
 			}
+			/* the next group's blocks (or the first group's in the next chunk), to
+			 * arrive while this group's tiles run */
+			const int64_t nr = r + GW < r1 ? r + GW : r0;
+			const int64_t nk = r + GW < r1 ? k0 : k0 + CPU_GEMM_KCQ;
+			if (nk < cols) {
+				const int64_t nlen = nk + CPU_GEMM_KCQ < cols ? CPU_GEMM_KCQ : cols - nk;
+				const size_t bytes = (size_t)(nlen / be) * bb;
+				for (int64_t i = nr; i < nr + GW && i < r1; i++) {
+					const char *p = (const char *)w + (size_t)i * rb +
+							(size_t)(nk / be) * bb;
+					for (size_t o = 0; o < bytes; o += 64)
+						_mm_prefetch(p + o, _MM_HINT_T0);
+				}
+			}
 			group(y + r, ldy, x + k0, n, cols, wr, len, !k0, (__mmask8)((1u << valid) - 1),
 			      W_F32, false);
 		}

@@ -252,6 +252,23 @@ bool cpu_qdot8_usable(enum fkv_quant q)
 	return usable && quant_known(q) && enabled();
 }
 
+/* Weight bytes this far ahead of the block being read are prefetched into L2 (rows are read in
+ * order, so the stream is linear): an L1 prefetch would hold one of the few L1 miss buffers until
+ * its line arrives, an L2 one does not (see cpu_dot16.c). */
+#ifndef QDOT8_PREFETCH
+#define QDOT8_PREFETCH 4096
+#endif
+
+/* The lines of the bb bytes QDOT8_PREFETCH past blk. */
+AI void prefetch_block(const void *blk, size_t bb)
+{
+	const char *p = (const char *)blk + QDOT8_PREFETCH;
+	for (size_t o = 0; o < bb; o += 64)
+		_mm_prefetch(p + o, _MM_HINT_T1);
+	if (bb & 63)
+		_mm_prefetch(p + bb - 1, _MM_HINT_T1);
+}
+
 AI int32_t hsum_i32(__m256i v)
 {
 	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -441,6 +458,7 @@ AI float legacy_row(const uint8_t *row, const struct q8_32_block *x, enum fkv_qu
 	__m256 acc = _mm256_setzero_ps();
 	float accm = 0;
 	for (int64_t i = 0; i < nb; i++, row += bb) {
+		prefetch_block(row, bb);
 		uint16_t d;
 		memcpy(&d, row, 2);
 		const __m256i xv = _mm256_loadu_si256((const __m256i *)x[i].qs);
@@ -483,6 +501,7 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 		case FKV_Q4_K:
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q4_k *b = (const struct blk_q4_k *)row + i;
+				prefetch_block(b, sizeof *b);
 				k45_block(b->scales, b->qs, NULL, &x[i], &sumi, &summ);
 				acc = k_acc_f16c(acc, x[i].d, b->d, b->dmin, sumi, summ);
 			}
@@ -490,6 +509,7 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 		case FKV_Q5_K:
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q5_k *b = (const struct blk_q5_k *)row + i;
+				prefetch_block(b, sizeof *b);
 				k45_block(b->scales, b->qs, b->qh, &x[i], &sumi, &summ);
 				acc = k_acc_f16c(acc, x[i].d, b->d, b->dmin, sumi, summ);
 			}
@@ -497,6 +517,7 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 		default: /* FKV_Q6_K */
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q6_k *b = (const struct blk_q6_k *)row + i;
+				prefetch_block(b, sizeof *b);
 				acc = k_acc_f16c(acc, x[i].d, b->d, 0, q6k_block(b, &x[i]), 0);
 			}
 			break;
