@@ -16,6 +16,7 @@
 #include "backend_cpu_priv.h"
 #include "cpu_dot16.h"
 #include "cpu_gemm.h"
+#include "cpu_q4k.h"
 #include "cpu_qdot8.h"
 #include "cpu_quant.h"
 #include "layout.h"
@@ -432,10 +433,39 @@ static int matmul_gemm(float *y, const float *x, const struct backend_mat *w, in
 	return 0;
 }
 
+/* Q4_K weights with AVX-512 VNNI, any number of activation rows: the rows quantized once into
+ * the context's buffer, blocks of CPU_DOT_ROWS weight rows spread over the threads, each against
+ * every activation row (cpu_q4k.c). A row's result does not depend on n. */
+static int matmul_q4k(struct cpu_ctx *c, float *y, const float *x, const struct backend_mat *w,
+		      int64_t n)
+{
+	const int64_t rows = w->rows, cols = w->cols;
+	const size_t ab = cpu_q4k_act_bytes(cols);
+	if ((size_t)n * ab > c->q8_len) {
+		void *p = realloc(c->q8, (size_t)n * ab);
+		if (!p)
+			return -ENOMEM;
+		c->q8 = p;
+		c->q8_len = (size_t)n * ab;
+	}
+	for (int64_t j = 0; j < n; j++)
+		cpu_q4k_quantize((char *)c->q8 + j * ab, x + j * cols, cols);
+	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
+	#pragma omp parallel for schedule(static) if (n * rows * cols > CPU_PAR_MIN)
+	for (int64_t b = 0; b < nblk; b++) {
+		const int64_t r0 = b * CPU_DOT_ROWS;
+		const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
+		cpu_q4k_rows(y, rows, c->q8, n, w->data, cols, r0, r1);
+	}
+	return 0;
+}
+
 static int cpu_matmul(void *ctx, float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	if (n <= 0)
 		return 0;
+	if (w->quant == FKV_Q4_K && cpu_q4k_usable())
+		return matmul_q4k(ctx, y, x, w, n);
 	if ((w->dtype != FKV_F32 || w->quant) && n <= CPU_GEMV_MAX_ROWS)
 		return matmul_dot(ctx, y, x, w, n);
 	if (!w->priv && cpu_gemm_usable(w->dtype, w->quant))

@@ -174,7 +174,7 @@ tile(float *y, int64_t ldy, const float *x, int64_t cols, const void *const *wr,
 		if (prefetch)
 			#pragma GCC unroll 4
 			for (int i = 0; i < GW; i++)
-				_mm_prefetch((const char *)WAT(i, k + CPU_GEMM_KC), _MM_HINT_T0);
+				_mm_prefetch((const char *)WAT(i, k + CPU_GEMM_KC), _MM_HINT_T1);
 		GEMM_STEP(k, all);
 		GEMM_STEP(k + 16, all);
 	}
@@ -270,7 +270,7 @@ GEMM_TARGET static void rowsq(float *y, int64_t ldy, const float *x, int64_t n, 
 					const char *p = (const char *)w + (size_t)i * rb +
 							(size_t)(nk / be) * bb;
 					for (size_t o = 0; o < bytes; o += 64)
-						_mm_prefetch(p + o, _MM_HINT_T0);
+						_mm_prefetch(p + o, _MM_HINT_T1);
 				}
 			}
 			group(y + r, ldy, x + k0, n, cols, wr, len, !k0, (__mmask8)((1u << valid) - 1),

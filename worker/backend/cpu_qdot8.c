@@ -164,41 +164,54 @@ static int k45_value(const uint8_t *qs, const uint8_t *qh, int i)
 	return v;
 }
 
-/* Q4_K/Q5_K: Σ_j sc_j Σ_{i∈j} q_i x_i and Σ_j m_j Σ_{i∈j} x_i over the eight sub-blocks of 32. */
-static void k45_sums(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
-		     const struct q8k_block *x, int32_t *sumi, int32_t *summ)
+/* Q4_K/Q5_K, in the kernel's lanes: li[l] = Σ_j sc_j Σ_{b=4l..4l+3} q_(32j+b) x_(32j+b) (eight
+ * int32 lanes, four values of each sub-block of 32), and lm[l] = m_2l P_2l + m_(2l+1) P_(2l+1)
+ * with P_j = bsums[2j] + bsums[2j+1] (four lanes): their totals are Σ_j sc_j Σ_{i∈j} q_i x_i and
+ * Σ_j m_j Σ_{i∈j} x_i. */
+static void k45_lanes(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+		      const struct q8k_block *x, int32_t li[8], int32_t lm[4])
 {
-	*sumi = *summ = 0;
-	for (int j = 0; j < 8; j++) {
-		uint8_t sc, m;
-		quant_k_scale_min(scales, j, &sc, &m);
+	uint8_t sc[8], mn[8];
+	for (int j = 0; j < 8; j++)
+		quant_k_scale_min(scales, j, &sc[j], &mn[j]);
+	for (int l = 0; l < 8; l++) {
+		li[l] = 0;
+		for (int j = 0; j < 8; j++)
+			for (int b = 4 * l; b < 4 * l + 4; b++)
+				li[l] += sc[j] * k45_value(qs, qh, 32 * j + b) * x->qs[32 * j + b];
+	}
+	for (int l = 0; l < 4; l++) {
+		const int32_t p0 = x->bsums[4 * l] + x->bsums[4 * l + 1];
+		const int32_t p1 = x->bsums[4 * l + 2] + x->bsums[4 * l + 3];
+		lm[l] = mn[2 * l] * p0 + mn[2 * l + 1] * p1;
+	}
+}
+
+/* Q6_K, in the kernel's lanes: li[l] = Σ_i sc_(i/16) q_i x_i over the values i with i % 32 in
+ * 4l .. 4l + 3, less 32 (sc_2l bsums_2l + sc_(2l+1) bsums_(2l+1)): Σ_j sc_j Σ_{i∈j} (q_i - 32) x_i
+ * in all, over the sixteen sub-blocks of 16. */
+static void q6k_lanes(const struct blk_q6_k *b, const struct q8k_block *x, int32_t li[8])
+{
+	for (int l = 0; l < 8; l++) {
 		int32_t s = 0;
-		for (int l = 0; l < 32; l++)
-			s += k45_value(qs, qh, 32 * j + l) * x->qs[32 * j + l];
-		*sumi += sc * s;
-		*summ += m * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
+		for (int i = 0; i < QK_K; i++) {
+			if (i % 32 / 4 != l)
+				continue;
+			const int h = i / 128, k = i % 128 / 32, c = i % 32;
+			const uint8_t lo = b->ql[64 * h + 32 * (k % 2) + c];
+			const int q = (k < 2 ? lo & 15 : lo >> 4) | ((b->qh[32 * h + c] >> (2 * k)) & 3) << 4;
+			s += b->scales[i / 16] * q * x->qs[i];
+		}
+		const int32_t bias = b->scales[2 * l] * x->bsums[2 * l] +
+				     b->scales[2 * l + 1] * x->bsums[2 * l + 1];
+		li[l] = s - 32 * bias;
 	}
 }
 
-/* Q6_K: Σ_j sc_j Σ_{i∈j} (q_i - 32) x_i over the sixteen sub-blocks of 16. */
-static int32_t q6k_sum(const struct blk_q6_k *b, const struct q8k_block *x)
+/* Four f32 lanes summed as the kernel sums them. */
+static float hsum4_ref(const float a[4])
 {
-	int32_t sumi = 0;
-	for (int i = 0; i < QK_K; i++) {
-		const int h = i / 128, k = i % 128 / 32, l = i % 32;
-		const uint8_t lo = b->ql[64 * h + 32 * (k % 2) + l];
-		const int q = (k < 2 ? lo & 15 : lo >> 4) | ((b->qh[32 * h + l] >> (2 * k)) & 3) << 4;
-		sumi += b->scales[i / 16] * (q - 32) * x->qs[i];
-	}
-	return sumi;
-}
-
-/* The f32 step, shared by both paths: acc + dx·d·sumi - dx·dmin·summ, each one rounding. */
-__attribute__((always_inline)) static inline float k_acc(float acc, float dx, uint16_t d,
-							 uint16_t dmin, int32_t sumi, int32_t summ)
-{
-	acc = fmaf(dx * f16_to_f32(d), (float)sumi, acc);
-	return fmaf(-(dx * f16_to_f32(dmin)), (float)summ, acc);
+	return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
 void cpu_qdot8_rows_ref(float *y, const void *act, const void *w, enum fkv_quant q, int64_t cols,
@@ -215,23 +228,33 @@ void cpu_qdot8_rows_ref(float *y, const void *act, const void *w, enum fkv_quant
 	const int64_t nb = cols / QK_K;
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
-		float acc = 0;
+		/* per block: acc[l] += li[l]·(dx·d), accm[l] += lm[l]·(dx·dmin), one rounding each */
+		float acc[8] = { 0 }, accm[4] = { 0 };
 		for (int64_t i = 0; i < nb; i++) {
-			int32_t sumi, summ;
+			int32_t li[8], lm[4] = { 0 };
+			uint16_t d, dmin = 0;
 			if (q == FKV_Q6_K) {
 				const struct blk_q6_k *b = (const struct blk_q6_k *)row + i;
-				acc = k_acc(acc, x[i].d, b->d, 0, q6k_sum(b, &x[i]), 0);
+				q6k_lanes(b, &x[i], li);
+				d = b->d;
 			} else if (q == FKV_Q4_K) {
 				const struct blk_q4_k *b = (const struct blk_q4_k *)row + i;
-				k45_sums(b->scales, b->qs, NULL, &x[i], &sumi, &summ);
-				acc = k_acc(acc, x[i].d, b->d, b->dmin, sumi, summ);
+				k45_lanes(b->scales, b->qs, NULL, &x[i], li, lm);
+				d = b->d;
+				dmin = b->dmin;
 			} else {
 				const struct blk_q5_k *b = (const struct blk_q5_k *)row + i;
-				k45_sums(b->scales, b->qs, b->qh, &x[i], &sumi, &summ);
-				acc = k_acc(acc, x[i].d, b->d, b->dmin, sumi, summ);
+				k45_lanes(b->scales, b->qs, b->qh, &x[i], li, lm);
+				d = b->d;
+				dmin = b->dmin;
 			}
+			const float dd = x[i].d * f16_to_f32(d), dm = x[i].d * f16_to_f32(dmin);
+			for (int l = 0; l < 8; l++)
+				acc[l] = fmaf((float)li[l], dd, acc[l]);
+			for (int l = 0; l < 4 && q != FKV_Q6_K; l++)
+				accm[l] = fmaf((float)lm[l], dm, accm[l]);
 		}
-		y[r] = acc;
+		y[r] = q == FKV_Q6_K ? hsum8_ref(acc) : hsum8_ref(acc) - hsum4_ref(accm);
 	}
 }
 
@@ -269,20 +292,13 @@ AI void prefetch_block(const void *blk, size_t bb)
 		_mm_prefetch(p + bb - 1, _MM_HINT_T1);
 }
 
-AI int32_t hsum_i32(__m256i v)
+/* A K block's f32 step on the lanes (cpu_qdot8_rows_ref's): acc += cvt(li)·(dx·d) and accm +=
+ * cvt(lm)·(dx·dmin), one FMA each; F16C converts the scales exactly. */
+AI __m256 k_acc_lanes(__m256 acc, __m128 *accm, float dx, uint16_t d, uint16_t dmin, __m256i li,
+		      __m128i lm)
 {
-	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-	return _mm_cvtsi128_si32(s);
-}
-
-/* The f32 step of k_acc, with F16C's exact conversion instead of the library call: the same
- * values, the same roundings. */
-AI float k_acc_f16c(float acc, float dx, uint16_t d, uint16_t dmin, int32_t sumi, int32_t summ)
-{
-	acc = fmaf(dx * _cvtsh_ss(d), (float)sumi, acc);
-	return fmaf(-(dx * _cvtsh_ss(dmin)), (float)summ, acc);
+	*accm = _mm_fmadd_ps(_mm_cvtepi32_ps(lm), _mm_set1_ps(dx * _cvtsh_ss(dmin)), *accm);
+	return _mm256_fmadd_ps(_mm256_cvtepi32_ps(li), _mm256_set1_ps(dx * _cvtsh_ss(d)), acc);
 }
 
 /* The twelve scale bytes of a Q4_K/Q5_K block as eight 6-bit scales (sc, bytes 0..7) and eight
@@ -302,18 +318,16 @@ AI void k45_unpack(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8])
 	memcpy(mn, o + 2, 8);
 }
 
-/* Σ_j m_j (bsums[2j] + bsums[2j+1]): the mins' part of a Q4_K/Q5_K block (pairs of bsums added
- * with vphaddw, then vpmaddwd against the mins). */
-AI int32_t k45_mins(const uint8_t mn[8], const struct q8k_block *x)
+/* The mins' part of a Q4_K/Q5_K block in four int32 lanes, lane l = m_2l P_2l + m_(2l+1) P_(2l+1)
+ * with P_j = bsums[2j] + bsums[2j+1] (pairs of bsums added with vphaddw, then vpmaddwd against
+ * the mins). */
+AI __m128i k45_mins(const uint8_t mn[8], const struct q8k_block *x)
 {
 	const __m128i b0 = _mm_loadu_si128((const __m128i *)x->bsums);
 	const __m128i b1 = _mm_loadu_si128((const __m128i *)(x->bsums + 8));
 	const __m128i pairs = _mm_hadd_epi16(b0, b1);
 	const __m128i m = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-	__m128i s = _mm_madd_epi16(pairs, m);
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-	return _mm_cvtsi128_si32(s);
+	return _mm_madd_epi16(pairs, m);
 }
 
 /* vpshufb masks that fill the low 128 bits with int16 lane a of a broadcast 128-bit source and
@@ -334,12 +348,12 @@ AI __m256i pair_mask(int row)
 	return _mm256_load_si256((const __m256i *)pair_masks[row]);
 }
 
-/* One Q4_K or Q5_K block (qh NULL for Q4_K): sumi and summ as k45_sums computes them. Each 32
+/* One Q4_K or Q5_K block (qh NULL for Q4_K): the lanes li and lm of k45_lanes. Each 32
  * bytes of qs hold sub-blocks 2p (low nibbles) and 2p+1 (high nibbles); vpmaddubsw multiplies
  * the unsigned values with the signed activation (pairs summed in int16: at most 31·127·2), then
  * vpmaddwd applies the sub-block's scale in int32. */
 AI void k45_block(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
-		  const struct q8k_block *x, int32_t *sumi, int32_t *summ)
+		  const struct q8k_block *x, __m256i *li, __m128i *lm)
 {
 	uint8_t sc[8], mn[8];
 	k45_unpack(scales, sc, mn);
@@ -367,13 +381,14 @@ AI void k45_block(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
 						     _mm256_shuffle_epi8(sc16, pair_mask(2 * p + 1)));
 		acc = _mm256_add_epi32(acc, _mm256_add_epi32(pl, ph));
 	}
-	*sumi = hsum_i32(acc);
-	*summ = k45_mins(mn, x);
+	*li = acc;
+	*lm = k45_mins(mn, x);
 }
 
-/* One Q6_K block: Σ_j sc_j (Σ q_i x_i - 32 bsums_j), the -32 applied through the sums. Each half
+/* One Q6_K block: the lanes of q6k_lanes, Σ_j sc_j (Σ q_i x_i - 32 bsums_j) in all, the -32
+ * applied through the sums. Each half
  * of 128 values: 64 bytes of ql (low nibbles, then high) and 32 of qh (two bits per value). */
-AI int32_t q6k_block(const struct blk_q6_k *b, const struct q8k_block *x)
+AI __m256i q6k_block(const struct blk_q6_k *b, const struct q8k_block *x)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
 	__m256i acc = _mm256_setzero_si256();
@@ -402,7 +417,7 @@ AI int32_t q6k_block(const struct blk_q6_k *b, const struct q8k_block *x)
 	/* Σ_j sc_j bsums_j, in int32 lanes: vpmaddwd of the scales (int16) and the sums */
 	const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
 	const __m256i bias = _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums));
-	return hsum_i32(_mm256_sub_epi32(acc, _mm256_slli_epi32(bias, 5)));
+	return _mm256_sub_epi32(acc, _mm256_slli_epi32(bias, 5));
 }
 
 /* A legacy block's 32 values as bytes (legacy_values), in order: the low nibbles of qs are
@@ -452,6 +467,12 @@ AI float hsum8(__m256 v)
 	return _mm_cvtss_f32(s);
 }
 
+AI float hsum4(__m128 v)
+{
+	v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+	return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
+}
+
 AI float legacy_row(const uint8_t *row, const struct q8_32_block *x, enum fkv_quant q,
 		    int64_t nb, size_t bb, bool has_min)
 {
@@ -495,34 +516,39 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 	const int64_t nb = cols / QK_K;
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
-		float acc = 0;
-		int32_t sumi, summ;
+		__m256 acc = _mm256_setzero_ps();
+		__m128 accm = _mm_setzero_ps();
+		__m256i li;
+		__m128i lm;
 		switch (q) {
 		case FKV_Q4_K:
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q4_k *b = (const struct blk_q4_k *)row + i;
 				prefetch_block(b, sizeof *b);
-				k45_block(b->scales, b->qs, NULL, &x[i], &sumi, &summ);
-				acc = k_acc_f16c(acc, x[i].d, b->d, b->dmin, sumi, summ);
+				k45_block(b->scales, b->qs, NULL, &x[i], &li, &lm);
+				acc = k_acc_lanes(acc, &accm, x[i].d, b->d, b->dmin, li, lm);
 			}
+			y[r] = hsum8(acc) - hsum4(accm);
 			break;
 		case FKV_Q5_K:
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q5_k *b = (const struct blk_q5_k *)row + i;
 				prefetch_block(b, sizeof *b);
-				k45_block(b->scales, b->qs, b->qh, &x[i], &sumi, &summ);
-				acc = k_acc_f16c(acc, x[i].d, b->d, b->dmin, sumi, summ);
+				k45_block(b->scales, b->qs, b->qh, &x[i], &li, &lm);
+				acc = k_acc_lanes(acc, &accm, x[i].d, b->d, b->dmin, li, lm);
 			}
+			y[r] = hsum8(acc) - hsum4(accm);
 			break;
 		default: /* FKV_Q6_K */
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q6_k *b = (const struct blk_q6_k *)row + i;
 				prefetch_block(b, sizeof *b);
-				acc = k_acc_f16c(acc, x[i].d, b->d, 0, q6k_block(b, &x[i]), 0);
+				acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q6k_block(b, &x[i])),
+						      _mm256_set1_ps(x[i].d * _cvtsh_ss(b->d)), acc);
 			}
+			y[r] = hsum8(acc);
 			break;
 		}
-		y[r] = acc;
 	}
 }
 
