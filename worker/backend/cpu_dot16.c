@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_enabled = -1; /* -1: not decided yet (FREEKV_CPU_DOT16 is read at first use) */
+#include "cpu_switch.h"
+
+static int g_enabled = -1; /* cpu_switch.h */
 
 void cpu_dot16_enable(bool on)
 {
@@ -13,11 +15,7 @@ void cpu_dot16_enable(bool on)
 
 __attribute__((unused)) static bool enabled(void)
 {
-	if (g_enabled < 0) {
-		const char *e = getenv("FREEKV_CPU_DOT16");
-		g_enabled = !(e && !strcmp(e, "0"));
-	}
-	return g_enabled;
+	return cpu_switch_on(&g_enabled, "FREEKV_CPU_DOT16");
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)

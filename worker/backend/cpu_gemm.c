@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_enabled = -1; /* -1: not decided yet (FREEKV_CPU_GEMM is read at first use) */
+#include "cpu_switch.h"
+
+static int g_enabled = -1; /* cpu_switch.h */
 
 void cpu_gemm_enable(bool on)
 {
@@ -15,11 +17,7 @@ void cpu_gemm_enable(bool on)
 
 __attribute__((unused)) static bool enabled(void)
 {
-	if (g_enabled < 0) {
-		const char *e = getenv("FREEKV_CPU_GEMM");
-		g_enabled = !(e && !strcmp(e, "0"));
-	}
-	return g_enabled;
+	return cpu_switch_on(&g_enabled, "FREEKV_CPU_GEMM");
 }
 
 static inline float val16(uint16_t h, bool bf16)

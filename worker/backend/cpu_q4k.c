@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu_qdot8.h"
+#include "cpu_switch.h"
 #include "dtype.h"
 #include "quant.h"
 
@@ -16,7 +17,7 @@
  * tile of activation rows reads a row (cpu_qdot8.c's distance). */
 #define Q4K_PREFETCH 4096
 
-static int g_enabled = -1; /* -1: not decided yet (FREEKV_CPU_Q4K is read at first use) */
+static int g_enabled = -1; /* cpu_switch.h */
 
 void cpu_q4k_enable(bool on)
 {
@@ -25,11 +26,7 @@ void cpu_q4k_enable(bool on)
 
 __attribute__((unused)) static bool enabled(void)
 {
-	if (g_enabled < 0) {
-		const char *e = getenv("FREEKV_CPU_Q4K");
-		g_enabled = !(e && !strcmp(e, "0"));
-	}
-	return g_enabled;
+	return cpu_switch_on(&g_enabled, "FREEKV_CPU_Q4K");
 }
 
 /* The sub-blocks in the two halves of register k (cpu_q4k.h). */

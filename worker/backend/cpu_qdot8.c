@@ -6,9 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_switch.h"
 #include "dtype.h"
 
-static int g_enabled = -1; /* -1: not decided yet (FREEKV_CPU_QDOT8 is read at first use) */
+static int g_enabled = -1; /* cpu_switch.h */
 
 void cpu_qdot8_enable(bool on)
 {
@@ -17,11 +18,7 @@ void cpu_qdot8_enable(bool on)
 
 __attribute__((unused)) static bool enabled(void)
 {
-	if (g_enabled < 0) {
-		const char *e = getenv("FREEKV_CPU_QDOT8");
-		g_enabled = !(e && !strcmp(e, "0"));
-	}
-	return g_enabled;
+	return cpu_switch_on(&g_enabled, "FREEKV_CPU_QDOT8");
 }
 
 static bool k_format(enum fkv_quant q)
