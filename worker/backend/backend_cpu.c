@@ -36,7 +36,8 @@
  * of two, docs/design.md §5) gets the bits of a one-row step. Measured on bf16 matrices of the
  * Llama-3.1-8B geometry, 2 threads: the two-row pass within the noise of converted tiles +
  * sgemm (4096x4096: 7.4-14.9 vs 5.5-8.0 ms; 14336x4096: 12.3-19.1 vs 17.7-23.0 ms). From 3
- * rows on, converted tiles + sgemm. */
+ * rows on, the AVX-512 GEMM (cpu_gemm.c), else converted tiles + sgemm. Q4_K on AVX-512 VNNI
+ * (cpu_q4k.c) computes each row on its own at any count. */
 #define CPU_GEMV_MAX_ROWS 2
 /* Target size of one converted f32 weight tile for sgemm: about one core's L2 (measured best of
  * 256 KiB, 1 MiB, 4 MiB on the development machine). */
@@ -298,6 +299,19 @@ CPU_HOT static void dot_rows(float *const *y, const float *const *x, int nx,
 		dot_rows_t(y, x, 1, w->data, w->cols, r0, r1, FKV_F16);
 }
 
+/* c->q8 (the quantized activation rows of the integer paths) holds at least bytes. */
+static int q8_reserve(struct cpu_ctx *c, size_t bytes)
+{
+	if (bytes <= c->q8_len)
+		return 0;
+	void *p = realloc(c->q8, bytes);
+	if (!p)
+		return -ENOMEM;
+	c->q8 = p;
+	c->q8_len = bytes;
+	return 0;
+}
+
 /* At most CPU_GEMV_MAX_ROWS activation rows, 16-bit or quantized weights: blocks of weight rows
  * spread over the threads; 16-bit, every activation row in the same pass (the vectorised work
  * is in dot_rows, outside the OpenMP region, so that it gets the CPU_HOT clone); quantized,
@@ -314,13 +328,8 @@ static int matmul_dot(struct cpu_ctx *c, float *y, const float *x, const struct 
 	 * (cpu_qdot8.c) */
 	const bool qdot8 = w->quant && cpu_qdot8_usable(w->quant);
 	const size_t ab = qdot8 ? cpu_qdot8_act_bytes(w->quant, cols) : 0;
-	if (qdot8 && (size_t)n * ab > c->q8_len) {
-		void *p = realloc(c->q8, (size_t)n * ab);
-		if (!p)
-			return -ENOMEM;
-		c->q8 = p;
-		c->q8_len = (size_t)n * ab;
-	}
+	if (qdot8 && q8_reserve(c, (size_t)n * ab))
+		return -ENOMEM;
 	for (int64_t j = 0; qdot8 && j < n; j++)
 		cpu_qdot8_quantize((char *)c->q8 + j * ab, x + j * cols, cols, w->quant);
 	#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
@@ -441,13 +450,8 @@ static int matmul_q4k(struct cpu_ctx *c, float *y, const float *x, const struct 
 {
 	const int64_t rows = w->rows, cols = w->cols;
 	const size_t ab = cpu_q4k_act_bytes(cols);
-	if ((size_t)n * ab > c->q8_len) {
-		void *p = realloc(c->q8, (size_t)n * ab);
-		if (!p)
-			return -ENOMEM;
-		c->q8 = p;
-		c->q8_len = (size_t)n * ab;
-	}
+	if (q8_reserve(c, (size_t)n * ab))
+		return -ENOMEM;
 	for (int64_t j = 0; j < n; j++)
 		cpu_q4k_quantize((char *)c->q8 + j * ab, x + j * cols, cols);
 	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
@@ -468,7 +472,7 @@ static int cpu_matmul(void *ctx, float *y, const float *x, const struct backend_
 		return matmul_q4k(ctx, y, x, w, n);
 	if ((w->dtype != FKV_F32 || w->quant) && n <= CPU_GEMV_MAX_ROWS)
 		return matmul_dot(ctx, y, x, w, n);
-	if (!w->priv && cpu_gemm_usable(w->dtype, w->quant))
+	if (cpu_gemm_usable(w->dtype, w->quant))
 		return matmul_gemm(y, x, w, n);
 	return matmul_blocks(ctx, y, x, w, n);
 }

@@ -20,17 +20,6 @@ __attribute__((unused)) static bool enabled(void)
 	return cpu_switch_on(&g_enabled, "FREEKV_CPU_GEMM");
 }
 
-static inline float val16(uint16_t h, bool bf16)
-{
-	if (bf16) {
-		uint32_t u = (uint32_t)h << 16;
-		float f;
-		memcpy(&f, &u, sizeof f);
-		return f;
-	}
-	return f16_to_f32(h);
-}
-
 /* Sixteen lane sums to one: lanes i and i + 8, then neighbours, then the two halves of what is
  * left — ((h0 + h1) + (h2 + h3)) + ((h4 + h5) + (h6 + h7)) with h_i = v_i + v_(i+8); the order
  * the kernel's reduction of four tiles at once (reduce4) takes. */
@@ -54,8 +43,7 @@ int cpu_gemm_ref(float *y, int64_t ldy, const float *x, int64_t n, const void *w
 		if (q != FKV_QNONE)
 			quant_dequant(q, row, (const char *)w + (size_t)r * rb, cols);
 		else
-			for (int64_t k = 0; k < cols; k++)
-				row[k] = val16(((const uint16_t *)w)[r * cols + k], t == FKV_BF16);
+			dtype_to_f32(row, (const uint16_t *)w + r * cols, t, (size_t)cols);
 		for (int64_t j = 0; j < n; j++) {
 			const float *xj = x + j * cols;
 			float acc = 0;
@@ -258,7 +246,8 @@ GEMM_TARGET static void rowsq(float *y, int64_t ldy, const float *x, int64_t n, 
 				wr[i] = t + (i < valid ? i : valid - 1) * CPU_GEMM_KCQ;
 			}
 			/* the next group's blocks (or the first group's in the next chunk), to
-			 * arrive while this group's tiles run */
+			 * arrive while this group's tiles run (64 rows of 4096 and 14336 columns
+			 * from DRAM: Q8_0 76-85 -> 87-93 GFLOP/s, Q6_K 69 -> 87) */
 			const int64_t nr = r + GW < r1 ? r + GW : r0;
 			const int64_t nk = r + GW < r1 ? k0 : k0 + CPU_GEMM_KCQ;
 			if (nk < cols) {

@@ -13,9 +13,6 @@
 /* Activation rows of one tile (measured: 4, 6 and 8 rows at 4.5, 3.9 and 4.0 ns per block and
  * row, 64 rows of 4096 columns). */
 #define Q4K_TILE 6
-/* Weight bytes this far ahead of the block being read are prefetched into L2 while the first
- * tile of activation rows reads a row (cpu_qdot8.c's distance). */
-#define Q4K_PREFETCH 4096
 
 static int g_enabled = -1; /* cpu_switch.h */
 
@@ -201,7 +198,7 @@ AI float row_sum(__m512 a, __m128 m)
 
 /* Rows r0 .. r1 against NT activation rows (x, nb blocks apart). */
 AI void tile(float *y, int64_t ldy, const struct q8k_pair *x, const int NT, const struct blk_q4_k *w,
-	     int64_t nb, int64_t r0, int64_t r1, bool prefetch)
+	     int64_t nb, int64_t r0, int64_t r1)
 {
 	for (int64_t r = r0; r < r1; r++) {
 		const struct blk_q4_k *row = w + r * nb;
@@ -213,12 +210,6 @@ AI void tile(float *y, int64_t ldy, const struct q8k_pair *x, const int NT, cons
 			accm[j] = _mm_setzero_ps();
 		}
 		for (int64_t i = 0; i < nb; i++) {
-			if (prefetch) {
-				const char *p = (const char *)&row[i] + Q4K_PREFETCH;
-				_mm_prefetch(p, _MM_HINT_T1);
-				_mm_prefetch(p + 64, _MM_HINT_T1);
-				_mm_prefetch(p + 143, _MM_HINT_T1);
-			}
 			struct wblock wb;
 			unpack(&wb, &row[i]);
 			#pragma GCC unroll 6
@@ -239,14 +230,13 @@ Q4K_TARGET void cpu_q4k_rows(float *y, int64_t ldy, const void *act, int64_t n, 
 	for (int64_t j = 0; j < n; j += Q4K_TILE) {
 		const struct q8k_pair *xj = x + j * nb;
 		float *yj = y + j * ldy;
-		const bool pf = j == 0;
 		switch (n - j < Q4K_TILE ? n - j : Q4K_TILE) {
-		case 6: tile(yj, ldy, xj, 6, w, nb, r0, r1, pf); break;
-		case 5: tile(yj, ldy, xj, 5, w, nb, r0, r1, pf); break;
-		case 4: tile(yj, ldy, xj, 4, w, nb, r0, r1, pf); break;
-		case 3: tile(yj, ldy, xj, 3, w, nb, r0, r1, pf); break;
-		case 2: tile(yj, ldy, xj, 2, w, nb, r0, r1, pf); break;
-		default: tile(yj, ldy, xj, 1, w, nb, r0, r1, pf); break;
+		case 6: tile(yj, ldy, xj, 6, w, nb, r0, r1); break;
+		case 5: tile(yj, ldy, xj, 5, w, nb, r0, r1); break;
+		case 4: tile(yj, ldy, xj, 4, w, nb, r0, r1); break;
+		case 3: tile(yj, ldy, xj, 3, w, nb, r0, r1); break;
+		case 2: tile(yj, ldy, xj, 2, w, nb, r0, r1); break;
+		default: tile(yj, ldy, xj, 1, w, nb, r0, r1); break;
 		}
 	}
 }

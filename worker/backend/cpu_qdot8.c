@@ -272,23 +272,6 @@ bool cpu_qdot8_usable(enum fkv_quant q)
 	return usable && quant_known(q) && enabled();
 }
 
-/* Weight bytes this far ahead of the block being read are prefetched into L2 (rows are read in
- * order, so the stream is linear): an L1 prefetch would hold one of the few L1 miss buffers until
- * its line arrives, an L2 one does not (see cpu_dot16.c). */
-#ifndef QDOT8_PREFETCH
-#define QDOT8_PREFETCH 4096
-#endif
-
-/* The lines of the bb bytes QDOT8_PREFETCH past blk. */
-AI void prefetch_block(const void *blk, size_t bb)
-{
-	const char *p = (const char *)blk + QDOT8_PREFETCH;
-	for (size_t o = 0; o < bb; o += 64)
-		_mm_prefetch(p + o, _MM_HINT_T1);
-	if (bb & 63)
-		_mm_prefetch(p + bb - 1, _MM_HINT_T1);
-}
-
 /* A K block's f32 step on the lanes (cpu_qdot8_rows_ref's): acc += cvt(li)·(dx·d) and accm +=
  * cvt(lm)·(dx·dmin), one FMA each; F16C converts the scales exactly. */
 AI __m256 k_acc_lanes(__m256 acc, __m128 *accm, float dx, uint16_t d, uint16_t dmin, __m256i li,
@@ -476,7 +459,6 @@ AI float legacy_row(const uint8_t *row, const struct q8_32_block *x, enum fkv_qu
 	__m256 acc = _mm256_setzero_ps();
 	float accm = 0;
 	for (int64_t i = 0; i < nb; i++, row += bb) {
-		prefetch_block(row, bb);
 		uint16_t d;
 		memcpy(&d, row, 2);
 		const __m256i xv = _mm256_loadu_si256((const __m256i *)x[i].qs);
@@ -521,7 +503,6 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 		case FKV_Q4_K:
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q4_k *b = (const struct blk_q4_k *)row + i;
-				prefetch_block(b, sizeof *b);
 				k45_block(b->scales, b->qs, NULL, &x[i], &li, &lm);
 				acc = k_acc_lanes(acc, &accm, x[i].d, b->d, b->dmin, li, lm);
 			}
@@ -530,7 +511,6 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 		case FKV_Q5_K:
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q5_k *b = (const struct blk_q5_k *)row + i;
-				prefetch_block(b, sizeof *b);
 				k45_block(b->scales, b->qs, b->qh, &x[i], &li, &lm);
 				acc = k_acc_lanes(acc, &accm, x[i].d, b->d, b->dmin, li, lm);
 			}
@@ -539,7 +519,6 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 		default: /* FKV_Q6_K */
 			for (int64_t i = 0; i < nb; i++) {
 				const struct blk_q6_k *b = (const struct blk_q6_k *)row + i;
-				prefetch_block(b, sizeof *b);
 				acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q6k_block(b, &x[i])),
 						      _mm256_set1_ps(x[i].d * _cvtsh_ss(b->d)), acc);
 			}
