@@ -596,9 +596,10 @@ static int fz_matmul(void *c, float *y, const float *x, const struct backend_mat
 	return fz_real->matmul(c, y, x, w, n);
 }
 
-/* Prefill 8 ids, then 12 greedy decode steps on be; logits (13, V); *per_step the matmuls of
- * the last decode step. */
-static void fz_run(struct fkv_model *m, struct backend *be, float *logits, int64_t *per_step)
+/* Prefill 8 ids, then 12 greedy decode steps on be; logits (13, V); *prefill the matmuls of
+ * the prefill, *per_step those of the last decode step. */
+static void fz_run(struct fkv_model *m, struct backend *be, float *logits, int64_t *prefill,
+		   int64_t *per_step)
 {
 	const int64_t V = m->cfg.vocab_size;
 	struct engine_opts o = { .max_ctx = 64, .policy = "full" };
@@ -612,13 +613,15 @@ static void fz_run(struct fkv_model *m, struct backend *be, float *logits, int64
 	uint64_t sd = 99;
 	for (int i = 1; i < 8; i++)
 		ids[i] = 3 + (int32_t)(test_rand(&sd) % (uint64_t)(V - 3));
+	int64_t before = fz_matmuls;
 	assert_int_equal(engine_prefill(e, seq, ids, 8, logits, false, err, sizeof err), 0);
+	*prefill = fz_matmuls - before;
 	for (int t = 0; t < 12; t++) {
 		const float *lg = logits + (size_t)t * V;
 		int32_t next = 0;
 		for (int64_t i = 1; i < V; i++)
 			next = lg[i] > lg[next] ? (int32_t)i : next;
-		int64_t before = fz_matmuls;
+		before = fz_matmuls;
 		assert_int_equal(engine_decode(e, 1, &seq, &next, logits + (size_t)(t + 1) * V, err,
 					       sizeof err), 0);
 		*per_step = fz_matmuls - before;
@@ -627,10 +630,12 @@ static void fz_run(struct fkv_model *m, struct backend *be, float *logits, int64
 	engine_free(e);
 }
 
-/* Decode runs one GEMM for q, k, v and one for gate, up per layer (weights concatenated at
- * load, weight_concat) where the backend can, with the logits of separate GEMMs (exactly on
- * the CPU backend: each output row is the same dot product either way), on an f32 model
- * (stories260K) and a bf16 one (the tiny preset); without the op, the separate GEMMs. */
+/* Decode and prefill run one GEMM for q, k, v and one for gate, up per layer (weights
+ * concatenated at load, weight_concat; several rows de-interleaved by split_cols) where the
+ * backend can, with the logits of separate GEMMs (exactly on the CPU backend: each output row
+ * is the same dot product either way), on an f32 model (stories260K) and a bf16 one (the tiny
+ * preset); without weight_concat, the separate GEMMs; without split_cols, fused decode and
+ * separate prefill GEMMs over views of the fused weights. */
 static void test_fused_projections(void **state)
 {
 	(void)state;
@@ -642,10 +647,12 @@ static void test_fused_projections(void **state)
 	struct backend *cpu;
 	assert_int_equal(backend_cpu_new(&cpu, 2), 0);
 	fz_real = cpu->ops;
-	struct backend_ops fused = *cpu->ops, split = *cpu->ops;
-	fused.matmul = split.matmul = fz_matmul;
+	struct backend_ops fused = *cpu->ops, split = *cpu->ops, views = *cpu->ops;
+	fused.matmul = split.matmul = views.matmul = fz_matmul;
 	split.weight_concat = NULL;
+	views.split_cols = NULL;
 	struct backend bf = { &fused, cpu->ctx }, bs = { &split, cpu->ctx };
+	struct backend bv = { &views, cpu->ctx };
 	int done = 0;
 	for (int i = 0; i < 2; i++) {
 		struct fkv_model m;
@@ -653,17 +660,29 @@ static void test_fused_projections(void **state)
 			continue;
 		const size_t n = (size_t)13 * m.cfg.vocab_size;
 		float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
-		assert_true(a && b);
-		int64_t steps_fused, steps_split;
-		fz_run(&m, &bf, a, &steps_fused);
-		fz_run(&m, &bs, b, &steps_split);
+		float *v = malloc(n * sizeof *v);
+		assert_true(a && b && v);
+		int64_t pre_fused, pre_split, pre_views, steps_fused, steps_split, steps_views;
+		fz_run(&m, &bf, a, &pre_fused, &steps_fused);
+		fz_run(&m, &bs, b, &pre_split, &steps_split);
+		fz_run(&m, &bv, v, &pre_views, &steps_views);
 		const int64_t L = m.cfg.n_layers;
-		assert_int_equal(steps_fused, 4 * L + 1); /* qkv, wo, gate/up, down; output */
+		/* qkv, wo, gate/up, down; output */
+		assert_int_equal(pre_fused, 4 * L + 1);
+		assert_int_equal(steps_fused, 4 * L + 1);
+		assert_int_equal(pre_split, 7 * L + 1);
 		assert_int_equal(steps_split, 7 * L + 1);
+		/* the last layer's FFN runs on the one row whose logits are wanted: fused */
+		assert_int_equal(pre_views, 7 * L);
+		assert_int_equal(steps_views, 4 * L + 1);
 		if (memcmp(a, b, n * sizeof *a))
 			fail_msg("%s: fused projections change the logits", paths[i]);
+		if (memcmp(v, b, n * sizeof *v))
+			fail_msg("%s: fused decode beside split prefill changes the logits",
+				 paths[i]);
 		free(a);
 		free(b);
+		free(v);
 		model_free(&m);
 		done++;
 	}

@@ -134,6 +134,13 @@ struct backend_ops {
 	int (*gather_rows)(void *ctx, float *dst, const float *src, int64_t cols,
 			   const int32_t *idx, int64_t n);
 
+	/* (optional) De-interleaves the columns of src (rows, cols[0] + .. + cols[n - 1]) into
+	 * dst[i] (rows, cols[i]), i < n, in that order: a fused GEMM's rows [q | k | v] (or
+	 * [gate | up]) into the separate matrices the ops after it read (docs/design.md "The GPU
+	 * decode step"). No dst may overlap src. */
+	int (*split_cols)(void *ctx, float *const *dst, const int64_t *cols, int n,
+			  const float *src, int64_t rows);
+
 	/* Weights: make a model tensor resident / release it. */
 	int (*weight_load)(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst);
 	void (*weight_release)(void *ctx, struct backend_mat *w);

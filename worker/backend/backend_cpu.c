@@ -172,6 +172,23 @@ static int cpu_gather_rows(void *ctx, float *dst, const float *src, int64_t cols
 	return 0;
 }
 
+static int cpu_split_cols(void *ctx, float *const *dst, const int64_t *cols, int n,
+			  const float *src, int64_t rows)
+{
+	(void)ctx;
+	int64_t all = 0;
+	for (int i = 0; i < n; i++)
+		all += cols[i];
+	for (int64_t r = 0; r < rows; r++) {
+		const float *row = src + r * all;
+		for (int i = 0; i < n; i++) {
+			memcpy(dst[i] + r * cols[i], row, (size_t)cols[i] * sizeof *row);
+			row += cols[i];
+		}
+	}
+	return 0;
+}
+
 static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst)
 {
 	(void)ctx;
@@ -920,6 +937,7 @@ static const struct backend_ops cpu_ops = {
 	.copy = cpu_copy,
 	.convert = cpu_convert,
 	.gather_rows = cpu_gather_rows,
+	.split_cols = cpu_split_cols,
 	.weight_load = cpu_weight_load,
 	.weight_release = cpu_weight_release,
 	.weight_concat = cpu_weight_concat,

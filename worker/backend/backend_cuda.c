@@ -236,6 +236,24 @@ static int cuda_gather_rows(void *ctx, float *dst, const float *src, int64_t col
 	return 0;
 }
 
+/* One strided copy per part on the compute stream (a 2-D copy: the part's columns of every
+ * row), no kernel of its own. */
+static int cuda_split_cols(void *ctx, float *const *dst, const int64_t *cols, int n,
+			   const float *src, int64_t rows)
+{
+	struct cuda_ctx *c = ctx;
+	int64_t all = 0;
+	for (int i = 0; i < n; i++)
+		all += cols[i];
+	const size_t f = sizeof(float);
+	int64_t off = 0;
+	for (int i = 0; i < n; off += cols[i], i++)
+		CUDA_CHECK(cudaMemcpy2DAsync(dst[i], (size_t)cols[i] * f, src + off, (size_t)all * f,
+					     (size_t)cols[i] * f, (size_t)rows,
+					     cudaMemcpyDeviceToDevice, c->stream));
+	return 0;
+}
+
 static int cuda_weight_load(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst)
 {
 	struct cuda_ctx *c = ctx;
@@ -791,6 +809,7 @@ static const struct backend_ops cuda_ops = {
 	.copy = cuda_copy,
 	.convert = cuda_convert,
 	.gather_rows = cuda_gather_rows,
+	.split_cols = cuda_split_cols,
 	.weight_load = cuda_weight_load,
 	.weight_release = cuda_weight_release,
 	.weight_concat = cuda_weight_concat,

@@ -84,6 +84,10 @@ struct engine {
 	 * projection row [q | k | v] (or [gate | up]) is then exactly q, k, v (gate, up). */
 	float *qkv, *gu;
 	float *q, *k, *v;
+	/* (T, max(n_heads * d + 2 n_kv * d, 2 ffn)) a fused GEMM's output over several rows,
+	 * before split_cols de-interleaves it into qkv or gu; NULL without fused weights or the
+	 * op (then several rows take the separate GEMMs). */
+	float *fz;
 	float *xo;	   /* (R, dim) rows whose logits are wanted */
 	float *logits;	   /* (R, vocab) */
 	int64_t logit_rows; /* R allocated */
@@ -268,6 +272,15 @@ static int alloc_acts(struct engine *e)
 	e->qkv = bufa(e, T * (qd + 2 * kvd) * f);
 	e->att = bufa(e, T * qd * f);
 	e->gu = bufa(e, T * 2 * (size_t)c->ffn_dim * f);
+	bool fused = false;
+	for (int l = 0; l < c->n_layers; l++)
+		fused = fused || e->layers[l].wqkv.data || e->layers[l].wgu.data;
+	if (fused && T > 1 && e->be->ops->split_cols) {
+		const size_t wide = qd + 2 * kvd > 2 * (size_t)c->ffn_dim ? qd + 2 * kvd
+									   : 2 * (size_t)c->ffn_dim;
+		if (!(e->fz = bufa(e, T * wide * f)))
+			return -ENOMEM;
+	}
 	e->ids_b = bufa(e, T * sizeof(int32_t));
 	e->pos_b = bufa(e, T * sizeof(int32_t));
 	e->rows_b = bufa(e, T * sizeof(int32_t));
@@ -307,7 +320,7 @@ void engine_free(struct engine *e)
 	release_w(e, &e->tok_embd);
 	release_w(e, &e->out_norm);
 	release_w(e, &e->output);
-	void *bufs[] = { e->x, e->xb, e->qkv, e->att, e->gu, e->xo, e->logits,
+	void *bufs[] = { e->x, e->xb, e->qkv, e->att, e->gu, e->fz, e->xo, e->logits,
 			 e->ids_b, e->pos_b, e->rows_b };
 	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
 		buff(e, bufs[i]);
@@ -648,6 +661,31 @@ static int layer_attention(struct engine *e, int l, const struct piece *pc, int 
 	return 0;
 }
 
+/* y (T, n_parts stacked) = x . fused weight w, parts[i] (T, w's rows of part i): one row
+ * straight into them (a token's fused row is exactly the parts back to back there), several
+ * through e->fz and split_cols; without fused weights, a GEMM per part over its view. */
+static int fused_matmul(struct engine *e, const struct backend_mat *w,
+			const struct backend_mat *const *views, float *const *parts, int n_parts,
+			const float *x, int64_t T)
+{
+	const struct backend_ops *o = e->be->ops;
+	void *c = e->be->ctx;
+	if (w->data && T == 1)
+		return o->matmul(c, parts[0], x, w, T);
+	if (w->data && e->fz) {
+		int64_t cols[3];
+		for (int i = 0; i < n_parts; i++)
+			cols[i] = views[i]->rows;
+		return o->matmul(c, e->fz, x, w, T) ?: o->split_cols(c, parts, cols, n_parts, e->fz, T);
+	}
+	for (int i = 0; i < n_parts; i++) {
+		int ret = o->matmul(c, parts[i], x, views[i], T);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 /* The rest of layer L past attention, on T rows: x += att . wo, then x += ffn(norm(x)). */
 static int layer_tail(struct engine *e, const struct engine_layer *L, float *x, const float *att,
 		      int64_t T)
@@ -660,9 +698,8 @@ static int layer_tail(struct engine *e, const struct engine_layer *L, float *x, 
 	return o->matmul(c, e->xb, att, &L->wo, T)
 	    ?: o->add(c, x, e->xb, T * dim)
 	    ?: o->rmsnorm(c, e->xb, x, &L->ffn_norm, T, dim, cf->norm_eps)
-	    ?: (T == 1 && L->wgu.data ? o->matmul(c, gate, e->xb, &L->wgu, T)
-		: o->matmul(c, gate, e->xb, &L->w_gate, T)
-		?: o->matmul(c, up, e->xb, &L->w_up, T))
+	    ?: fused_matmul(e, &L->wgu, (const struct backend_mat *const[]){ &L->w_gate, &L->w_up },
+			    (float *const[]){ gate, up }, 2, e->xb, T)
 	    ?: o->silu_mul(c, gate, gate, up, T * ffn)
 	    ?: o->matmul(c, e->xb, gate, &L->w_down, T)
 	    ?: o->add(c, x, e->xb, T * dim);
@@ -698,13 +735,10 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 	       ?: o->embed(c, e->x, &e->tok_embd, e->ids_b, T);
 	for (int l = 0; l < cf->n_layers && !ret; l++) {
 		const struct engine_layer *L = &e->layers[l];
-		/* One token: one GEMM over the fused weights, whose row is [q | k | v]. */
-		const bool fuse = T == 1 && L->wqkv.data;
 		ret = o->rmsnorm(c, e->xb, e->x, &L->attn_norm, T, dim, cf->norm_eps)
-		   ?: (fuse ? o->matmul(c, e->q, e->xb, &L->wqkv, T)
-			    : o->matmul(c, e->q, e->xb, &L->wq, T)
-			   ?: o->matmul(c, e->k, e->xb, &L->wk, T)
-			   ?: o->matmul(c, e->v, e->xb, &L->wv, T));
+		   ?: fused_matmul(e, &L->wqkv,
+				   (const struct backend_mat *const[]){ &L->wq, &L->wk, &L->wv },
+				   (float *const[]){ e->q, e->k, e->v }, 3, e->xb, T);
 		if (!ret && L->has_bias)
 			ret = o->add_bias(c, e->q, &L->bq, T) ?: o->add_bias(c, e->k, &L->bk, T)
 			   ?: o->add_bias(c, e->v, &L->bv, T);
