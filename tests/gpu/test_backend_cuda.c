@@ -140,7 +140,8 @@ static void test_rope(void **state)
 	}
 }
 
-/* silu_mul, add, add_bias, softmax, convert, gather_rows, copy: small element-wise ops. */
+/* silu_mul, add, add_bias, softmax, convert, gather_rows, copy, split_cols: small element-wise
+ * ops. */
 static void test_elementwise(void **state)
 {
 	(void)state;
@@ -219,6 +220,25 @@ static void test_elementwise(void **state)
 	}
 	assert_memory_equal(o[0], o[1], 5 * (size_t)cols * 4);
 	assert_memory_equal(o[1] + 2 * cols, a + 3 * cols, (size_t)cols * 4);
+	free(o[0]);
+	free(o[1]);
+	/* split_cols is exact: a (rows, 1000) as parts of 600, 200, 200 columns */
+	const int64_t parts[3] = { 600, 200, 200 };
+	for (int k = 0; k < 2; k++) {
+		struct backend *be = bes[k];
+		o[k] = malloc((size_t)n * 4);
+		void *da = put(be, a, (size_t)n * 4), *dy = poisoned(be, (size_t)n * 4);
+		float *d0 = dy;
+		float *const dst[3] = { d0, d0 + rows * parts[0], d0 + rows * (parts[0] + parts[1]) };
+		assert_int_equal(be->ops->split_cols(be->ctx, dst, parts, 3, da, rows), 0);
+		get(be, o[k], dy, (size_t)n * 4);
+		drop(be, da);
+		drop(be, dy);
+	}
+	assert_memory_equal(o[0], o[1], (size_t)n * 4);
+	for (int64_t r = 0; r < rows; r++)
+		assert_memory_equal(o[1] + rows * parts[0] + r * parts[1], a + r * cols + parts[0],
+				    (size_t)parts[1] * 4);
 	free(o[0]);
 	free(o[1]);
 	free(a);
