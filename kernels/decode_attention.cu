@@ -23,6 +23,8 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 					float *__restrict__ part,	   // (batch, n_q, splits, d + 2)
 					const float *__restrict__ q,	   // (batch, n_q, d)
 					const T *__restrict__ slots,	   // (n_slots, 2, p, n_kv, d)
+					const T *const *__restrict__ seq_slots, // (batch) or NULL
+					const int32_t *__restrict__ rows,  // (batch) or NULL
 					const int32_t *__restrict__ slot_list, // (batch, n_kv, max_pages)
 					const int32_t *__restrict__ n_tok, // (batch, n_kv)
 					int n_q, int n_kv, int d, int p, int max_pages, int pps,
@@ -41,7 +43,10 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 	const int pg0 = split * pps;
 	const int pg1 = min(n_pages, pg0 + pps);
 
-	const float *qb = q + ((size_t)b * n_q + (size_t)h * G) * d;
+	const size_t qrow = rows ? (size_t)rows[b] : (size_t)b; // q and out row of sequence b
+	if (seq_slots)
+		slots = seq_slots[b];
+	const float *qb = q + (qrow * n_q + (size_t)h * G) * d;
 	for (int e = tid; e < G * d; e += blockDim.x) {
 		qs[e] = qb[e];
 		acc[e] = 0.0f;
@@ -125,7 +130,7 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 	}
 	__syncthreads();
 	if (splits == 1) {
-		float *ob = out + ((size_t)b * n_q + (size_t)h * G) * d;
+		float *ob = out + (qrow * n_q + (size_t)h * G) * d;
 		for (int e = tid; e < G * d; e += blockDim.x) {
 			const float l = sum[e / d];
 			ob[e] = l > 0.0f ? acc[e] / l : 0.0f;
@@ -142,9 +147,11 @@ static __global__ void dec_chunk_kernel(float *__restrict__ out,	   // (batch, n
 // Block (query head, sequence): merges the chunks' partial softmaxes.
 static __global__ void dec_merge_kernel(float *__restrict__ out,	  // (batch, n_q, d)
 					const float *__restrict__ part,	  // (batch, n_q, splits, d + 2)
+					const int32_t *__restrict__ rows, // (batch) or NULL
 					int n_q, int d, int splits)
 {
 	const size_t bh = (size_t)blockIdx.y * n_q + blockIdx.x;
+	const size_t oh = (rows ? (size_t)rows[blockIdx.y] : (size_t)blockIdx.y) * n_q + blockIdx.x;
 	const float *pr = part + bh * splits * (d + 2);
 	float M = -INFINITY;
 	for (int s = 0; s < splits; s++)
@@ -163,7 +170,7 @@ static __global__ void dec_merge_kernel(float *__restrict__ out,	  // (batch, n_
 			if (l > 0.0f)
 				a += pr[s * (d + 2) + 2 + c] * expf(pr[s * (d + 2)] - M);
 		}
-		out[bh * d + c] = L > 0.0f ? a / L : 0.0f;
+		out[oh * d + c] = L > 0.0f ? a / L : 0.0f;
 	}
 }
 
@@ -195,11 +202,13 @@ extern "C" size_t decode_attention_workspace_bytes(int batch, int n_q, int n_kv,
 	return (size_t)batch * n_q * splits * (d + 2) * sizeof(float);
 }
 
-extern "C" cudaError_t decode_attention(float *out, const float *q, const void *slots,
-					enum fkv_dtype dt, const int32_t *slot_list,
-					const int32_t *n_tok, int batch, int n_q, int n_kv, int d,
-					int p, int max_pages, float scale, void *workspace,
-					size_t workspace_bytes, cudaStream_t stream)
+// Both entry points: one slot buffer (seq_slots NULL, aligned read from slots) or one a
+// sequence; q and out rows b, or rows[b].
+static cudaError_t dec_launch(float *out, const float *q, const int32_t *rows, const void *slots,
+			      const void *const *seq_slots, bool aligned, enum fkv_dtype dt,
+			      const int32_t *slot_list, const int32_t *n_tok, int batch, int n_q,
+			      int n_kv, int d, int p, int max_pages, float scale, void *workspace,
+			      size_t workspace_bytes, cudaStream_t stream)
 {
 	if (n_q <= 0 || n_kv <= 0 || n_q % n_kv || d <= 0 || p <= 0 || max_pages <= 0 ||
 	    n_kv > 65535 || batch > 65535 || (long long)max_pages * p > INT32_MAX)
@@ -227,16 +236,17 @@ extern "C" cudaError_t decode_attention(float *out, const float *q, const void *
 	cudaError_t inner = cudaSuccess;
 	e = kv_dispatch(dt, [&](auto tag) {
 		using T = decltype(tag);
-		auto kernel = kv_vec_ok(slots, d, sizeof(T)) ? dec_chunk_kernel<T, true>
-							     : dec_chunk_kernel<T, false>;
+		auto kernel = aligned && kv_vec_ok(slots, d, sizeof(T)) ? dec_chunk_kernel<T, true>
+									: dec_chunk_kernel<T, false>;
 		if (smem > 48 * 1024)
 			inner = cudaFuncSetAttribute(kernel,
 						     cudaFuncAttributeMaxDynamicSharedMemorySize,
 						     (int)smem);
 		if (inner == cudaSuccess)
 			kernel<<<grid, DEC_THREADS, smem, stream>>>(
-				out, (float *)workspace, q, (const T *)slots, slot_list, n_tok,
-				n_q, n_kv, d, p, max_pages, pps, scale);
+				out, (float *)workspace, q, (const T *)slots,
+				(const T *const *)seq_slots, rows, slot_list, n_tok, n_q, n_kv, d,
+				p, max_pages, pps, scale);
 	});
 	if (e != cudaSuccess)
 		return e;
@@ -248,7 +258,31 @@ extern "C" cudaError_t decode_attention(float *out, const float *q, const void *
 			return e;
 		const int threads = d >= 128 ? 128 : ((d + 31) / 32) * 32;
 		dec_merge_kernel<<<dim3(n_q, batch), threads, 0, stream>>>(
-			out, (const float *)workspace, n_q, d, splits);
+			out, (const float *)workspace, rows, n_q, d, splits);
 	}
 	return cudaGetLastError();
+}
+
+extern "C" cudaError_t decode_attention(float *out, const float *q, const void *slots,
+					enum fkv_dtype dt, const int32_t *slot_list,
+					const int32_t *n_tok, int batch, int n_q, int n_kv, int d,
+					int p, int max_pages, float scale, void *workspace,
+					size_t workspace_bytes, cudaStream_t stream)
+{
+	return dec_launch(out, q, NULL, slots, NULL, true, dt, slot_list, n_tok, batch, n_q, n_kv,
+			  d, p, max_pages, scale, workspace, workspace_bytes, stream);
+}
+
+extern "C" cudaError_t decode_attention_seqs(float *out, const float *q, const int32_t *rows,
+					     const void *const *seq_slots, bool aligned,
+					     enum fkv_dtype dt, const int32_t *slot_list,
+					     const int32_t *n_tok, int batch, int n_q, int n_kv,
+					     int d, int p, int max_pages, float scale,
+					     void *workspace, size_t workspace_bytes,
+					     cudaStream_t stream)
+{
+	if (!rows || !seq_slots)
+		return cudaErrorInvalidValue;
+	return dec_launch(out, q, rows, NULL, seq_slots, aligned, dt, slot_list, n_tok, batch,
+			  n_q, n_kv, d, p, max_pages, scale, workspace, workspace_bytes, stream);
 }

@@ -10,6 +10,7 @@
 // more than one. Sizing is a pure function of the arguments (decode_attention_splits), so the
 // caller can size the workspace once and capture the launch in a CUDA graph.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,17 @@ cudaError_t decode_attention(float *out, const float *q, const void *slots, enum
 			     const int32_t *slot_list, const int32_t *n_tok, int batch, int n_q,
 			     int n_kv, int d, int p, int max_pages, float scale, void *workspace,
 			     size_t workspace_bytes, cudaStream_t stream);
+
+// The same over one slot buffer per sequence (the batch-wide launch of attn_decode_batch):
+// sequence b reads seq_slots[b] (a device array of batch device pointers) and its query and
+// output are row rows[b] (device int32) of q, out (rows, n_q, d). aligned: every seq_slots[b]
+// is 16-byte aligned (the caller checked it on the host), so K/V rows are read 16 bytes at a
+// time where d allows.
+cudaError_t decode_attention_seqs(float *out, const float *q, const int32_t *rows,
+				  const void *const *seq_slots, bool aligned, enum fkv_dtype dt,
+				  const int32_t *slot_list, const int32_t *n_tok, int batch,
+				  int n_q, int n_kv, int d, int p, int max_pages, float scale,
+				  void *workspace, size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

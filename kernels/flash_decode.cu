@@ -21,6 +21,10 @@ static __device__ __forceinline__ float fd_warp_sum(float v)
 // grid (splits, n_kv), block (group * 32): warp w of block (s, g) runs query head g * group + w
 // over keys [s * chunk, min(n, (s + 1) * chunk)). With one split it writes out directly;
 // otherwise part (n_heads, splits, d + 2): the unnormalised accumulator, then m and l.
+//
+// Batched (items non-NULL, grid (splits, n_kv, batch)): block z runs items[z] — its own k, v
+// and n, query and output row items[z].row of q, out (rows, n_heads, d), chunk
+// ceil(n / splits), part (batch, n_heads, splits, d + 2).
 template <typename T>
 static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
 					   float *part,	      // (n_heads, splits, d + 2)
@@ -28,10 +32,22 @@ static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
 					   const T *k,	      // (n, n_kv, d), row stride row_stride
 					   const T *v,	      // (n, n_kv, d), row stride row_stride
 					   long long n, long long row_stride, int group, int d,
-					   float scale, long long chunk, int splits)
+					   float scale, long long chunk, int splits,
+					   const struct flash_decode_item *items)
 {
 	const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 	const int kvh = blockIdx.y, split = blockIdx.x, h = kvh * group + w;
+	if (items) {
+		const struct flash_decode_item it = items[blockIdx.z];
+		const long long n_heads = (long long)gridDim.y * group;
+		k = (const T *)it.k;
+		v = (const T *)it.v;
+		n = it.n;
+		chunk = (n + splits - 1) / splits;
+		q += it.row * n_heads * d;
+		out += it.row * n_heads * d;
+		part += (long long)blockIdx.z * n_heads * splits * (d + 2);
+	}
 	float qr[FD_PER_LANE], acc[FD_PER_LANE];
 #pragma unroll
 	for (int j = 0; j < FD_PER_LANE; j++) {
@@ -88,11 +104,16 @@ static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
 
 // grid n_heads, block 128: the chunks' partials of one query head merged (each rescaled to the
 // largest running max); an empty chunk (m = -inf, l = 0) weighs nothing.
+// Batched: grid (n_heads, batch), block y merges item y into its output row.
 static __global__ void flash_decode_merge(float *out,	     // (n_heads, d)
 					  const float *part, // (n_heads, splits, d + 2)
-					  int splits, int d)
+					  int splits, int d, const struct flash_decode_item *items)
 {
 	const int h = blockIdx.x;
+	if (items) {
+		out += items[blockIdx.y].row * gridDim.x * d;
+		part += (long long)blockIdx.y * gridDim.x * splits * (d + 2);
+	}
 	const float *ph = part + (long long)h * splits * (d + 2);
 	float M = -INFINITY;
 	for (int s = 0; s < splits; s++)
@@ -151,12 +172,63 @@ cudaError_t flash_decode(float *out, const float *q, const void *k, const void *
 		using T = decltype(tag);
 		flash_decode_kernel<T><<<grid, group * 32, 0, stream>>>(
 			out, part, q, (const T *)k, (const T *)v, n, row_stride, group, d, scale,
-			chunk, splits);
+			chunk, splits, NULL);
 	});
 	if (e != cudaSuccess)
 		return e;
 	if ((e = cudaGetLastError()) != cudaSuccess || splits == 1)
 		return e;
-	flash_decode_merge<<<n_heads, 128, 0, stream>>>(out, part, splits, d);
+	flash_decode_merge<<<n_heads, 128, 0, stream>>>(out, part, splits, d, NULL);
+	return cudaGetLastError();
+}
+
+int flash_decode_batch_splits(long long max_n, int n_kv, int batch)
+{
+	if (batch <= 0)
+		return 1;
+	long long s = flash_decode_splits(max_n, n_kv);
+	long long by_grid = FD_TARGET_BLOCKS / ((long long)n_kv * batch);
+	by_grid = by_grid > 1 ? by_grid : 1;
+	return (int)(s < by_grid ? s : by_grid);
+}
+
+size_t flash_decode_batch_workspace_bytes(int batch, int n_heads, int n_kv, int d)
+{
+	if (batch <= 0 || n_heads <= 0 || n_kv <= 0 || d <= 0)
+		return 0;
+	long long by_grid = FD_TARGET_BLOCKS / ((long long)n_kv * batch);
+	by_grid = by_grid > 1 ? by_grid : 1;
+	if (by_grid > FLASH_DECODE_MAX_SPLITS)
+		by_grid = FLASH_DECODE_MAX_SPLITS;
+	return (size_t)batch * n_heads * (size_t)by_grid * (size_t)(d + 2) * sizeof(float);
+}
+
+cudaError_t flash_decode_batch(float *out, const float *q, const struct flash_decode_item *items,
+			       int batch, long long max_n, enum fkv_dtype dt, long long row_stride,
+			       int n_heads, int n_kv, int d, float scale, void *workspace,
+			       size_t workspace_bytes, cudaStream_t stream)
+{
+	if (!items || batch <= 0 || batch > 65535 || max_n <= 0 || n_kv <= 0 || n_kv > 65535 ||
+	    n_heads <= 0 || n_heads % n_kv || d <= 0 || d > FLASH_DECODE_MAX_D ||
+	    n_heads / n_kv > FLASH_DECODE_MAX_GROUP || row_stride < (long long)n_kv * d)
+		return cudaErrorInvalidValue;
+	const int group = n_heads / n_kv, splits = flash_decode_batch_splits(max_n, n_kv, batch);
+	if (splits > 1 &&
+	    workspace_bytes < flash_decode_batch_workspace_bytes(batch, n_heads, n_kv, d))
+		return cudaErrorInvalidValue;
+	float *part = (float *)workspace;
+	const dim3 grid((unsigned)splits, (unsigned)n_kv, (unsigned)batch);
+	cudaError_t e = kv_dispatch(dt, [&](auto tag) {
+		using T = decltype(tag);
+		flash_decode_kernel<T><<<grid, group * 32, 0, stream>>>(
+			out, part, q, (const T *)NULL, (const T *)NULL, 0, row_stride, group, d,
+			scale, 0, splits, items);
+	});
+	if (e != cudaSuccess)
+		return e;
+	if ((e = cudaGetLastError()) != cudaSuccess || splits == 1)
+		return e;
+	flash_decode_merge<<<dim3((unsigned)n_heads, (unsigned)batch), 128, 0, stream>>>(
+		out, part, splits, d, items);
 	return cudaGetLastError();
 }

@@ -40,6 +40,30 @@ cudaError_t flash_decode(float *out, const float *q, const void *k, const void *
 			 int n_kv, int d, float scale, void *workspace, size_t workspace_bytes,
 			 cudaStream_t stream);
 
+// One sequence of a batched launch (flash_decode_batch): its K/V (n, n_kv, d) as for
+// flash_decode, and the row of q and out (rows, n_heads, d) its query and output are.
+struct flash_decode_item {
+	const void *k, *v;
+	long long n;
+	long long row;
+};
+
+// Chunks each sequence's keys are split into in a batch of `batch` sequences, the longest
+// max_n keys (fewer than one sequence alone: the batch fills the grid).
+int flash_decode_batch_splits(long long max_n, int n_kv, int batch);
+
+// Bytes of workspace any batched call of `batch` sequences with these heads needs at most.
+size_t flash_decode_batch_workspace_bytes(int batch, int n_heads, int n_kv, int d);
+
+// flash_decode for `batch` sequences in one launch (one per layer for a whole decode batch,
+// docs/design.md "The GPU decode step"): items (batch) is a device array, each n >= 1 and at
+// most max_n; every sequence shares dt, row_stride and the heads. Sequence b equals
+// flash_decode over its own K/V up to the split (the chunks differ: summation order).
+cudaError_t flash_decode_batch(float *out, const float *q, const struct flash_decode_item *items,
+			       int batch, long long max_n, enum fkv_dtype dt, long long row_stride,
+			       int n_heads, int n_kv, int d, float scale, void *workspace,
+			       size_t workspace_bytes, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -141,6 +141,32 @@ static int dm_attn_decode_slots(void *c, float *o, const float *q, const void *s
 					   n_tok, p, a);
 }
 
+static int dm_attn_decode_batch(void *c, float *o, const float *q,
+				const struct backend_attn_item *items, int n)
+{
+	struct backend_attn_item *t = malloc((size_t)(n ? n : 1) * sizeof *t);
+	assert_non_null(t);
+	for (int i = 0; i < n; i++) {
+		t[i] = items[i];
+		t[i].span.k = dv(items[i].span.k);
+		t[i].span.v = dv(items[i].span.v);
+		t[i].slots = dv(items[i].slots);
+	}
+	int ret = dm_real->attn_decode_batch(c, dv(o), dv(q), t, n);
+	free(t);
+	return ret;
+}
+
+static int dm_split_cols(void *c, float *const *dst, const int64_t *cols, int n,
+			 const float *src, int64_t rows)
+{
+	float *t[8];
+	assert_true(n <= 8);
+	for (int i = 0; i < n; i++)
+		t[i] = dv(dst[i]);
+	return dm_real->split_cols(c, t, cols, n, dv(src), rows);
+}
+
 static void **dm_slot_ptrs(void *const *slots, int n)
 {
 	void **t = malloc((size_t)(n ? n : 1) * sizeof *t);
@@ -266,6 +292,8 @@ static struct backend devmem_of(struct backend *cpu, struct backend_ops *ops)
 	ops->attn_decode = dm_attn_decode;
 	ops->attn_decode_heads = dm_attn_decode_heads;
 	ops->attn_decode_slots = dm_real->attn_decode_slots ? dm_attn_decode_slots : NULL;
+	ops->attn_decode_batch = dm_real->attn_decode_batch ? dm_attn_decode_batch : NULL;
+	ops->split_cols = dm_real->split_cols ? dm_split_cols : NULL;
 	ops->recall_units = dm_recall_units;
 	ops->recall_direct = dm_real->recall_direct ? dm_recall_direct : NULL;
 	ops->recall_mapped = dm_real->recall_mapped ? dm_recall_mapped : NULL;

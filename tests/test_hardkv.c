@@ -258,6 +258,24 @@ static int cap_attn_decode_slots(void *c, float *o, const float *q, const void *
 	return cap_real->attn_decode_slots(c, o, q, slots, n_slots, list, max_pages, n_tok, p, a);
 }
 
+/* The engine's batch-wide decode attention (one sequence here): each slot item recorded as
+ * its own attn_decode_slots call. */
+static int cap_attn_decode_batch(void *c, float *o, const float *q,
+				 const struct backend_attn_item *items, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const struct backend_attn_item *it = &items[i];
+		const int64_t qd = (int64_t)it->a.n_heads * it->a.head_dim;
+		int ret = it->slots ? cap_attn_decode_slots(c, o + it->row * qd, q + it->row * qd,
+							    it->slots, it->n_slots, it->list,
+							    it->max_pages, it->n_tok, it->p, &it->a)
+				    : cap_real->attn_decode_batch(c, o, q, it, 1);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 struct ref {
 	double top_p;
 	int recal;
@@ -459,6 +477,7 @@ static void reference_run(double top_p, int recal, int steps, struct ref *R)
 	struct backend_ops ops = *be->ops;
 	cap_real = be->ops;
 	ops.attn_decode_slots = cap_attn_decode_slots;
+	ops.attn_decode_batch = cap_attn_decode_batch;
 	struct backend bc = { .ops = &ops, .ctx = be->ctx };
 	cap_calls = 0;
 	struct run r;

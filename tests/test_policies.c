@@ -690,6 +690,19 @@ static int cnt_attn_decode_slots(void *c, float *o, const float *q, const void *
 	return cnt_real->attn_decode_slots(c, o, q, slots, n_slots, list, max_pages, n_tok, p, a);
 }
 
+/* The engine's batch-wide decode attention: its slot items counted as slot calls (and the
+ * batches), then the real op. */
+static int64_t cnt_batches;
+
+static int cnt_attn_decode_batch(void *c, float *o, const float *q,
+				 const struct backend_attn_item *items, int n)
+{
+	cnt_batches++;
+	for (int i = 0; i < n; i++)
+		cnt_slots += items[i].slots != NULL;
+	return cnt_real->attn_decode_batch(c, o, q, items, n);
+}
+
 static int cnt_attn_decode_heads(void *c, float *o, const float *q,
 				 const struct backend_kv_span *s, const int *first,
 				 const struct backend_attn *a)
@@ -698,11 +711,95 @@ static int cnt_attn_decode_heads(void *c, float *o, const float *q,
 	return cnt_real->attn_decode_heads(c, o, q, s, first, a);
 }
 
+/* Three sequences of different lengths, each with its own host copy, decoded together for
+ * steps steps on backend bw: their logits (steps, 3, VOCAB), malloc'd. */
+static float *gen_three(const char *policy, struct kv_policy_opts kv, int steps, struct backend *bw)
+{
+	enum { NS = 3 };
+	static const int lens[NS] = { PROMPT, PROMPT - 7, PROMPT - 3 };
+	struct backend *cpu = be;
+	be = bw;
+	struct engine *e = new_engine(policy, kv);
+	be = cpu;
+	struct hostkv_seq *hs[NS];
+	int seqs[NS];
+	int32_t next[NS];
+	char name[64], err[256];
+	float *lg = malloc((size_t)(steps + 1) * NS * VOCAB * sizeof *lg);
+	assert_non_null(lg);
+	for (int i = 0; i < NS; i++) {
+		int32_t ids[PROMPT];
+		prompt_ids(ids);
+		ids[1] = 3 + 11 * i; /* the prompts differ */
+		snprintf(name, sizeof name, "tp-three-%d", seq_no++);
+		hs[i] = open_host(e, name);
+		if (engine_seq_open(e, hs[i], &seqs[i], err, sizeof err) ||
+		    engine_prefill(e, seqs[i], ids, lens[i], lg + (size_t)i * VOCAB, false, err,
+				   sizeof err))
+			fail_msg("%s sequence %d: %s", policy, i, err);
+	}
+	for (int t = 0; t < steps; t++) {
+		for (int i = 0; i < NS; i++)
+			next[i] = argmax(lg + ((size_t)t * NS + i) * VOCAB);
+		if (engine_decode(e, NS, seqs, next, lg + (size_t)(t + 1) * NS * VOCAB, err,
+				  sizeof err))
+			fail_msg("%s step %d: %s", policy, t, err);
+	}
+	for (int i = 0; i < NS; i++) {
+		engine_seq_free(e, seqs[i]);
+		hostkv_seq_close(hs[i], true);
+	}
+	engine_free(e);
+	return lg;
+}
+
+/* A decode batch of several sequences of every paged policy (and full) gives, through the
+ * engine's one attn_decode_batch per layer, the logits of one attention call per sequence bit
+ * for bit (the CPU op runs exactly those calls: what this holds is the policies' split of
+ * attend around the batch), past the budget, with the debug invariants on. */
+static void test_batched_decode_attention(void **state)
+{
+	(void)state;
+	NEED_MODEL();
+	static const char *const pols[] = { "full", "streaming", "quest", "freekv", "hardkv" };
+	const struct kv_policy_opts kv = kvo(8, 64, 8, 16, 1, 0.9f, true);
+	enum { STEPS = 90 };
+	struct backend *cpu = be;
+	cnt_real = cpu->ops;
+	struct backend_ops with = *cpu->ops, single;
+	with.attn_decode_slots = cnt_attn_decode_slots;
+	with.attn_decode_heads = cnt_attn_decode_heads;
+	with.attn_decode_batch = cnt_attn_decode_batch;
+	single = with;
+	single.attn_decode_batch = NULL;
+	struct backend bw = { .ops = &with, .ctx = cpu->ctx };
+	struct backend b1 = { .ops = &single, .ctx = cpu->ctx };
+	for (size_t i = 0; i < sizeof pols / sizeof *pols; i++) {
+		const bool paged = i > 0;
+		cnt_slots = cnt_heads = cnt_batches = 0;
+		float *a = gen_three(pols[i], kv, STEPS, &bw);
+		assert_int_equal(cnt_batches, (int64_t)STEPS * model.cfg.n_layers);
+		assert_int_equal(cnt_slots, paged ? (int64_t)3 * STEPS *
+							    (model.cfg.n_layers - kv.full_layers)
+						  : 0);
+		assert_int_equal(cnt_heads, 0);
+		cnt_slots = cnt_batches = 0;
+		float *b = gen_three(pols[i], kv, STEPS, &b1);
+		assert_int_equal(cnt_batches, 0);
+		if (memcmp(a, b, (size_t)(STEPS + 1) * 3 * VOCAB * sizeof *a))
+			fail_msg("%s: batched decode attention changes the logits", pols[i]);
+		free(a);
+		free(b);
+	}
+}
+
 /* Every decode step of every paged policy at every retrieval layer goes through
  * attn_decode_slots when the backend has it (before the budget is exceeded, compressed, with
  * the window ring wrapping, keeping recent pages for streaming, and after a resume from the
- * host copy), with the debug invariants checking the slot lists the op reads; a backend without
- * the op runs attn_decode_heads instead, with the same tokens and logits bit for bit. */
+ * host copy), with the debug invariants checking the slot lists the op reads: as slot items
+ * of the engine's one attn_decode_batch per layer, or without that op one attn_decode_slots
+ * call each; a backend without the slots op runs attn_decode_heads instead. All three give the
+ * same tokens and logits bit for bit. */
 static void test_decode_goes_through_slots(void **state)
 {
 	(void)state;
@@ -714,26 +811,42 @@ static void test_decode_goes_through_slots(void **state)
 	struct backend *cpu = be;
 	cnt_real = cpu->ops;
 	assert_non_null(cnt_real->attn_decode_slots);
-	struct backend_ops with = *cpu->ops, without;
+	struct backend_ops with = *cpu->ops, without, single;
 	with.name = "counted";
 	with.attn_decode_slots = cnt_attn_decode_slots;
 	with.attn_decode_heads = cnt_attn_decode_heads;
-	without = with;
+	with.attn_decode_batch = cnt_attn_decode_batch;
+	without = single = with;
 	without.attn_decode_slots = NULL;
+	single.attn_decode_batch = NULL;
 	struct backend bw = { .ops = &with, .ctx = cpu->ctx };
 	struct backend bo = { .ops = &without, .ctx = cpu->ctx };
+	struct backend b1 = { .ops = &single, .ctx = cpu->ctx };
 	for (size_t gi = 0; gi < 2; gi++)
 		for (size_t i = 0; i < 4; i++) {
 			const int64_t calls =
 				(int64_t)STEPS * (model.cfg.n_layers - geoms[gi].full_layers);
-			struct run rs, rh;
-			cnt_slots = cnt_heads = 0;
+			struct run rs, rh, r1;
+			cnt_slots = cnt_heads = cnt_batches = 0;
 			be = &bw;
 			gen(pols[i], geoms[gi], STEPS, true, &rs);
 			be = cpu;
 			assert_int_equal(cnt_slots, calls);
 			assert_int_equal(cnt_heads, 0);
+			/* one a layer and step, the full layers' dense item included */
+			assert_int_equal(cnt_batches, (int64_t)STEPS * model.cfg.n_layers);
 			assert_true(rs.st.sum.steps > 0); /* the budget was exceeded */
+			cnt_slots = cnt_heads = cnt_batches = 0;
+			be = &b1;
+			gen(pols[i], geoms[gi], STEPS, true, &r1);
+			be = cpu;
+			assert_int_equal(cnt_slots, calls);
+			assert_int_equal(cnt_batches, 0);
+			char what1[64];
+			snprintf(what1, sizeof what1, "%s geometry %zu: batched vs single", pols[i],
+				 gi);
+			expect_same(&rs, &r1, what1);
+			free(r1.logits);
 			cnt_slots = cnt_heads = 0;
 			be = &bo;
 			gen(pols[i], geoms[gi], STEPS, true, &rh);
@@ -933,6 +1046,7 @@ int main(void)
 		cmocka_unit_test(test_device_memory_backend),
 		cmocka_unit_test(test_offload_paths),
 		cmocka_unit_test(test_decode_goes_through_slots),
+		cmocka_unit_test(test_batched_decode_attention),
 		cmocka_unit_test(test_many_layers_in_flight),
 		cmocka_unit_test(test_invariants_catch_divergence),
 	};

@@ -4,7 +4,8 @@
  * equals the CPU's attn_decode_heads over the same pages, for a partial and a full
  * last page, G = 1 and G > 1, unsplit and split launches, pages too large for the kernel (the
  * span fallback) and list entries past the last page that must not be read; its bad arguments
- * are refused before anything is queued; its staged lists survive the ring's reuse and growth
+ * are refused before anything is queued; attn_decode_batch (slot and dense items of several
+ * sequences in one call) equals the CPU's single calls; its staged lists survive the ring's reuse and growth
  * while the device lags behind. recall_units runs on the backend's own recall streams: compute
  * ops queued before a recall and after it see it in order (slots and attention equal the
  * CPU's, bit for bit where no summation order differs), from pageable and from page-locked
@@ -215,6 +216,108 @@ static void test_attn_decode_slots(void **state)
 		free(got);
 		free(cpu_own);
 		free(n_tok);
+	}
+}
+
+/* attn_decode_batch, one call for a decode batch of mixed items, on each backend: four slot
+ * items of their own slot buffers (three of one geometry: one decode_attention_seqs launch;
+ * one with another page size: alone), four dense items (three of one row stride, n = 1, 300
+ * and 5000: one flash_decode_batch launch; one with a wider row stride: alone), their rows of
+ * q and out in scrambled order, in every KV dtype. The GPU's outputs equal the CPU's (which
+ * runs the single calls) within the attention bound, every row written. A bad slot index
+ * anywhere in the batch: -EINVAL, nothing written. */
+static void test_attn_decode_batch(void **state)
+{
+	(void)state;
+	enum { H = 8, KV = 2, D = 128, NI = 8, MP = 6, NSL = 12 };
+	const struct sgeom gs[2] = { { KV, 16, D }, { KV, 8, D } };
+	const int64_t slot_tok[4] = { 90, 40, 7, 45 };
+	const int64_t dense_n[4] = { 1, 300, 5000, 77 };
+	const int rows[NI] = { 5, 0, 7, 2, 6, 1, 3, 4 };
+	const size_t nq = (size_t)NI * H * D;
+	for (int di = 0; di < GPU_TEST_N_DTYPES; di++) {
+		const enum fkv_dtype dt = gpu_test_dtypes[di];
+		const size_t es = dtype_size(dt);
+		const struct backend_attn a = { H, KV, D, dt, 1.0f / sqrtf((float)D), 0 };
+		float *q = rand_f32(nq, 1.0f);
+		void *host[NI];
+		size_t bytes[NI];
+		int32_t *list[4], *n_tok[4];
+		for (int i = 0; i < 4; i++) {
+			const struct sgeom *g = &gs[i == 3];
+			bytes[i] = (size_t)NSL * slot_elems(g);
+			list[i] = rand_list(KV, MP, NSL);
+			n_tok[i] = head_counts(KV, slot_tok[i]);
+		}
+		for (int i = 4; i < NI; i++) {
+			const int64_t stride = (int64_t)(i == 7 ? 2 : 1) * KV * D;
+			bytes[i] = (size_t)dense_n[i - 4] * stride * 2; /* K rows, then V rows */
+		}
+		for (int i = 0; i < NI; i++) {
+			float *f = rand_f32(bytes[i], 2.0f);
+			host[i] = gpu_test_to_dtype(f, dt, bytes[i]);
+			free(f);
+		}
+		float *out[2];
+		struct backend *bes[2] = { cpu, gpu };
+		for (int b = 0; b < 2; b++) {
+			struct backend *be = bes[b];
+			char *dev[NI];
+			struct backend_attn_item it[NI];
+			for (int i = 0; i < NI; i++) {
+				dev[i] = put(be, host[i], bytes[i] * es);
+				it[i] = (struct backend_attn_item){ .row = rows[i], .a = a };
+				if (i < 4) {
+					it[i].slots = dev[i];
+					it[i].n_slots = NSL;
+					it[i].max_pages = MP;
+					it[i].p = gs[i == 3].p;
+					it[i].list = list[i];
+					it[i].n_tok = n_tok[i];
+				} else {
+					const int64_t stride = (int64_t)(i == 7 ? 2 : 1) * KV * D;
+					const int64_t n = dense_n[i - 4];
+					it[i].span = (struct backend_kv_span){
+						dev[i], dev[i] + (size_t)n * stride * es, n, stride };
+				}
+			}
+			float *dq = put(be, q, nq * 4), *dout = poisoned(be, nq * 4);
+			/* a bad slot index in the last slot item: refused, nothing written on CUDA */
+			list[2][1] = NSL;
+			assert_int_equal(be->ops->attn_decode_batch(be->ctx, dout, dq, it, NI),
+					 -EINVAL);
+			list[2][1] = 0;
+			if (be == gpu) {
+				float *chk = malloc(nq * 4);
+				get(be, chk, dout, nq * 4);
+				for (size_t e = 0; e < nq; e++)
+					assert_true(isnan(chk[e]));
+				free(chk);
+			}
+			assert_int_equal(be->ops->attn_decode_batch(be->ctx, dout, dq, it, NI), 0);
+			out[b] = malloc(nq * 4);
+			get(be, out[b], dout, nq * 4);
+			for (int i = 0; i < NI; i++)
+				drop(be, dev[i]);
+			drop(be, dq);
+			drop(be, dout);
+		}
+		for (int i = 0; i < NI; i++) {
+			char what[96];
+			snprintf(what, sizeof what, "attn_decode_batch %s item %d", dtype_name(dt), i);
+			const size_t off = (size_t)rows[i] * H * D;
+			GPU_TEST_CHECK_ERR(gpu_test_err(out[1] + off, out[0] + off, (size_t)H * D),
+					   ATTN_BOUND, what);
+		}
+		for (int i = 0; i < NI; i++)
+			free(host[i]);
+		for (int i = 0; i < 4; i++) {
+			free(list[i]);
+			free(n_tok[i]);
+		}
+		free(out[0]);
+		free(out[1]);
+		free(q);
 	}
 }
 
@@ -830,6 +933,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_attn_decode_slots),
 		cmocka_unit_test(test_attn_decode_slots_rejects),
+		cmocka_unit_test(test_attn_decode_batch),
 		cmocka_unit_test(test_attn_decode_slots_ring),
 		cmocka_unit_test(test_recall_ordering),
 		cmocka_unit_test(test_recall_growth),

@@ -106,6 +106,19 @@ struct backend_attn {
 			 * included; 0 = all. Decode reads what the spans hold. */
 };
 
+/* One sequence's query row in a batch-wide decode attention (attn_decode_batch): the row of q
+ * and out it is, and either one dense span (slots NULL; as attn_decode with one span) or a
+ * slot buffer and its page lists (as attn_decode_slots; list and n_tok host memory). a is
+ * the attention as that single call would get it (kv_dtype: the span's or the slots'). */
+struct backend_attn_item {
+	int64_t row;
+	struct backend_kv_span span;
+	const void *slots;
+	int n_slots, max_pages, p;
+	const int32_t *list, *n_tok;
+	struct backend_attn a;
+};
+
 /* The geometry of a select_pages call: candidates [cand_begin, cand_begin + n_cand) of the
  * page_stride pages a head's summaries hold, k kept per KV head (0 <= k <= n_cand). */
 struct backend_select {
@@ -208,6 +221,17 @@ struct backend_ops {
 	int (*attn_decode_slots)(void *ctx, float *out, const float *q, const void *slots,
 				 int n_slots, const int32_t *list, int max_pages,
 				 const int32_t *n_tok, int p, const struct backend_attn *a);
+
+	/* (optional) Decode attention of n sequences' query rows in one call (one launch per
+	 * layer for a decode batch, docs/design.md "The GPU decode step"): item i equals
+	 * attn_decode over its span, or attn_decode_slots over its slots, on rows items[i].row
+	 * of q and out (rows, n_heads, d); the CPU backend runs exactly those calls, CUDA one
+	 * launch for the dense items and one for the slot items (of one geometry; others go
+	 * alone). Every host array is read before the call returns. -EINVAL as the single calls
+	 * would return it (the CPU backend has run the items before the bad one; CUDA checks
+	 * them all first and queues nothing). */
+	int (*attn_decode_batch)(void *ctx, float *out, const float *q,
+				 const struct backend_attn_item *items, int n);
 
 	/* (optional) refreshkv's full step (docs/design.md §5) as the two passes of decode
 	 * attention for one query, over keys given as for attn_decode_heads (KV head g reads

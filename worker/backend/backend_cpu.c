@@ -900,6 +900,25 @@ static int cpu_attn_decode_slots(void *ctx, float *out, const float *q, const vo
 	return cpu_attn_run(c, out, q, 1, c->slot_src, 0, false, a, NULL, 0);
 }
 
+/* Exactly the single calls, one item after the other. */
+static int cpu_attn_decode_batch(void *ctx, float *out, const float *q,
+				 const struct backend_attn_item *items, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const struct backend_attn_item *it = &items[i];
+		const int64_t qd = (int64_t)it->a.n_heads * it->a.head_dim;
+		float *o = out + it->row * qd;
+		const float *qi = q + it->row * qd;
+		int ret = it->slots ? cpu_attn_decode_slots(ctx, o, qi, it->slots, it->n_slots,
+							    it->list, it->max_pages, it->n_tok,
+							    it->p, &it->a)
+				    : cpu_attn_decode(ctx, o, qi, &it->span, 1, &it->a);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 
 static int cpu_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {
@@ -953,6 +972,7 @@ static const struct backend_ops cpu_ops = {
 	.attn_decode = cpu_attn_decode,
 	.attn_decode_heads = cpu_attn_decode_heads,
 	.attn_decode_slots = cpu_attn_decode_slots,
+	.attn_decode_batch = cpu_attn_decode_batch,
 	.attn_scores = cpu_attn_scores,
 	.attn_accum = cpu_attn_accum,
 	.gather_heads = cpu_gather_heads,

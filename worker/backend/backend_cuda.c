@@ -773,6 +773,170 @@ static int cuda_attn_decode_slots(void *ctx, float *out, const float *q, const v
 
 
 
+/* Whether two items' attention can share a launch: the same heads, dtype and scale. */
+static bool same_attn(const struct backend_attn *x, const struct backend_attn *y)
+{
+	return x->n_heads == y->n_heads && x->n_kv_heads == y->n_kv_heads &&
+	       x->head_dim == y->head_dim && x->kv_dtype == y->kv_dtype && x->scale == y->scale;
+}
+
+/* Whether a dense item is one the flash-decoding kernel takes (cuda_attn_decode's test). */
+static bool fd_takes(const struct backend_attn_item *it)
+{
+	const struct backend_attn *a = &it->a;
+	return a->head_dim <= FLASH_DECODE_MAX_D &&
+	       a->n_heads / a->n_kv_heads <= FLASH_DECODE_MAX_GROUP &&
+	       it->span.row_stride >= (int64_t)a->n_kv_heads * a->head_dim;
+}
+
+/* The dense items that join the first flash-decoding one (same geometry and row stride) in one
+ * flash_decode_batch launch; marks them in in[]. */
+static int batch_dense(struct cuda_ctx *c, float *out, const float *q,
+		       const struct backend_attn_item *items, int n, bool *in)
+{
+	const struct backend_attn_item *ref = NULL;
+	int nb = 0;
+	long long max_n = 0;
+	for (int i = 0; i < n; i++) {
+		const struct backend_attn_item *it = &items[i];
+		if (it->slots || !fd_takes(it) ||
+		    (ref && (!same_attn(&it->a, &ref->a) ||
+			     it->span.row_stride != ref->span.row_stride)))
+			continue;
+		ref = ref ? ref : it;
+		in[i] = true;
+		nb++;
+		max_n = it->span.n > max_n ? it->span.n : max_n;
+	}
+	if (!nb)
+		return 0;
+	const struct backend_attn *a = &ref->a;
+	struct stage_slot *s;
+	const size_t bytes = (size_t)nb * sizeof(struct flash_decode_item);
+	int ret = cuda_ws_reserve(c, &c->fd_ws, &c->fd_ws_bytes,
+				  flash_decode_batch_workspace_bytes(nb, a->n_heads, a->n_kv_heads,
+								     a->head_dim))
+	       ?: cuda_stage_take(c, bytes, &s);
+	if (ret)
+		return ret;
+	struct flash_decode_item *hi = s->host;
+	for (int i = 0, j = 0; i < n; i++)
+		if (in[i])
+			hi[j++] = (struct flash_decode_item){ items[i].span.k, items[i].span.v,
+							      items[i].span.n, items[i].row };
+	if ((ret = cuda_stage_push(c, s, bytes)))
+		return ret;
+	CUDA_CHECK(flash_decode_batch(out, q, s->dev, nb, max_n, a->kv_dtype,
+				      ref->span.row_stride, a->n_heads, a->n_kv_heads, a->head_dim,
+				      a->scale, c->fd_ws, c->fd_ws_bytes, c->stream));
+	return 0;
+}
+
+/* The slot items that share the first one's geometry (heads, dtype, page size, list width) in
+ * one decode_attention_seqs launch: staged as [slot buffer pointers][rows][lists][n_tok].
+ * Marks them in in[] unless the kernel cannot take the geometry (its shared memory), when
+ * they go alone (and through slots_as_spans). */
+static int batch_slots(struct cuda_ctx *c, float *out, const float *q,
+		       const struct backend_attn_item *items, int n, bool *in)
+{
+	const struct backend_attn_item *ref = NULL;
+	int nb = 0;
+	bool aligned = true;
+	for (int i = 0; i < n; i++) {
+		const struct backend_attn_item *it = &items[i];
+		if (!it->slots || in[i] ||
+		    (ref && (!same_attn(&it->a, &ref->a) || it->p != ref->p ||
+			     it->max_pages != ref->max_pages)))
+			continue;
+		ref = ref ? ref : it;
+		nb++;
+		aligned = aligned && (uintptr_t)it->slots % 16 == 0;
+	}
+	if (!nb)
+		return 0;
+	const struct backend_attn *a = &ref->a;
+	const int n_kv = a->n_kv_heads, mp = ref->max_pages;
+	const size_t per = (size_t)n_kv * mp + (size_t)n_kv;
+	const size_t bytes = (size_t)nb * (sizeof(void *) + sizeof(int32_t) * (1 + per));
+	struct stage_slot *s;
+	int ret = cuda_ws_reserve(c, &c->dec_ws, &c->dec_ws_bytes,
+				  decode_attention_workspace_bytes(nb, a->n_heads, n_kv, a->head_dim,
+								   mp))
+	       ?: cuda_stage_take(c, bytes, &s);
+	if (ret)
+		return ret;
+	const void **hp = s->host;
+	int32_t *hr = (int32_t *)(hp + nb), *hl = hr + nb, *ht = hl + (size_t)nb * n_kv * mp;
+	int j = 0;
+	for (int i = 0; i < n; i++) {
+		const struct backend_attn_item *it = &items[i];
+		if (!it->slots || in[i] || !same_attn(&it->a, &a[0]) || it->p != ref->p ||
+		    it->max_pages != mp)
+			continue;
+		hp[j] = it->slots;
+		hr[j] = (int32_t)it->row;
+		memcpy(hl + (size_t)j * n_kv * mp, it->list, (size_t)n_kv * mp * sizeof *hl);
+		memcpy(ht + (size_t)j * n_kv, it->n_tok, (size_t)n_kv * sizeof *ht);
+		j++;
+	}
+	if ((ret = cuda_stage_push(c, s, bytes)))
+		return ret;
+	const char *d = s->dev;
+	const size_t ptrs = (size_t)nb * sizeof(void *);
+	const int32_t *dr = (const int32_t *)(d + ptrs), *dl = dr + nb,
+		      *dt = dl + (size_t)nb * n_kv * mp;
+	cudaError_t e = decode_attention_seqs(out, q, dr, (const void *const *)d, aligned,
+					      a->kv_dtype, dl, dt, nb, a->n_heads, n_kv,
+					      a->head_dim, ref->p, mp, a->scale, c->dec_ws,
+					      c->dec_ws_bytes, c->stream);
+	if (e == cudaErrorInvalidValue) /* the block's shared memory: checked before launch */
+		return 0;
+	if (e != cudaSuccess)
+		return cuda_check_fail(e, "decode_attention_seqs", __func__, __FILE__, __LINE__);
+	for (int i = 0; i < n; i++)
+		if (items[i].slots && !in[i] && same_attn(&items[i].a, a) &&
+		    items[i].p == ref->p && items[i].max_pages == mp)
+			in[i] = true;
+	return 0;
+}
+
+/* Checks every item as its single call would, then one flash_decode_batch launch for the
+ * dense items, one decode_attention_seqs launch for the slot items, and single calls for the
+ * rest (other geometries, spans past the kernels' limits). */
+static int cuda_attn_decode_batch(void *ctx, float *out, const float *q,
+				  const struct backend_attn_item *items, int n)
+{
+	struct cuda_ctx *c = ctx;
+	for (int i = 0; i < n; i++) {
+		const struct backend_attn_item *it = &items[i];
+		int ret = check_attn(&it->a);
+		if (!ret && it->slots)
+			ret = check_slots(it->slots, it->n_slots, it->list, it->max_pages,
+					  it->n_tok, it->p, &it->a);
+		else if (!ret && (it->span.n <= 0 || it->row < 0 || it->row > INT32_MAX))
+			ret = -EINVAL;
+		if (ret)
+			return ret;
+	}
+	bool *in = calloc((size_t)(n > 0 ? n : 1), sizeof *in);
+	if (!in)
+		return -ENOMEM;
+	int ret = batch_dense(c, out, q, items, n, in) ?: batch_slots(c, out, q, items, n, in);
+	for (int i = 0; i < n && !ret; i++) {
+		const struct backend_attn_item *it = &items[i];
+		const int64_t qd = (int64_t)it->a.n_heads * it->a.head_dim;
+		if (in[i])
+			continue;
+		ret = it->slots ? cuda_attn_decode_slots(c, out + it->row * qd, q + it->row * qd,
+							 it->slots, it->n_slots, it->list,
+							 it->max_pages, it->n_tok, it->p, &it->a)
+				: cuda_attn_decode(c, out + it->row * qd, q + it->row * qd,
+						   &it->span, 1, &it->a);
+	}
+	free(in);
+	return ret;
+}
+
 /* Slots in the KV dtype (docs/design.md §3 "Device slots"): 16-bit K/V in slot memory, recall
  * scatter and attention, which accumulates in f32. */
 static enum fkv_dtype cuda_slot_dtype(void *ctx, enum fkv_dtype kv)
@@ -825,6 +989,7 @@ static const struct backend_ops cuda_ops = {
 	.attn_decode = cuda_attn_decode,
 	.attn_decode_heads = cuda_attn_decode_heads,
 	.attn_decode_slots = cuda_attn_decode_slots,
+	.attn_decode_batch = cuda_attn_decode_batch,
 	.attn_scores = cuda_attn_scores,
 	.attn_accum = cuda_attn_accum,
 	.pool_topk = cuda_pool_topk,

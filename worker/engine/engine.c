@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "errmsg.h"
 #include "hostkv.h"
 #include "version.h"
@@ -98,6 +99,9 @@ struct engine {
 	struct piece *pieces;
 
 	struct fwd_item *items;	/* (max_seqs) one forward call's items */
+	/* (T) one layer's batch-wide decode attention: an item per prepared piece, and which */
+	struct backend_attn_item *att_items;
+	int *att_piece;
 	/* Speculative steps: the two tokens of each item, their logits (host). */
 	int32_t *spec_toks;	/* (max_seqs, 2) */
 	float *spec_lg;		/* (max_seqs, 2, vocab) */
@@ -289,7 +293,10 @@ static int alloc_acts(struct engine *e)
 	e->out_rows = calloc(T, sizeof *e->out_rows);
 	e->pieces = calloc(T, sizeof *e->pieces);
 	e->items = calloc((size_t)e->max_seqs, sizeof *e->items);
-	if (!e->x || !e->xb || !e->qkv || !e->att || !e->gu || !e->items ||
+	e->att_items = calloc(T, sizeof *e->att_items);
+	e->att_piece = calloc(T, sizeof *e->att_piece);
+	if (!e->x || !e->xb || !e->qkv || !e->att || !e->gu || !e->items || !e->att_items ||
+	    !e->att_piece ||
 	    !e->ids || !e->pos || !e->out_rows || !e->pieces || !e->ids_b || !e->pos_b ||
 	    !e->rows_b)
 		return -ENOMEM;
@@ -329,6 +336,8 @@ void engine_free(struct engine *e)
 	free(e->out_rows);
 	free(e->pieces);
 	free(e->items);
+	free(e->att_items);
+	free(e->att_piece);
 	free(e->spec_toks);
 	free(e->spec_lg);
 	free(e);
@@ -642,23 +651,50 @@ int engine_seq_stats(const struct engine *e, int seq, struct kv_stats *out)
 	return 0;
 }
 
-/* Attention block of one layer for every piece: append K/V, attend. */
+/* Attention block of one layer for every piece: append K/V, attend. With a policy and a
+ * backend that batch it, every decode row's attention is one attn_decode_batch call for the
+ * whole ubatch (docs/design.md "The GPU decode step"): each sequence prepares (selection,
+ * recall, page lists), the batch runs, each finishes; rows a policy does not batch attend as
+ * they come. */
 static int layer_attention(struct engine *e, int l, const struct piece *pc, int np)
 {
 	const struct kv_policy_ops *P = e->policy;
+	const struct backend_ops *o = e->be->ops;
 	int64_t qd = (int64_t)e->cfg.n_heads * e->cfg.head_dim;
 	int64_t kvd = (int64_t)e->cfg.n_kv_heads * e->cfg.head_dim;
+	const bool batch = P->attend_prepare && o->attn_decode_batch;
+	int nb = 0;
 	for (int i = 0; i < np; i++) {
 		void *kv = e->seqs[pc[i].seq].kv;
 		int64_t r = pc[i].row;
+		float *out = e->att + r * qd;
+		const float *q = e->q + r * qd;
 		int ret = (P->layer_begin ? P->layer_begin(kv, l) : 0)
-		       ?: P->append(kv, l, e->k + r * kvd, e->v + r * kvd, pc[i].n)
-		       ?: P->attend(kv, l, e->att + r * qd, e->q + r * qd, pc[i].n)
-		       ?: (P->layer_end ? P->layer_end(kv, l) : 0);
+		       ?: P->append(kv, l, e->k + r * kvd, e->v + r * kvd, pc[i].n);
+		if (!ret && !batch)
+			ret = P->attend(kv, l, out, q, pc[i].n);
+		else if (!ret && (ret = P->attend_prepare(kv, l, out, q, pc[i].n,
+							  &e->att_items[nb])) == 0) {
+			e->att_items[nb].row = r;
+			e->att_piece[nb++] = i;
+			continue;
+		}
+		ret = ret < 0 ? ret : P->layer_end ? P->layer_end(kv, l) : 0;
 		if (ret)
 			return ret;
 	}
-	return 0;
+	if (!nb)
+		return 0;
+	const uint64_t t0 = clock_ns();
+	int ret = o->attn_decode_batch(e->be->ctx, e->att, e->q, e->att_items, nb);
+	const int64_t share = (int64_t)(clock_ns() - t0) / nb;
+	for (int j = 0; j < nb && !ret; j++) {
+		const struct piece *p = &pc[e->att_piece[j]];
+		void *kv = e->seqs[p->seq].kv;
+		ret = P->attend_finish(kv, l, e->q + p->row * qd, share)
+		   ?: (P->layer_end ? P->layer_end(kv, l) : 0);
+	}
+	return ret;
 }
 
 /* y (T, n_parts stacked) = x . fused weight w, parts[i] (T, w's rows of part i): one row

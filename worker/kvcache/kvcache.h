@@ -152,6 +152,17 @@ struct kv_policy_ops {
 	int (*append)(void *st, int layer, const float *k, const float *v, int64_t n);
 	/* Attention of the step's n queries of a layer; causal over the sequence. */
 	int (*attend)(void *st, int layer, float *out, const float *q, int64_t n);
+	/* (optional, both or neither) attend split around one batch-wide attention launch (the
+	 * engine's decode batch, backend attn_decode_batch; docs/design.md "The GPU decode
+	 * step"): attend_prepare does what attend does before its attention and describes that
+	 * attention in *it (all but it->row, which the caller sets) and returns 0, or runs
+	 * attend whole and returns 1 (the rows it does not batch: prefill, layers without such
+	 * an attention); after the item's attention has run, attend_finish does the rest of
+	 * attend, ns being this sequence's share of the batch call's time (its counters).
+	 * prepare, the item's attention and finish equal attend. */
+	int (*attend_prepare)(void *st, int layer, float *out, const float *q, int64_t n,
+			      struct backend_attn_item *it);
+	int (*attend_finish)(void *st, int layer, const float *q, int64_t ns);
 	int (*layer_end)(void *st, int layer); /* (optional) */
 	void (*step_end)(void *st);
 	int64_t (*length)(void *st);

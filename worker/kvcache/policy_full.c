@@ -148,6 +148,21 @@ static int full_append(void *st, int layer, const float *k, const float *v, int6
 	return ret ?: kv_wt_put(&s->wt, layer, s->len, k, v, n);
 }
 
+/* The one dense span a decode query of the layer reads: with a sliding window only the
+ * window's tail of the cache. */
+static struct backend_kv_span decode_span(const struct full_state *s, int layer)
+{
+	int64_t n_ctx = s->len + 1;
+	int64_t first = s->p.attn.window > 0 && n_ctx > s->p.attn.window ?
+			n_ctx - s->p.attn.window : 0;
+	size_t off = (size_t)first * s->row_bytes;
+	return (struct backend_kv_span){
+		.k = (char *)s->k[layer] + off, .v = (char *)s->v[layer] + off,
+		.n = n_ctx - first,
+		.row_stride = (int64_t)s->p.attn.n_kv_heads * s->p.attn.head_dim,
+	};
+}
+
 static int full_attend(void *st, int layer, float *out, const float *q, int64_t n)
 {
 	struct full_state *s = st;
@@ -156,21 +171,35 @@ static int full_attend(void *st, int layer, float *out, const float *q, int64_t 
 		return -EINVAL;
 	int64_t n_ctx = s->len + n;
 	if (n == 1) {
-		/* With a sliding window, decode reads only the window's tail of the cache. */
-		int64_t first = s->p.attn.window > 0 && n_ctx > s->p.attn.window ?
-				n_ctx - s->p.attn.window : 0;
-		size_t off = (size_t)first * s->row_bytes;
-		struct backend_kv_span span = {
-			.k = (char *)s->k[layer] + off, .v = (char *)s->v[layer] + off,
-			.n = n_ctx - first,
-			.row_stride = (int64_t)s->p.attn.n_kv_heads * s->p.attn.head_dim,
-		};
+		struct backend_kv_span span = decode_span(s, layer);
 		s->attended += span.n;
 		return be->ops->attn_decode(be->ctx, out, q, &span, 1, &s->p.attn);
 	}
 	s->attended += s->p.attn.window > 0 && n_ctx > s->p.attn.window ? s->p.attn.window : n_ctx;
 	return be->ops->attn_prefill(be->ctx, out, q, n, s->k[layer], s->v[layer], n_ctx,
 				     &s->p.attn);
+}
+
+/* A decode row is the one span of decode_span; prefill rows attend here. */
+static int full_attend_prepare(void *st, int layer, float *out, const float *q, int64_t n,
+			       struct backend_attn_item *it)
+{
+	struct full_state *s = st;
+	if (n != 1) {
+		int ret = full_attend(st, layer, out, q, n);
+		return ret ? ret : 1;
+	}
+	if (n != s->pending || layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	*it = (struct backend_attn_item){ .span = decode_span(s, layer), .a = s->p.attn };
+	s->attended += it->span.n;
+	return 0;
+}
+
+static int full_attend_finish(void *st, int layer, const float *q, int64_t ns)
+{
+	(void)st, (void)layer, (void)q, (void)ns;
+	return 0;
 }
 
 static void full_step_end(void *st)
@@ -236,6 +265,8 @@ const struct kv_policy_ops kv_policy_full = {
 	.layer_begin = NULL,
 	.append = full_append,
 	.attend = full_attend,
+	.attend_prepare = full_attend_prepare,
+	.attend_finish = full_attend_finish,
 	.layer_end = NULL,
 	.step_end = full_step_end,
 	.length = full_length,

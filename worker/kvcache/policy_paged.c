@@ -831,6 +831,85 @@ static int check_invariants(struct paged *s, struct paged_layer *L,
 	return check_summaries(s, L, lay);
 }
 
+/* A prefill's attention at a retrieval layer: over the dense rows of the step. */
+static int attend_rows(struct paged *s, struct paged_layer *L, float *out, const float *q,
+		       int64_t n)
+{
+	struct backend *be = s->p.be;
+	const size_t qd = (size_t)s->g.n_q * s->g.d;
+	L->prev_valid = false;
+	const float *last = q + (size_t)(n - 1) * qd;
+	int ret = attend_dense(s, out, q, n)
+	       ?: be->ops->copy(be->ctx, L->dq, last, qd * sizeof(float));
+	if (!ret && s->p.opts.debug_invariants)
+		ret = be->ops->download(be->ctx, L->q_last, last, qd * sizeof(float));
+	L->have_q = !ret;
+	return ret;
+}
+
+/* A decode step at a retrieval layer up to its attention: the strategy's selection and recall
+ * (before_attend) and the page lists; *lay the layout, *use_slots whether the attention goes
+ * to attn_decode_slots (else attn_decode_heads over s->spans). */
+static int attend_before(struct paged *s, struct paged_layer *L, const float *q,
+			 struct select_layout *lay, bool *use_slots)
+{
+	struct backend *be = s->p.be;
+	const size_t qd = (size_t)s->g.n_q * s->g.d;
+	const bool dbg = s->p.opts.debug_invariants;
+	const int len = (int)(s->len + 1);
+	select_layout_of(&s->g, len, lay);
+	int ret = 0;
+	/* Only top-p selection (topp.c, on the host) and the debug checks read the query on the
+	 * host; top-k decode keeps it on the backend (docs/design.md "The GPU decode step"). */
+	if ((dbg || (lay->compressed && s->top_p > 0.0)) &&
+	    (ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float))))
+		return ret;
+	if (lay->compressed) {
+		L->st.steps++;
+		ret = s->strat->before_attend(s, L, q, lay);
+		if (ret)
+			return ret;
+		for (int h = 0; h < s->g.n_kv; h++) {
+			int c = att_count(s, L, h, lay);
+			L->st.pages_selected += c;
+			L->st.pages_max = c > L->st.pages_max ? c : L->st.pages_max;
+		}
+	}
+	ret = build_spans(s, L, lay, len);
+	*use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s);
+	if (!ret && dbg)
+		ret = check_invariants(s, L, lay, len, *use_slots);
+	return ret;
+}
+
+/* The rest of a decode step at a retrieval layer once its attention (ret) has run. */
+static int attend_after(struct paged *s, struct paged_layer *L, const float *q,
+			const struct select_layout *lay, int ret)
+{
+	struct backend *be = s->p.be;
+	const size_t qd = (size_t)s->g.n_q * s->g.d;
+	if (!ret && lay->compressed && s->strat->after_attend)
+		ret = s->strat->after_attend(s, L, q, lay);
+	if (!ret)
+		ret = be->ops->copy(be->ctx, L->dq, q, qd * sizeof(float));
+	if (s->p.opts.debug_invariants)
+		memcpy(L->q_last, s->hq, qd * sizeof(float));
+	memcpy(L->theta_k_prev, L->theta_k, (size_t)s->g.n_kv * sizeof *L->theta_k);
+	L->have_q = !ret;
+	/* Once the layer's recall has landed, every head holds the selection of this query here. */
+	L->prev_valid = !ret && lay->compressed && s->strat->recalls;
+	L->prev_lay = *lay;
+	return ret;
+}
+
+/* The attention attn_decode_slots runs for a decode step: the slot dtype's. */
+static struct backend_attn slot_attn(const struct paged *s)
+{
+	struct backend_attn a = s->p.attn;
+	a.kv_dtype = s->sdt;
+	return a;
+}
+
 int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 {
 	struct paged *s = st;
@@ -840,46 +919,14 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	if (layer < s->full_layers)
 		return kv_policy_full.attend(s->full, layer, out, q, n);
 	struct paged_layer *L = &s->L[layer];
-	const size_t qd = (size_t)s->g.n_q * s->g.d;
-	const bool dbg = s->p.opts.debug_invariants;
-	if (n > 1) {
-		L->prev_valid = false;
-		const float *last = q + (size_t)(n - 1) * qd;
-		int ret = attend_dense(s, out, q, n)
-		       ?: be->ops->copy(be->ctx, L->dq, last, qd * sizeof(float));
-		if (!ret && dbg)
-			ret = be->ops->download(be->ctx, L->q_last, last, qd * sizeof(float));
-		L->have_q = !ret;
-		return ret;
-	}
-	const int len = (int)(s->len + 1);
+	if (n > 1)
+		return attend_rows(s, L, out, q, n);
 	struct select_layout lay;
-	select_layout_of(&s->g, len, &lay);
-	int ret = 0;
-	/* Only top-p selection (topp.c, on the host) and the debug checks read the query on the
-	 * host; top-k decode keeps it on the backend (docs/design.md "The GPU decode step"). */
-	if ((dbg || (lay.compressed && s->top_p > 0.0)) &&
-	    (ret = be->ops->download(be->ctx, s->hq, q, qd * sizeof(float))))
-		return ret;
-	if (lay.compressed) {
-		L->st.steps++;
-		ret = s->strat->before_attend(s, L, q, &lay);
-		if (ret)
-			return ret;
-		for (int h = 0; h < s->g.n_kv; h++) {
-			int c = att_count(s, L, h, &lay);
-			L->st.pages_selected += c;
-			L->st.pages_max = c > L->st.pages_max ? c : L->st.pages_max;
-		}
-	}
-	ret = build_spans(s, L, &lay, len);
-	const bool use_slots = !ret && be->ops->attn_decode_slots && spans_fit_slots(s);
-	if (!ret && s->p.opts.debug_invariants)
-		ret = check_invariants(s, L, &lay, len, use_slots);
+	bool use_slots;
+	int ret = attend_before(s, L, q, &lay, &use_slots);
 	if (ret)
 		return ret;
-	struct backend_attn a = s->p.attn;
-	a.kv_dtype = s->sdt;
+	const struct backend_attn a = slot_attn(s);
 	int64_t t0 = paged_now_ns();
 	if (use_slots)
 		ret = be->ops->attn_decode_slots(be->ctx, out, q, L->slots, s->n_slots,
@@ -887,18 +934,54 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	else
 		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
 	L->st.ns_attend += paged_now_ns() - t0;
-	if (!ret && lay.compressed && s->strat->after_attend)
-		ret = s->strat->after_attend(s, L, q, &lay);
-	if (!ret)
-		ret = be->ops->copy(be->ctx, L->dq, q, qd * sizeof(float));
-	if (dbg)
-		memcpy(L->q_last, s->hq, qd * sizeof(float));
-	memcpy(L->theta_k_prev, L->theta_k, (size_t)s->g.n_kv * sizeof *L->theta_k);
-	L->have_q = !ret;
-	/* Once the layer's recall has landed, every head holds the selection of this query here. */
-	L->prev_valid = !ret && lay.compressed && s->strat->recalls;
-	L->prev_lay = lay;
-	return ret;
+	return attend_after(s, L, q, &lay, ret);
+}
+
+/* A decode step over slots is batched (its layout kept in L->prev_lay's twin, s->batch_lay,
+ * for paged_attend_finish); over span lists, and prefill rows, it attends here. */
+int paged_attend_prepare(void *st, int layer, float *out, const float *q, int64_t n,
+			 struct backend_attn_item *it)
+{
+	struct paged *s = st;
+	if (n != s->pending || layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	if (layer < s->full_layers)
+		return kv_policy_full.attend_prepare(s->full, layer, out, q, n, it);
+	if (n > 1) {
+		int ret = paged_attend(st, layer, out, q, n);
+		return ret ? ret : 1;
+	}
+	struct paged_layer *L = &s->L[layer];
+	bool use_slots;
+	int ret = attend_before(s, L, q, &s->batch_lay, &use_slots);
+	if (ret)
+		return ret;
+	if (!use_slots) {
+		struct backend *be = s->p.be;
+		const struct backend_attn a = slot_attn(s);
+		int64_t t0 = paged_now_ns();
+		ret = be->ops->attn_decode_heads(be->ctx, out, q, s->spans, s->first, &a);
+		L->st.ns_attend += paged_now_ns() - t0;
+		ret = attend_after(s, L, q, &s->batch_lay, ret);
+		return ret ? ret : 1;
+	}
+	*it = (struct backend_attn_item){ .slots = L->slots, .n_slots = s->n_slots,
+					  .max_pages = s->n_slots, .p = s->g.p,
+					  .list = s->slot_list, .n_tok = s->head_tok,
+					  .a = slot_attn(s) };
+	return 0;
+}
+
+int paged_attend_finish(void *st, int layer, const float *q, int64_t ns)
+{
+	struct paged *s = st;
+	if (layer < 0 || layer >= s->p.n_layers)
+		return -EINVAL;
+	if (layer < s->full_layers)
+		return kv_policy_full.attend_finish(s->full, layer, q, ns);
+	struct paged_layer *L = &s->L[layer];
+	L->st.ns_attend += ns;
+	return attend_after(s, L, q, &s->batch_lay, 0);
 }
 
 void paged_step_end(void *st)

@@ -141,6 +141,8 @@ struct paged {
 	float *hslot;		/* host scratch: one slot downloaded, (2, p, n_kv, d) f32 */
 	void *hraw;		/* ... as the backend holds it, slot_bytes */
 	int64_t attended;
+	/* The layout of the decode step paged_attend_prepare left for paged_attend_finish. */
+	struct select_layout batch_lay;
 };
 
 int paged_create(const struct kv_seq_params *p, const struct paged_strategy *strat, void **st);
@@ -148,6 +150,9 @@ void paged_destroy(void *st);
 int paged_step_begin(void *st, int64_t n);
 int paged_append(void *st, int layer, const float *k, const float *v, int64_t n);
 int paged_attend(void *st, int layer, float *out, const float *q, int64_t n);
+int paged_attend_prepare(void *st, int layer, float *out, const float *q, int64_t n,
+			 struct backend_attn_item *it);
+int paged_attend_finish(void *st, int layer, const float *q, int64_t ns);
 void paged_step_end(void *st);
 int64_t paged_length(void *st);
 void paged_stats(void *st, struct kv_stats *out);
@@ -209,7 +214,9 @@ int paged_layer_select(void *st, int layer, int *pages, float *theta);
 	{                                                                                       \
 		.name = (NAME), .create = (CREATE), .destroy = paged_destroy,                  \
 		.step_begin = paged_step_begin, .layer_begin = NULL, .append = paged_append,   \
-		.attend = paged_attend, .layer_end = NULL, .step_end = paged_step_end,         \
+		.attend = paged_attend, .attend_prepare = paged_attend_prepare,                \
+		.attend_finish = paged_attend_finish, .layer_end = NULL,                       \
+		.step_end = paged_step_end,                                                     \
 		.length = paged_length, .stats = paged_stats, .layer_stats = paged_layer_stats, \
 		.restore = paged_restore, .layer_select = paged_layer_select,                  \
 	}
