@@ -18,7 +18,9 @@
  *     the pool, no host copy; recall_mapped; or recall_units, staged), with the same tokens and
  *     logits as the unwrapped backend;
  *   - slots in the KV dtype (bf16, f16: the CUDA backend's slot_dtype) on the CPU backend give
- *     every paged policy exactly the tokens and logits of f32 slots, in half the memory. */
+ *     every paged policy exactly the tokens and logits of f32 slots, in half the memory;
+ *   - prefill stays on the backend (no rows downloaded; a chunked prompt's dense context kept
+ *     from chunk to chunk), with `full`'s prefill logits. */
 #include "test_util.h"
 
 #include <errno.h>
@@ -219,7 +221,7 @@ enum { PROMPT = 16, VOCAB = 512, STEPS = 120 };
 
 static const struct backend_ops *real;
 static int64_t n_select, n_summary, n_cosine, n_async, n_bad_download;
-static bool decoding;
+static bool decoding, prefilling;
 static size_t ok_sizes[4];
 
 static int c_select_pages(void *c, const struct backend_select *g, const float *q,
@@ -283,12 +285,14 @@ static int c_download_async(void *c, void *d, const void *s, size_t n, void *f)
 	return real->download_async(c, d, s, n, f);
 }
 
-/* In decode only the logits, the cosines and the selections come back. */
+/* In decode only the logits, the cosines and the selections come back; in prefill
+ * (prefilling) only logits, rows of VOCAB floats. */
 static int c_download(void *c, void *d, const void *s, size_t n)
 {
-	bool ok = !decoding;
-	for (size_t i = 0; i < sizeof ok_sizes / sizeof *ok_sizes; i++)
+	bool ok = !decoding && !prefilling;
+	for (size_t i = 0; decoding && i < sizeof ok_sizes / sizeof *ok_sizes; i++)
 		ok |= n == ok_sizes[i];
+	ok |= prefilling && n % (VOCAB * sizeof(float)) == 0;
 	n_bad_download += !ok;
 	return real->download(c, d, s, n);
 }
@@ -515,6 +519,84 @@ static void test_slots_in_kv_dtype(void **state)
 	free(got);
 }
 
+/* A prompt of 300 tokens in one chunk and in chunks of 24 (past the budget of 64 from the
+ * fourth chunk on, the dense context growing past 256 rows): every paged policy prefills on the
+ * backend — the step's rows go from the backend into the slots, the host copy (store_rows) and
+ * the dense context the previous chunk left, and nothing comes back but logits (and hardkv's
+ * summaries) — with the logits of `full` at every prompt row, bit for bit (prefill attention
+ * is dense in both, chunked alike). Then 40 decode steps, once with the debug invariants on:
+ * the slots, summaries and selections they check against the host copy hold after a chunked
+ * prefill too. */
+static void test_prefill_on_device(void **state)
+{
+	(void)state;
+	if (!have_model)
+		skip();
+	enum { N = 300, UB = 24, DEC = 40 };
+	real = cpu->ops;
+	struct backend_ops ops = *cpu->ops;
+	ops.name = "counted";
+	ops.download = c_download;
+	struct backend counted = { .ops = &ops, .ctx = cpu->ctx };
+	int32_t toks[N];
+	uint64_t sd = 777;
+	toks[0] = 1;
+	for (int i = 1; i < N; i++)
+		toks[i] = 3 + (int32_t)(test_rand(&sd) % (VOCAB - 3));
+	static const char *const pols[] = { "full", "streaming", "quest", "freekv", "hardkv" };
+	float *lg[2][2];
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 2; j++)
+			assert_non_null(lg[i][j] = malloc((size_t)(N + DEC) * VOCAB * sizeof(float)));
+	for (size_t pi = 0; pi < sizeof pols / sizeof *pols; pi++)
+		for (int run = 0; run < 3; run++) {
+			const bool chunked = run > 0, dbg = run == 2;
+			struct kv_policy_opts kv = { .page = 8, .budget = 64, .sink = 8, .window = 16,
+						     .full_layers = 1, .tau = 0.9f,
+						     .debug_invariants = dbg };
+			struct engine_opts o = { .max_ctx = 512, .policy = pols[pi], .kv = kv,
+						 .ubatch = chunked ? UB : 256 };
+			struct engine *e;
+			char err[256], name[64];
+			if (engine_new(&e, &model, &counted, &o, err, sizeof err))
+				fail_msg("engine_new %s: %s", pols[pi], err);
+			struct kv_geom g;
+			engine_kv_geom(e, &g);
+			snprintf(name, sizeof name, "tpo-pre-%d", seq_no++);
+			struct hostkv_seq *hs;
+			int seq;
+			if (hostkv_seq_open(store, name, model.fingerprint, model.cfg.n_layers, &g,
+					    true, &hs, err, sizeof err) ||
+			    engine_seq_open(e, hs, &seq, err, sizeof err))
+				fail_msg("open: %s", err);
+			float *out = lg[pi > 0][chunked];
+			n_bad_download = 0;
+			/* the checks download what they compare; hardkv's top-p selection keeps a
+			 * host copy of the summaries (a download of each page's, as it fills) */
+			prefilling = !dbg && strcmp(pols[pi], "hardkv");
+			if (engine_prefill(e, seq, toks, N, out, true, err, sizeof err))
+				fail_msg("prefill %s: %s", pols[pi], err);
+			prefilling = false;
+			assert_int_equal(n_bad_download, 0);
+			for (int t = 0; t < DEC; t++) {
+				int32_t next = argmax(out + (size_t)(N - 1 + t) * VOCAB);
+				if (engine_decode(e, 1, &seq, &next, out + (size_t)(N + t) * VOCAB,
+						  err, sizeof err))
+					fail_msg("decode %s: %s", pols[pi], err);
+			}
+			engine_seq_free(e, seq);
+			hostkv_seq_close(hs, true);
+			engine_free(e);
+			if (pi > 0 && memcmp(lg[1][chunked], lg[0][chunked],
+					     (size_t)N * VOCAB * sizeof(float)))
+				fail_msg("%s%s: prefill logits differ from full's", pols[pi],
+					 chunked ? " in chunks" : "");
+		}
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < 2; j++)
+			free(lg[i][j]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -522,6 +604,7 @@ int main(void)
 		cmocka_unit_test(test_summary_and_cosine_cpu),
 		cmocka_unit_test(test_policies_use_ops),
 		cmocka_unit_test(test_slots_in_kv_dtype),
+		cmocka_unit_test(test_prefill_on_device),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

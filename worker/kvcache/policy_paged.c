@@ -48,8 +48,21 @@ static int sel_slot_index(const struct paged *s, int page)
 	return (page - s->n_sink) % s->k_sel;
 }
 
+/* The layer's dense prefill buffers, gone (decode begins, or the sequence ends). */
+static void dense_free(struct paged *s, struct paged_layer *L)
+{
+	struct backend *be = s->p.be;
+	if (L->dense_k)
+		be->ops->buf_free(be->ctx, L->dense_k);
+	if (L->dense_v)
+		be->ops->buf_free(be->ctx, L->dense_v);
+	L->dense_k = L->dense_v = NULL;
+	L->dense_cap = L->dense_len = 0;
+}
+
 static void layer_free(struct paged *s, struct paged_layer *L)
 {
+	dense_free(s, L);
 	if (L->slots)
 		s->p.be->ops->buf_free(s->p.be->ctx, L->slots);
 	struct backend *be = s->p.be;
@@ -95,11 +108,6 @@ void paged_destroy(void *st)
 		kv_policy_full.destroy(s->full);
 	for (int l = 0; s->L && l < s->p.n_layers; l++)
 		layer_free(s, &s->L[l]);
-	struct backend *be = s->p.be;
-	if (s->dense_k)
-		be->ops->buf_free(be->ctx, s->dense_k);
-	if (s->dense_v)
-		be->ops->buf_free(be->ctx, s->dense_v);
 	kv_wt_free(&s->wt);
 	free(s->L);
 	free(s->hq);
@@ -323,6 +331,9 @@ int paged_step_begin(void *st, int64_t n)
 		if (ret)
 			return ret;
 	}
+	/* Decode keeps O(B) per layer on the device: the prompt's dense rows go. */
+	for (int l = 0; n == 1 && l < s->p.n_layers; l++)
+		dense_free(s, &s->L[l]);
 	s->pending = n;
 	return 0;
 }
@@ -367,6 +378,20 @@ static int summary_to_host(struct paged *s, struct paged_layer *L, int page)
 	return ret;
 }
 
+/* n rows of f32 values into dst in the slot dtype. Backend rows (dev) are converted or copied
+ * and rounded to the KV dtype there (round_to); host rows are already rounded and are
+ * converted on the host and uploaded: the same bytes either way. */
+static int rows_to_slot(struct paged *s, char *dst, const float *src, size_t cnt, bool dev)
+{
+	struct backend *be = s->p.be;
+	if (!dev)
+		return upload_as_slot(s, dst, src, cnt);
+	if (s->sdt != FKV_F32) /* f32 rows into 16-bit slots: rounded on the way */
+		return be->ops->convert(be->ctx, dst, s->sdt, src, (int64_t)cnt);
+	return be->ops->copy(be->ctx, dst, src, cnt * sizeof(float))
+	    ?: be->ops->round_to(be->ctx, (float *)dst, (int64_t)cnt, s->p.attn.kv_dtype);
+}
+
 /* Places rows k, v (n, n_kv, d) f32 of positions [pos, pos + n) into the slots, one run of
  * rows per page: window ring or sink, moving pages that leave the window (a backend copy),
  * summarising pages that fill (from a download of the page's keys, so the summaries are those
@@ -403,18 +428,8 @@ static int place_tokens(struct paged *s, struct paged_layer *L, int64_t pos, con
 		char *sl = paged_slot(s, L, slot);
 		const size_t cnt = (size_t)m * row, es = s->es;
 		char *dk = sl + (size_t)off * row * es, *dv = sl + ((size_t)P + off) * row * es;
-		enum fkv_dtype kt = s->p.attn.kv_dtype;
-		if (dev && s->sdt != FKV_F32) /* f32 rows into 16-bit slots: rounded on the way */
-			ret = be->ops->convert(be->ctx, dk, s->sdt, k + i * row, (int64_t)cnt)
-			   ?: be->ops->convert(be->ctx, dv, s->sdt, v + i * row, (int64_t)cnt);
-		else if (dev)
-			ret = be->ops->copy(be->ctx, dk, k + i * row, cnt * sizeof(float))
-			   ?: be->ops->copy(be->ctx, dv, v + i * row, cnt * sizeof(float))
-			   ?: be->ops->round_to(be->ctx, (float *)dk, (int64_t)cnt, kt)
-			   ?: be->ops->round_to(be->ctx, (float *)dv, (int64_t)cnt, kt);
-		else
-			ret = upload_as_slot(s, dk, k + i * row, cnt)
-			   ?: upload_as_slot(s, dv, v + i * row, cnt);
+		ret = rows_to_slot(s, dk, k + i * row, cnt, dev)
+		   ?: rows_to_slot(s, dv, v + i * row, cnt, dev);
 		if (ret)
 			return ret;
 		/* Summarised on the backend from the slot's bytes, so the summaries are those of
@@ -447,57 +462,66 @@ static int find_slot(const struct paged *s, const struct paged_layer *L,
 	return -1;
 }
 
-static int grow_dense(struct paged *s, int64_t need)
+/* The layer's dense buffers hold at least need positions, the dense_len valid ones kept. */
+static int grow_dense(struct paged *s, struct paged_layer *L, int64_t need)
 {
-	if (need <= s->dense_cap)
+	if (need <= L->dense_cap)
 		return 0;
 	struct backend *be = s->p.be;
-	int64_t cap = s->dense_cap ? s->dense_cap : 256;
+	int64_t cap = L->dense_cap ? L->dense_cap : 256;
 	while (cap < need)
 		cap *= 2;
-	size_t bytes = (size_t)cap * s->g.n_kv * s->g.d * s->es;
+	const size_t row = (size_t)s->g.n_kv * s->g.d * s->es, bytes = (size_t)cap * row;
 	char *k = be->ops->buf_alloc(be->ctx, bytes), *v = be->ops->buf_alloc(be->ctx, bytes);
-	if (!k || !v) {
+	int ret = k && v ? 0 : -ENOMEM;
+	if (!ret && L->dense_len)
+		ret = be->ops->copy(be->ctx, k, L->dense_k, (size_t)L->dense_len * row)
+		   ?: be->ops->copy(be->ctx, v, L->dense_v, (size_t)L->dense_len * row);
+	if (ret) {
 		if (k)
 			be->ops->buf_free(be->ctx, k);
 		if (v)
 			be->ops->buf_free(be->ctx, v);
-		return -ENOMEM;
+		return ret;
 	}
-	if (s->dense_k)
-		be->ops->buf_free(be->ctx, s->dense_k);
-	if (s->dense_v)
-		be->ops->buf_free(be->ctx, s->dense_v);
-	s->dense_k = k;
-	s->dense_v = v;
-	s->dense_cap = cap;
+	const int64_t keep = L->dense_len;
+	dense_free(s, L);
+	L->dense_k = k;
+	L->dense_v = v;
+	L->dense_cap = cap;
+	L->dense_len = keep;
 	return 0;
 }
 
-/* Prefill: every position of the layer, dense, for causal attention of the step's n queries:
- * the past from the slots while it fits the budget (taken before the step's rows move pages
- * out; backend copies, one run per page), else from the host copy (the worker's own blocks,
- * committed or not, loaded on the host and uploaded); then the step's rows k, v (n, n_kv, d)
- * f32 host memory, rounded. */
+/* Prefill: every position of the layer, dense, for causal attention of the step's n queries.
+ * The past is what the previous prefill step left (a prompt in several chunks: nothing to
+ * read); else from the slots while it fits the budget (taken before the step's rows move pages
+ * out; backend copies, one run per page), else from the host copy (a prefill after decode
+ * steps: the worker's own blocks, committed or not, loaded on the host and uploaded, once);
+ * then the step's rows k, v (n, n_kv, d) f32, on the backend (dev) or on the host. */
 static int build_dense(struct paged *s, struct paged_layer *L, const float *k, const float *v,
-		       int64_t n)
+		       int64_t n, bool dev)
 {
 	struct backend *be = s->p.be;
 	const int64_t ctx = s->len + n;
 	const int P = s->g.p;
 	const size_t row = (size_t)s->g.n_kv * s->g.d;
-	int ret = grow_dense(s, ctx);
+	if (L->dense_len != s->len)
+		L->dense_len = 0; /* a failed or retried step, or decode steps since */
+	int ret = grow_dense(s, L, ctx);
 	if (ret)
 		return ret;
-	if (s->len > s->g.budget) {
+	if (L->dense_len == s->len) {
+		/* kept from the previous prefill step */
+	} else if (s->len > s->g.budget) {
 		if (!s->p.host)
 			return -EOPNOTSUPP;
 		size_t cnt = (size_t)s->len * row;
 		float *hk = malloc(cnt * sizeof *hk), *hv = malloc(cnt * sizeof *hv);
 		ret = hk && hv ? kv_wt_load(&s->wt, L->layer, 0, s->len, hk, hv) : -ENOMEM;
 		if (!ret)
-			ret = upload_as_slot(s, s->dense_k, hk, cnt)
-			   ?: upload_as_slot(s, s->dense_v, hv, cnt);
+			ret = upload_as_slot(s, L->dense_k, hk, cnt)
+			   ?: upload_as_slot(s, L->dense_v, hv, cnt);
 		free(hk);
 		free(hv);
 		if (ret)
@@ -514,26 +538,31 @@ static int build_dense(struct paged *s, struct paged_layer *L, const float *k, c
 			int off = (int)(t % P);
 			int64_t m = s->len - t < P - off ? s->len - t : P - off;
 			size_t bytes = (size_t)m * row * es;
-			ret = be->ops->copy(be->ctx, s->dense_k + t * row * es,
+			ret = be->ops->copy(be->ctx, L->dense_k + t * row * es,
 					    sl + (size_t)off * row * es, bytes)
-			   ?: be->ops->copy(be->ctx, s->dense_v + t * row * es,
+			   ?: be->ops->copy(be->ctx, L->dense_v + t * row * es,
 					    sl + ((size_t)P + off) * row * es, bytes);
 			if (ret)
 				return ret;
 			t += m;
 		}
 	}
-	return upload_as_slot(s, s->dense_k + s->len * row * s->es, k, (size_t)n * row)
-	    ?: upload_as_slot(s, s->dense_v + s->len * row * s->es, v, (size_t)n * row);
+	const size_t at = (size_t)s->len * row * s->es;
+	ret = rows_to_slot(s, L->dense_k + at, k, (size_t)n * row, dev)
+	   ?: rows_to_slot(s, L->dense_v + at, v, (size_t)n * row, dev);
+	L->dense_len = ret ? 0 : ctx;
+	return ret;
 }
 
-static int attend_dense(struct paged *s, float *out, const float *q, int64_t n)
+static int attend_dense(struct paged *s, struct paged_layer *L, float *out, const float *q,
+			int64_t n)
 {
 	const int64_t ctx = s->len + n;
 	struct backend_attn a = s->p.attn;
 	a.kv_dtype = s->sdt;
 	s->attended += ctx;
-	return s->p.be->ops->attn_prefill(s->p.be->ctx, out, q, n, s->dense_k, s->dense_v, ctx, &a);
+	return s->p.be->ops->attn_prefill(s->p.be->ctx, out, q, n, L->dense_k, L->dense_v, ctx,
+					  &a);
 }
 
 int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
@@ -548,10 +577,11 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 	int ret = settle_layer(s, L);
 	if (ret)
 		return ret;
-	/* Decode: the rows stay on the backend (offload op, device copy and rounding). Prefill
-	 * needs them on the host anyway for the dense context, so it downloads them once. */
-	if (n == 1 && (s->p.be->ops->round_to || s->sdt != FKV_F32))
+	/* The rows stay on the backend (offload op; device copy and rounding into the dense
+	 * prefill context and the slots): nothing is downloaded, in decode or in prefill. */
+	if (s->p.be->ops->round_to || s->sdt != FKV_F32)
 		return kv_wt_put(&s->wt, layer, s->len, k, v, n)
+		    ?: (n > 1 ? build_dense(s, L, k, v, n, true) : 0)
 		    ?: place_tokens(s, L, s->len, k, v, n, true);
 	const float *hk, *hv;
 	ret = kv_wt_fetch(&s->wt, k, v, n, &hk, &hv)
@@ -562,7 +592,7 @@ int paged_append(void *st, int layer, const float *k, const float *v, int64_t n)
 	/* Rounded to the KV dtype, so the slots hold exactly what the host copy and `full` hold. */
 	dtype_round(s->wt.k, s->p.attn.kv_dtype, cnt);
 	dtype_round(s->wt.v, s->p.attn.kv_dtype, cnt);
-	if (n > 1 && (ret = build_dense(s, L, hk, hv, n)))
+	if (n > 1 && (ret = build_dense(s, L, hk, hv, n, false)))
 		return ret;
 	return place_tokens(s, L, s->len, hk, hv, n, false);
 }
@@ -839,7 +869,7 @@ static int attend_rows(struct paged *s, struct paged_layer *L, float *out, const
 	const size_t qd = (size_t)s->g.n_q * s->g.d;
 	L->prev_valid = false;
 	const float *last = q + (size_t)(n - 1) * qd;
-	int ret = attend_dense(s, out, q, n)
+	int ret = attend_dense(s, L, out, q, n)
 	       ?: be->ops->copy(be->ctx, L->dq, last, qd * sizeof(float));
 	if (!ret && s->p.opts.debug_invariants)
 		ret = be->ops->download(be->ctx, L->q_last, last, qd * sizeof(float));
@@ -987,16 +1017,8 @@ int paged_attend_finish(void *st, int layer, const float *q, int64_t ns)
 void paged_step_end(void *st)
 {
 	struct paged *s = st;
-	struct backend *be = s->p.be;
 	if (s->full)
 		kv_policy_full.step_end(s->full);
-	/* The dense prefill buffers are scratch: the device keeps O(B) per layer between steps. */
-	if (s->dense_k) {
-		be->ops->buf_free(be->ctx, s->dense_k);
-		be->ops->buf_free(be->ctx, s->dense_v);
-		s->dense_k = s->dense_v = NULL;
-		s->dense_cap = 0;
-	}
 	s->len += s->pending;
 	s->pending = 0;
 }

@@ -91,6 +91,11 @@ struct paged_layer {
 	int8_t *theta_k;       /* (n_kv): head h's temperature is 2^(theta_k[h] / 2) */
 	int8_t *theta_k_prev;  /* (n_kv): theta_k as the previous step's selections saw it */
 	int since_cal;	       /* compressed steps since the last calibration; -1: none yet */
+	/* Prefill: every position of the layer dense on the backend, (dense_cap, n_kv, d) in
+	 * the slot dtype, the first dense_len valid; kept from one prefill step to the next (a
+	 * long prompt's chunks never re-read the past), freed when decode begins. */
+	char *dense_k, *dense_v;
+	int64_t dense_cap, dense_len;
 };
 
 /* What makes streaming, quest, freekv and hardkv differ. */
@@ -135,8 +140,6 @@ struct paged {
 	int *first;		/* (n_kv + 1) */
 	int32_t *slot_list;	/* (n_kv, n_slots): head h's i-th span is slot_list[h][i] */
 	int32_t *head_tok;	/* (n_kv): tokens head h's slot list holds */
-	char *dense_k, *dense_v; /* backend buffers for prefill: (dense_cap, n_kv, d) in sdt */
-	int64_t dense_cap;
 	float *chk;		/* host scratch for the debug checks: (2, p, d) block dtype bytes */
 	float *hslot;		/* host scratch: one slot downloaded, (2, p, n_kv, d) f32 */
 	void *hraw;		/* ... as the backend holds it, slot_bytes */
