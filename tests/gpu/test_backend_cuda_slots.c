@@ -5,8 +5,8 @@
  * last page, G = 1 and G > 1, unsplit and split launches, pages too large for the kernel (the
  * span fallback) and list entries past the last page that must not be read; its bad arguments
  * are refused before anything is queued; attn_decode_batch (slot and dense items of several
- * sequences in one call) equals the CPU's single calls; its staged lists survive the ring's reuse and growth
- * while the device lags behind. recall_units runs on the backend's own recall streams: compute
+ * sequences in one call) equals the CPU's single calls; its staged lists survive the ring's
+ * reuse and growth while the device lags behind. recall_units runs on the backend's own recall streams: compute
  * ops queued before a recall and after it see it in order (slots and attention equal the
  * CPU's, bit for bit where no summation order differs), from pageable and from page-locked
  * units overwritten right after each call returns, into one slot buffer or two, through the

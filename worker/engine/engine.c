@@ -712,7 +712,8 @@ static int fused_matmul(struct engine *e, const struct backend_mat *w,
 		int64_t cols[3];
 		for (int i = 0; i < n_parts; i++)
 			cols[i] = views[i]->rows;
-		return o->matmul(c, e->fz, x, w, T) ?: o->split_cols(c, parts, cols, n_parts, e->fz, T);
+		return o->matmul(c, e->fz, x, w, T)
+		    ?: o->split_cols(c, parts, cols, n_parts, e->fz, T);
 	}
 	for (int i = 0; i < n_parts; i++) {
 		int ret = o->matmul(c, parts[i], x, views[i], T);
