@@ -1,5 +1,5 @@
-// prefill_attention — see prefill_attention.cuh. CUDA-core f32 tiles; a tensor-core (wgmma)
-// version is the obvious next step for long prompts.
+// prefill_attention — see prefill_attention.cuh. CUDA-core f32 tiles: the path for f32 K/V and
+// the reference of the tensor-core kernel (prefill_attention_mma.cu) for 16-bit K/V.
 #include <math.h>
 
 #include "kv_dtype.cuh"

@@ -1,13 +1,17 @@
 /* Tests kernels/prefill_attention.cu against the CPU backend's attn_prefill: GQA and MHA,
  * head dims 8 to 256 (256 needs the opt-in shared-memory limit), a whole prompt and a chunk
  * (the last n_q of n_ctx positions), a single query, sliding windows (shorter and longer than
- * the prompt), every KV dtype; bound 2e-5 (f32 in a different order). Then a 32K-token prompt in one launch, checked at its first, a middle and
- * its last 16 query rows against the CPU on just those rows; bound 1e-4 there (sums over up to
- * 32K keys). */
+ * the prompt), every KV dtype; bound 2e-5 (f32 in a different order). The tensor-core kernel
+ * (prefill_attention_mma.cu) on every case it takes (16-bit K/V, d a multiple of 16), against
+ * the same reference: bound 3e-3 for f16 and 2e-2 for bf16 (it rounds Q and the probabilities
+ * to the K/V type). Then a 32K-token prompt in one launch of each, checked at its first, a
+ * middle and its last 16 query rows against the CPU on just those rows; bound 1e-4 there for
+ * the CUDA-core tiles (sums over up to 32K keys), 2e-2 for the tensor cores. */
 #include "gpu_test.h"
 
 #include "backend.h"
 #include "prefill_attention.cuh"
+#include "prefill_attention_mma.cuh"
 
 struct pf_case {
 	int n_heads, n_kv, d, n_ctx, n_q, window;
@@ -37,6 +41,17 @@ static void check_case(struct backend *cpu, const struct pf_case *c, enum fkv_dt
 	snprintf(what, sizeof what, "heads %d/%d d %d ctx %d q %d window %d %s", c->n_heads,
 		 c->n_kv, c->d, c->n_ctx, c->n_q, c->window, dtype_name(dt));
 	GPU_TEST_CHECK_ERR(gpu_test_err(got, ref, q_elems), 2e-5, what);
+	if (prefill_attention_mma_takes(dt, c->d)) {
+		float *dm = gpu_test_poisoned(q_elems * 4);
+		CU(prefill_attention_mma(dm, dq, dk, dv, dt, c->n_q, c->n_ctx, c->n_heads, c->n_kv,
+					 c->d, a.scale, c->window, 0));
+		gpu_test_get(got, dm, q_elems * 4);
+		char mwhat[112];
+		snprintf(mwhat, sizeof mwhat, "mma %s", what);
+		GPU_TEST_CHECK_ERR(gpu_test_err(got, ref, q_elems), dt == FKV_F16 ? 3e-3 : 2e-2,
+				   mwhat);
+		cudaFree(dm);
+	}
 	cudaFree(dq);
 	cudaFree(dout);
 	cudaFree(dk);
@@ -84,22 +99,32 @@ static void test_prefill_32k_prompt(void **state)
 					.kv_dtype = FKV_BF16, .scale = 1.0f / sqrtf((float)d) };
 	float *dq = gpu_test_put(q, q_elems * 4), *dout = gpu_test_poisoned(q_elems * 4);
 	void *dk = gpu_test_put(hk, kv_elems * 2), *dv = gpu_test_put(hv, kv_elems * 2);
-	CU(prefill_attention(dout, dq, dk, dv, FKV_BF16, L, L, H, KV, d, a.scale, 0, 0));
-	gpu_test_get(got, dout, q_elems * 4);
 	struct backend *cpu;
 	assert_int_equal(backend_cpu_new(&cpu, 0), 0);
-	const int firsts[3] = { 0, 20000, L - R };
-	for (int i = 0; i < 3; i++) {
-		/* rows [f, f + R) of the prompt: the last R queries of an f + R context */
-		const int f = firsts[i];
-		const size_t off = (size_t)f * H * d;
-		assert_int_equal(cpu->ops->attn_prefill(cpu->ctx, ref, q + off, R, hk, hv, f + R, &a),
-				 0);
-		GPU_TEST_CHECK_ERR(gpu_test_err(got + off, ref, (size_t)R * H * d), 1e-4,
-				   "32K prompt rows");
+	for (int mma = 0; mma < 2; mma++) {
+		if (mma && !prefill_attention_mma_takes(FKV_BF16, d))
+			break;
+		CU(mma ? prefill_attention_mma(dout, dq, dk, dv, FKV_BF16, L, L, H, KV, d, a.scale,
+					       0, 0)
+		       : prefill_attention(dout, dq, dk, dv, FKV_BF16, L, L, H, KV, d, a.scale, 0,
+					   0));
+		gpu_test_get(got, dout, q_elems * 4);
+		const int firsts[3] = { 0, 20000, L - R };
+		for (int i = 0; i < 3; i++) {
+			/* rows [f, f + R) of the prompt: the last R queries of an f + R context */
+			const int f = firsts[i];
+			const size_t off = (size_t)f * H * d;
+			assert_int_equal(cpu->ops->attn_prefill(cpu->ctx, ref, q + off, R, hk, hv,
+								f + R, &a),
+					 0);
+			GPU_TEST_CHECK_ERR(gpu_test_err(got + off, ref, (size_t)R * H * d),
+					   mma ? 2e-2 : 1e-4,
+					   mma ? "32K prompt rows (mma)" : "32K prompt rows");
+		}
+		for (size_t i = 0; i < q_elems; i++) /* every row written */
+			assert_false(isnan(got[i]));
+		CU(cudaMemset(dout, 0xff, q_elems * 4)); /* poisoned again (NaN) */
 	}
-	for (size_t i = 0; i < q_elems; i++) /* every row written */
-		assert_false(isnan(got[i]));
 	backend_free(cpu);
 	cudaFree(dq);
 	cudaFree(dout);

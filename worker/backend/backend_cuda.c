@@ -48,6 +48,7 @@
 #include "gemm.cuh"
 #include "pool_topk.cuh"
 #include "prefill_attention.cuh"
+#include "prefill_attention_mma.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "silu_mul.cuh"
@@ -55,6 +56,7 @@
 #include "span_attention.cuh"
 
 #include "backend_cuda_priv.h"
+#include "cpu_switch.h"
 
 
 
@@ -427,6 +429,15 @@ static int check_attn(const struct backend_attn *a)
 	return 0;
 }
 
+/* Prefill attention over 16-bit K/V on tensor cores (kernels/prefill_attention_mma) unless
+ * FREEKV_CUDA_PREFILL_MMA=0 (read once, cpu_switch.h's rule): then the CUDA-core tiles, its
+ * reference. */
+static bool prefill_mma_on(void)
+{
+	static int on = -1;
+	return cpu_switch_on(&on, "FREEKV_CUDA_PREFILL_MMA");
+}
+
 static int cuda_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
 			     const void *v, int64_t n_ctx, const struct backend_attn *a)
 {
@@ -436,6 +447,12 @@ static int cuda_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q,
 		return ret;
 	if (n_q > n_ctx || n_ctx > INT32_MAX || a->window > INT32_MAX)
 		return -EINVAL;
+	if (prefill_mma_on() && prefill_attention_mma_takes(a->kv_dtype, a->head_dim)) {
+		CUDA_CHECK(prefill_attention_mma(out, q, k, v, a->kv_dtype, (int)n_q, (int)n_ctx,
+						 a->n_heads, a->n_kv_heads, a->head_dim, a->scale,
+						 (int)a->window, c->stream));
+		return 0;
+	}
 	CUDA_CHECK(prefill_attention(out, q, k, v, a->kv_dtype, (int)n_q, (int)n_ctx, a->n_heads,
 				     a->n_kv_heads, a->head_dim, a->scale, (int)a->window,
 				     c->stream));
