@@ -111,7 +111,7 @@ prefill_mma_kernel(float *__restrict__ out,	// (n_q, n_heads, d)
 			wmma::store_matrix_sync(sw + nt * 16, acc, PM_BK, wmma::mem_row_major);
 		}
 		__syncwarp();
-		// Online softmax, one row at a time across the warp: lane owns keys lane, lane + 32.
+		// Online softmax, a row at a time across the warp: lane owns keys lane, lane + 32.
 		for (int r = 0; r < 16; r++) {
 			const int pos = off + q0 + r0 + r;
 			float s[PM_BK / 32], m = -INFINITY;
@@ -129,7 +129,7 @@ prefill_mma_kernel(float *__restrict__ out,	// (n_q, n_heads, d)
 			float l = 0.0f;
 #pragma unroll
 			for (int j = 0; j < PM_BK / 32; j++) {
-				// A row with nothing visible yet (or a padding row) keeps its state.
+				// A row with nothing visible yet (or a padding row) keeps it.
 				const float e = m_new == -INFINITY ? 0.0f : expf(s[j] - m_new);
 				pw[r * PM_BK + lane + 32 * j] = kv_from_f32<T>(e);
 				l += e;

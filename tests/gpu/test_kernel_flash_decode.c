@@ -5,7 +5,8 @@
  * multiple of 32 (80), and a row stride past n_kv * d (a cache read from a later position, as
  * a sliding window does). Bound 2e-5 (normalised): both sides read the same converted values
  * and differ only in f32 summation order and expf ulps. Also: the split count is a pure
- * function within its bounds, and bad geometries are refused before anything is launched. */
+ * function within its bounds, and bad geometries are refused before anything is launched.
+ * flash_decode_batch (a decode batch's caches in one launch) against the same reference. */
 #include "gpu_test.h"
 
 #include "backend.h"
@@ -76,6 +77,82 @@ static void test_flash_decode(void **state)
 	backend_free(cpu);
 }
 
+enum { FB_H = 32, FB_KV = 8, FB_D = 128, FB_MAXB = 40 };
+
+/* One batch of B sequences in dtype dt: item i has its own cache of 6000 keys (i = 0) or
+ * 1 + (997 i mod 1500), and query and output row B - 1 - i. */
+static void check_batch(struct backend *cpu, enum fkv_dtype dt, int B)
+{
+	const size_t es = dtype_size(dt), nq = (size_t)FB_H * FB_D, row = (size_t)FB_KV * FB_D;
+	const struct backend_attn a = { FB_H, FB_KV, FB_D, dt, 1.0f / sqrtf((float)FB_D), 0 };
+	float *q = malloc((size_t)B * nq * 4), *ref = malloc((size_t)B * nq * 4);
+	float *got = malloc((size_t)B * nq * 4);
+	gpu_test_fill(q, (size_t)B * nq, 1.0f, &rng);
+	struct flash_decode_item items[FB_MAXB];
+	long long max_n = 0;
+	for (int i = 0; i < B; i++) {
+		const long long n = i == 0 ? 6000 : 1 + (i * 997) % 1500, r = B - 1 - i;
+		const size_t elems = (size_t)n * row;
+		float *k = malloc(elems * 4), *v = malloc(elems * 4);
+		gpu_test_fill(k, elems, 2.0f, &rng);
+		gpu_test_fill(v, elems, 2.0f, &rng);
+		void *kt = gpu_test_to_dtype(k, dt, elems), *vt = gpu_test_to_dtype(v, dt, elems);
+		const struct backend_kv_span span = { kt, vt, n, (int64_t)row };
+		assert_int_equal(cpu->ops->attn_decode(cpu->ctx, ref + r * nq, q + r * nq, &span, 1,
+						       &a),
+				 0);
+		items[i] = (struct flash_decode_item){ gpu_test_put(kt, elems * es),
+						       gpu_test_put(vt, elems * es), n, r };
+		max_n = n > max_n ? n : max_n;
+		free(k);
+		free(v);
+		free(kt);
+		free(vt);
+	}
+	const size_t wsb = flash_decode_batch_workspace_bytes(B, FB_H, FB_KV, FB_D);
+	void *ws = gpu_test_poisoned(wsb);
+	struct flash_decode_item *ditems = gpu_test_put(items, (size_t)B * sizeof *items);
+	float *dq = gpu_test_put(q, (size_t)B * nq * 4);
+	float *dout = gpu_test_poisoned((size_t)B * nq * 4);
+	CU(flash_decode_batch(dout, dq, ditems, B, max_n, dt, (long long)row, FB_H, FB_KV, FB_D,
+			      a.scale, ws, wsb, 0));
+	gpu_test_get(got, dout, (size_t)B * nq * 4);
+	for (int r = 0; r < B; r++) {
+		char what[128];
+		snprintf(what, sizeof what, "flash_decode_batch %s B=%d row %d (%d splits)",
+			 dtype_name(dt), B, r, flash_decode_batch_splits(max_n, FB_KV, B));
+		const size_t off = (size_t)r * nq;
+		GPU_TEST_CHECK_ERR(gpu_test_err(got + off, ref + off, nq), 2e-5, what);
+	}
+	for (int i = 0; i < B; i++) {
+		CU(cudaFree((void *)items[i].k));
+		CU(cudaFree((void *)items[i].v));
+	}
+	CU(cudaFree(ws));
+	CU(cudaFree(ditems));
+	CU(cudaFree(dq));
+	CU(cudaFree(dout));
+	free(q);
+	free(ref);
+	free(got);
+}
+
+/* flash_decode_batch: batches of 1, 3 and 40 sequences of different lengths (1 to 6000 keys;
+ * split and unsplit, as the batch fills the grid), each item's own K/V buffer, query and output
+ * rows in reverse order, every KV dtype: each item within 2e-5 of the CPU's attn_decode over
+ * its own cache, every row written. */
+static void test_flash_decode_batch(void **state)
+{
+	(void)state;
+	const int batches[] = { 1, 3, FB_MAXB };
+	struct backend *cpu;
+	assert_int_equal(backend_cpu_new(&cpu, 2), 0);
+	for (int t = 0; t < GPU_TEST_N_DTYPES; t++)
+		for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++)
+			check_batch(cpu, gpu_test_dtypes[t], batches[bi]);
+	backend_free(cpu);
+}
+
 static void test_flash_decode_bounds(void **state)
 {
 	(void)state;
@@ -106,6 +183,7 @@ int main(void)
 		return TEST_SKIP_EXIT;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_flash_decode),
+		cmocka_unit_test(test_flash_decode_batch),
 		cmocka_unit_test(test_flash_decode_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
