@@ -13,12 +13,14 @@
 #            PyPI and its F32 copy), quantized by llama-quantize to F16, Q8_0 and Q4_K_M
 #   synth8b  Llama-3.1-8B attention and MLP geometry, 2 layers, F16 random weights, stories260K's
 #            512-token vocabulary (bench/peer/synth_gguf.py), and its Q8_0 and Q4_K_M
-# Each file at each thread count (--threads LIST, default 1,2): llama-bench -p P -n N -r R
-# (pp and tg, mean tok/s) and build/bench/bench_decode_cpu -m FILE -p P -n N -r R (best of R);
-# -p 64 -n 16 -r 3 by default.
+# Each file at each thread count (--threads LIST, default 1,2): llama-bench -p P -n N -r R and
+# build/bench/bench_decode_cpu -m FILE -p P -n N -r R, the best of R tok/s on both sides (pp and
+# tg); -p 64 -n 16 -r 3 by default. --rounds K (default 1) repeats the whole table K times, the
+# two engines alternating, and ends with the median of each ratio over the rounds: on a shared
+# machine whose bandwidth drifts, one round's ratio can move by 10 %.
 #
 # usage: bench/peer/run.sh [--build DIR] [--llama-dir DIR] [--models LIST] [--types LIST]
-#                          [--threads LIST] [-p N] [-n N] [-r N]
+#                          [--threads LIST] [-p N] [-n N] [-r N] [--rounds K]
 # cache: ${FREEKV_CACHE:-$HOME/.cache/freekv}/peer
 set -euo pipefail
 
@@ -30,7 +32,7 @@ llama_dir=
 models=smollm2,synth8b
 types=F16,Q8_0,Q4_K_M
 threads=1,2
-P=64 N=16 R=3
+P=64 N=16 R=3 K=1
 sdist=llama_cpp_python-0.3.36
 
 say() { echo "peer: $*" >&2; }
@@ -46,7 +48,8 @@ while [ $# -gt 0 ]; do
 	-p) P=$2; shift 2 ;;
 	-n) N=$2; shift 2 ;;
 	-r) R=$2; shift 2 ;;
-	-h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+	--rounds) K=$2; shift 2 ;;
+	-h|--help) sed -n '2,24p' "$0"; exit 0 ;;
 	*) die "unknown argument $1 (see --help)" ;;
 	esac
 done
@@ -128,48 +131,75 @@ done
 load() { cut -d' ' -f1 /proc/loadavg; }
 echo "peer: $(date -u +%FT%TZ), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 echo "peer: freekv $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'), llama.cpp $llama_dir"
-echo "peer: prefill $P tokens, decode $N tokens; llama.cpp mean of $R, freekv best of $R; load $(load) at start"
+echo "peer: prefill $P tokens, decode $N tokens; best of $R on both sides; $K round(s); load $(load) at start"
 echo
-printf '| %-34s | %3s | %12s | %12s | %6s | %12s | %12s | %6s |\n' file threads \
+printf '| %5s | %-34s | %3s | %12s | %12s | %6s | %12s | %12s | %6s |\n' round file threads \
 	"llama pp t/s" "freekv pp" ratio "llama tg t/s" "freekv tg" ratio
-printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' ------------------------------------ ----- \
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' ------- ------------------------------------ ----- \
 	-------------- -------------- -------- -------------- -------------- --------
 status=0
-for f in "${files[@]}"; do
-	for t in ${threads//,/ }; do
-		lj=$("$lbench" -m "$f" -t "$t" -p "$P" -n "$N" -r "$R" -o json 2>/dev/null) || {
-			printf '| %-34s | %3s | llama-bench failed\n' "$(basename "$f")" "$t"
-			status=1
-			continue
-		}
-		read -r lpp ltg < <(python3 -c '
+ratios=$(mktemp)
+trap 'rm -f "$ratios"' EXIT
+for ((k = 1; k <= K; k++)); do
+	for f in "${files[@]}"; do
+		for t in ${threads//,/ }; do
+			lj=$("$lbench" -m "$f" -t "$t" -p "$P" -n "$N" -r "$R" -o json 2>/dev/null) || {
+				printf '| %5s | %-34s | %3s | llama-bench failed\n' "$k" "$(basename "$f")" "$t"
+				status=1
+				continue
+			}
+			read -r lpp ltg < <(python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
-pp = [r["avg_ts"] for r in rows if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0]
-tg = [r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+def best(r):
+    return max(r.get("samples_ts") or [r["avg_ts"]])
+pp = [best(r) for r in rows if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0]
+tg = [best(r) for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
 print(pp[0] if pp else "nan", tg[0] if tg else "nan")' <<<"$lj")
-		fo=$("$bench" -m "$f" --no-synth -p "$P" -n "$N" -r "$R" --threads "$t" 2>&1) || {
-			printf '| %-34s | %3s | freekv failed: %s\n' "$(basename "$f")" "$t" \
-				"$(tail -n 1 <<<"$fo")"
-			status=1
-			continue
-		}
-		row=$(grep -F "| $(basename "$f") " <<<"$fo" | head -n 1)
-		fpp=$(awk -F'|' '{gsub(/ /, "", $4); print $4}' <<<"$row")
-		ftg=$(awk -F'|' '{gsub(/ /, "", $5); print $5}' <<<"$row")
-		python3 -c '
+			fo=$("$bench" -m "$f" --no-synth -p "$P" -n "$N" -r "$R" --threads "$t" 2>&1) || {
+				printf '| %5s | %-34s | %3s | freekv failed: %s\n' "$k" "$(basename "$f")" \
+					"$t" "$(tail -n 1 <<<"$fo")"
+				status=1
+				continue
+			}
+			row=$(grep -F "| $(basename "$f") " <<<"$fo" | head -n 1)
+			fpp=$(awk -F'|' '{gsub(/ /, "", $4); print $4}' <<<"$row")
+			ftg=$(awk -F'|' '{gsub(/ /, "", $5); print $5}' <<<"$row")
+			python3 -c '
 import sys
-name, t, lpp, fpp, ltg, ftg = sys.argv[1:]
+k, name, t, lpp, fpp, ltg, ftg, out = sys.argv[1:]
 def r(a, b):
     try:
-        return "%6.2f" % (float(b) / float(a))
+        return float(b) / float(a)
     except (ValueError, ZeroDivisionError):
-        return "   n/a"
-print("| %-34s | %3s | %12.1f | %12s | %s | %12.2f | %12s | %s |" % (
-    name, t, float(lpp), fpp, r(lpp, fpp), float(ltg), ftg, r(ltg, ftg)))' \
-			"$(basename "$f")" "$t" "$lpp" "$fpp" "$ltg" "$ftg"
+        return float("nan")
+rp, rt = r(lpp, fpp), r(ltg, ftg)
+print("| %5s | %-34s | %3s | %12.1f | %12s | %6.2f | %12.2f | %12s | %6.2f |" % (
+    k, name, t, float(lpp), fpp, rp, float(ltg), ftg, rt))
+with open(out, "a") as fh:
+    fh.write("%s %s %r %r\n" % (name, t, rp, rt))' \
+				"$k" "$(basename "$f")" "$t" "$lpp" "$fpp" "$ltg" "$ftg" "$ratios"
+		done
 	done
 done
+if [ "$K" -gt 1 ]; then
+	echo
+	python3 -c '
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, t, rp, rt = line.split()
+    rows.setdefault((name, t), ([], []))
+    rows[(name, t)][0].append(float(rp))
+    rows[(name, t)][1].append(float(rt))
+print("| %-34s | %3s | %10s | %12s | %10s | %12s |" % (
+    "file", "threads", "pp median", "pp range", "tg median", "tg range"))
+print("|%s|%s|%s|%s|%s|%s|" % ("-" * 36, "-" * 5, "-" * 12, "-" * 14, "-" * 12, "-" * 14))
+for (name, t), (rp, rt) in rows.items():
+    print("| %-34s | %3s | %10.2f | %5.2f - %4.2f | %10.2f | %5.2f - %4.2f |" % (
+        name, t, statistics.median(rp), min(rp), max(rp), statistics.median(rt), min(rt),
+        max(rt)))' "$ratios"
+fi
 echo
 echo "peer: load $(load) at end"
 exit $status
