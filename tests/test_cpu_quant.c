@@ -202,7 +202,8 @@ static void test_qdot8_kernels(void **state)
 			/* random bytes; then every byte 0xff (largest values, scales and mins) against
 			 * an activation of +1 and -1: the int16 pair sums at their largest */
 			for (int sat = 0; sat < 2; sat++) {
-				const int64_t rows = 21, cols = colss[ci];
+				/* rows 1 .. 22: five groups of four and one row alone (K formats) */
+				const int64_t rows = 22, cols = colss[ci];
 				uint8_t *w = rand_matrix(q, rows, cols);
 				float *x = randv(cols);
 				if (sat) {
@@ -311,7 +312,9 @@ static void test_q4k_kernels(void **state)
 	const int64_t colss[] = { QK_K, 3 * QK_K, 4096 };
 	for (size_t ci = 0; ci < 3; ci++)
 		for (int64_t n = 1; n <= 11; n++) {
-			const int64_t rows = 7, cols = colss[ci];
+			/* rows [0, 3) and [3, 13): alone, then (decode) two groups of four and two
+			 * alone */
+			const int64_t rows = 13, cols = colss[ci];
 			const size_t ab = cpu_q4k_act_bytes(cols);
 			uint8_t *w = rand_matrix(FKV_Q4_K, rows, cols);
 			float *x = randv(n * cols), *wd = malloc(sizeof(float) * (size_t)(rows * cols));

@@ -222,11 +222,54 @@ AI void tile(float *y, int64_t ldy, const struct q8k_pair *x, const int NT, cons
 	}
 }
 
+/* Decode (one activation row): four weight rows at a time, block by block, each row with its
+ * own lanes (so every row gets tile()'s sum, bit for bit), and the rows Q4K_AHEAD ahead
+ * prefetched into L2 at the same block. One row at a time the loads stall on memory (the 8B
+ * geometry's Q4_K_M file read 12 GB/s); four rows without the prefetch confuse the hardware
+ * prefetcher (slower still); with it, decode went from 41-49 to 50-55 tok/s (bench/RESULTS.md
+ * "Quantized decode, four rows at a time"). */
+#define Q4K_AHEAD 8
+
+AI void rows4(float *y, const struct q8k_pair *x, const struct blk_q4_k *w, int64_t nb,
+	      int64_t r0, int64_t r1)
+{
+	int64_t r = r0;
+	for (; r + 4 <= r1; r += 4) {
+		const struct blk_q4_k *row = w + r * nb;
+		__m512 acc[4];
+		__m128 accm[4];
+		for (int k = 0; k < 4; k++) {
+			acc[k] = _mm512_setzero_ps();
+			accm[k] = _mm_setzero_ps();
+		}
+		for (int64_t i = 0; i < nb; i++) {
+			const char *p = (const char *)(row + Q4K_AHEAD * nb + i);
+			for (int k = 0; k < 4; k++)
+				for (size_t o = 0; o < sizeof *row; o += 64)
+					_mm_prefetch(p + k * nb * sizeof *row + o, _MM_HINT_T1);
+			#pragma GCC unroll 4
+			for (int k = 0; k < 4; k++) {
+				struct wblock wb;
+				unpack(&wb, &row[k * nb + i]);
+				block_dot(&wb, &x[i], &acc[k], &accm[k]);
+			}
+		}
+		for (int k = 0; k < 4; k++)
+			y[r + k] = row_sum(acc[k], accm[k]);
+	}
+	if (r < r1)
+		tile(y, 0, x, 1, w, nb, r, r1);
+}
+
 Q4K_TARGET void cpu_q4k_rows(float *y, int64_t ldy, const void *act, int64_t n, const void *w,
 			     int64_t cols, int64_t r0, int64_t r1)
 {
 	const int64_t nb = cols / QK_K;
 	const struct q8k_pair *x = act;
+	if (n == 1) {
+		rows4(y, x, w, nb, r0, r1);
+		return;
+	}
 	for (int64_t j = 0; j < n; j += Q4K_TILE) {
 		const struct q8k_pair *xj = x + j * nb;
 		float *yj = y + j * ldy;

@@ -473,6 +473,69 @@ AI float legacy_row(const uint8_t *row, const struct q8_32_block *x, enum fkv_qu
 	return hsum8(acc) + accm;
 }
 
+/* Block i of a K-format row (q folds away) into the row's f32 lanes acc (and, Q4_K and Q5_K,
+ * its mins' lanes accm): the one-row loop's step. */
+AI void k_block_acc(enum fkv_quant q, const uint8_t *row, int64_t i, const struct q8k_block *x,
+		    __m256 *acc, __m128 *accm)
+{
+	__m256i li;
+	__m128i lm;
+	if (q == FKV_Q6_K) {
+		const struct blk_q6_k *b = (const struct blk_q6_k *)row + i;
+		*acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q6k_block(b, &x[i])),
+				       _mm256_set1_ps(x[i].d * _cvtsh_ss(b->d)), *acc);
+	} else if (q == FKV_Q5_K) {
+		const struct blk_q5_k *b = (const struct blk_q5_k *)row + i;
+		k45_block(b->scales, b->qs, b->qh, &x[i], &li, &lm);
+		*acc = k_acc_lanes(*acc, accm, x[i].d, b->d, b->dmin, li, lm);
+	} else {
+		const struct blk_q4_k *b = (const struct blk_q4_k *)row + i;
+		k45_block(b->scales, b->qs, NULL, &x[i], &li, &lm);
+		*acc = k_acc_lanes(*acc, accm, x[i].d, b->d, b->dmin, li, lm);
+	}
+}
+
+/* K-format rows r0 .. r1 (rb bytes each): four at a time, block by block, each row with its
+ * own lanes (the one-row loop's sum, bit for bit), the rows QDOT8_AHEAD ahead prefetched into
+ * L2 at the same block (as cpu_q4k.c's decode; the Q6_K tensors of the 8B-geometry Q4_K_M file
+ * took 4-7 % off its decode step), the rest one at a time. */
+#define QDOT8_AHEAD 8
+
+AI void k_rows(float *y, const struct q8k_block *x, const uint8_t *w, size_t rb, int64_t nb,
+	       enum fkv_quant q, int64_t r0, int64_t r1)
+{
+	const size_t bb = quant_block_bytes(q);
+	int64_t r = r0;
+	for (; r + 4 <= r1; r += 4) {
+		const uint8_t *row = w + (size_t)r * rb;
+		__m256 acc[4];
+		__m128 accm[4];
+		for (int k = 0; k < 4; k++) {
+			acc[k] = _mm256_setzero_ps();
+			accm[k] = _mm_setzero_ps();
+		}
+		for (int64_t i = 0; i < nb; i++) {
+			const char *p = (const char *)row + QDOT8_AHEAD * rb + (size_t)i * bb;
+			for (int k = 0; k < 4; k++)
+				for (size_t o = 0; o < bb; o += 64)
+					_mm_prefetch(p + k * rb + o, _MM_HINT_T1);
+			#pragma GCC unroll 4
+			for (int k = 0; k < 4; k++)
+				k_block_acc(q, row + k * rb, i, x, &acc[k], &accm[k]);
+		}
+		for (int k = 0; k < 4; k++)
+			y[r + k] = q == FKV_Q6_K ? hsum8(acc[k]) : hsum8(acc[k]) - hsum4(accm[k]);
+	}
+	for (; r < r1; r++) {
+		const uint8_t *row = w + (size_t)r * rb;
+		__m256 acc = _mm256_setzero_ps();
+		__m128 accm = _mm_setzero_ps();
+		for (int64_t i = 0; i < nb; i++)
+			k_block_acc(q, row, i, x, &acc, &accm);
+		y[r] = q == FKV_Q6_K ? hsum8(acc) : hsum8(acc) - hsum4(accm);
+	}
+}
+
 /* One instance per format, so that legacy_bytes' branches fold away. */
 #define LEGACY_ROWS(Q)                                                                          \
 	for (int64_t r = r0; r < r1; r++)                                                        \
@@ -493,38 +556,10 @@ QDOT8_TARGET void cpu_qdot8_rows(float *y, const void *act, const void *w, enum 
 	}
 	const struct q8k_block *x = act;
 	const int64_t nb = cols / QK_K;
-	for (int64_t r = r0; r < r1; r++) {
-		const uint8_t *row = (const uint8_t *)w + (size_t)r * rb;
-		__m256 acc = _mm256_setzero_ps();
-		__m128 accm = _mm_setzero_ps();
-		__m256i li;
-		__m128i lm;
-		switch (q) {
-		case FKV_Q4_K:
-			for (int64_t i = 0; i < nb; i++) {
-				const struct blk_q4_k *b = (const struct blk_q4_k *)row + i;
-				k45_block(b->scales, b->qs, NULL, &x[i], &li, &lm);
-				acc = k_acc_lanes(acc, &accm, x[i].d, b->d, b->dmin, li, lm);
-			}
-			y[r] = hsum8(acc) - hsum4(accm);
-			break;
-		case FKV_Q5_K:
-			for (int64_t i = 0; i < nb; i++) {
-				const struct blk_q5_k *b = (const struct blk_q5_k *)row + i;
-				k45_block(b->scales, b->qs, b->qh, &x[i], &li, &lm);
-				acc = k_acc_lanes(acc, &accm, x[i].d, b->d, b->dmin, li, lm);
-			}
-			y[r] = hsum8(acc) - hsum4(accm);
-			break;
-		default: /* FKV_Q6_K */
-			for (int64_t i = 0; i < nb; i++) {
-				const struct blk_q6_k *b = (const struct blk_q6_k *)row + i;
-				acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q6k_block(b, &x[i])),
-						      _mm256_set1_ps(x[i].d * _cvtsh_ss(b->d)), acc);
-			}
-			y[r] = hsum8(acc);
-			break;
-		}
+	switch (q) {
+	case FKV_Q4_K: k_rows(y, x, (const uint8_t *)w, rb, nb, FKV_Q4_K, r0, r1); return;
+	case FKV_Q5_K: k_rows(y, x, (const uint8_t *)w, rb, nb, FKV_Q5_K, r0, r1); return;
+	default: k_rows(y, x, (const uint8_t *)w, rb, nb, FKV_Q6_K, r0, r1); return;
 	}
 }
 
