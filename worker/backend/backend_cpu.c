@@ -329,6 +329,28 @@ static int q8_reserve(struct cpu_ctx *c, size_t bytes)
 	return 0;
 }
 
+/* The weight rows of a parallel matmul in nblk blocks of about CPU_DOT_ROWS rows, nblk a
+ * multiple of the threads so that the static schedule gives every thread the same share of rows
+ * (within four): 576 rows in blocks of 64 left one of two threads 4 blocks and the other 5.
+ * Every block starts at a multiple of four rows. */
+struct row_split {
+	int64_t rows, quads, nblk;
+};
+
+static struct row_split row_split(int64_t rows, bool par)
+{
+	const int64_t nt = par ? omp_get_max_threads() : 1, per = nt * CPU_DOT_ROWS;
+	return (struct row_split){ rows, (rows + 3) / 4, nt * ((rows + per - 1) / per) };
+}
+
+/* Rows [*r0, *r1) of block b (possibly empty when the matrix has fewer quads than blocks). */
+static void split_rows(const struct row_split *s, int64_t b, int64_t *r0, int64_t *r1)
+{
+	const int64_t e = (b + 1) * s->quads / s->nblk * 4;
+	*r0 = b * s->quads / s->nblk * 4;
+	*r1 = e < s->rows ? e : s->rows;
+}
+
 /* At most CPU_GEMV_MAX_ROWS activation rows, 16-bit or quantized weights: blocks of weight rows
  * spread over the threads; 16-bit, every activation row in the same pass (the vectorised work
  * is in dot_rows, outside the OpenMP region, so that it gets the CPU_HOT clone); quantized,
@@ -337,7 +359,8 @@ static int matmul_dot(struct cpu_ctx *c, float *y, const float *x, const struct 
 		      int64_t n)
 {
 	const int64_t rows = w->rows, cols = w->cols;
-	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
+	const bool par = rows * cols > CPU_PAR_MIN;
+	const struct row_split sp = row_split(rows, par);
 	float *const ys[2] = { y, y + rows };
 	const float *const xs[2] = { x, x + cols };
 	const bool dot16 = !w->quant && cpu_dot16_usable(); /* AVX2 + F16C: cpu_dot16.c */
@@ -349,10 +372,10 @@ static int matmul_dot(struct cpu_ctx *c, float *y, const float *x, const struct 
 		return -ENOMEM;
 	for (int64_t j = 0; qdot8 && j < n; j++)
 		cpu_qdot8_quantize((char *)c->q8 + j * ab, x + j * cols, cols, w->quant);
-	#pragma omp parallel for schedule(static) if (rows * cols > CPU_PAR_MIN)
-	for (int64_t b = 0; b < nblk; b++) {
-		const int64_t r0 = b * CPU_DOT_ROWS;
-		const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
+	#pragma omp parallel for schedule(static) if (par)
+	for (int64_t b = 0; b < sp.nblk; b++) {
+		int64_t r0, r1;
+		split_rows(&sp, b, &r0, &r1);
 		if (dot16)
 			cpu_dot16_rows(ys, xs, (int)n, w->data, cols, r0, r1, w->dtype);
 		else if (qdot8)
@@ -449,11 +472,12 @@ static int matmul_blocks(struct cpu_ctx *c, float *y, const float *x, const stru
 static int matmul_gemm(float *y, const float *x, const struct backend_mat *w, int64_t n)
 {
 	const int64_t rows = w->rows, cols = w->cols;
-	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
-	#pragma omp parallel for schedule(static) if (n * rows * cols > CPU_PAR_MIN)
-	for (int64_t b = 0; b < nblk; b++) {
-		const int64_t r0 = b * CPU_DOT_ROWS;
-		const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
+	const bool par = n * rows * cols > CPU_PAR_MIN;
+	const struct row_split sp = row_split(rows, par);
+	#pragma omp parallel for schedule(static) if (par)
+	for (int64_t b = 0; b < sp.nblk; b++) {
+		int64_t r0, r1;
+		split_rows(&sp, b, &r0, &r1);
 		cpu_gemm_rows(y, rows, x, n, w->data, w->dtype, w->quant, cols, r0, r1);
 	}
 	return 0;
@@ -471,11 +495,12 @@ static int matmul_q4k(struct cpu_ctx *c, float *y, const float *x, const struct 
 		return -ENOMEM;
 	for (int64_t j = 0; j < n; j++)
 		cpu_q4k_quantize((char *)c->q8 + j * ab, x + j * cols, cols);
-	const int64_t nblk = (rows + CPU_DOT_ROWS - 1) / CPU_DOT_ROWS;
-	#pragma omp parallel for schedule(static) if (n * rows * cols > CPU_PAR_MIN)
-	for (int64_t b = 0; b < nblk; b++) {
-		const int64_t r0 = b * CPU_DOT_ROWS;
-		const int64_t r1 = r0 + CPU_DOT_ROWS < rows ? r0 + CPU_DOT_ROWS : rows;
+	const bool par = n * rows * cols > CPU_PAR_MIN;
+	const struct row_split sp = row_split(rows, par);
+	#pragma omp parallel for schedule(static) if (par)
+	for (int64_t b = 0; b < sp.nblk; b++) {
+		int64_t r0, r1;
+		split_rows(&sp, b, &r0, &r1);
 		cpu_q4k_rows(y, rows, c->q8, n, w->data, cols, r0, r1);
 	}
 	return 0;
