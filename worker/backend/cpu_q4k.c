@@ -227,7 +227,7 @@ AI void tile(float *y, int64_t ldy, const struct q8k_pair *x, const int NT, cons
  * prefetched into L2 at the same block. One row at a time the loads stall on memory (the 8B
  * geometry's Q4_K_M file read 12 GB/s); four rows without the prefetch confuse the hardware
  * prefetcher (slower still); with it, decode went from 41-49 to 50-55 tok/s (bench/RESULTS.md
- * "Quantized decode, four rows at a time"). */
+ * "Quantized decode four rows at a time"). */
 #define Q4K_AHEAD 8
 
 AI void rows4(float *y, const struct q8k_pair *x, const struct blk_q4_k *w, int64_t nb,
