@@ -299,8 +299,9 @@ static void test_gemm_kernels(void **state)
 }
 
 /* The Q4_K kernel with AVX-512 VNNI (cpu_q4k.c) against its scalar reference: the same bits for
- * one block, several and a 4096-column row, every tile of activation rows (1 .. 8) and a second
- * tile, and within 1e-5 of float64 on the quantized activation. */
+ * one block, several and a 4096-column row, 1 to 11 activation rows (every tile of up to six and
+ * a second tile; one row takes the four-weight-row decode path, with rows left alone), and within
+ * 1e-5 of float64 on the quantized activation. */
 static void test_q4k_kernels(void **state)
 {
 	(void)state;

@@ -31,9 +31,10 @@
 #              Fig. 8 ablations (quest, freekv, freekv+nospec, freekv+single, freekv+frag,
 #              quest+frag+single standing in for ArkVale; any POLICY+nospec|+frag|+single).
 #              Not measured yet: this build's decode step (device-side selection, 16-bit slots,
-#              flash_decode for full, fused QKV/gate-up, recall from the pool by DMA or by the
-#              gather kernel) has never run on a GPU, so which recall path is faster is not
-#              known; CUDA Graphs and device prefill are not built.
+#              flash_decode for full, one attention launch per layer for the batch, fused
+#              QKV/gate-up, recall from the pool by DMA or by the gather kernel, prefill on the
+#              device with tensor-core attention) has never run on a GPU, so which recall path is
+#              faster is not known; CUDA Graphs are not built.
 #   Aliases: sanitize = memcheck,racecheck; bench = bench_kernels,bench_decode.
 # Splitting across calls that must each end in a few minutes: --steps picks steps, --only REGEX
 # keeps the runs whose name (step:target, e.g. racecheck:test_kernel_topk) matches, and

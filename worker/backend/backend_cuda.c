@@ -162,6 +162,7 @@ static void cuda_free(void *ctx)
 	for (size_t i = 0; i < c->n_bufs; i++)
 		cudaFree(c->bufs[i]);
 	free(c->bufs);
+	free(c->batch_in);
 	for (int i = 0; i < CUDA_STAGE_RING; i++) {
 		size_t cap = c->ring[i].cap;
 		cudaFreeHost(c->ring[i].host);
@@ -849,10 +850,18 @@ static int batch_dense(struct cuda_ctx *c, float *out, const float *q,
 	return 0;
 }
 
-/* The slot items that share the first one's geometry (heads, dtype, page size, list width) in
- * one decode_attention_seqs launch: staged as [slot buffer pointers][rows][lists][n_tok].
- * Marks them in in[] unless the kernel cannot take the geometry (its shared memory), when
- * they go alone (and through slots_as_spans). */
+/* Whether slot item it joins the launch of slot item ref: the same heads, dtype, page size and
+ * list width. */
+static bool slot_joins(const struct backend_attn_item *it, const struct backend_attn_item *ref)
+{
+	return it->slots && same_attn(&it->a, &ref->a) && it->p == ref->p &&
+	       it->max_pages == ref->max_pages;
+}
+
+/* The slot items that share the first one's geometry in one decode_attention_seqs launch:
+ * staged as [slot buffer pointers][rows][lists][n_tok]. Marks them in in[] unless the kernel
+ * cannot take the geometry (its shared memory), when they go alone (and through
+ * slots_as_spans). */
 static int batch_slots(struct cuda_ctx *c, float *out, const float *q,
 		       const struct backend_attn_item *items, int n, bool *in)
 {
@@ -860,14 +869,11 @@ static int batch_slots(struct cuda_ctx *c, float *out, const float *q,
 	int nb = 0;
 	bool aligned = true;
 	for (int i = 0; i < n; i++) {
-		const struct backend_attn_item *it = &items[i];
-		if (!it->slots || in[i] ||
-		    (ref && (!same_attn(&it->a, &ref->a) || it->p != ref->p ||
-			     it->max_pages != ref->max_pages)))
-			continue;
-		ref = ref ? ref : it;
-		nb++;
-		aligned = aligned && (uintptr_t)it->slots % 16 == 0;
+		ref = ref || !items[i].slots ? ref : &items[i];
+		if (ref && slot_joins(&items[i], ref)) {
+			nb++;
+			aligned = aligned && (uintptr_t)items[i].slots % 16 == 0;
+		}
 	}
 	if (!nb)
 		return 0;
@@ -884,11 +890,9 @@ static int batch_slots(struct cuda_ctx *c, float *out, const float *q,
 		return ret;
 	const void **hp = s->host;
 	int32_t *hr = (int32_t *)(hp + nb), *hl = hr + nb, *ht = hl + (size_t)nb * n_kv * mp;
-	int j = 0;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0, j = 0; i < n; i++) {
 		const struct backend_attn_item *it = &items[i];
-		if (!it->slots || in[i] || !same_attn(&it->a, &a[0]) || it->p != ref->p ||
-		    it->max_pages != mp)
+		if (!slot_joins(it, ref))
 			continue;
 		hp[j] = it->slots;
 		hr[j] = (int32_t)it->row;
@@ -911,9 +915,7 @@ static int batch_slots(struct cuda_ctx *c, float *out, const float *q,
 	if (e != cudaSuccess)
 		return cuda_check_fail(e, "decode_attention_seqs", __func__, __FILE__, __LINE__);
 	for (int i = 0; i < n; i++)
-		if (items[i].slots && !in[i] && same_attn(&items[i].a, a) &&
-		    items[i].p == ref->p && items[i].max_pages == mp)
-			in[i] = true;
+		in[i] = in[i] || slot_joins(&items[i], ref);
 	return 0;
 }
 
@@ -924,6 +926,8 @@ static int cuda_attn_decode_batch(void *ctx, float *out, const float *q,
 				  const struct backend_attn_item *items, int n)
 {
 	struct cuda_ctx *c = ctx;
+	if (n <= 0)
+		return n < 0 ? -EINVAL : 0;
 	for (int i = 0; i < n; i++) {
 		const struct backend_attn_item *it = &items[i];
 		int ret = check_attn(&it->a);
@@ -935,9 +939,15 @@ static int cuda_attn_decode_batch(void *ctx, float *out, const float *q,
 		if (ret)
 			return ret;
 	}
-	bool *in = calloc((size_t)(n > 0 ? n : 1), sizeof *in);
-	if (!in)
-		return -ENOMEM;
+	if ((size_t)n > c->batch_in_len) {
+		bool *p = realloc(c->batch_in, (size_t)n * sizeof *p);
+		if (!p)
+			return -ENOMEM;
+		c->batch_in = p;
+		c->batch_in_len = (size_t)n;
+	}
+	bool *in = c->batch_in;
+	memset(in, 0, (size_t)n * sizeof *in);
 	int ret = batch_dense(c, out, q, items, n, in) ?: batch_slots(c, out, q, items, n, in);
 	for (int i = 0; i < n && !ret; i++) {
 		const struct backend_attn_item *it = &items[i];
@@ -950,7 +960,6 @@ static int cuda_attn_decode_batch(void *ctx, float *out, const float *q,
 				: cuda_attn_decode(c, out + it->row * qd, q + it->row * qd,
 						   &it->span, 1, &it->a);
 	}
-	free(in);
 	return ret;
 }
 

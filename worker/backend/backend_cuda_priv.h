@@ -107,6 +107,8 @@ struct cuda_ctx {
 	int off_next;
 	void *kivi_ws;		/* attn_kivi's rows (f32) and probability scratch */
 	size_t kivi_ws_bytes;
+	bool *batch_in;		/* attn_decode_batch: which items a batched launch took */
+	size_t batch_in_len;
 };
 
 static inline void cuda_event_destroy(cudaEvent_t e)

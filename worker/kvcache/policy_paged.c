@@ -967,8 +967,8 @@ int paged_attend(void *st, int layer, float *out, const float *q, int64_t n)
 	return attend_after(s, L, q, &lay, ret);
 }
 
-/* A decode step over slots is batched (its layout kept in L->prev_lay's twin, s->batch_lay,
- * for paged_attend_finish); over span lists, and prefill rows, it attends here. */
+/* A decode step over slots is batched (its layout kept in s->batch_lay for
+ * paged_attend_finish); over span lists, and prefill rows, it attends here. */
 int paged_attend_prepare(void *st, int layer, float *out, const float *q, int64_t n,
 			 struct backend_attn_item *it)
 {
