@@ -6,7 +6,8 @@
 #                               other defaults (RelWithDebInfo, no sanitizers);
 #   PACK (default .gpupack/)    bin/     the executables, in the build's layout (tests/, worker/,
 #                                        bench/), debug sections stripped (symbols kept, for
-#                                        compute-sanitizer's backtraces);
+#                                        compute-sanitizer's backtraces), gzip-compressed for
+#                                        run.sh to unpack;
 #                               lib/     every shared library they load, per readelf/ldd, except
 #                                        glibc's, the driver's and the toolkit's libcudart /
 #                                        libcublas / libcublasLt (the device has CUDA 13),
@@ -79,6 +80,11 @@ for b in "${BINS[@]}"; do
   install -D -m 755 "$BUILD/$b" "$tmp/bin/$b"
   strip --strip-debug "$tmp/bin/$b"
 done
+# The sizes for the manifest, then the executables gzip-compressed too (each carries the
+# kernels' device code: 40 MB for the lot, 4 MB each, about a quarter of that compressed).
+declare -A bin_size=()
+for b in "${BINS[@]}"; do bin_size[$b]=$(stat -c %s "$tmp/bin/$b"); done
+find "$tmp/bin" -type f -exec gzip -9 -n {} +
 
 # The libraries: a walk over DT_NEEDED from the executables, each name resolved where ldd
 # resolves it for them, stopping at the libraries that stay behind (so what only they need,
@@ -120,7 +126,7 @@ done
 
 # The newest glibc symbol version anything packed needs: the GPU machine's glibc must be as new.
 glibc=$({
-  find "$tmp/bin" -type f -exec objdump -T {} +
+  for b in "${BINS[@]}"; do objdump -T "$BUILD/$b"; done
   for name in "${!packed[@]}"; do objdump -T "${packed[$name]}"; done
 } 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)
 {
@@ -135,7 +141,7 @@ glibc=$({
   echo "glibc needed: >= ${glibc#GLIBC_}"
   echo "cmake: -DFREEKV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo"
   echo "left behind (the device's own): $(printf '%s\n' "${!behind[@]}" | sort | tr '\n' ' ')"
-  for b in "${BINS[@]}"; do echo "bin: $b $(stat -c %s "$tmp/bin/$b")"; done
+  for b in "${BINS[@]}"; do echo "bin: $b ${bin_size[$b]}"; done
   for name in $(printf '%s\n' "${!packed[@]}" | sort); do
     echo "lib: $name ${packed[$name]}"
   done

@@ -27,7 +27,8 @@
  * usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|both] [--batch LIST]
  *                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--layers N]
  *                         [--budget S]
- *   --policies  a row each; POLICY+nospec, +frag, +single add the Fig. 8 ablations
+ *   --policies  a row each; POLICY:TAU sets tau (default 0.9; freekv:0 corrects every step);
+ *   POLICY+nospec, +frag, +single add the Fig. 8 ablations
  *   (bench_ablation.h), and "fig8" is their set (quest+frag+single stands in for ArkVale)
  *   --recall  how the retrieval policies' recalls reach the device, a row each: dma (from the
  *   registered pool, no host copy; the default until measured otherwise), mapped (zero-copy
@@ -218,6 +219,16 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 	if (bench_ablations(base, &o.kv)) {
 		snprintf(err, errlen, "unknown ablation in '%s' (+nospec, +frag, +single)", policy);
 		return -EINVAL;
+	}
+	char *colon = strchr(base, ':');
+	if (colon) { /* POLICY:TAU, as decode_bench takes it */
+		char *end;
+		o.kv.tau = strtof(colon + 1, &end);
+		if (*end || colon[1] == '\0' || !(o.kv.tau >= 0.0f && o.kv.tau <= 1.0f)) {
+			snprintf(err, errlen, "bad tau in '%s' (POLICY:TAU, 0 to 1)", policy);
+			return -EINVAL;
+		}
+		*colon = '\0';
 	}
 	o.policy = base;
 	int ret = engine_new(&e, m, be, &o, err, errlen);
@@ -515,10 +526,12 @@ int main(int argc, char **argv)
 					fflush(stdout);
 				}
 			}
-			double fk = NAN, st = NAN, qu = NAN;
+			double fk = NAN, st = NAN, qu = NAN, fu = NAN;
 			for (int pi = 0; pi < a.n_policies; pi++) {
 				if (!strcmp(a.policies[pi], "freekv"))
 					fk = med[pi];
+				else if (!strcmp(a.policies[pi], "full"))
+					fu = med[pi];
 				else if (!strcmp(a.policies[pi], "streaming"))
 					st = med[pi];
 				else if (!strcmp(a.policies[pi], "quest"))
@@ -530,6 +543,9 @@ int main(int argc, char **argv)
 			if (!isnan(fk) && !isnan(qu))
 				printf("%-16s batch %d: quest / freekv = %.3f\n", sh->name, batch,
 				       qu / fk);
+			if (!isnan(fk) && !isnan(fu))
+				printf("%-16s batch %d: full / freekv = %.3f\n", sh->name, batch,
+				       fu / fk);
 		}
 	free(m.layers);
 	for (int i = 0; i < 6; i++)

@@ -14,8 +14,9 @@
 #              vs cpu, backend choice with kvworker): exit 0 ok, 77 skip, anything else FAIL —
 #              and 77 is a FAIL too once a device was seen, since nothing may skip then;
 #   memcheck   compute-sanitizer memcheck on every GPU test but test_backend_select (which starts
-#              kvworker) and on ONE decode step of `kvworker generate --backend cuda`;
-#   racecheck  racecheck on the retrieval kernels' tests, the policies' test and the decode step;
+#              kvworker) and on one decode step of `kvworker generate --backend cuda` per policy
+#              (decode_step_POLICY: a prompt past a small budget, debug invariants on);
+#   racecheck  racecheck on the retrieval kernels' tests, the policies' test and the decode steps;
 #   bench_kernels  kernel micro-benchmarks (recall units vs one copy, decode attention vs HBM);
 #   bench_decode   bench_decode_gpu (Llama-3.1-8B geometry, per policy); its rows: step time
 #              (mean, median), the floor (weights + KV read over measured HBM bandwidth), recall
@@ -115,7 +116,7 @@ want() { [[ $steps == *",$1,"* ]]; }
 # The GPU test executables' names: a pack's bin/tests, or what ctest knows of a configured build.
 gpu_tests() {
   if [ "$mode" = pack ]; then
-    find "$dir/bin/tests" -maxdepth 1 -type f -printf '%f\n' | sort
+    find "$dir/bin/tests" -maxdepth 1 -type f -printf '%f\n' | sed 's/\.gz$//' | sort
     return
   fi
   [ -f "$dir/CTestTestfile.cmake" ] || {
@@ -231,12 +232,22 @@ setup_pack() {
     exit 2
   fi
   dir=$PACK
-  # A copy that lost the mode bits on the way still runs.
-  find "$PACK/bin" -type f ! -perm -u+x -exec chmod u+x {} +
   mapfile -t GPU_TESTS < <(gpu_tests)
-  BIN=$PACK/bin
+  # The executables, gzip-compressed in the pack, unpacked into WORK/bin in the same layout.
+  BIN=$WORK/bin
+  local f rel
+  while IFS= read -r -d '' f; do
+    rel=${f#"$PACK"/bin/}
+    mkdir -p "$BIN/$(dirname "$rel")"
+    if [[ $rel == *.gz ]]; then
+      gzip -dc "$f" >"$BIN/${rel%.gz}" || { echo "run.sh: cannot unpack $f" >&2; exit 2; }
+    else
+      cp "$f" "$BIN/$rel"
+    fi
+  done < <(find "$PACK/bin" -type f -print0)
+  find "$BIN" -type f -exec chmod u+x {} +
   MODELS=$PACK/models
-  local libdirs=$WORK/lib cuda=${CUDA_HOME:-/usr/local/cuda} d f rel
+  local libdirs=$WORK/lib cuda=${CUDA_HOME:-/usr/local/cuda} d
   mkdir -p "$WORK/lib/compat"
   for f in "$PACK"/lib/*.gz "$PACK"/lib/compat/*.gz; do
     [ -f "$f" ] || continue
@@ -332,8 +343,18 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-300}
 SAN_TIMEOUT=${SAN_TIMEOUT:-300}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-540}
 MODEL=$MODELS/$MODEL_REL
-DECODE_STEP=("$BIN/worker/kvworker" generate --backend cuda -m "$MODEL" -p "Once upon a time"
-  -n 2 --temp 0 --ids)
+# One decode step of each policy: a prompt of about 90 tokens, past a budget of 64 (page 8, sink
+# 8, window 16), so the retrieval policies select and recall; the debug invariants on.
+DECODE_POLICIES=(full streaming quest freekv hardkv refreshkv specache)
+printf '%s' 'Once upon a time, there was a little girl named Lily. She loved to play outside' \
+  ' in the sun with her dog. One day, she saw a big red ball in the park. She ran to the ball' \
+  ' and kicked it high into the sky. Her dog barked and ran after it. They played all day' \
+  ' until the sun went down, and then they went home to eat.' >"$WORK/prompt.txt"
+decode_step() {
+  DECODE_STEP=("$BIN/worker/kvworker" generate --backend cuda -m "$MODEL" -f "$WORK/prompt.txt"
+    -n 2 --temp 0 --ids --policy "$1" --page-size 8 --budget 64 --sink 8 --window 16
+    --debug-invariants)
+}
 
 if want tests; then
   for t in "${GPU_TESTS[@]}"; do run "tests:$t" "$TEST_TIMEOUT" "$BIN/tests/$t"; done
@@ -355,7 +376,7 @@ for tool in memcheck racecheck; do
   want "$tool" || continue
   if [ "$tool" = memcheck ]; then targets=("${MEMCHECK[@]}"); else
     targets=("${RACECHECK[@]}"); fi
-  names=("${targets[@]/#/$tool:}" "$tool:decode_step")
+  names=("${targets[@]/#/$tool:}" "${DECODE_POLICIES[@]/#/$tool:decode_step_}")
   if [ "$device" != yes ]; then
     mark_all SKIP "no CUDA device (probe: $device)" "${names[@]}"
     continue
@@ -368,12 +389,15 @@ for tool in memcheck racecheck; do
     san_flags "$tool" "$t"
     run "$tool:$t" "$SAN_TIMEOUT" "$SAN" "${flags[@]}" "$BIN/tests/$t"
   done
-  if [ -f "$MODEL" ]; then
-    san_flags "$tool" decode_step
-    run "$tool:decode_step" "$SAN_TIMEOUT" "$SAN" "${flags[@]}" "${DECODE_STEP[@]}"
-  else
-    mark_all SKIP "$MODEL not found" "$tool:decode_step"
-  fi
+  for p in "${DECODE_POLICIES[@]}"; do
+    if [ -f "$MODEL" ]; then
+      san_flags "$tool" decode_step
+      decode_step "$p"
+      run "$tool:decode_step_$p" "$SAN_TIMEOUT" "$SAN" "${flags[@]}" "${DECODE_STEP[@]}"
+    else
+      mark_all SKIP "$MODEL not found" "$tool:decode_step_$p"
+    fi
+  done
 done
 
 for b in bench_kernels bench_decode; do
