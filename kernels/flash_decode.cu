@@ -5,9 +5,12 @@
 #include "kv_dtype.cuh"
 
 #define FD_PER_LANE (FLASH_DECODE_MAX_D / 32)
-// Blocks a launch aims for: about two waves on a 132-SM H100, so that `full` at long contexts
-// keeps every SM busy (the span kernel runs one block per query head).
-#define FD_TARGET_BLOCKS 256
+// Blocks a launch aims for: with 4-warp blocks (GQA 4) about 31 warps an SM on a 132-SM
+// H100/H200, so that `full` at long contexts keeps enough loads in flight to reach HBM
+// bandwidth (bench/RESULTS.md, 2026-11-27: full's 32K-token decode step).
+#define FD_TARGET_BLOCKS 1024
+// Keys a warp loads before it uses any (see the kernel's loop).
+#define FD_KEYS 8
 // Fewest keys a chunk is given: below this the merge costs more than the split saves.
 #define FD_MIN_CHUNK 64
 
@@ -58,24 +61,44 @@ static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
 	float m = -INFINITY, l = 0.0f;
 	const long long t0 = (long long)split * chunk;
 	const long long t1 = t0 + chunk < n ? t0 + chunk : n;
-	for (long long t = t0; t < t1; t++) {
-		const T *kr = k + t * row_stride + (long long)kvh * d;
-		const T *vr = v + t * row_stride + (long long)kvh * d;
-		float s = 0.0f;
+	// FD_KEYS keys a round: their K and V rows are loaded before any is used, so a warp has
+	// that many rows in flight instead of one (a key at a time waits out the memory latency
+	// for every key); the running max and sum are rescaled once a round.
+	for (long long t = t0; t < t1; t += FD_KEYS) {
+		float s[FD_KEYS], vv[FD_KEYS][FD_PER_LANE];
 #pragma unroll
-		for (int j = 0; j < FD_PER_LANE; j++) {
-			const int i = lane + 32 * j;
-			if (i < d)
-				s += qr[j] * kv_to_f32(kr[i]);
+		for (int u = 0; u < FD_KEYS; u++) {
+			const bool in = t + u < t1;
+			const T *kr = k + (t + u) * row_stride + (long long)kvh * d;
+			const T *vr = v + (t + u) * row_stride + (long long)kvh * d;
+			s[u] = 0.0f;
+#pragma unroll
+			for (int j = 0; j < FD_PER_LANE; j++) {
+				const int i = lane + 32 * j;
+				const bool ok = in && i < d;
+				s[u] += ok ? qr[j] * kv_to_f32(kr[i]) : 0.0f;
+				vv[u][j] = ok ? kv_to_f32(vr[i]) : 0.0f;
+			}
 		}
-		s = fd_warp_sum(s) * scale;
-		const float mn = fmaxf(m, s), c = expf(m - mn), p = expf(s - mn);
-		l = l * c + p;
+		float mn = m;
 #pragma unroll
-		for (int j = 0; j < FD_PER_LANE; j++) {
-			const int i = lane + 32 * j;
-			if (i < d)
-				acc[j] = acc[j] * c + p * kv_to_f32(vr[i]);
+		for (int u = 0; u < FD_KEYS; u++) {
+			s[u] = fd_warp_sum(s[u]) * scale;
+			if (t + u < t1)
+				mn = fmaxf(mn, s[u]);
+		}
+		const float c = expf(m - mn); // 0 on the first round (m = -inf)
+		l *= c;
+#pragma unroll
+		for (int j = 0; j < FD_PER_LANE; j++)
+			acc[j] *= c;
+#pragma unroll
+		for (int u = 0; u < FD_KEYS; u++) {
+			const float p = t + u < t1 ? expf(s[u] - mn) : 0.0f;
+			l += p;
+#pragma unroll
+			for (int j = 0; j < FD_PER_LANE; j++)
+				acc[j] += p * vv[u][j];
 		}
 		m = mn;
 	}

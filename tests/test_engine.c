@@ -444,9 +444,12 @@ static void test_limits_and_bad_input(void **state)
 	assert_int_equal(engine_seq_len(e, s), -EINVAL);
 	assert_int_equal(engine_seq_new(e, &s3, err, sizeof err), 0);
 	struct kv_stats st;
+	memset(&st, 0x5a, sizeof st); /* what the stats leave unwritten shows */
 	assert_int_equal(engine_prefill(e, s3, ids, 4, NULL, false, err, sizeof err), 0);
 	assert_int_equal(engine_seq_stats(e, s3, &st), 0);
 	assert_int_equal(st.tokens, 4);
+	assert_int_equal(st.sum.pages_recalled, 0); /* `full` counts no retrieval */
+	assert_int_equal(st.sum.steps, 0);
 	engine_free(e);
 	/* Bad geometry and unknown policy are refused with a message. */
 	o = (struct engine_opts){ .policy = "nope" };

@@ -199,6 +199,8 @@ struct result {
 	double hidden;		/* recall time hidden / (hidden + waited); NAN: no recall */
 	double corr;		/* corrections / head checks; NAN: no checks */
 	double need_s;		/* with -ETIME: the time the run would have needed */
+	double prefill_s;	/* the batch's prefill, every sequence */
+	double step8_ms;	/* the first 8 timed steps' mean */
 };
 
 /* One (shape, policy, batch) run into *r, or a negative errno with err; -ETIME when the run
@@ -277,6 +279,7 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 		}
 	}
 	const double decode_start = clock_ms_f();
+	r->prefill_s = (decode_start - start) / 1e3;
 	for (int s = 0; s < sh->gen && !ret; s++) {
 		for (int b = 0; b < batch; b++)
 			tok[b] = sampler_argmax(lg + (size_t)b * V, V);
@@ -286,6 +289,7 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 		/* After 8 steps, whether the rest fits what is left of the budget. */
 		if (!ret && s == 7) {
 			double per = (clock_ms_f() - decode_start) / 8;
+			r->step8_ms = per;
 			double end = clock_ms_f() + per * (sh->gen - 8);
 			if (end > deadline) {
 				r->need_s = (end - start) / 1e3;
@@ -472,9 +476,9 @@ int main(int argc, char **argv)
 	printf("device: %s; d2d bandwidth %.0f GB/s; Llama-3.1-8B geometry, %d layers, vocab %d, "
 	       "bf16 (%.2f GB of weights); B=2048 S=W=512 p=32\n",
 	       prop.name, bw / 1e9, a.layers, a.vocab, wbytes / 1e9);
-	printf("%-12s %6s %6s %-10s %-6s %5s %9s %9s %9s %10s %7s %6s\n", "shape", "ctx", "gen",
-	       "policy", "recall", "batch", "mean_ms", "median_ms", "floor_ms", "recall_MB",
-	       "hidden", "corr");
+	printf("%-12s %6s %6s %-10s %-6s %5s %9s %9s %9s %10s %7s %6s %9s\n", "shape", "ctx",
+	       "gen", "policy", "recall", "batch", "mean_ms", "median_ms", "floor_ms", "recall_MB",
+	       "hidden", "corr", "prefill_s");
 	int status = 0;
 	for (int si = 0; si < a.n_shapes; si++)
 		for (int bi = 0; bi < a.n_batches; bi++) {
@@ -494,9 +498,10 @@ int main(int argc, char **argv)
 					if (ret == -ETIME) {
 						if (r.need_s > 0)
 							printf("%-12s %6d %6d %-10s %-6s %5d skipped: needs "
-							       "about %.0f s, past the time budget\n",
+							       "about %.0f s, past the time budget (prefill "
+							       "%.1f s, first 8 steps %.1f ms each)\n",
 							       sh->name, sh->prompt, sh->gen, pol, rn, batch,
-							       r.need_s);
+							       r.need_s, r.prefill_s, r.step8_ms);
 						else
 							printf("%-12s %6d %6d %-10s %-6s %5d skipped: the "
 							       "time budget is spent\n", sh->name,
@@ -520,9 +525,9 @@ int main(int argc, char **argv)
 					if (isnan(med[pi]))
 						med[pi] = r.median;
 					printf("%-12s %6d %6d %-10s %-6s %5d %9.3f %9.3f %9.3f %10.3f "
-					       "%7.3f %6.3f\n", sh->name, sh->prompt, sh->gen, pol, rn,
-					       batch, r.mean, r.median, floor_ms, r.recall_mb, r.hidden,
-					       r.corr);
+					       "%7.3f %6.3f %9.1f\n", sh->name, sh->prompt, sh->gen, pol,
+					       rn, batch, r.mean, r.median, floor_ms, r.recall_mb, r.hidden,
+					       r.corr, r.prefill_s);
 					fflush(stdout);
 				}
 			}

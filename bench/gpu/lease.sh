@@ -8,7 +8,8 @@
 #                --deadline, so a run not started by then is reported SKIP
 #   --bench S    seconds for the benchmarks (default 240; 0 skips them): bench_kernels first, then
 #                bench_decode_gpu with what is left
-#   --only-check REGEX  passed as --only to every correctness instance (a rerun of what failed)
+#   --instance NAME:STEPS:REGEX  a correctness instance of your own (repeatable; replaces the
+#                default four): run.sh --steps STEPS --only REGEX, e.g. a rerun of what failed
 # Everything after -- goes to the bench_decode run (e.g. --shape long-input --batch 1,4).
 # Output in $OUT (at most five files): env.txt (device, driver, nvcc, compute-sanitizer),
 # summary.txt (every run of every instance), bench_kernels.log, bench_decode_gpu.log and
@@ -16,12 +17,12 @@
 set -uo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-check=200 bench=240 only_check="" decode_args=()
+check=200 bench=240 decode_args=() own=()
 while [ $# -gt 0 ]; do
   case $1 in
   --check) check=${2:?}; shift ;;
   --bench) bench=${2:?}; shift ;;
-  --only-check) only_check=${2:?}; shift ;;
+  --instance) own+=("${2:?}"); shift ;;
   --) shift; decode_args=("$@"); break ;;
   *) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
@@ -46,17 +47,17 @@ cat "$OUT/env.txt"
 # The retrieval kernels (memcheck and racecheck both) and the rest.
 KERNELS='test_kernel_(topk|pool_topk|page_score|page_summary|qcos|recall_scatter|offload_gather|decode_attention|flash_decode|kv_append)'
 instances=(
-  "tests|tests:"
-  "memk|memcheck:($KERNELS|decode_step_.*)$"
-  "race|racecheck:($KERNELS|test_backend_cuda_slots|decode_step_.*)$"
-  "memo|memcheck:test_(backend_cuda.*|kernel_(gemm|embedding|rmsnorm|rope|silu_mul|attn_scores|prefill_attention|kivi)|policies_cuda)$"
+  "tests:tests:tests:"
+  "memk:memcheck:memcheck:($KERNELS|decode_step_.*)$"
+  "race:racecheck:racecheck:($KERNELS|test_backend_cuda_slots|decode_step_.*)$"
+  "memo:memcheck:memcheck:test_(backend_cuda.*|kernel_(gemm|embedding|rmsnorm|rope|silu_mul|attn_scores|prefill_attention|kivi)|policies_cuda)$"
 )
+[ ${#own[@]} -gt 0 ] && instances=("${own[@]}")
 pids=()
 t0=$SECONDS
 for inst in "${instances[@]}"; do
-  name=${inst%%|*} only=${inst#*|}
-  steps=${only%%:*}
-  only=${only_check:-$only}
+  name=${inst%%:*} rest=${inst#*:}
+  steps=${rest%%:*} only=${rest#*:}
   mkdir -p "$W/$name/out"
   OUT=$W/$name/out "$RUN" --pack "$SRC/.gpupack" --steps "$steps" --only "$only" \
     --deadline "$check" --work "$W/$name" >"$W/$name.console" 2>&1 &

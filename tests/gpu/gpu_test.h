@@ -9,6 +9,8 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime.h>
 
@@ -20,6 +22,15 @@ static const enum fkv_dtype gpu_test_dtypes[] = { FKV_F32, FKV_F16, FKV_BF16 };
 #define GPU_TEST_N_DTYPES 3
 
 /* 1 when the tests must skip: no driver, no device. */
+/* FREEKV_GPU_TEST_QUICK=1 (bench/gpu/run.sh sets it for the compute-sanitizer runs, which
+ * slow kernels down a hundredfold): the tests' largest sizes shrink to ones that still cover
+ * every tile and split path. */
+static inline int gpu_test_quick(void)
+{
+	const char *v = getenv("FREEKV_GPU_TEST_QUICK");
+	return v && *v && strcmp(v, "0") != 0;
+}
+
 static inline int gpu_test_no_device(void)
 {
 	int n = 0;

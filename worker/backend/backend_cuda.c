@@ -425,7 +425,8 @@ static int cuda_softmax(void *ctx, float *x, int64_t rows, int64_t cols)
 static int check_attn(const struct backend_attn *a)
 {
 	if (a->head_dim <= 0 || a->head_dim > SPAN_ATTN_MAX_D || a->n_kv_heads <= 0 ||
-	    a->n_heads % a->n_kv_heads || a->window < 0)
+	    a->n_heads % a->n_kv_heads || a->window < 0 ||
+	    (a->kv_dtype != FKV_F32 && a->kv_dtype != FKV_F16 && a->kv_dtype != FKV_BF16))
 		return -EINVAL;
 	return 0;
 }
@@ -494,23 +495,28 @@ int cuda_stage_push(struct cuda_ctx *c, struct stage_slot *s, size_t bytes)
 }
 
 /* Stages n_spans descriptors and the first[] table (n_kv + 1) and queues their copy to the
- * device; *dspans / *dfirst are the device addresses. */
+ * device; *dspans / *dfirst are the device addresses. first == NULL: every KV head reads all
+ * n_spans spans, staged as n_kv copies of the list (the kernels read KV head h's spans from
+ * first[h] to first[h + 1]). */
 static int stage_spans(struct cuda_ctx *c, const struct backend_kv_span *spans, int n_spans,
 		       const int *first, int n_kv, const struct span_desc **dspans,
 		       const int32_t **dfirst)
 {
-	size_t span_bytes = (size_t)n_spans * sizeof(struct span_desc);
+	int copies = first ? 1 : n_kv;
+	size_t span_bytes = (size_t)copies * n_spans * sizeof(struct span_desc);
 	size_t bytes = span_bytes + (size_t)(n_kv + 1) * sizeof(int32_t);
 	struct stage_slot *s;
 	int ret = cuda_stage_take(c, bytes, &s);
 	if (ret)
 		return ret;
 	struct span_desc *hs = s->host;
-	for (int i = 0; i < n_spans; i++)
-		hs[i] = (struct span_desc){ spans[i].k, spans[i].v, spans[i].n, spans[i].row_stride };
+	for (int r = 0; r < copies; r++)
+		for (int i = 0; i < n_spans; i++)
+			hs[r * n_spans + i] = (struct span_desc){ spans[i].k, spans[i].v,
+								  spans[i].n, spans[i].row_stride };
 	int32_t *hf = (int32_t *)((char *)s->host + span_bytes);
 	for (int i = 0; i <= n_kv; i++)
-		hf[i] = first ? first[i] : (i ? n_spans : 0);
+		hf[i] = first ? first[i] : i * n_spans;
 	if ((ret = cuda_stage_push(c, s, bytes)))
 		return ret;
 	*dspans = s->dev;

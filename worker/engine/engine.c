@@ -647,6 +647,7 @@ int engine_seq_stats(const struct engine *e, int seq, struct kv_stats *out)
 {
 	if (!seq_ok(e, seq))
 		return -EINVAL;
+	*out = (struct kv_stats){ 0 }; /* what a policy does not count stays zero */
 	e->policy->stats(e->seqs[seq].kv, out);
 	return 0;
 }

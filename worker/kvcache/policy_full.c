@@ -217,10 +217,12 @@ static int64_t full_length(void *st)
 static void full_stats(void *st, struct kv_stats *out)
 {
 	struct full_state *s = st;
-	out->tokens = s->len;
-	out->capacity = s->cap;
-	out->device_bytes = 2 * (int64_t)s->p.n_layers * s->cap * (int64_t)s->row_bytes;
-	out->attended = s->attended;
+	*out = (struct kv_stats){
+		.tokens = s->len,
+		.capacity = s->cap,
+		.device_bytes = 2 * (int64_t)s->p.n_layers * s->cap * (int64_t)s->row_bytes,
+		.attended = s->attended,
+	}; /* sum: zero */
 }
 
 /* Reloads [0, len) of every layer from the host copy into fresh buffers. */
