@@ -5,12 +5,16 @@
 #include "kv_dtype.cuh"
 
 #define FD_PER_LANE (FLASH_DECODE_MAX_D / 32)
-// Blocks a launch aims for: with 4-warp blocks (GQA 4) about 31 warps an SM on a 132-SM
-// H100/H200, so that `full` at long contexts keeps enough loads in flight to reach HBM
-// bandwidth (bench/RESULTS.md, 2026-11-27: full's 32K-token decode step).
+// Blocks a launch aims for: with 4-warp blocks (GQA 4), 31 warps an SM over the launch on a
+// 132-SM H100/H200, so that `full` at long contexts has loads in flight on every SM
+// (bench/RESULTS.md, 2026-11-27: full's 32K-token decode step went from 256 blocks of
+// one key a round to this and 8 keys a round, 72 to 21 ms).
 #define FD_TARGET_BLOCKS 1024
-// Keys a warp loads before it uses any (see the kernel's loop).
+// Keys a warp loads before it uses any (see the kernel's loop): 8 for blocks of at most
+// FD_WIDE_THREADS threads (GQA groups up to 8), whose registers allow it; 1 for the larger
+// groups, whose 1024-thread blocks leave a thread 64 registers.
 #define FD_KEYS 8
+#define FD_WIDE_THREADS 256
 // Fewest keys a chunk is given: below this the merge costs more than the split saves.
 #define FD_MIN_CHUNK 64
 
@@ -28,8 +32,10 @@ static __device__ __forceinline__ float fd_warp_sum(float v)
 // Batched (items non-NULL, grid (splits, n_kv, batch)): block z runs items[z] — its own k, v
 // and n, query and output row items[z].row of q, out (rows, n_heads, d), chunk
 // ceil(n / splits), part (batch, n_heads, splits, d + 2).
-template <typename T>
-static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
+template <typename T, int KEYS>
+static __global__ void
+__launch_bounds__(KEYS > 1 ? FD_WIDE_THREADS : FLASH_DECODE_MAX_GROUP * 32)
+flash_decode_kernel(float *out,	      // (n_heads, d)
 					   float *part,	      // (n_heads, splits, d + 2)
 					   const float *q,    // (n_heads, d)
 					   const T *k,	      // (n, n_kv, d), row stride row_stride
@@ -61,13 +67,13 @@ static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
 	float m = -INFINITY, l = 0.0f;
 	const long long t0 = (long long)split * chunk;
 	const long long t1 = t0 + chunk < n ? t0 + chunk : n;
-	// FD_KEYS keys a round: their K and V rows are loaded before any is used, so a warp has
+	// KEYS keys a round: their K and V rows are loaded before any is used, so a warp has
 	// that many rows in flight instead of one (a key at a time waits out the memory latency
 	// for every key); the running max and sum are rescaled once a round.
-	for (long long t = t0; t < t1; t += FD_KEYS) {
-		float s[FD_KEYS], vv[FD_KEYS][FD_PER_LANE];
+	for (long long t = t0; t < t1; t += KEYS) {
+		float s[KEYS], vv[KEYS][FD_PER_LANE];
 #pragma unroll
-		for (int u = 0; u < FD_KEYS; u++) {
+		for (int u = 0; u < KEYS; u++) {
 			const bool in = t + u < t1;
 			const T *kr = k + (t + u) * row_stride + (long long)kvh * d;
 			const T *vr = v + (t + u) * row_stride + (long long)kvh * d;
@@ -82,7 +88,7 @@ static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
 		}
 		float mn = m;
 #pragma unroll
-		for (int u = 0; u < FD_KEYS; u++) {
+		for (int u = 0; u < KEYS; u++) {
 			s[u] = fd_warp_sum(s[u]) * scale;
 			if (t + u < t1)
 				mn = fmaxf(mn, s[u]);
@@ -93,7 +99,7 @@ static __global__ void flash_decode_kernel(float *out,	      // (n_heads, d)
 		for (int j = 0; j < FD_PER_LANE; j++)
 			acc[j] *= c;
 #pragma unroll
-		for (int u = 0; u < FD_KEYS; u++) {
+		for (int u = 0; u < KEYS; u++) {
 			const float p = t + u < t1 ? expf(s[u] - mn) : 0.0f;
 			l += p;
 #pragma unroll
@@ -193,9 +199,14 @@ cudaError_t flash_decode(float *out, const float *q, const void *k, const void *
 	const dim3 grid((unsigned)splits, (unsigned)n_kv);
 	cudaError_t e = kv_dispatch(dt, [&](auto tag) {
 		using T = decltype(tag);
-		flash_decode_kernel<T><<<grid, group * 32, 0, stream>>>(
-			out, part, q, (const T *)k, (const T *)v, n, row_stride, group, d, scale,
-			chunk, splits, NULL);
+		if (group * 32 <= FD_WIDE_THREADS)
+			flash_decode_kernel<T, FD_KEYS><<<grid, group * 32, 0, stream>>>(
+				out, part, q, (const T *)k, (const T *)v, n, row_stride, group, d,
+				scale, chunk, splits, NULL);
+		else
+			flash_decode_kernel<T, 1><<<grid, group * 32, 0, stream>>>(
+				out, part, q, (const T *)k, (const T *)v, n, row_stride, group, d,
+				scale, chunk, splits, NULL);
 	});
 	if (e != cudaSuccess)
 		return e;
@@ -243,9 +254,14 @@ cudaError_t flash_decode_batch(float *out, const float *q, const struct flash_de
 	const dim3 grid((unsigned)splits, (unsigned)n_kv, (unsigned)batch);
 	cudaError_t e = kv_dispatch(dt, [&](auto tag) {
 		using T = decltype(tag);
-		flash_decode_kernel<T><<<grid, group * 32, 0, stream>>>(
-			out, part, q, (const T *)NULL, (const T *)NULL, 0, row_stride, group, d,
-			scale, 0, splits, items);
+		if (group * 32 <= FD_WIDE_THREADS)
+			flash_decode_kernel<T, FD_KEYS><<<grid, group * 32, 0, stream>>>(
+				out, part, q, (const T *)NULL, (const T *)NULL, 0, row_stride, group,
+				d, scale, 0, splits, items);
+		else
+			flash_decode_kernel<T, 1><<<grid, group * 32, 0, stream>>>(
+				out, part, q, (const T *)NULL, (const T *)NULL, 0, row_stride, group,
+				d, scale, 0, splits, items);
 	});
 	if (e != cudaSuccess)
 		return e;

@@ -49,7 +49,7 @@ KERNELS='test_kernel_(topk|pool_topk|page_score|page_summary|qcos|recall_scatter
 instances=(
   "tests:tests:tests:"
   "memk:memcheck:memcheck:($KERNELS|decode_step_.*)$"
-  "race:racecheck:racecheck:($KERNELS|test_backend_cuda_slots|decode_step_.*)$"
+  "race:racecheck:racecheck:($KERNELS|decode_step_.*)$"
   "memo:memcheck:memcheck:test_(backend_cuda.*|kernel_(gemm|embedding|rmsnorm|rope|silu_mul|attn_scores|prefill_attention|kivi)|policies_cuda)$"
 )
 [ ${#own[@]} -gt 0 ] && instances=("${own[@]}")

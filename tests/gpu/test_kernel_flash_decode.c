@@ -66,7 +66,7 @@ static void test_flash_decode(void **state)
 	const struct fd_case cases[] = {
 		{ 4, 4, 64, 1, 0 },	   /* G = 1, one key */
 		{ 8, 2, 128, 7, 0 },	   /* unsplit */
-		{ 32, 8, 128, 32768, 0 },  /* llama-3.1-8b at 32K: 32 splits */
+		{ 32, 8, 128, 32768, 0 },  /* llama-3.1-8b at 32K: 128 splits */
 		{ 32, 8, 128, 1003, 0 },   /* uneven chunks */
 		{ 64, 8, 128, 4000, 256 }, /* G = 8, a strided cache */
 		{ 32, 1, 80, 700, 0 },	   /* the largest group, d not a multiple of 32 */
@@ -159,7 +159,7 @@ static void test_flash_decode_bounds(void **state)
 	assert_int_equal(flash_decode_splits(1, 8), 1);
 	assert_int_equal(flash_decode_splits(64, 8), 1);
 	assert_int_equal(flash_decode_splits(65, 8), 2);
-	assert_int_equal(flash_decode_splits(32768, 8), 32);
+	assert_int_equal(flash_decode_splits(32768, 8), 128); /* 1024 blocks over 8 KV heads */
 	assert_int_equal(flash_decode_splits(1 << 20, 1), FLASH_DECODE_MAX_SPLITS);
 	float *p = gpu_test_poisoned(1 << 20);
 	const size_t wsb = flash_decode_workspace_bytes(8, 64);
