@@ -431,9 +431,12 @@ static void test_policies_use_ops(void **state)
 		assert_int_equal(n_summary, (int64_t)retr * ((PROMPT + STEPS) / P));
 		assert_int_equal(n_bad_download, 0);
 		/* every recalled unit through the path asked for: read where it lies in the pool by
-		 * DMA (the default) or by the device itself (mapped), or copied (staged); the last
+		 * the device itself (mapped, the default) or by DMA, or copied (staged); the last
 		 * step's speculative jobs ran, but are counted only once waited for */
-		const int64_t by[3] = { n_direct, n_staged, n_mapped };
+		int64_t by[3];
+		by[RECALL_MAPPED] = n_mapped;
+		by[RECALL_STAGED] = n_staged;
+		by[RECALL_DMA] = n_direct;
 		for (int k = 0; k < 3; k++)
 			if (k == runs[i].path)
 				assert_true(by[k] >= st.sum.pages_recalled && by[k] > 0);

@@ -30,9 +30,9 @@
  *   --policies  a row each; POLICY:TAU sets tau (default 0.9; freekv:0 corrects every step);
  *   POLICY+nospec, +frag, +single add the Fig. 8 ablations
  *   (bench_ablation.h), and "fig8" is their set (quest+frag+single stands in for ArkVale)
- *   --recall  how the retrieval policies' recalls reach the device, a row each: dma (from the
- *   registered pool, no host copy; the default until measured otherwise), mapped (zero-copy
- *   gather kernel), staged (host copies first)
+ *   --recall  how the retrieval policies' recalls reach the device, a row each: mapped (the
+ *   zero-copy gather kernel; the default, measured faster), dma (batched copies from the
+ *   registered pool), staged (host copies first)
  *   defaults: both shapes (long-input: 32768 prompt, 256 generated; long-gen: 600 prompt,
  *   4096 generated), batch 1, policies full,streaming,quest,freekv;
  *   --gen / --ctx replace every chosen shape's generated / prompt length;
@@ -63,7 +63,7 @@ struct shape {
 	int prompt, gen;
 };
 
-static const char *const recall_names[] = { "dma", "staged", "mapped" }; /* enum recall_path */
+static const char *const recall_names[] = { "mapped", "staged", "dma" }; /* enum recall_path */
 
 struct args {
 	int layers, vocab;
@@ -450,7 +450,7 @@ int main(int argc, char **argv)
 	struct args a;
 	if (parse(argc, argv, &a)) {
 		fprintf(stderr, "usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|"
-				"both] [--batch LIST] [--policies LIST] [--recall dma,mapped,staged] "
+				"both] [--batch LIST] [--policies LIST] [--recall mapped,dma,staged] "
 				"[--gen N >= 8] [--ctx N] [--layers N] [--budget S]\n");
 		return 2;
 	}

@@ -22,20 +22,17 @@
 #              (mean, median), the floor (weights + KV read over measured HBM bandwidth), recall
 #              MB per step, the hidden fraction of recall and the correction rate. Picked with
 #              --shape long-input|long-gen|both, --batch LIST, --policies LIST, --recall LIST
-#              (dma: from the registered pool, the default; mapped: the zero-copy gather
-#              kernel; staged: host copies first; a row each), --gen N, --ctx N and --budget S
+#              (mapped: the zero-copy gather kernel, the default; dma: batched copies from
+#              the registered pool; staged: host copies first; a row each), --gen N, --ctx N and --budget S
 #              (seconds of runs: a run that would overrun is skipped and said so, every printed
 #              row is complete; default BENCH_TIMEOUT - 60, or what --deadline leaves, less
 #              60). Defaults: both shapes (32768 + 256 generated, 600 + 4096), batch 1,
-#              full,streaming,quest,freekv, dma: as many rows as fit in 480 s. DECODE_ARGS
+#              full,streaming,quest,freekv, mapped: as many rows as fit in 480 s. DECODE_ARGS
 #              adds raw flags, e.g. DECODE_ARGS=--quick. --policies fig8 runs the paper's
 #              Fig. 8 ablations (quest, freekv, freekv+nospec, freekv+single, freekv+frag,
 #              quest+frag+single standing in for ArkVale; any POLICY+nospec|+frag|+single).
-#              Not measured yet: this build's decode step (device-side selection, 16-bit slots,
-#              flash_decode for full, one attention launch per layer for the batch, fused
-#              QKV/gate-up, recall from the pool by DMA or by the gather kernel, prefill on the
-#              device with tensor-core attention) has never run on a GPU, so which recall path is
-#              faster is not known; CUDA Graphs are not built.
+#              First measured on an H200 on 2026-11-27 (bench/RESULTS.md "First runs on a
+#              GPU"); CUDA Graphs are not built.
 #   Aliases: sanitize = memcheck,racecheck; bench = bench_kernels,bench_decode.
 # Splitting across calls that must each end in a few minutes: --steps picks steps, --only REGEX
 # keeps the runs whose name (step:target, e.g. racecheck:test_kernel_topk) matches, and

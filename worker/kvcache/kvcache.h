@@ -53,7 +53,7 @@ struct kv_policy_opts {
 	int kv_bits;	 /* specache: bits of the KIVI copy, 2 or 1; 0 = 2 */
 	int spec_topk;	 /* specache: exact rows fetched per KV head and step; 0 = 64 */
 	bool debug_invariants; /* check group consistency, budget, recalls, slot bytes each step */
-	int recall_path; /* enum recall_path (recall.h): 0 DMA from the pool, 1 staged, 2 mapped */
+	int recall_path; /* enum recall_path (recall.h): 0 mapped (gather kernel), 1 staged, 2 DMA */
 	/* Ablations of the paper's Fig. 8 (docs/design.md §5 "Ablations"): freekv without
 	 * speculation (every head selected with the current query and recalled before the
 	 * attention, i.e. quest's step); recalls moved as per-token pieces (an NHD host

@@ -261,7 +261,8 @@ int paged_create(const struct kv_seq_params *p, const struct paged_strategy *str
 		.p = o->page, .sink = o->sink, .window = o->window, .budget = o->budget,
 	};
 	if (select_geom_check(&s->g) || o->budget < o->sink + o->window + o->page ||
-	    o->recall_path < RECALL_DMA || o->recall_path > RECALL_MAPPED) {
+	    (o->recall_path != RECALL_MAPPED && o->recall_path != RECALL_STAGED &&
+	     o->recall_path != RECALL_DMA)) {
 		free(s);
 		return -EINVAL;
 	}
