@@ -60,7 +60,12 @@ extern "C" int gemm_xwt(cublasHandle_t handle, float *y, const float *x, const v
 		return -EINVAL;
 	}
 	const float alpha = 1.0f, beta = 0.0f;
-	CUBLAS_CHECK(cublasSetStream(handle, stream));
+	// cublasSetStream resets the handle's workspace to cuBLAS's own pool (which may allocate
+	// inside a graph capture): only when the stream changes.
+	cudaStream_t cur = NULL;
+	CUBLAS_CHECK(cublasGetStream(handle, &cur));
+	if (cur != stream)
+		CUBLAS_CHECK(cublasSetStream(handle, stream));
 	// Column-major view: W row-major (rows, cols) is Wᵀ (cols x rows) with ld = cols, X is
 	// Xᵀ (cols x n), and Yᵀ (rows x n) = op_T(Wᵀ) · Xᵀ is Y row-major (n, rows).
 	CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols,

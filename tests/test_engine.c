@@ -695,6 +695,158 @@ static void test_fused_projections(void **state)
 	assert_true(done >= 1);
 }
 
+/* A CPU backend with graph_run: "recording" runs fn and keeps a marker, "launching" runs fn
+ * again (what a replay does: the same ops on the same buffers); while fn runs, an upload,
+ * download or sync fails the test (a graph cannot hold them). gr_plain: every graph_run
+ * runs fn as plain ops instead, as when recording fails. */
+static const struct backend_ops *gr_real;
+static int gr_inside, gr_plain;
+static int64_t gr_calls, gr_host_ops;
+
+static int gr_upload(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	gr_host_ops += gr_inside;
+	return gr_real->upload(ctx, dst, src, bytes);
+}
+
+static int gr_download(void *ctx, void *dst, const void *src, size_t bytes)
+{
+	gr_host_ops += gr_inside;
+	return gr_real->download(ctx, dst, src, bytes);
+}
+
+static int gr_sync(void *ctx)
+{
+	gr_host_ops += gr_inside;
+	return gr_real->sync ? gr_real->sync(ctx) : 0;
+}
+
+static int gr_run(void *ctx, struct backend_graph **g, int (*fn)(void *arg), void *arg)
+{
+	(void)ctx;
+	gr_calls++;
+	gr_inside = 1;
+	int ret = fn(arg);
+	gr_inside = 0;
+	if (ret || gr_plain)
+		return ret ? ret : 1;
+	if (*g)
+		return 0;
+	*g = malloc(1);
+	return 2;
+}
+
+static void gr_free(void *ctx, struct backend_graph *g)
+{
+	(void)ctx;
+	free(g);
+}
+
+/* Prefill 8 ids into each of n sequences, then `steps` greedy decode steps of all n at once;
+ * logits (steps + 1, n, V) */
+static void gr_gen(struct fkv_model *m, struct backend *be, int n, int steps, float *logits,
+		   struct engine_graph_stats *gs)
+{
+	const int64_t V = m->cfg.vocab_size;
+	struct engine_opts o = { .max_ctx = 64, .policy = "full", .max_seqs = 4 };
+	struct engine *e;
+	char err[256];
+	if (engine_new(&e, m, be, &o, err, sizeof err))
+		fail_msg("engine_new: %s", err);
+	int seq[4];
+	int32_t tok[4];
+	for (int b = 0; b < n; b++) {
+		assert_int_equal(engine_seq_open(e, NULL, &seq[b], err, sizeof err), 0);
+		int32_t ids[8] = { 1 };
+		uint64_t sd = 7 + (uint64_t)b;
+		for (int i = 1; i < 8; i++)
+			ids[i] = 3 + (int32_t)(test_rand(&sd) % (uint64_t)(V - 3));
+		assert_int_equal(engine_prefill(e, seq[b], ids, 8, logits + (size_t)b * V, false,
+						err, sizeof err), 0);
+	}
+	assert_int_equal(gr_calls, 0); /* prefill runs plain */
+	for (int t = 0; t < steps; t++) {
+		float *lg = logits + (size_t)t * n * V;
+		for (int b = 0; b < n; b++) {
+			tok[b] = 0;
+			for (int64_t i = 1; i < V; i++)
+				tok[b] = lg[b * V + i] > lg[b * V + tok[b]] ? (int32_t)i : tok[b];
+		}
+		assert_int_equal(engine_decode(e, n, seq, tok, lg + (size_t)n * V, err, sizeof err),
+				 0);
+	}
+	engine_graph_stats(e, gs);
+	for (int b = 0; b < n; b++)
+		engine_seq_free(e, seq[b]);
+	engine_free(e);
+}
+
+/* Decode steps through graphs (engine.h): n_layers + 1 segments a step, the first step of a
+ * shape plain, the next recorded, then launched; none of a segment's ops touches the host; the
+ * logits equal plain steps' bit for bit, for one sequence and a batch of two; a backend whose
+ * recording fails runs them plain (counted); FREEKV_CUDA_GRAPHS=0 turns them off. */
+static void test_decode_graphs(void **state)
+{
+	(void)state;
+	const char *path = test_model_path("stories260K/stories260K.gguf");
+	if (!path)
+		skip();
+	struct fkv_model m;
+	char err[256];
+	assert_int_equal(model_load(path, &m, err, sizeof err), 0);
+	struct backend *cpu;
+	assert_int_equal(backend_cpu_new(&cpu, 2), 0);
+	gr_real = cpu->ops;
+	struct backend_ops go = *cpu->ops;
+	go.upload = gr_upload;
+	go.download = gr_download;
+	go.sync = gr_sync;
+	go.graph_run = gr_run;
+	go.graph_free = gr_free;
+	struct backend gb = { &go, cpu->ctx };
+	const int64_t V = m.cfg.vocab_size, S = m.cfg.n_layers + 1, STEPS = 12;
+	for (int n = 1; n <= 2; n++) {
+		const size_t len = (size_t)(STEPS + 1) * n * V;
+		float *ref = malloc(len * sizeof *ref), *got = malloc(len * sizeof *got);
+		assert_true(ref && got);
+		struct engine_graph_stats gs;
+		gr_calls = gr_host_ops = 0;
+		gr_gen(&m, cpu, n, STEPS, ref, &gs);
+		assert_false(gs.on); /* the CPU backend records no graphs */
+		gr_gen(&m, &gb, n, STEPS, got, &gs);
+		assert_true(gs.on);
+		assert_int_equal(gr_calls, (STEPS - 1) * S);
+		assert_int_equal(gs.launched, (STEPS - 1) * S);
+		assert_int_equal(gs.recorded, S);
+		assert_int_equal(gs.plain, 0);
+		assert_int_equal(gr_host_ops, 0);
+		if (memcmp(got, ref, len * sizeof *got))
+			fail_msg("batch %d: decode through graphs changes the logits", n);
+		/* recording fails: plain ops, the same logits */
+		gr_calls = 0;
+		gr_plain = 1;
+		gr_gen(&m, &gb, n, STEPS, got, &gs);
+		gr_plain = 0;
+		assert_int_equal(gs.plain, (STEPS - 1) * S);
+		assert_int_equal(gs.launched, 0);
+		if (memcmp(got, ref, len * sizeof *got))
+			fail_msg("batch %d: plain fallback changes the logits", n);
+		free(ref);
+		free(got);
+	}
+	setenv("FREEKV_CUDA_GRAPHS", "0", 1);
+	gr_calls = 0;
+	float *lg = malloc((size_t)(STEPS + 1) * V * sizeof *lg);
+	struct engine_graph_stats gs;
+	gr_gen(&m, &gb, 1, STEPS, lg, &gs);
+	unsetenv("FREEKV_CUDA_GRAPHS");
+	assert_false(gs.on);
+	assert_int_equal(gr_calls, 0);
+	free(lg);
+	backend_free(cpu);
+	model_free(&m);
+}
+
 int main(int argc, char **argv)
 {
 	static bool small = false, big = true;
@@ -705,6 +857,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_policy_full_direct),
 		cmocka_unit_test(test_batch_matches_alone),
 		cmocka_unit_test(test_fused_projections),
+		cmocka_unit_test(test_decode_graphs),
 		cmocka_unit_test(test_limits_and_bad_input),
 		cmocka_unit_test(test_stories_vs_reference),
 		cmocka_unit_test(test_stories_gguf_vs_hf),

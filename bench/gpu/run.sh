@@ -32,7 +32,7 @@
 #              Fig. 8 ablations (quest, freekv, freekv+nospec, freekv+single, freekv+frag,
 #              quest+frag+single standing in for ArkVale; any POLICY+nospec|+frag|+single).
 #              First measured on an H200 on 2026-11-27 (bench/RESULTS.md "First runs on a
-#              GPU"); CUDA Graphs are not built.
+#              GPU"); CUDA Graphs of decode steps are built but have not run on a GPU.
 #   Aliases: sanitize = memcheck,racecheck; bench = bench_kernels,bench_decode.
 # Splitting across calls that must each end in a few minutes: --steps picks steps, --only REGEX
 # keeps the runs whose name (step:target, e.g. racecheck:test_kernel_topk) matches, and

@@ -515,6 +515,74 @@ static void test_llama8b_geometry(void **state)
 	gpu_test_rm_dir(dir);
 }
 
+/* Greedy decode of n steps after prompt on the GPU, with graphs (FREEKV_CUDA_GRAPHS unset) or
+ * without (=0); logits (n + 1, V), the engine's graph counts to gs. */
+static void greedy_graphs(const struct fkv_model *m, bool graphs, const int32_t *prompt,
+			  int n_prompt, int n, float *lg, struct engine_graph_stats *gs)
+{
+	if (!graphs)
+		setenv("FREEKV_CUDA_GRAPHS", "0", 1);
+	struct engine *e = engine_on(gpu, m);
+	unsetenv("FREEKV_CUDA_GRAPHS");
+	int V = m->cfg.vocab_size, s;
+	char err[256];
+	assert_int_equal(engine_seq_new(e, &s, err, sizeof err), 0);
+	if (engine_prefill(e, s, prompt, n_prompt, lg, false, err, sizeof err))
+		fail_msg("prefill: %s", err);
+	for (int i = 0; i < n; i++) {
+		int32_t t = sampler_argmax(lg + (size_t)i * V, V);
+		if (engine_decode(e, 1, &s, &t, lg + (size_t)(i + 1) * V, err, sizeof err))
+			fail_msg("decode: %s", err);
+	}
+	engine_graph_stats(e, gs);
+	engine_free(e);
+}
+
+/* Decode steps through CUDA Graphs (engine.h): on stories260K (f32) and the llama-3.1-8b
+ * geometry (bf16, 2 layers), 24 greedy steps with graphs give the logits of the same steps as
+ * plain launches bit for bit (the same kernels on the same arguments), every segment of the
+ * 23 steps after the first ran as a graph (recorded once), none fell back to plain ops. */
+static void test_decode_graphs(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/freekv-test-graphs-XXXXXX";
+	const char *path = test_model_path("stories260K/stories260K.gguf");
+	struct fkv_model ms, m8;
+	char err[256];
+	if (!path || model_load(path, &ms, err, sizeof err))
+		fail_msg("stories260K: %s", path ? err : "not found");
+	gpu_test_synth_8b(dir, 2, 17, &m8);
+	const struct fkv_model *models[2] = { &ms, &m8 };
+	enum { N = 24 };
+	for (int i = 0; i < 2; i++) {
+		const struct fkv_model *m = models[i];
+		int V = m->cfg.vocab_size;
+		int32_t prompt[10] = { 1 };
+		for (int j = 1; j < 10; j++)
+			prompt[j] = 3 + (int32_t)(test_rand(&rng) % (uint64_t)(V - 3));
+		float *plain = malloc((size_t)(N + 1) * V * 4), *graph = malloc((size_t)(N + 1) * V * 4);
+		struct engine_graph_stats gp, gg;
+		greedy_graphs(m, false, prompt, 10, N, plain, &gp);
+		greedy_graphs(m, true, prompt, 10, N, graph, &gg);
+		const int64_t S = m->cfg.n_layers + 1;
+		fprintf(stderr, "%s: graphs launched %lld, recorded %lld, plain %lld; logits error "
+			"%.3g\n", i ? "llama-3.1-8b" : "stories260K", (long long)gg.launched,
+			(long long)gg.recorded, (long long)gg.plain,
+			gpu_test_err(graph, plain, (size_t)(N + 1) * V));
+		assert_false(gp.on);
+		assert_true(gg.on);
+		assert_int_equal(gg.launched, (N - 1) * S);
+		assert_int_equal(gg.recorded, S);
+		assert_int_equal(gg.plain, 0);
+		assert_memory_equal(graph, plain, (size_t)(N + 1) * V * 4);
+		free(plain);
+		free(graph);
+	}
+	model_free(&ms);
+	model_free(&m8);
+	gpu_test_rm_dir(dir);
+}
+
 /* backend_open: unknown names are refused with a message. */
 static void test_backend_open(void **state)
 {
@@ -545,6 +613,7 @@ int main(void)
 		cmocka_unit_test(test_backend_open),
 		cmocka_unit_test(test_stories_greedy),
 		cmocka_unit_test(test_llama8b_geometry),
+		cmocka_unit_test(test_decode_graphs),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

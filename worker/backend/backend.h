@@ -128,6 +128,8 @@ struct backend_select {
 	int k;
 };
 
+struct backend_graph; /* graph_run's recorded work, the backend's own */
+
 struct backend_ops {
 	const char *name;
 	/* Backend buffers are host memory: ops may also be handed host pointers (the pinned host
@@ -392,6 +394,21 @@ struct backend_ops {
 	 * row). a->window must be 0. -EINVAL for a bad geometry or position. */
 	int (*attn_kivi)(void *ctx, float *out, const float *q, int n_q,
 			 const struct backend_kivi_attn *ka, const struct backend_attn *a);
+
+	/* (optional) Graphs of device work (docs/design.md "The GPU decode step", CUDA Graphs):
+	 * runs the ops fn(arg) issues on the compute stream, as a graph recorded once and
+	 * replayed. With *g NULL, or recorded before the backend last moved a buffer of its own
+	 * (a workspace grown), fn is recorded into a new graph (the old one freed) and launched;
+	 * otherwise *g is launched and fn is not called. fn must issue only ops whose arguments
+	 * are fixed between calls (buffer addresses and sizes; data that changes, such as
+	 * positions, read from backend buffers): no host reads, syncs, downloads or uploads. When
+	 * recording fails (an op that cannot be recorded, such as a workspace that must grow),
+	 * fn runs as plain ops instead and *g stays NULL. Returns 0 when *g was launched, 2 when
+	 * fn was recorded into *g and launched, 1 when fn ran as plain ops, a negative errno on
+	 * error. */
+	int (*graph_run)(void *ctx, struct backend_graph **g, int (*fn)(void *arg), void *arg);
+	/* (optional, with graph_run) Frees a graph of graph_run. Safe on NULL. */
+	void (*graph_free)(void *ctx, struct backend_graph *g);
 
 	/* (optional) Waits until every queued op has finished (store_rows included). */
 	int (*sync)(void *ctx);

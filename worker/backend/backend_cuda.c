@@ -102,11 +102,14 @@ static void *dev_alloc(struct cuda_ctx *c, size_t bytes)
 
 /* Grows a workspace of the compute stream to at least bytes. Ops queued before may still read
  * the old one, so it is freed in stream order, or after the compute stream drained where the
- * device has no memory pools. */
-int cuda_ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
+ * device has no memory pools. While graph_run captures, growing is refused (-EBUSY: the
+ * capture is abandoned and the ops run plain); a move makes every recorded graph stale. */
+static int ws_grow(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
 {
 	if (bytes <= *cap)
 		return 0;
+	if (c->capturing)
+		return -EBUSY;
 	if (c->pools) {
 		if (*ws)
 			CUDA_CHECK(cudaFreeAsync(*ws, c->stream));
@@ -124,9 +127,34 @@ int cuda_ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
 	return 0;
 }
 
+/* Whether a graph may hold workspace ws: one an op reserved while graph_run captured. */
+static bool graph_holds(const struct cuda_ctx *c, void **ws)
+{
+	if (c->n_graph_ws > CUDA_GRAPH_WS)
+		return true; /* more than it keeps track of: any */
+	for (int i = 0; i < c->n_graph_ws; i++)
+		if (c->graph_ws[i] == ws)
+			return true;
+	return false;
+}
+
+int cuda_ws_reserve(struct cuda_ctx *c, void **ws, size_t *cap, size_t bytes)
+{
+	if (c->capturing && !graph_holds(c, ws)) {
+		if (c->n_graph_ws < CUDA_GRAPH_WS)
+			c->graph_ws[c->n_graph_ws] = ws;
+		c->n_graph_ws++;
+	}
+	if (bytes > *cap && !c->capturing && graph_holds(c, ws))
+		c->ws_gen++; /* the graphs holding its address are stale */
+	return ws_grow(c, ws, cap, bytes);
+}
+
 /* With every stream drained. */
 static void ws_release(struct cuda_ctx *c, void **ws, size_t *cap)
 {
+	if (graph_holds(c, ws))
+		c->ws_gen++;
 	if (*ws && c->pools && cudaFreeAsync(*ws, c->stream) == cudaSuccess)
 		cudaStreamSynchronize(c->stream);
 	else if (*ws)
@@ -173,6 +201,7 @@ static void cuda_free(void *ctx)
 	pthread_mutex_destroy(&c->recall_mu);
 	if (c->blas)
 		cublasDestroy(c->blas);
+	cudaFree(c->blas_ws);
 	cudaStream_t all[] = { c->stream, c->rc_stream, c->rc_copy, c->off_stream };
 	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
 		if (all[i])
@@ -476,7 +505,8 @@ int cuda_stage_take(struct cuda_ctx *c, size_t bytes, struct stage_slot **out)
 		cudaFreeHost(s->host); /* its last copy has run */
 		s->host = NULL;
 		s->cap = 0;
-		int ret = cuda_ws_reserve(c, &s->dev, &dcap, cap);
+		/* staging is never read inside a graph: no graph goes stale */
+		int ret = ws_grow(c, &s->dev, &dcap, cap);
 		if (ret)
 			return ret;
 		CUDA_CHECK(cudaMallocHost(&s->host, cap));
@@ -1046,6 +1076,8 @@ static const struct backend_ops cuda_ops = {
 	.kivi_quant = cuda_kivi_quant,
 	.kivi_dequant = cuda_kivi_dequant,
 	.attn_kivi = cuda_attn_kivi,
+	.graph_run = cuda_graph_run,
+	.graph_free = cuda_graph_free,
 	.sync = cuda_sync,
 	.host_register = cuda_host_register,
 	.host_unregister = cuda_host_unregister,
@@ -1083,6 +1115,11 @@ static int cuda_init(struct cuda_ctx *c)
 	}
 	CUBLAS_CHECK(cublasCreate(&c->blas));
 	CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+	/* A workspace of our own (after SetStream, which resets it; gemm_xwt sets the stream
+	 * only when it differs): cuBLAS then allocates nothing inside a graph capture. 32 MiB is
+	 * what cuBLAS documents for Hopper. */
+	CUDA_CHECK(cudaMalloc(&c->blas_ws, CUDA_BLAS_WS_BYTES));
+	CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, CUDA_BLAS_WS_BYTES));
 	return 0;
 }
 

@@ -19,6 +19,10 @@
 /* Pinned staging buffers of the compute stream in flight at once (attention calls between
  * reuses of one). */
 #define CUDA_STAGE_RING 8
+/* Workspaces graph_run keeps track of by address (struct cuda_ctx graph_ws). */
+#define CUDA_GRAPH_WS 8
+/* cuBLAS workspace bytes (cublasSetWorkspace). */
+#define CUDA_BLAS_WS_BYTES (32u << 20)
 /* Bytes page-locked per cudaHostRegister call. */
 #define CUDA_REGISTER_CHUNK ((size_t)1 << 30)
 /* Recall staging sets (double buffering) and the alignment of the table after the units. */
@@ -109,6 +113,15 @@ struct cuda_ctx {
 	size_t kivi_ws_bytes;
 	bool *batch_in;		/* attn_decode_batch: which items a batched launch took */
 	size_t batch_in_len;
+	/* Graphs (backend_cuda_graph.c): whether graph_run is capturing the compute stream; the
+	 * workspaces ops reserved while capturing (a graph may hold their addresses; past
+	 * CUDA_GRAPH_WS of them, any workspace counts); a count bumped whenever one of those
+	 * moves (the graphs recorded before are stale) */
+	bool capturing;
+	void **graph_ws[CUDA_GRAPH_WS];
+	int n_graph_ws;
+	uint64_t ws_gen;
+	void *blas_ws;		/* cuBLAS's workspace, ours so that capture allocates nothing */
 };
 
 static inline void cuda_event_destroy(cudaEvent_t e)
@@ -116,6 +129,10 @@ static inline void cuda_event_destroy(cudaEvent_t e)
 	if (e)
 		cudaEventDestroy(e);
 }
+
+/* backend_cuda_graph.c: the graph_run and graph_free ops (backend.h). */
+int cuda_graph_run(void *ctx, struct backend_graph **g, int (*fn)(void *arg), void *arg);
+void cuda_graph_free(void *ctx, struct backend_graph *g);
 
 /* backend_cuda.c: waits for every stream the backend owns. */
 int cuda_drain(struct cuda_ctx *c);

@@ -646,6 +646,16 @@ static struct json_object *stats_json(struct cmd_session *s, const struct run_ti
 						   ? s->be->ops->get_threads(s->be->ctx)
 						   : (int)s->o.threads));
 	ADD("backend", json_object_new_string(s->be->ops->name));
+	/* Decode steps through CUDA Graphs (engine.h): whether, and how many segments ran as
+	 * graphs, were recorded, or ran as plain ops because recording failed. */
+	struct engine_graph_stats gs;
+	engine_graph_stats(s->e, &gs);
+	struct json_object *gj = json_object_new_object();
+	json_object_object_add(gj, "on", json_object_new_boolean(gs.on));
+	json_object_object_add(gj, "launched", json_object_new_int64(gs.launched));
+	json_object_object_add(gj, "recorded", json_object_new_int64(gs.recorded));
+	json_object_object_add(gj, "plain", json_object_new_int64(gs.plain));
+	ADD("graphs", gj);
 	ADD("seed", json_object_new_uint64(s->o.sp.seed));
 	ADD("policy", json_object_new_string(engine_policy_name(s->e)));
 	ADD("page", json_object_new_int(k->page));

@@ -105,6 +105,16 @@ struct engine {
 	/* Speculative steps: the two tokens of each item, their logits (host). */
 	int32_t *spec_toks;	/* (max_seqs, 2) */
 	float *spec_lg;		/* (max_seqs, 2, vocab) */
+
+	/* Graphs of decode steps (backend graph_run; docs/design.md "The GPU decode step"): the
+	 * step's device work between attentions, segment s of graph_segment(), recorded for
+	 * steps of graph_T rows over the buffers of generation graph_gen (buf_gen counts moves of
+	 * the engine's buffers); graph_warm once such a step ran plain (workspaces grown). */
+	struct backend_graph **graphs; /* (n_layers + 1), or NULL: graphs off */
+	int64_t graph_T;
+	uint64_t buf_gen, graph_gen;
+	bool graph_warm;
+	struct engine_graph_stats gst;
 };
 
 static void *bufa(struct engine *e, size_t bytes)
@@ -263,7 +273,17 @@ static int alloc_logits(struct engine *e, int64_t rows)
 	e->xo = xo;
 	e->logits = lg;
 	e->logit_rows = rows;
+	e->buf_gen++; /* a recorded graph holds the old addresses */
 	return 0;
+}
+
+static void free_graphs(struct engine *e)
+{
+	for (int s = 0; e->graphs && s <= e->cfg.n_layers; s++) {
+		e->be->ops->graph_free(e->be->ctx, e->graphs[s]);
+		e->graphs[s] = NULL;
+	}
+	e->graph_warm = false;
 }
 
 static int alloc_acts(struct engine *e)
@@ -327,6 +347,8 @@ void engine_free(struct engine *e)
 	release_w(e, &e->tok_embd);
 	release_w(e, &e->out_norm);
 	release_w(e, &e->output);
+	free_graphs(e);
+	free(e->graphs);
 	void *bufs[] = { e->x, e->xb, e->qkv, e->att, e->gu, e->fz, e->xo, e->logits,
 			 e->ids_b, e->pos_b, e->rows_b };
 	for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
@@ -437,6 +459,16 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 		engine_free(e);
 		return errmsg(err, errlen, ret, "cannot allocate activations for ubatch %d",
 			      o->ubatch ? o->ubatch : 256);
+	}
+	/* Graphs where the backend records them, unless FREEKV_CUDA_GRAPHS=0. */
+	const char *gv = getenv("FREEKV_CUDA_GRAPHS");
+	if (be->ops->graph_run && be->ops->graph_free && !(gv && !strcmp(gv, "0"))) {
+		e->graphs = calloc((size_t)m->cfg.n_layers + 1, sizeof *e->graphs);
+		if (!e->graphs) {
+			engine_free(e);
+			return errmsg(err, errlen, -ENOMEM, "out of memory");
+		}
+		e->gst.on = true;
 	}
 	if (pol->spec_rows) {
 		/* A step's rows run in one ubatch. */
@@ -643,6 +675,11 @@ int64_t engine_seq_len(const struct engine *e, int seq)
 	return e->policy->length(e->seqs[seq].kv);
 }
 
+void engine_graph_stats(const struct engine *e, struct engine_graph_stats *out)
+{
+	*out = e->gst;
+}
+
 int engine_seq_stats(const struct engine *e, int seq, struct kv_stats *out)
 {
 	if (!seq_ok(e, seq))
@@ -753,6 +790,85 @@ static int logits(struct engine *e, int64_t n_out)
 	    ?: (o->sync ? o->sync(c) : 0);
 }
 
+/* Layer L up to attention, on T rows: q, k, v = norm(x) . wqkv (+ bias), RoPE on q and k. */
+static int layer_head(struct engine *e, const struct engine_layer *L, int64_t T)
+{
+	const struct backend_ops *o = e->be->ops;
+	void *c = e->be->ctx;
+	const struct fkv_model_config *cf = &e->cfg;
+	int ret = o->rmsnorm(c, e->xb, e->x, &L->attn_norm, T, cf->dim, cf->norm_eps)
+	       ?: fused_matmul(e, &L->wqkv,
+			       (const struct backend_mat *const[]){ &L->wq, &L->wk, &L->wv },
+			       (float *const[]){ e->q, e->k, e->v }, 3, e->xb, T);
+	if (!ret && L->has_bias)
+		ret = o->add_bias(c, e->q, &L->bq, T) ?: o->add_bias(c, e->k, &L->bk, T)
+		   ?: o->add_bias(c, e->v, &L->bv, T);
+	return ret ?: o->rope(c, e->q, T, cf->n_heads, cf->head_dim, e->pos_b, &e->rope)
+		   ?: o->rope(c, e->k, T, cf->n_kv_heads, cf->head_dim, e->pos_b, &e->rope);
+}
+
+/* Segment s of a decode step of T rows, each of whose logits is wanted: the device work
+ * between two attentions, none of it reading the host. 0: the embedding and layer 0's head;
+ * s in [1, n_layers): layer s-1's tail and layer s's head; n_layers: the last layer's tail
+ * and the logits (no sync). */
+struct segment {
+	struct engine *e;
+	int s;
+	int64_t T;
+};
+
+static int graph_segment(void *arg)
+{
+	const struct segment *g = arg;
+	struct engine *e = g->e;
+	const struct backend_ops *o = e->be->ops;
+	void *c = e->be->ctx;
+	const int L = e->cfg.n_layers;
+	int ret = g->s ? layer_tail(e, &e->layers[g->s - 1], e->x, e->att, g->T)
+		       : o->embed(c, e->x, &e->tok_embd, e->ids_b, g->T);
+	if (ret || g->s < L)
+		return ret ?: layer_head(e, &e->layers[g->s], g->T);
+	return o->gather_rows(c, e->xo, e->x, e->cfg.dim, e->rows_b, g->T)
+	    ?: o->rmsnorm(c, e->xo, e->xo, &e->out_norm, g->T, e->cfg.dim, e->cfg.norm_eps)
+	    ?: o->matmul(c, e->logits, e->xo, &e->output, g->T);
+}
+
+/* A decode step through graphs: segment by segment, attention between them as plain ops. The
+ * first step of a shape runs plain (its workspaces grow then); later ones launch each segment's
+ * graph, recorded at first use and again when a buffer it holds moved. */
+static int run_step_graphs(struct engine *e, int64_t T, const struct piece *pc, int np)
+{
+	const struct backend_ops *o = e->be->ops;
+	void *c = e->be->ctx;
+	const int L = e->cfg.n_layers;
+	if (T != e->graph_T || e->buf_gen != e->graph_gen) {
+		free_graphs(e);
+		e->graph_T = T;
+		e->graph_gen = e->buf_gen;
+	}
+	int ret = 0;
+	for (int s = 0; s <= L && !ret; s++) {
+		struct segment g = { e, s, T };
+		if (!e->graph_warm) {
+			ret = graph_segment(&g);
+		} else {
+			int r = o->graph_run(c, &e->graphs[s], graph_segment, &g);
+			if (r < 0)
+				ret = r;
+			else if (r == 1)
+				e->gst.plain++;
+			else
+				e->gst.launched++, e->gst.recorded += r == 2;
+		}
+		if (!ret && s < L)
+			ret = layer_attention(e, s, pc, np);
+	}
+	if (ret)
+		return ret;
+	e->graph_warm = true;
+	return o->sync ? o->sync(c) : 0;
+}
+
 /* Runs one ubatch of T tokens (ids, positions and out_rows filled in on the host) through
  * every layer, then the logits of the n_out rows listed in out_rows into e->logits. */
 static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int np, int64_t n_out)
@@ -769,20 +885,14 @@ static int run_ubatch(struct engine *e, int64_t T, const struct piece *pc, int n
 	e->v = e->k + T * kvd;
 	int ret = o->upload(c, e->ids_b, e->ids, (size_t)T * i4)
 	       ?: o->upload(c, e->pos_b, e->pos, (size_t)T * i4)
-	       ?: (n_out ? o->upload(c, e->rows_b, e->out_rows, (size_t)n_out * i4) : 0)
-	       ?: o->embed(c, e->x, &e->tok_embd, e->ids_b, T);
+	       ?: (n_out ? o->upload(c, e->rows_b, e->out_rows, (size_t)n_out * i4) : 0);
+	/* A decode step (a row per piece, every row's logits wanted) goes through graphs. */
+	if (!ret && e->graphs && np == T && n_out == T)
+		return run_step_graphs(e, T, pc, np);
+	ret = ret ?: o->embed(c, e->x, &e->tok_embd, e->ids_b, T);
 	for (int l = 0; l < cf->n_layers && !ret; l++) {
 		const struct engine_layer *L = &e->layers[l];
-		ret = o->rmsnorm(c, e->xb, e->x, &L->attn_norm, T, dim, cf->norm_eps)
-		   ?: fused_matmul(e, &L->wqkv,
-				   (const struct backend_mat *const[]){ &L->wq, &L->wk, &L->wv },
-				   (float *const[]){ e->q, e->k, e->v }, 3, e->xb, T);
-		if (!ret && L->has_bias)
-			ret = o->add_bias(c, e->q, &L->bq, T) ?: o->add_bias(c, e->k, &L->bk, T)
-			   ?: o->add_bias(c, e->v, &L->bv, T);
-		ret = ret ?: o->rope(c, e->q, T, cf->n_heads, cf->head_dim, e->pos_b, &e->rope)
-		   ?: o->rope(c, e->k, T, cf->n_kv_heads, cf->head_dim, e->pos_b, &e->rope)
-		   ?: layer_attention(e, l, pc, np);
+		ret = layer_head(e, L, T) ?: layer_attention(e, l, pc, np);
 		if (ret || l < cf->n_layers - 1 || n_out == T) {
 			ret = ret ?: layer_tail(e, L, e->x, e->att, T);
 			continue;

@@ -106,6 +106,17 @@ int64_t engine_seq_len(const struct engine *e, int seq);
 /* The policy's statistics for a sequence; 0 or -EINVAL. */
 int engine_seq_stats(const struct engine *e, int seq, struct kv_stats *out);
 
+/* Graphs of decode steps (docs/design.md "The GPU decode step", CUDA Graphs): on where the
+ * backend records them (graph_run) and FREEKV_CUDA_GRAPHS is not 0. A decode step's device
+ * work between attentions runs as n_layers + 1 graphs, recorded on the second step of a batch
+ * shape and launched on every later one. Counts over the engine's life: segments launched as
+ * graphs, of them recorded first, and segments run as plain ops because recording failed. */
+struct engine_graph_stats {
+	bool on;
+	int64_t launched, recorded, plain;
+};
+void engine_graph_stats(const struct engine *e, struct engine_graph_stats *out);
+
 /* Appends n[i] tokens ids[i] to sequence seqs[i] for each of n_items distinct sequences and runs
  * the model over them, chunked into ubatches. logits (host) receives, per item in order, the
  * logits of its last token — (n_items, vocab) — or with all_logits every token's — (Σ n, vocab).
