@@ -2,7 +2,9 @@
  * "The GPU decode step", CUDA Graphs): the ops a function issues on the compute stream are
  * captured once (cudaStreamBeginCapture, thread-local mode, so the recall and offload threads
  * go on unhindered) into an executable graph, and later calls launch it whole — one launch for
- * dozens of kernels and GEMMs. A graph holds the addresses its kernels were given; it is
+ * dozens of kernels and GEMMs. Capture holds recall_mu: the recall ops, which other threads
+ * call, queue marks on the compute stream under it, and a capture would take those in. A
+ * graph holds the addresses its kernels were given; it is
  * recorded again once a workspace of the backend has moved (c->ws_gen), and the caller keys it
  * to its own buffers. While capturing, a workspace that would have to grow is refused
  * (cuda_ws_reserve: -EBUSY), which abandons the capture: the function then runs as plain ops,
@@ -44,13 +46,19 @@ int cuda_graph_run(void *ctx, struct backend_graph **g, int (*fn)(void *arg), vo
 	cuda_graph_free(c, *g);
 	*g = NULL;
 	const uint64_t gen = c->ws_gen;
-	if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+	/* A capture takes whatever any thread queues on the stream: the recall ops mark the
+	 * compute stream (rc_entry, order_after) with recall_mu held, so none may run now. */
+	pthread_mutex_lock(&c->recall_mu);
+	if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+		pthread_mutex_unlock(&c->recall_mu);
 		return run_plain(fn, arg);
+	}
 	c->capturing = true;
 	int ret = fn(arg);
 	c->capturing = false;
 	cudaGraph_t graph = NULL;
 	cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+	pthread_mutex_unlock(&c->recall_mu);
 	if (ret || e != cudaSuccess || !graph || gen != c->ws_gen) {
 		if (graph)
 			cudaGraphDestroy(graph);
