@@ -16,6 +16,7 @@
 
 #include "test_backend.h"
 #include "test_ref_model.h"
+#include "stories_test.h"
 #include "engine.h"
 #include "model.h"
 #include "sampler.h"
@@ -788,12 +789,8 @@ static void gr_gen(struct fkv_model *m, struct backend *be, int n, int steps, fl
 static void test_decode_graphs(void **state)
 {
 	(void)state;
-	const char *path = test_model_path("stories260K/stories260K.gguf");
-	if (!path)
-		skip();
 	struct fkv_model m;
-	char err[256];
-	assert_int_equal(model_load(path, &m, err, sizeof err), 0);
+	test_load_stories(&m);
 	struct backend *cpu;
 	assert_int_equal(backend_cpu_new(&cpu, 2), 0);
 	gr_real = cpu->ops;
@@ -858,12 +855,9 @@ static int pu_2048(void *ctx)
 static void test_default_ubatch(void **state)
 {
 	(void)state;
-	const char *path = test_model_path("stories260K/stories260K.gguf");
-	if (!path)
-		skip();
 	struct fkv_model m;
 	char err[256];
-	assert_int_equal(model_load(path, &m, err, sizeof err), 0);
+	test_load_stories(&m);
 	struct backend *cpu;
 	assert_int_equal(backend_cpu_new(&cpu, 1), 0);
 	struct backend_ops po = *cpu->ops;

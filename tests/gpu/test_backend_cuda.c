@@ -16,6 +16,7 @@
 #include "sampler.h"
 #include "synth.h"
 #include "gpu_model_test.h"
+#include "stories_test.h"
 
 static uint64_t rng = 0xc0dab1e5;
 
@@ -546,11 +547,8 @@ static void test_decode_graphs(void **state)
 {
 	(void)state;
 	char dir[] = "/tmp/freekv-test-graphs-XXXXXX";
-	const char *path = test_model_path("stories260K/stories260K.gguf");
 	struct fkv_model ms, m8;
-	char err[256];
-	if (!path || model_load(path, &ms, err, sizeof err))
-		fail_msg("stories260K: %s", path ? err : "not found");
+	test_load_stories(&ms);
 	gpu_test_synth_8b(dir, 2, 17, &m8);
 	const struct fkv_model *models[2] = { &ms, &m8 };
 	enum { N = 24 };

@@ -24,6 +24,7 @@
 #include "sampler.h"
 #include "synth.h"
 #include "gpu_model_test.h"
+#include "stories_test.h"
 
 static struct backend *cpu, *gpu;
 static struct hostkv *store;
@@ -106,13 +107,8 @@ static bool counts_agree(int64_t gpu_n, int64_t cpu_n, int bf16)
 static void test_stories_policies(void **state)
 {
 	(void)state;
-	const char *path = test_model_path("stories260K/stories260K.gguf");
-	if (!path)
-		skip();
 	struct fkv_model m;
-	char err[256];
-	if (model_load(path, &m, err, sizeof err))
-		fail_msg("model_load: %s", err);
+	test_load_stories(&m);
 	int32_t prompt[16];
 	uint64_t s = 4242;
 	prompt[0] = 1;
