@@ -11,7 +11,8 @@
  * logits, download); it prints per row the mean and median step time, the step's floor (weight
  * bytes + KV bytes read, over the device-to-device copy bandwidth measured here), the recall
  * traffic per step, the fraction of recall time hidden beside the step and the correction
- * rate, and the ratios freekv / streaming and quest / freekv when those policies ran.
+ * rate, the prefill's seconds and whether the decode steps ran through CUDA Graphs, and the
+ * ratios freekv / streaming, quest / freekv and full / freekv when those policies ran.
  *
  * The retrieval policies (streaming, quest, freekv) run on cuda like `full`: each sequence gets a
  * host copy in an embedded store sized for the run (the engine page-locks its pool for DMA
@@ -201,6 +202,8 @@ struct result {
 	double need_s;		/* with -ETIME: the time the run would have needed */
 	double prefill_s;	/* the batch's prefill, every sequence */
 	double step8_ms;	/* the first 8 timed steps' mean */
+	char graphs;		/* decode steps through CUDA Graphs: g, some plain (capture
+				 * failed): p, off: - */
 };
 
 /* One (shape, policy, batch) run into *r, or a negative errno with err; -ETIME when the run
@@ -320,6 +323,9 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 		double rt = (double)a.ns_recall_hidden + (double)a.ns_recall_wait;
 		r->hidden = rt > 0 ? a.ns_recall_hidden / rt : NAN;
 		r->corr = a.head_checks ? (double)a.corrections / a.head_checks : NAN;
+		struct engine_graph_stats gs;
+		engine_graph_stats(e, &gs);
+		r->graphs = gs.on ? (gs.plain ? 'p' : gs.launched ? 'g' : '-') : '-';
 	}
 out:
 	free(ids);
@@ -476,9 +482,9 @@ int main(int argc, char **argv)
 	printf("device: %s; d2d bandwidth %.0f GB/s; Llama-3.1-8B geometry, %d layers, vocab %d, "
 	       "bf16 (%.2f GB of weights); B=2048 S=W=512 p=32\n",
 	       prop.name, bw / 1e9, a.layers, a.vocab, wbytes / 1e9);
-	printf("%-12s %6s %6s %-10s %-6s %5s %9s %9s %9s %10s %7s %6s %9s\n", "shape", "ctx",
+	printf("%-12s %6s %6s %-10s %-6s %5s %9s %9s %9s %10s %7s %6s %9s %6s\n", "shape", "ctx",
 	       "gen", "policy", "recall", "batch", "mean_ms", "median_ms", "floor_ms", "recall_MB",
-	       "hidden", "corr", "prefill_s");
+	       "hidden", "corr", "prefill_s", "graphs");
 	int status = 0;
 	for (int si = 0; si < a.n_shapes; si++)
 		for (int bi = 0; bi < a.n_batches; bi++) {
@@ -525,9 +531,9 @@ int main(int argc, char **argv)
 					if (isnan(med[pi]))
 						med[pi] = r.median;
 					printf("%-12s %6d %6d %-10s %-6s %5d %9.3f %9.3f %9.3f %10.3f "
-					       "%7.3f %6.3f %9.1f\n", sh->name, sh->prompt, sh->gen, pol,
-					       rn, batch, r.mean, r.median, floor_ms, r.recall_mb, r.hidden,
-					       r.corr, r.prefill_s);
+					       "%7.3f %6.3f %9.1f %6c\n", sh->name, sh->prompt, sh->gen,
+					       pol, rn, batch, r.mean, r.median, floor_ms, r.recall_mb,
+					       r.hidden, r.corr, r.prefill_s, r.graphs);
 					fflush(stdout);
 				}
 			}
