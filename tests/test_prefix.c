@@ -209,7 +209,17 @@ static void test_kill_first_worker(void **state)
 	assert_int_equal(gen(&cold, hs.endpoint, g_p2, "cold", "full", noprefix), 0);
 	evict(hs.endpoint, "cold");
 	gen_start(&a, hs.endpoint, g_p1, "a", "100000", "full", NULL);
-	assert_true(p_read_ids(&a, 4) >= 4); /* its prompt is committed and published */
+	assert_true(p_read_ids(&a, 4) >= 4); /* its prompt is prefilled and committed */
+	/* Commits travel on a's ring and are published when kvstored takes them: wait for the
+	 * daemon to hold the 1792 tokens b shares with a (7 whole ubatches) before b looks. */
+	for (uint64_t t0 = clock_ms(); clock_ms() - t0 < 10000;) {
+		Freekv__Reply *r = show(hs.endpoint, "a");
+		uint64_t n = r->sequence->committed_tokens;
+		kvs_reply_free(r);
+		if (n >= 1792)
+			break;
+		usleep(20 * 1000);
+	}
 	gen_start(&b, hs.endpoint, g_p2, "b", N_GEN, "full", NULL);
 	assert_true(p_read_ids(&b, 2) >= 2); /* attached, decoding over a's pages */
 	assert_int_equal(kill(a.pid, SIGKILL), 0);
