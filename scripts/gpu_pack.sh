@@ -91,7 +91,7 @@ find "$tmp/bin" -type f -exec gzip -9 -n {} +
 # such as cuBLAS's own dependencies, is not packed).
 declare -A where=() packed=() behind=()
 for b in "${BINS[@]}"; do
-  if ldd "$BUILD/$b" | grep -q 'not found'; then
+  if grep -q 'not found' <<<"$(ldd "$BUILD/$b")"; then
     ldd "$BUILD/$b" | grep 'not found' >&2
     die "$b has unresolved libraries here"
   fi

@@ -30,7 +30,7 @@ if [ "$MODE" = deb ]; then
   for lib in libzmq5 libprotobuf-c1 liburing2 libopenblas0; do
     grep -q "$lib" <<<"$ctl" || bad "Depends lacks $lib: $ctl"
   done
-  dpkg-deb -I "$deb" postinst | grep -q 'systemd-sysusers freekv.conf' || bad "no postinst creating the user"
+  grep -q 'systemd-sysusers freekv.conf' <<<"$(dpkg-deb -I "$deb" postinst)" || bad "no postinst creating the user"
   dpkg-deb -x "$deb" "$D"
 else
   DESTDIR=$D cmake --install "$B" >"$D.log" 2>&1 || { cat "$D.log"; rm -f "$D.log"; exit 1; }

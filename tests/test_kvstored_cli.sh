@@ -24,14 +24,15 @@ expect 2 "nosuch" --set nosuch=1
 expect 2 "dram_bytes" --set dram_bytes=lots
 expect 2 "/nonexistent/kvstored.conf" --config /nonexistent/kvstored.conf
 expect 0 "foreground" --help
-if "$K" --help | grep -q -- "--foreground"; then
+# (grep reads whole outputs here: with pipefail, grep -q quitting early can fail the pipeline)
+if grep -q -- "--foreground" <<<"$("$K" --help)"; then
   echo "FAIL: kvstored --help lists --foreground"; fail=1
 fi
 expect 0 "dram_bytes" --print-config
 
 # A pool larger than the memlock limit: the error names the limit and what to change. Without
 # CAP_IPC_LOCK (dropped here, since root's mlock ignores the limit) and with a 1 MiB limit.
-if ldd "$K" 2>/dev/null | grep -q libasan; then
+if grep -q libasan <<<"$(ldd "$K" 2>/dev/null)"; then
   echo "skip: memlock limit check: an AddressSanitizer build (its mlock does nothing)"
 elif command -v setpriv >/dev/null; then
   out=$(setpriv --bounding-set -ipc_lock --inh-caps -ipc_lock timeout 20 bash -c "ulimit -l 1024; exec '$K' \

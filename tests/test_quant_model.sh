@@ -40,7 +40,7 @@ q8=$tmp/stories260K-q8_0.gguf
 
 info=$("$kvw" info -m "$q8")
 echo "$info" | grep -E '^tensors:'
-echo "$info" | grep -qE '^tensors: .*Q8_0 [0-9]+' || { echo "FAIL: kvworker info lists no Q8_0 tensors"; exit 1; }
+grep -qE '^tensors: .*Q8_0 [0-9]+' <<<"$info" || { echo "FAIL: kvworker info lists no Q8_0 tensors"; exit 1; }
 
 run() { "$kvw" "$@" --backend cpu -t 2; }
 g_f32=$(run generate -m "$f32" -p "Once upon a time" -n 16 --temp 0 --ids)

@@ -303,7 +303,7 @@ if [ -x "$BIN/$PROBE" ]; then
   case $? in 0) device=yes ;; 77) device=no ;; esac
 fi
 # A probe that failed for another reason (a library, a test bug) leaves the driver's word.
-if [ "$device" = unknown ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if [ "$device" = unknown ] && grep -q '^GPU ' <<<"$(nvidia-smi -L 2>/dev/null)"; then
   device=yes
 fi
 
