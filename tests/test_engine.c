@@ -844,42 +844,6 @@ static void test_decode_graphs(void **state)
 	model_free(&m);
 }
 
-static int pu_2048(void *ctx)
-{
-	(void)ctx;
-	return 2048;
-}
-
-/* The ubatch when the caller names none: the backend's preferred_ubatch, at most the context
- * limit past 256; 256 without the op; a named one as named. */
-static void test_default_ubatch(void **state)
-{
-	(void)state;
-	struct fkv_model m;
-	char err[256];
-	test_load_stories(&m);
-	struct backend *cpu;
-	assert_int_equal(backend_cpu_new(&cpu, 1), 0);
-	struct backend_ops po = *cpu->ops;
-	po.preferred_ubatch = pu_2048;
-	struct backend pb = { &po, cpu->ctx };
-	const struct { struct backend *be; int64_t ctx; int ub, want; } cases[] = {
-		{ cpu, 4096, 0, 256 }, { &pb, 4096, 0, 2048 }, { &pb, 1000, 0, 1000 },
-		{ &pb, 64, 0, 256 },   { &pb, 4096, 32, 32 },
-	};
-	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-		struct engine_opts o = { .max_ctx = cases[i].ctx, .ubatch = cases[i].ub,
-					 .max_seqs = 2 };
-		struct engine *e;
-		if (engine_new(&e, &m, cases[i].be, &o, err, sizeof err))
-			fail_msg("engine_new: %s", err);
-		assert_int_equal(engine_ubatch(e), cases[i].want);
-		engine_free(e);
-	}
-	backend_free(cpu);
-	model_free(&m);
-}
-
 int main(int argc, char **argv)
 {
 	static bool small = false, big = true;
@@ -891,7 +855,6 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_batch_matches_alone),
 		cmocka_unit_test(test_fused_projections),
 		cmocka_unit_test(test_decode_graphs),
-		cmocka_unit_test(test_default_ubatch),
 		cmocka_unit_test(test_limits_and_bad_input),
 		cmocka_unit_test(test_stories_vs_reference),
 		cmocka_unit_test(test_stories_gguf_vs_hf),

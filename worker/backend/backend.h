@@ -410,10 +410,6 @@ struct backend_ops {
 	/* (optional, with graph_run) Frees a graph of graph_run. Safe on NULL. */
 	void (*graph_free)(void *ctx, struct backend_graph *g);
 
-	/* (optional) The rows per forward chunk (ubatch) this backend runs prefill best at, for
-	 * callers that name none; without it, 256. */
-	int (*preferred_ubatch)(void *ctx);
-
 	/* (optional) Waits until every queued op has finished (store_rows included). */
 	int (*sync)(void *ctx);
 	/* (optional) Sets the number of compute threads. */

@@ -469,17 +469,6 @@ static bool prefill_mma_on(void)
 	return cpu_switch_on(&on, "FREEKV_CUDA_PREFILL_MMA");
 }
 
-/* 2048 rows: prefill attention's grid is (query tiles of 64 rows) x heads, so a 256-row chunk
- * gives Llama-3.1-8B 128 blocks, under one an SM of an H100/H200 each walking the whole
- * context alone — a 32K prompt prefilled in 41 s on an H200 (bench/RESULTS.md) — where 2048
- * rows give 1024 blocks; the GEMMs' M grows with it, and the activations stay well under a
- * GiB for 8B models. */
-static int cuda_preferred_ubatch(void *ctx)
-{
-	(void)ctx;
-	return 2048;
-}
-
 static int cuda_attn_prefill(void *ctx, float *out, const float *q, int64_t n_q, const void *k,
 			     const void *v, int64_t n_ctx, const struct backend_attn *a)
 {
@@ -1087,7 +1076,6 @@ static const struct backend_ops cuda_ops = {
 	.kivi_quant = cuda_kivi_quant,
 	.kivi_dequant = cuda_kivi_dequant,
 	.attn_kivi = cuda_attn_kivi,
-	.preferred_ubatch = cuda_preferred_ubatch,
 	.graph_run = cuda_graph_run,
 	.graph_free = cuda_graph_free,
 	.sync = cuda_sync,

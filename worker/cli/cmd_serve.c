@@ -85,7 +85,7 @@ static void usage(FILE *f)
 		"      --max-queue N         requests that wait for a slot beyond those (default\n"
 		"                            64); more are refused with -EBUSY\n"
 		"  -c, --ctx-size N          context limit in tokens (default: the model's)\n"
-		"      --ubatch N            tokens per forward chunk (default 256; CUDA 2048)\n"
+		"      --ubatch N            tokens per forward chunk (default 256)\n"
 		"      --max-request-bytes N larger request frames are refused (default 1048576)\n"
 		"      --name NAME           worker name shown by `kvctl workers`\n"
 		"      --metrics HOST:PORT   serve Prometheus /metrics there (loopback only)\n"

@@ -277,17 +277,6 @@ static int alloc_logits(struct engine *e, int64_t rows)
 	return 0;
 }
 
-/* Rows per forward chunk when the caller names none: the backend's preference (the CUDA
- * backend's fills the device with prefill attention's query tiles), else 256; past 256 never
- * more than the context limit. */
-static int default_ubatch(const struct backend *be, int64_t max_ctx)
-{
-	int u = be->ops->preferred_ubatch ? be->ops->preferred_ubatch(be->ctx) : 256;
-	if (u > 256 && u > max_ctx)
-		u = max_ctx > 256 ? (int)max_ctx : 256;
-	return u > 0 ? u : 256;
-}
-
 static void free_graphs(struct engine *e)
 {
 	for (int s = 0; e->graphs && s <= e->cfg.n_layers; s++) {
@@ -428,7 +417,7 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	e->policy = pol;
 	e->cfg = m->cfg;
 	e->max_ctx = o->max_ctx ? o->max_ctx : (m->cfg.ctx_len > 0 ? m->cfg.ctx_len : 2048);
-	e->ubatch = o->ubatch ? o->ubatch : default_ubatch(be, e->max_ctx);
+	e->ubatch = o->ubatch ? o->ubatch : 256;
 	e->progress = o->progress;
 	e->progress_ctx = o->progress_ctx;
 	e->max_seqs = o->max_seqs ? o->max_seqs : 64;
@@ -469,7 +458,7 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 	if (ret) {
 		engine_free(e);
 		return errmsg(err, errlen, ret, "cannot allocate activations for ubatch %d",
-			      e->ubatch);
+			      o->ubatch ? o->ubatch : 256);
 	}
 	/* Graphs where the backend records them, unless FREEKV_CUDA_GRAPHS=0. */
 	const char *gv = getenv("FREEKV_CUDA_GRAPHS");

@@ -33,9 +33,7 @@
 
 struct engine_opts {
 	int64_t max_ctx;	/* tokens per sequence; 0 = the model's trained context */
-	int ubatch;		/* tokens per forward chunk (prefill chunk size); 0 = the
-				 * backend's preferred_ubatch (CPU 256, CUDA 2048), at most the
-				 * context limit past 256 */
+	int ubatch;		/* tokens per forward chunk (prefill chunk size); 0 = 256 */
 	int max_seqs;		/* concurrent sequences; 0 = 64 */
 	const char *policy;	/* KV policy name; NULL = "full" */
 	/* Passed to the policy of every sequence; page, budget, sink and window all 0 take the
