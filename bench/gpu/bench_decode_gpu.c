@@ -27,6 +27,7 @@
  *
  * usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|both] [--batch LIST]
  *                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--layers N]
+ *                         [--ubatch N]
  *                         [--budget S]
  *   --policies  a row each; POLICY:TAU sets tau (default 0.9; freekv:0 corrects every step);
  *   POLICY+nospec, +frag, +single add the Fig. 8 ablations
@@ -36,7 +37,8 @@
  *   registered pool), staged (host copies first)
  *   defaults: both shapes (long-input: 32768 prompt, 256 generated; long-gen: 600 prompt,
  *   4096 generated), batch 1, policies full,streaming,quest,freekv;
- *   --gen / --ctx replace every chosen shape's generated / prompt length;
+ *   --gen / --ctx replace every chosen shape's generated / prompt length; --ubatch N the
+ *   prefill chunk (default the engine's 256: 2048 gives prefill attention 8x the blocks);
  *   --quick  4 layers, vocab 32000, one shape: 2048 prompt, 32 generated, batch 1 and 4 */
 #include <errno.h>
 #include <math.h>
@@ -80,6 +82,7 @@ struct args {
 };
 
 static uint64_t rng = 0x8b8b8b8bULL;
+static int ubatch_rows; /* --ubatch: rows per prefill chunk, 0 = the engine's default */
 
 static uint16_t rnd_bf16(float scale)
 {
@@ -217,6 +220,7 @@ static int run(const struct fkv_model *m, struct backend *be, const struct shape
 	struct hostkv *hk = NULL;
 	struct hostkv_seq *hs[MAX_LIST * 2] = { 0 };
 	struct engine_opts o = { .max_ctx = sh->prompt + sh->gen + 1, .max_seqs = batch,
+				 .ubatch = ubatch_rows,
 				 .kv = { .page = 32, .budget = 2048, .sink = 512, .window = 512,
 					 .full_layers = 1, .tau = 0.9f, .recall_path = recall } };
 	char base[32];
@@ -390,6 +394,10 @@ static int parse(int argc, char **argv, struct args *a)
 			a->layers = atoi(v);
 			if (a->layers <= 0 || a->layers > 32)
 				return -1;
+		} else if (!strcmp(argv[i - 1], "--ubatch")) {
+			ubatch_rows = atoi(v);
+			if (ubatch_rows <= 0 || ubatch_rows > 65536)
+				return -1;
 		} else if (!strcmp(argv[i - 1], "--batch") || !strcmp(argv[i - 1], "--batches")) {
 			if ((a->n_batches = parse_list(v, a->batches)) <= 0)
 				return -1;
@@ -457,7 +465,7 @@ int main(int argc, char **argv)
 	if (parse(argc, argv, &a)) {
 		fprintf(stderr, "usage: bench_decode_gpu [--quick] [--shape long-input|long-gen|"
 				"both] [--batch LIST] [--policies LIST] [--recall mapped,dma,staged] "
-				"[--gen N >= 8] [--ctx N] [--layers N] [--budget S]\n");
+				"[--gen N >= 8] [--ctx N] [--layers N] [--ubatch N] [--budget S]\n");
 		return 2;
 	}
 	const double deadline = clock_ms_f() + a.budget_s * 1e3;

@@ -21,7 +21,8 @@
 #   bench_decode   bench_decode_gpu (Llama-3.1-8B geometry, per policy); its rows: step time
 #              (mean, median), the floor (weights + KV read over measured HBM bandwidth), recall
 #              MB per step, the hidden fraction of recall and the correction rate. Picked with
-#              --shape long-input|long-gen|both, --batch LIST, --policies LIST, --recall LIST
+#              --shape long-input|long-gen|both, --batch LIST, --policies LIST, --ubatch N,
+#              --recall LIST
 #              (mapped: the zero-copy gather kernel, the default; dma: batched copies from
 #              the registered pool; staged: host copies first; a row each), --gen N, --ctx N and --budget S
 #              (seconds of runs: a run that would overrun is skipped and said so, every printed
@@ -46,7 +47,8 @@
 # usage or setup error.
 # Usage: bench/gpu/run.sh [--pack DIR | --build DIR | BUILD_DIR] [--steps LIST] [--only REGEX]
 #                         [--deadline S] [--work DIR] [--shape S] [--batch LIST]
-#                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--budget S]
+#                         [--policies LIST] [--recall LIST] [--gen N] [--ctx N] [--ubatch N]
+#                         [--budget S]
 #        bench/gpu/run.sh --list-binaries   (what gpu_pack.sh must pack, relative to the build)
 set -uo pipefail
 
@@ -86,7 +88,7 @@ while [ $# -gt 0 ]; do
   --only) only=${2:?--only needs a regex}; shift ;;
   --deadline) deadline=${2:?--deadline needs seconds}; shift ;;
   --work) WORK=${2:?--work needs a directory}; shift ;;
-  --shape | --batch | --policies | --gen | --ctx | --recall)
+  --shape | --batch | --policies | --gen | --ctx | --recall | --ubatch)
     BENCH_FLAGS+=("$1" "${2:?$1 needs a value}"); shift ;;
   --budget) budget=${2:?--budget needs seconds}; shift ;;
   -h | --help) usage ;;
