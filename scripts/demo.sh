@@ -67,7 +67,7 @@ else
   # Retrieval settings sized for the model's short context: pages of 8 tokens, a budget of 64
   # (sink 8, window 16): past 64 tokens every decode step attends to 64 of them.
   policy=full
-  if "$KVWORKER" generate --help | grep -q "policies built:.*freekv"; then policy=freekv; fi
+  if grep -q "policies built:.*freekv" <<<"$("$KVWORKER" generate --help)"; then policy=freekv; fi
   kv=(--policy "$policy" --page-size 8 --budget 64 --sink 8 --window 16 --temp 0 -t 1)
   prompt_a="Once upon a time"
   prompt_b="Lily and Tom went to the park"
@@ -90,7 +90,7 @@ else
   kill -KILL "$pid_a"; wait "$pid_a" 2>/dev/null || true
   echo "worker A printed $(wc -w <"$tmp/a.out") tokens before it died"
   for _ in $(seq 100); do
-    ctl ls | grep -q "story-a.*orphaned" && break
+    grep -q "story-a.*orphaned" <<<"$(ctl ls)" && break
     sleep 0.02
   done
   ctl ls
