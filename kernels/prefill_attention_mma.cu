@@ -30,11 +30,32 @@ static __host__ __device__ size_t pm_round(size_t b)
 	return (b + 127) / 128 * 128;
 }
 
+// Where each section starts, and the bytes in all: one description for the launch's size and
+// the kernel's pointers.
+struct pm_layout {
+	size_t q, k, v, s, p, o, mx, sum, corr, bytes;
+};
+
+static __host__ __device__ pm_layout pm_layout_of(int d)
+{
+	pm_layout l;
+	size_t at = 0;
+	l.q = at, at += pm_round((size_t)PM_BQ * d * 2);
+	l.k = at, at += pm_round((size_t)PM_BK * d * 2);
+	l.v = at, at += pm_round((size_t)PM_BK * d * 2);
+	l.s = at, at += pm_round((size_t)PM_BQ * PM_BK * 4);
+	l.p = at, at += pm_round((size_t)PM_BQ * PM_BK * 2);
+	l.o = at, at += pm_round((size_t)PM_BQ * d * 4);
+	l.mx = at, at += pm_round((size_t)PM_BQ * 4);
+	l.sum = at, at += pm_round((size_t)PM_BQ * 4);
+	l.corr = at, at += pm_round((size_t)PM_BQ * 4);
+	l.bytes = at;
+	return l;
+}
+
 static size_t pm_smem_bytes(int d)
 {
-	return pm_round((size_t)PM_BQ * d * 2) + 2 * pm_round((size_t)PM_BK * d * 2) +
-	       pm_round((size_t)PM_BQ * PM_BK * 4) + pm_round((size_t)PM_BQ * PM_BK * 2) +
-	       pm_round((size_t)PM_BQ * d * 4) + 3 * pm_round((size_t)PM_BQ * 4);
+	return pm_layout_of(d).bytes;
 }
 
 template <typename T>
@@ -50,24 +71,12 @@ prefill_mma_kernel(float *__restrict__ out,	// (n_q, n_heads, d)
 	const int w = tid >> 5, lane = tid & 31;
 	const int q0 = blockIdx.x * PM_BQ, nq = min(PM_BQ, n_q - q0);
 	const int off = n_ctx - n_q; // query i sits at position off + i
-	unsigned char *p = pm_sm;
-	T *qs = (T *)p;
-	p += pm_round((size_t)PM_BQ * d * 2);
-	T *ks = (T *)p;
-	p += pm_round((size_t)PM_BK * d * 2);
-	T *vs = (T *)p;
-	p += pm_round((size_t)PM_BK * d * 2);
-	float *ss = (float *)p;
-	p += pm_round((size_t)PM_BQ * PM_BK * 4);
-	T *ps = (T *)p;
-	p += pm_round((size_t)PM_BQ * PM_BK * 2);
-	float *os = (float *)p;
-	p += pm_round((size_t)PM_BQ * d * 4);
-	float *mx = (float *)p;
-	p += pm_round((size_t)PM_BQ * 4);
-	float *sum = (float *)p;
-	p += pm_round((size_t)PM_BQ * 4);
-	float *corr = (float *)p;
+	const pm_layout L = pm_layout_of(d);
+	T *qs = (T *)(pm_sm + L.q), *ks = (T *)(pm_sm + L.k), *vs = (T *)(pm_sm + L.v);
+	T *ps = (T *)(pm_sm + L.p);
+	float *ss = (float *)(pm_sm + L.s), *os = (float *)(pm_sm + L.o);
+	float *mx = (float *)(pm_sm + L.mx), *sum = (float *)(pm_sm + L.sum);
+	float *corr = (float *)(pm_sm + L.corr);
 
 	for (int e = tid; e < PM_BQ * d; e += PM_THREADS) {
 		const int r = e / d, c = e - r * d;
