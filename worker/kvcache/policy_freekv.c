@@ -46,17 +46,23 @@ static int freekv_before(struct paged *s, struct paged_layer *L, const float *q,
 		return paged_recall_now(s, L, L->units_c, n);
 	}
 	/* The check runs on the backend; its n_kv cosines are the one result the compute thread
-	 * waits for, because a flagged head's recall must land before this step's attention. */
+	 * waits for, because a flagged head's recall must land before this step's attention.
+	 * Where no cosine can change the outcome it is not computed, and nothing is waited for:
+	 * tau 0 flags no head, tau > 1 every head (a cosine is at most 1), and --no-speculation
+	 * (quest's step) every head. */
+	const float tau = s->p.opts.tau;
+	const bool every = s->p.opts.no_speculation || tau > 1.0f;
 	float cos[H];
-	struct backend *be = s->p.be;
-	ret = be->ops->group_cosine(be->ctx, L->dcos, q, L->dq, s->g.n_q, H, s->g.d)
-	   ?: be->ops->download(be->ctx, cos, L->dcos, sizeof cos);
-	if (ret)
-		return ret;
+	if (!every && tau > 0.0f) {
+		struct backend *be = s->p.be;
+		ret = be->ops->group_cosine(be->ctx, L->dcos, q, L->dq, s->g.n_q, H, s->g.d)
+		   ?: be->ops->download(be->ctx, cos, L->dcos, sizeof cos);
+		if (ret)
+			return ret;
+	}
 	int flagged = 0;
-	const bool every = s->p.opts.no_speculation; /* quest's step: every head, every step */
 	for (int h = 0; h < H; h++) {
-		L->spec_heads[h] = !every && !(s->p.opts.tau > 0.0f && cos[h] < s->p.opts.tau);
+		L->spec_heads[h] = !every && !(tau > 0.0f && cos[h] < tau);
 		flagged += !L->spec_heads[h];
 	}
 	L->st.head_checks += H;
