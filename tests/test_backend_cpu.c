@@ -7,9 +7,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sys/mman.h>
 
 #include "cpu_dot16.h"
 #include "cpu_gemm.h"
+#include "cpu_wmem.h"
 #include "layout.h"
 #include "test_backend.h"
 
@@ -263,6 +265,7 @@ static void test_matmul_all_16bit_patterns(void **state)
 				fail_msg("%s pattern 0x%04x (8 lanes): got %g, want %g",
 					 dtype_name(dtypes[t]), i, y[i], want);
 		}
+		be->ops->weight_release(be->ctx, &m);
 	}
 	free(w8);
 	free(w);
@@ -431,6 +434,7 @@ static void test_embed_gather_convert(void **state)
 			for (int j = 0; j < dim; j++)
 				ref[i * dim + j] = e64[ids[i] * dim + j];
 		assert_true(nerr(out, ref, 4 * dim) == 0.0);
+		be->ops->weight_release(be->ctx, &m);
 		free(e);
 		free(e64);
 	}
@@ -1148,6 +1152,120 @@ static void test_round_to(void **state)
 	assert_int_equal(be->ops->round_to(be->ctx, &y, 1, (enum fkv_dtype)7), -EINVAL);
 }
 
+/* Weights in huge pages (cpu_wmem.h): where the kernel has transparent huge pages, weight_load
+ * copies a matrix (and weight_concat stacks its parts) into an arena advised for them, and
+ * matmul gives the bits it gives on the model's own mapping; vectors and weight_load_rows
+ * (embed) keep the mapping. Without them (or with the switch off) nothing is copied. */
+static void test_weights_huge_pages(void **state)
+{
+	(void)state;
+	const int64_t rows = 333, cols = 96, n = 3;
+	for (size_t t = 0; t < 3; t++) {
+		double *w64;
+		void *w = rand_typed(dtypes[t], rows * cols, &w64);
+		float *x = randv(n * cols, 1.0f);
+		float *y_map = malloc((size_t)(n * rows) * sizeof *y_map);
+		float *y_huge = malloc((size_t)(n * rows) * sizeof *y_huge);
+		assert_true(y_map && y_huge);
+		struct fkv_tensor src = { .data = w, .dtype = dtypes[t], .n_dims = 2,
+					  .shape = { rows, cols } };
+		struct backend_mat m;
+		cpu_wmem_enable(false);
+		assert_int_equal(be->ops->weight_load(be->ctx, &src, &m), 0);
+		assert_ptr_equal(m.data, w);
+		for (int64_t k = 1; k <= n; k++) /* the dot path (1, 2 rows) and the tiles (3) */
+			assert_int_equal(be->ops->matmul(be->ctx, y_map, x, &m, k), 0);
+		be->ops->weight_release(be->ctx, &m);
+		cpu_wmem_enable(true);
+		assert_int_equal(be->ops->weight_load(be->ctx, &src, &m), 0);
+		if (cpu_wmem_usable()) {
+			assert_true(m.data != w && m.priv);
+			assert_int_equal((uintptr_t)m.data % 64, 0);
+			assert_memory_equal(m.data, w, (size_t)(rows * cols) * dtype_size(dtypes[t]));
+		}
+		for (int64_t k = 1; k <= n; k++)
+			assert_int_equal(be->ops->matmul(be->ctx, y_huge, x, &m, k), 0);
+		assert_memory_equal(y_huge, y_map, (size_t)(n * rows) * sizeof *y_map);
+		be->ops->weight_release(be->ctx, &m);
+		/* Read by rows, or a vector: the mapping. */
+		assert_int_equal(be->ops->weight_load_rows(be->ctx, &src, &m), 0);
+		assert_ptr_equal(m.data, w);
+		be->ops->weight_release(be->ctx, &m);
+		struct fkv_tensor vec = { .data = w, .dtype = dtypes[t], .n_dims = 1,
+					  .shape = { cols, 1 } };
+		assert_int_equal(be->ops->weight_load(be->ctx, &vec, &m), 0);
+		assert_ptr_equal(m.data, w);
+		be->ops->weight_release(be->ctx, &m);
+		/* A concatenation holds the parts back to back, wherever it lies. */
+		const struct fkv_tensor *parts[] = { &src, &src };
+		assert_int_equal(be->ops->weight_concat(be->ctx, parts, 2, &m), 0);
+		const size_t part = (size_t)(rows * cols) * dtype_size(dtypes[t]);
+		assert_memory_equal(m.data, w, part);
+		assert_memory_equal((const char *)m.data + part, w, part);
+		be->ops->weight_release(be->ctx, &m);
+		free(w);
+		free(w64);
+		free(x);
+		free(y_map);
+		free(y_huge);
+	}
+}
+
+/* Whether the page at p is mapped (mincore fails with ENOMEM on an unmapped range). */
+static bool mapped(const void *p)
+{
+	unsigned char v;
+	void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+	return mincore(page, 4096, &v) == 0;
+}
+
+/* The arena: 64-byte-aligned pieces packed into CPU_WMEM_CHUNK chunks (the first piece of a
+ * chunk on a huge-page boundary), a piece larger than a chunk in a mapping of its own, and a
+ * chunk unmapped once the arena has moved past it and its last piece is put, not before. */
+static void test_wmem_arena(void **state)
+{
+	(void)state;
+	struct cpu_wmem *a;
+	assert_int_equal(cpu_wmem_new(&a), 0);
+	const size_t piece = CPU_WMEM_CHUNK / 3 - 100; /* three fit a chunk, rounded to 64 */
+	struct cpu_wmem_chunk *ch[5];
+	char *p[5];
+	for (int i = 0; i < 3; i++) {
+		p[i] = cpu_wmem_alloc(a, piece, &ch[i]);
+		assert_non_null(p[i]);
+		assert_int_equal((uintptr_t)p[i] % 64, 0);
+		memset(p[i], i + 1, piece); /* writable, all of it */
+	}
+	assert_int_equal((uintptr_t)p[0] % CPU_WMEM_HUGE, 0);
+	assert_ptr_equal(ch[0], ch[1]);
+	assert_ptr_equal(ch[1], ch[2]);
+	assert_ptr_equal(p[1], p[0] + (piece + 63) / 64 * 64);
+	p[3] = cpu_wmem_alloc(a, piece, &ch[3]); /* no room left: the next chunk */
+	assert_non_null(p[3]);
+	assert_true(ch[3] != ch[0]);
+	assert_int_equal((uintptr_t)p[3] % CPU_WMEM_HUGE, 0);
+	p[4] = cpu_wmem_alloc(a, CPU_WMEM_CHUNK + 1, &ch[4]); /* a mapping of its own */
+	assert_non_null(p[4]);
+	assert_true(ch[4] != ch[3]);
+	memset(p[4], 7, CPU_WMEM_CHUNK + 1);
+	struct cpu_wmem_chunk *c5;
+	char *p5 = cpu_wmem_alloc(a, 64, &c5); /* the arena stayed on its chunk */
+	assert_ptr_equal(c5, ch[3]);
+	assert_null(cpu_wmem_alloc(a, 0, &c5));
+	cpu_wmem_put(a, ch[0]);
+	cpu_wmem_put(a, ch[1]);
+	assert_true(mapped(p[2]) && p[2][piece - 1] == 3);
+	cpu_wmem_put(a, ch[2]); /* the first chunk's last piece: gone */
+	assert_false(mapped(p[0]));
+	cpu_wmem_put(a, ch[4]);
+	assert_false(mapped(p[4]));
+	cpu_wmem_put(a, ch[3]);
+	assert_true(mapped(p5)); /* still the arena's current chunk */
+	cpu_wmem_put(a, c5);
+	cpu_wmem_free(a);
+	assert_false(mapped(p[3]));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1170,6 +1288,8 @@ int main(void)
 		cmocka_unit_test(test_threads_bitwise),
 		cmocka_unit_test(test_store_rows),
 		cmocka_unit_test(test_round_to),
+		cmocka_unit_test(test_weights_huge_pages),
+		cmocka_unit_test(test_wmem_arena),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -961,6 +961,53 @@ static void test_gguf_rope_freqs(void **state)
 	rm_tmpdir();
 }
 
+/* Rss of the mapping that holds p, from /proc/self/smaps (kB); -1 when not found. */
+static long mapping_rss_kb(const void *p)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	assert_non_null(f);
+	char line[512];
+	bool in = false;
+	long rss = -1;
+	while (fgets(line, sizeof line, f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+			in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+			continue;
+		}
+		if (in && sscanf(line, "Rss: %ld kB", &rss) == 1)
+			break;
+	}
+	fclose(f);
+	return rss;
+}
+
+/* model_drop_pages: the file mappings' pages leave the process (their Rss drops to 0), the
+ * tensors read the same bytes afterwards; a HF folder's safetensors shards likewise. */
+static void test_drop_pages(void **state)
+{
+	(void)state;
+	if (!gguf_path[0] || !hf_dir[0])
+		skip();
+	const char *paths[] = { gguf_path, hf_dir };
+	for (int i = 0; i < 2; i++) {
+		struct fkv_model m;
+		load_ok(paths[i], &m);
+		const struct fkv_tensor *t = &m.layers[0].w_gate;
+		const size_t n = model_tensor_bytes(t);
+		uint8_t *before = malloc(n);
+		assert_non_null(before);
+		memcpy(before, t->data, n); /* touched: resident */
+		assert_true(mapping_rss_kb(t->data) > 0);
+		model_drop_pages(&m);
+		assert_int_equal(mapping_rss_kb(t->data), 0);
+		assert_memory_equal(t->data, before, n);
+		assert_true(mapping_rss_kb(t->data) > 0); /* read back from the page cache */
+		free(before);
+		model_free(&m);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -971,6 +1018,7 @@ int main(void)
 		cmocka_unit_test(test_load_fuzz),
 		cmocka_unit_test(test_gguf_qwen2),
 		cmocka_unit_test(test_gguf_rope_freqs),
+		cmocka_unit_test(test_drop_pages),
 	};
 	return cmocka_run_group_tests(tests, setup, NULL);
 }

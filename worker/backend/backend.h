@@ -159,6 +159,10 @@ struct backend_ops {
 	/* Weights: make a model tensor resident / release it. */
 	int (*weight_load)(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst);
 	void (*weight_release)(void *ctx, struct backend_mat *w);
+	/* (optional) weight_load for a weight only embed reads (a row per token): a backend may
+	 * leave it where it lies where weight_load would copy it (the CPU backend's huge pages).
+	 * Without it, weight_load. */
+	int (*weight_load_rows)(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst);
 	/* (optional) Makes n model tensors of one dtype and one column count resident as one
 	 * weight, stacked by rows (the fused QKV and gate/up GEMMs of docs/design.md "The GPU
 	 * decode step": one matmul gives a token's [q | k | v] row). The backend owns the copy

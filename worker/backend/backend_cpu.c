@@ -1,7 +1,8 @@
 /* backend_cpu — the reference backend: f32 compute on the host with OpenBLAS and OpenMP.
  *
- * Buffers are plain heap memory, weights are borrowed from the model mapping (weight_load copies
- * nothing). 16-bit weights are converted on the fly: a product with one row (decode) runs a
+ * Buffers are plain heap memory. Weight matrices are copied into huge pages where the kernel
+ * has them (cpu_wmem.h), else borrowed from the model mapping, as are vectors and weights read
+ * by rows (weight_load_rows: the embedding). 16-bit weights are converted on the fly: a product with one row (decode) runs a
  * direct dot loop that converts a short chunk of a weight row at a time; a larger product
  * converts blocks of weight rows to f32 tiles and hands each to sgemm. Attention works in
  * units of query rows that share a KV head (a GQA group, or several queries' groups in
@@ -17,6 +18,7 @@
 #include "cpu_dot16.h"
 #include "cpu_gemm.h"
 #include "cpu_q4k.h"
+#include "cpu_wmem.h"
 #include "cpu_qdot8.h"
 #include "cpu_quant.h"
 #include "layout.h"
@@ -126,6 +128,7 @@ __attribute__((always_inline)) static inline v8f cvt8(const uint16_t *p, enum fk
 static void cpu_free(void *ctx)
 {
 	struct cpu_ctx *c = ctx;
+	cpu_wmem_free(c->wmem);
 	free(c->scratch);
 	free(c->slot_spans);
 	free(c->slot_src);
@@ -189,9 +192,53 @@ static int cpu_split_cols(void *ctx, float *const *dst, const int64_t *cols, int
 	return 0;
 }
 
-static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst)
+/* A weight the CPU backend holds itself (priv: this, owning the buffer): a concatenation, or
+ * (cpu_wmem_usable) a matrix copied into huge pages; other weights borrow the model's mapping
+ * (priv NULL). matmul splits each part of a concatenation as it would split the part alone:
+ * sgemv's sums depend on the block's shape, and the fused GEMM must give the separate GEMMs'
+ * bits (a copied matrix is one part). */
+#define CPU_CONCAT_MAX 4
+struct cpu_concat {
+	char *buf;
+	struct cpu_wmem_chunk *chunk; /* buf lies in this cpu_wmem chunk; NULL: malloc'd */
+	int n;
+	int64_t rows[CPU_CONCAT_MAX]; /* of each part, stacked in this order */
+};
+
+/* A buffer for a weight of bytes: in huge pages where they are usable, else from malloc (NULL
+ * on failure). */
+static struct cpu_concat *held_new(struct cpu_ctx *c, size_t bytes)
 {
-	(void)ctx;
+	struct cpu_concat *cc = calloc(1, sizeof *cc);
+	if (!cc)
+		return NULL;
+	if (cpu_wmem_usable())
+		cc->buf = cpu_wmem_alloc(c->wmem, bytes, &cc->chunk);
+	if (!cc->buf)
+		cc->buf = malloc(bytes);
+	if (!cc->buf) {
+		free(cc);
+		return NULL;
+	}
+	return cc;
+}
+
+static void cpu_weight_release(void *ctx, struct backend_mat *w)
+{
+	struct cpu_ctx *c = ctx;
+	struct cpu_concat *cc = w->priv;
+	if (cc && cc->chunk)
+		cpu_wmem_put(c->wmem, cc->chunk);
+	else if (cc)
+		free(cc->buf);
+	free(cc);
+	memset(w, 0, sizeof *w);
+}
+
+/* weight_load and weight_load_rows: copy says whether a matrix goes into huge pages. */
+static int load_mat(struct cpu_ctx *c, const struct fkv_tensor *src, struct backend_mat *dst,
+		    bool copy)
+{
 	if (!src->data)
 		return -EINVAL;
 	dst->data = src->data;
@@ -200,36 +247,45 @@ static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backe
 	dst->cols = src->n_dims == 2 ? src->shape[1] : 1;
 	dst->priv = NULL;
 	dst->quant = src->quant;
-	if (src->quant && !quant_row_bytes(src->quant, dst->cols))
+	const size_t row = src->quant ? quant_row_bytes(src->quant, dst->cols)
+				      : (size_t)dst->cols * dtype_size(src->dtype);
+	if (src->quant && !row)
 		return -EINVAL; /* unknown format or rows of partial blocks: model_load refuses both */
+	/* Matrices into huge pages (cpu_wmem.h); vectors stay where they are. Where the copy
+	 * cannot be made the mapping serves. */
+	if (!copy || src->n_dims != 2 || !cpu_wmem_usable())
+		return 0;
+	const size_t bytes = model_tensor_bytes(src);
+	struct cpu_concat *cc = held_new(c, bytes);
+	if (!cc || !cc->chunk) {
+		if (cc)
+			free(cc->buf);
+		free(cc);
+		return 0;
+	}
+	memcpy(cc->buf, src->data, bytes);
+	cc->n = 1;
+	cc->rows[0] = dst->rows;
+	dst->data = cc->buf;
+	dst->priv = cc;
 	return 0;
 }
 
-/* A concatenation is the one weight the CPU backend copies (priv: this, owning the buffer);
- * loaded weights borrow the model's mapping (priv NULL). matmul splits each part as it would
- * split the part alone: sgemv's sums depend on the block's shape, and the fused GEMM must give
- * the separate GEMMs' bits. */
-#define CPU_CONCAT_MAX 4
-struct cpu_concat {
-	char *buf;
-	int n;
-	int64_t rows[CPU_CONCAT_MAX]; /* of each part, stacked in this order */
-};
-
-static void cpu_weight_release(void *ctx, struct backend_mat *w)
+static int cpu_weight_load(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst)
 {
-	(void)ctx;
-	struct cpu_concat *cc = w->priv;
-	if (cc)
-		free(cc->buf);
-	free(cc);
-	memset(w, 0, sizeof *w);
+	return load_mat(ctx, src, dst, true);
+}
+
+/* Read by rows (embed): one row a token gains nothing from huge pages, so the mapping serves. */
+static int cpu_weight_load_rows(void *ctx, const struct fkv_tensor *src, struct backend_mat *dst)
+{
+	return load_mat(ctx, src, dst, false);
 }
 
 static int cpu_weight_concat(void *ctx, const struct fkv_tensor *const *parts, int n,
 			     struct backend_mat *dst)
 {
-	(void)ctx;
+	struct cpu_ctx *c = ctx;
 	if (n <= 0 || n > CPU_CONCAT_MAX)
 		return -EINVAL;
 	const int64_t cols = parts[0]->n_dims == 2 ? parts[0]->shape[1] : 1;
@@ -243,14 +299,10 @@ static int cpu_weight_concat(void *ctx, const struct fkv_tensor *const *parts, i
 		rows += parts[i]->shape[0];
 	}
 	const size_t row_bytes = (size_t)cols * dtype_size(parts[0]->dtype);
-	struct cpu_concat *cc = calloc(1, sizeof *cc);
-	char *buf = malloc((size_t)rows * row_bytes);
-	if (!cc || !buf) {
-		free(cc);
-		free(buf);
+	struct cpu_concat *cc = held_new(c, (size_t)rows * row_bytes);
+	if (!cc)
 		return -ENOMEM;
-	}
-	cc->buf = buf;
+	char *buf = cc->buf;
 	cc->n = n;
 	size_t off = 0;
 	for (int i = 0; i < n; i++) {
@@ -983,6 +1035,7 @@ static const struct backend_ops cpu_ops = {
 	.gather_rows = cpu_gather_rows,
 	.split_cols = cpu_split_cols,
 	.weight_load = cpu_weight_load,
+	.weight_load_rows = cpu_weight_load_rows,
 	.weight_release = cpu_weight_release,
 	.weight_concat = cpu_weight_concat,
 	.matmul = cpu_matmul,
@@ -1030,6 +1083,11 @@ int backend_cpu_new(struct backend **out, int threads)
 	struct backend *be = calloc(1, sizeof *be);
 	struct cpu_ctx *c = calloc(1, sizeof *c);
 	if (!be || !c) {
+		free(be);
+		free(c);
+		return -ENOMEM;
+	}
+	if (cpu_wmem_new(&c->wmem)) {
 		free(be);
 		free(c);
 		return -ENOMEM;

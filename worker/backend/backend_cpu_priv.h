@@ -144,6 +144,7 @@ struct cpu_ctx {
 	/* matmul_dot on K-quant weights: the activation rows quantized to 8 bits (cpu_qdot8.h) */
 	void *q8;
 	size_t q8_len; /* bytes */
+	struct cpu_wmem *wmem; /* the weights the backend copies (cpu_wmem.h) */
 };
 
 /* Query rows that share one KV head, as one unit of work: row r is query q[r] (d) attending

@@ -143,6 +143,20 @@ static int check_w(const struct fkv_tensor *t, const char *name, int layer, int6
 	return 0;
 }
 
+/* load_w for a weight only embed reads, by the backend's weight_load_rows where it has one. */
+static int load_embd(struct engine *e, const struct fkv_tensor *t, int64_t rows, int64_t cols,
+		     struct backend_mat *dst, char *err, size_t errlen)
+{
+	int ret = check_w(t, "tok_embd", -1, rows, cols, err, errlen);
+	if (ret)
+		return ret;
+	const struct backend_ops *o = e->be->ops;
+	ret = (o->weight_load_rows ? o->weight_load_rows : o->weight_load)(e->be->ctx, t, dst);
+	if (ret)
+		return errmsg(err, errlen, ret, "cannot load tok_embd: %s", strerror(-ret));
+	return 0;
+}
+
 static int load_w(struct engine *e, const struct fkv_tensor *t, const char *name, int layer,
 		  int64_t rows, int64_t cols, bool optional, struct backend_mat *dst,
 		  char *err, size_t errlen)
@@ -208,7 +222,7 @@ static int load_weights(struct engine *e, char *err, size_t errlen)
 	const struct fkv_model_config *c = &e->cfg;
 	int64_t dim = c->dim, qd = (int64_t)c->n_heads * c->head_dim;
 	int64_t kvd = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim, V = c->vocab_size;
-	int ret = load_w(e, &m->tok_embd, "tok_embd", -1, V, dim, false, &e->tok_embd, err, errlen)
+	int ret = load_embd(e, &m->tok_embd, V, dim, &e->tok_embd, err, errlen)
 		?: load_w(e, &m->out_norm, "out_norm", -1, dim, 1, false, &e->out_norm, err, errlen)
 		?: load_w(e, &m->output, "output", -1, V, dim, false, &e->output, err, errlen);
 	if (ret)
@@ -454,6 +468,12 @@ int engine_new(struct engine **out, const struct fkv_model *m, struct backend *b
 		engine_free(e);
 		return ret;
 	}
+	/* A backend that holds the weights itself (the device's memory, the CPU backend's huge
+	 * pages: the output projection, the largest matrix, is then not the model's) reads the
+	 * file mapping no more than for the embedding's rows: its pages leave this process's
+	 * memory, read again from the page cache if touched. */
+	if (e->output.data != m->output.data)
+		model_drop_pages(m);
 	ret = alloc_acts(e);
 	if (ret) {
 		engine_free(e);

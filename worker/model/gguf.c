@@ -548,6 +548,13 @@ int gguf_open(const char *path, struct gguf_ctx **out, char *err, size_t errlen)
 	return 0;
 }
 
+void gguf_drop_pages(const struct gguf_ctx *g)
+{
+	/* A private read-only file mapping: MADV_DONTNEED unmaps its pages, never their data. */
+	if (g && g->mapped)
+		(void)madvise((void *)g->base, g->size, MADV_DONTNEED);
+}
+
 void gguf_close(struct gguf_ctx *g)
 {
 	if (!g)

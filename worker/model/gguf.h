@@ -86,6 +86,9 @@ int gguf_open(const char *path, struct gguf_ctx **out, char *err, size_t errlen)
 int gguf_open_buf(const void *buf, size_t len, struct gguf_ctx **out, char *err, size_t errlen);
 /* Frees the context and unmaps the file. Safe on NULL. */
 void gguf_close(struct gguf_ctx *g);
+/* Drops this process's resident pages of the file mapping (none for a caller's buffer): the
+ * contents stay; a page is read from the page cache again when next touched. */
+void gguf_drop_pages(const struct gguf_ctx *g);
 
 uint32_t gguf_version(const struct gguf_ctx *g);
 uint32_t gguf_alignment(const struct gguf_ctx *g);

@@ -730,6 +730,15 @@ int model_load(const char *path, struct fkv_model *m, char *err, size_t errlen)
 	return ret;
 }
 
+void model_drop_pages(const struct fkv_model *m)
+{
+	const struct model_priv *p = m->priv;
+	if (p) {
+		gguf_drop_pages(p->gguf);
+		st_drop_pages(p->st);
+	}
+}
+
 void model_free(struct fkv_model *m)
 {
 	struct model_priv *p = m->priv;

@@ -127,6 +127,10 @@ struct fkv_model {
 int model_load(const char *path, struct fkv_model *m, char *err, size_t errlen);
 /* Releases everything model_load() allocated or mapped. Safe on a zeroed struct. */
 void model_free(struct fkv_model *m);
+/* Drops this process's resident pages of the model's file mappings, for a caller that holds
+ * its own copy of the weights it reads (a backend's): the tensors' data is unchanged and reads
+ * as before, from the page cache, when touched again. Model-owned copies are not touched. */
+void model_drop_pages(const struct fkv_model *m);
 
 /* Bytes of t's data (blocks for a quantized tensor); 0 when t is absent. */
 size_t model_tensor_bytes(const struct fkv_tensor *t);

@@ -442,6 +442,13 @@ int st_open_buf(const void *buf, size_t len, struct st_ctx **out, char *err, siz
 	return 0;
 }
 
+void st_drop_pages(const struct st_ctx *s)
+{
+	for (int i = 0; s && i < s->n_files; i++)
+		if (s->files[i].mapped) /* as gguf_drop_pages */
+			(void)madvise((void *)s->files[i].base, s->files[i].size, MADV_DONTNEED);
+}
+
 void st_close(struct st_ctx *s)
 {
 	if (!s)

@@ -43,6 +43,8 @@ int st_open(const char *path, struct st_ctx **out, char *err, size_t errlen);
 int st_open_buf(const void *buf, size_t len, struct st_ctx **out, char *err, size_t errlen);
 /* Safe on NULL. */
 void st_close(struct st_ctx *s);
+/* gguf_drop_pages for every mapped shard. */
+void st_drop_pages(const struct st_ctx *s);
 
 int st_n_tensors(const struct st_ctx *s);
 /* Tensors sorted by name: st_tensor(s, i) for i in 0..st_n_tensors()-1. */
