@@ -7,7 +7,13 @@ stream: true, reading the SSE lines. Per request: TTFT (send to first token), ti
 token after the first, total; per run: requests/s. Runs alternate direct/gate so drift hits
 both; the ratios at the end are gate over direct of the same round.
 
-  .venv/bin/python bench/bench_gate.py --build build [--concurrency 1,4] [--requests 100]
+Each row also gives the CPU time each process spent per request during the run (from
+/proc/PID/stat: kvgate, the worker, and this client process), which says what the gateway costs
+whatever the scheduler does. --pin puts the worker on the last CPU and everything else (kvstored,
+kvgate, the client threads) on the others, so that on a small machine the worker has a core of
+its own on both paths and the gateway's CPU is not taken from it.
+
+  .venv/bin/python bench/bench_gate.py --build build [--concurrency 1,4] [--requests 100] [--pin]
 """
 import argparse
 import http.client
@@ -168,6 +174,13 @@ def run(kind, target, conc, n_req, n_tok):
     return wall, out
 
 
+def cpu_s(pid):
+    """utime + stime of every thread of pid, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
@@ -191,9 +204,19 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", default="1", help="kvworker serve -t")
+    ap.add_argument("--pin", action="store_true",
+                    help="worker on the last CPU, kvstored, kvgate and the clients on the others")
     args = ap.parse_args()
+    wrap = None
+    if args.pin:
+        n = os.cpu_count()
+        if n < 2:
+            sys.exit("bench_gate: --pin needs 2 CPUs")
+        rest = f"0-{n - 2}" if n > 2 else "0"
+        wrap = lambda name: ["taskset", "-c", str(n - 1) if name.startswith("w") else rest]  # noqa: E731
+        os.sched_setaffinity(0, set(range(n - 1)))  # before any client thread starts
     c = Cluster(os.path.abspath(args.build), os.path.abspath(args.model), workers=1,
-                worker_args=["-t", args.threads, "--max-seqs", "16"])
+                worker_args=["-t", args.threads, "--max-seqs", "16"], wrap=wrap)
     try:
         c.start()
         ep, port = c.worker_endpoint(0), c.ports["gate"]
@@ -201,9 +224,10 @@ def main():
         run("gate", port, 2, 5, args.tokens)
         print(f"# {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
               f"{time.strftime('%Y-%m-%d %H:%M')}, {args.tokens} tokens/request, "
-              f"worker -t {args.threads}")
+              f"worker -t {args.threads}{', pinned' if args.pin else ''}")
+        pids = {"gate": c.procs["kvgate"].pid, "worker": c.procs["w0"].pid}
         hdr = ("conc", "path", "req/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "total p50",
-               "p99")
+               "p99", "CPU ms/req: gate", "worker", "client")
         print("| " + " | ".join(hdr) + " |")
         print("|" + "---|" * len(hdr))
         ratios = []
@@ -212,11 +236,17 @@ def main():
             for rnd in range(args.rounds):
                 res = {}
                 for kind, tgt in (("direct", ep), ("gate", port)):
+                    c0 = {k: cpu_s(v) for k, v in pids.items()}
+                    p0 = time.process_time()
                     s = summary(*run(kind, tgt, conc, per, args.tokens))
+                    cpu = {k: (cpu_s(v) - c0[k]) * 1e3 / s["n"] for k, v in pids.items()}
+                    cpu["client"] = (time.process_time() - p0) * 1e3 / s["n"]
+                    s["cpu"] = cpu
                     res[kind] = s
                     print(f"| {conc} | {kind} | {s['req_s']:.1f} | {s['ttft_p50']:.2f} | "
                           f"{s['ttft_p90']:.2f} | {s['ttft_p99']:.2f} | {s['tpot_p50']:.3f} | "
-                          f"{s['tpot_p90']:.3f} | {s['total_p50']:.1f} | {s['total_p99']:.1f} |",
+                          f"{s['tpot_p90']:.3f} | {s['total_p50']:.1f} | {s['total_p99']:.1f} | "
+                          f"{cpu['gate']:.2f} | {cpu['worker']:.2f} | {cpu['client']:.2f} |",
                           flush=True)
                 d, g = res["direct"], res["gate"]
                 ratios.append((conc, rnd, g["req_s"] / d["req_s"], g["ttft_p50"] - d["ttft_p50"],
