@@ -2,11 +2,11 @@
  *
  * Buffers are plain heap memory. Weight matrices are copied into huge pages where the kernel
  * has them (cpu_wmem.h), else borrowed from the model mapping, as are vectors and weights read
- * by rows (weight_load_rows: the embedding). 16-bit weights are converted on the fly: a product with one row (decode) runs a
- * direct dot loop that converts a short chunk of a weight row at a time; a larger product
- * converts blocks of weight rows to f32 tiles and hands each to sgemm. Attention works in
- * units of query rows that share a KV head (a GQA group, or several queries' groups in
- * prefill): each K/V row is converted once per unit. Scratch for tiles and scores lives in one
+ * by rows (weight_load_rows: the embedding). 16-bit weights are converted on the fly: a
+ * product with one row (decode) runs a direct dot loop that converts a short chunk of a weight
+ * row at a time; a larger product converts blocks of weight rows to f32 tiles and hands each
+ * to sgemm. Attention works in units of query rows that share a KV head (a GQA group, or
+ * several queries' groups in prefill): each K/V row is converted once per unit. Scratch for tiles and scores lives in one
  * growing buffer owned by the context, and attn_decode_slots keeps its span tables in the
  * context too (grown on demand, so a decode step allocates nothing once warm). Results do not
  * depend on the thread count. Block-quantized weights (docs/quant.md) take the same two paths
@@ -247,9 +247,7 @@ static int load_mat(struct cpu_ctx *c, const struct fkv_tensor *src, struct back
 	dst->cols = src->n_dims == 2 ? src->shape[1] : 1;
 	dst->priv = NULL;
 	dst->quant = src->quant;
-	const size_t row = src->quant ? quant_row_bytes(src->quant, dst->cols)
-				      : (size_t)dst->cols * dtype_size(src->dtype);
-	if (src->quant && !row)
+	if (src->quant && !quant_row_bytes(src->quant, dst->cols))
 		return -EINVAL; /* unknown format or rows of partial blocks: model_load refuses both */
 	/* Matrices into huge pages (cpu_wmem.h); vectors stay where they are. Where the copy
 	 * cannot be made the mapping serves. */
