@@ -579,6 +579,139 @@ static void test_pin_many(void **state)
 	harness_stop(&hs);
 }
 
+/* hostkv_commit_many: four sequences kept together one id a step, as a batch's decode keeps
+ * each sequence's sampled id, their pages filling on the way; one sequence's refusal (an id
+ * that disagrees with a kept one) fails that sequence alone; a sequence twice is refused. On
+ * kvstored the ids are read back from a second worker after a detach: they reached the store. */
+static void t_commit_many(const char *endpoint)
+{
+	enum { NS = 4, STEPS = 4 * 6 + 1 };
+	struct hostkv *h = t_open(endpoint);
+	struct hostkv_seq *ss[NS];
+	char err[256], name[16];
+	size_t bb = layout_block_bytes(&t_geo);
+	for (int i = 0; i < NS; i++) {
+		snprintf(name, sizeof name, "many%d", i);
+		ss[i] = t_seq(h, name, true);
+		for (int p = 0; p < 7; p++)
+			for (int l = 0; l < T_LAYERS; l++) {
+				void *b = NULL;
+				assert_int_equal(hostkv_block(ss[i], l, p, &b, err, sizeof err), 0);
+				h_fill(b, bb, (uint64_t)i, (uint32_t)l, (uint32_t)p);
+			}
+	}
+	int32_t ids[NS][STEPS];
+	for (int i = 0; i < NS; i++)
+		for (int t = 0; t < STEPS; t++)
+			ids[i][t] = (int32_t)(i * 100 + t);
+	int rets[NS];
+	for (int t = 0; t < STEPS; t++) {
+		int64_t committed[NS], first[NS], n[NS];
+		const int32_t *idp[NS];
+		for (int i = 0; i < NS; i++) {
+			committed[i] = first[i] = t; /* id t kept, positions < t run */
+			n[i] = 1;
+			idp[i] = &ids[i][t];
+		}
+		int ret = hostkv_commit_many(ss, committed, idp, first, n, NS, rets, err, sizeof err);
+		if (ret)
+			fail_msg("step %d: %s", t, err);
+		for (int i = 0; i < NS; i++) {
+			assert_int_equal(rets[i], 0);
+			assert_int_equal(hostkv_seq_committed(ss[i]), t);
+		}
+	}
+	for (int i = 0; i < NS; i++) {
+		const int32_t *kept;
+		assert_int_equal(hostkv_seq_tokens(ss[i], &kept), STEPS);
+		assert_memory_equal(kept, ids[i], sizeof ids[i]);
+	}
+	/* Sequence 2 offers an id that disagrees with its kept one; the others go on. */
+	int64_t committed[NS], first[NS], n[NS];
+	const int32_t *idp[NS];
+	int32_t next[NS], wrong = ids[2][STEPS - 1] + 1;
+	for (int i = 0; i < NS; i++) {
+		next[i] = (int32_t)(i * 100 + STEPS);
+		committed[i] = STEPS;
+		first[i] = i == 2 ? STEPS - 1 : STEPS;
+		n[i] = 1;
+		idp[i] = i == 2 ? &wrong : &next[i];
+	}
+	assert_int_equal(hostkv_commit_many(ss, committed, idp, first, n, NS, rets, err, sizeof err),
+			 -EINVAL);
+	assert_non_null(strstr(err, "disagrees"));
+	for (int i = 0; i < NS; i++) {
+		assert_int_equal(rets[i], i == 2 ? -EINVAL : 0);
+		assert_int_equal(hostkv_seq_committed(ss[i]), i == 2 ? STEPS - 1 : STEPS);
+	}
+	struct hostkv_seq *twice[2] = { ss[0], ss[0] };
+	assert_int_equal(hostkv_commit_many(twice, committed, idp, first, n, 2, rets, err,
+					    sizeof err), -EINVAL);
+	if (endpoint) {
+		for (int i = 0; i < NS; i++)
+			assert_int_equal(hostkv_seq_close(ss[i], false), 0);
+		struct hostkv *h2 = t_open(endpoint);
+		for (int i = 0; i < NS; i++) {
+			snprintf(name, sizeof name, "many%d", i);
+			struct hostkv_seq *o = t_seq(h2, name, false);
+			const int32_t *kept;
+			int64_t want = i == 2 ? STEPS : STEPS + 1;
+			assert_int_equal(hostkv_seq_tokens(o, &kept), want);
+			assert_memory_equal(kept, ids[i], (size_t)STEPS * sizeof *kept);
+			if (i != 2)
+				assert_int_equal(kept[STEPS], next[i]);
+			assert_int_equal(hostkv_seq_close(o, true), 0);
+		}
+		hostkv_close(h2);
+	} else {
+		for (int i = 0; i < NS; i++)
+			assert_int_equal(hostkv_seq_close(ss[i], true), 0);
+	}
+	hostkv_close(h);
+}
+
+/* kvs_commit_tokens_many on the wire: three requests sent before any reply is read, the
+ * middle one for a sequence kvstored does not have: it alone fails (its status and message),
+ * the others' ids are kept. */
+static void t_kvs_commit_many(const struct harness *hs)
+{
+	uint64_t seq, off[1];
+	struct kvs *k = h_worker(hs, "wire", &seq);
+	assert_non_null(k);
+	assert_int_equal(kvs_alloc(k, seq, 0, 0, 1, off), 0);
+	const uint32_t a[2] = { 7, 8 }, b[1] = { 9 }, c[1] = { 10 };
+	const struct kvs_commit cm[3] = {
+		{ .seq_id = seq, .committed_tokens = 0, .first = 0, .tokens = a, .n = 2 },
+		{ .seq_id = seq + 1000, .committed_tokens = 0, .first = 0, .tokens = b, .n = 1 },
+		{ .seq_id = seq, .committed_tokens = 0, .first = 2, .tokens = c, .n = 1 },
+	};
+	int rets[3];
+	assert_int_equal(kvs_commit_tokens_many(k, cm, 3, rets), -ENOENT);
+	assert_int_equal(rets[0], 0);
+	assert_int_equal(rets[1], -ENOENT);
+	assert_int_equal(rets[2], 0);
+	assert_true(kvs_error(k)[0]);
+	Freekv__Reply *r = NULL;
+	assert_int_equal(kvs_attach(k, seq, &r), 0);
+	assert_non_null(r);
+	assert_int_equal(r->sequence->n_token_ids, 3);
+	assert_int_equal(r->sequence->token_ids[2], 10);
+	kvs_reply_free(r);
+	assert_int_equal(kvs_commit_tokens_many(k, cm, 0, rets), 0);
+	kvs_close(k);
+}
+
+static void test_commit_many(void **state)
+{
+	(void)state;
+	t_commit_many(NULL);
+	struct harness hs;
+	harness_start(&hs, NULL);
+	t_commit_many(hs.endpoint);
+	t_kvs_commit_many(&hs);
+	harness_stop(&hs);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -586,6 +719,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_remote, h_teardown),
 		cmocka_unit_test_teardown(test_budget, h_teardown),
 		cmocka_unit_test_teardown(test_pin_many, h_teardown),
+		cmocka_unit_test_teardown(test_commit_many, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

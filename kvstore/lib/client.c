@@ -291,19 +291,19 @@ int kvs_set_token_file(struct kvs *k, const char *path)
 	return 0;
 }
 
-int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
+/* kvs_call's checks before a send: a Hello first where one is needed (docs/design.md §4
+ * "Access": everything but Hello and Stats needs a Welcome; a client that has not said Hello
+ * says it now, as a control session), pending notices (late replies of timed-out requests are
+ * dropped here too), the link. */
+static int call_ready(struct kvs *k, const Freekv__Request *req)
 {
-	if (out)
-		*out = NULL;
-	/* Everything but Hello and Stats needs a Welcome (docs/design.md §4 "Access"): a client
-	 * that has not said Hello says it now, as a control session. */
 	if (!k->worker_id && !k->shutdown && req->body_case != FREEKV__REQUEST__BODY_HELLO &&
 	    req->body_case != FREEKV__REQUEST__BODY_STATS) {
 		int ret = kvs_hello(k, KVS_ROLE_CONTROL, "kvs");
 		if (ret)
 			return ret;
 	}
-	poll_notices(k); /* late replies of timed-out requests are dropped here too */
+	poll_notices(k);
 	if (k->shutdown)
 		return seterr(k, -ESHUTDOWN, "%s", k->notice);
 	if (k->mon) {
@@ -311,6 +311,12 @@ int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 		if (k->link == LINK_LOST)
 			return link_error(k);
 	}
+	return 0;
+}
+
+/* Sends req under the next request id (set in req->id). */
+static int call_send(struct kvs *k, Freekv__Request *req)
+{
 	req->version = FREEKV__PROTOCOL_VERSION__PROTOCOL_VERSION_CURRENT;
 	req->id = k->next_id++;
 	if (k->worker_id) {
@@ -329,7 +335,13 @@ int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 			return seterr(k, -EHOSTUNREACH, "kvstored is not reachable (nothing accepted the connection)");
 		return seterr(k, -errno, "send: %s", zmq_strerror(errno));
 	}
-	uint64_t deadline = clock_ms() + (uint64_t)k->timeout_ms;
+	return 0;
+}
+
+/* Waits until deadline (clock_ms) for the reply to request id; replies to other ids (late
+ * replies of requests that timed out) are dropped. */
+static int call_recv(struct kvs *k, uint64_t id, uint64_t deadline, Freekv__Reply **out)
+{
 	for (;;) {
 		uint64_t t = clock_ms();
 		if (t >= deadline)
@@ -360,7 +372,7 @@ int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 			return seterr(k, -EBADMSG, "undecodable reply from kvstored");
 		if (r->id == 0)
 			return on_notice(k, r);
-		if (r->id != req->id) { /* a late reply to a request that timed out */
+		if (r->id != id) { /* a late reply to a request that timed out */
 			freekv__reply__free_unpacked(r, NULL);
 			continue;
 		}
@@ -377,6 +389,16 @@ int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
 			freekv__reply__free_unpacked(r, NULL);
 		return 0;
 	}
+}
+
+int kvs_call(struct kvs *k, Freekv__Request *req, Freekv__Reply **out)
+{
+	if (out)
+		*out = NULL;
+	int ret = call_ready(k, req) ?: call_send(k, req);
+	if (ret)
+		return ret;
+	return call_recv(k, req->id, clock_ms() + (uint64_t)k->timeout_ms, out);
 }
 
 int kvs_hello(struct kvs *k, enum kvs_role role, const char *name)
@@ -537,6 +559,54 @@ int kvs_commit_tokens(struct kvs *k, uint64_t seq_id, uint64_t committed_tokens,
 	q.body_case = FREEKV__REQUEST__BODY_COMMIT_TOKENS;
 	q.commit_tokens = &c;
 	return kvs_call(k, &q, NULL);
+}
+
+int kvs_commit_tokens_many(struct kvs *k, const struct kvs_commit *c, int n, int *rets)
+{
+	for (int i = 0; i < n; i++)
+		rets[i] = 0;
+	if (n <= 0)
+		return 0;
+	Freekv__Request q = FREEKV__REQUEST__INIT;
+	q.body_case = FREEKV__REQUEST__BODY_COMMIT_TOKENS;
+	int ret = call_ready(k, &q);
+	uint64_t *ids = ret ? NULL : malloc((size_t)n * sizeof *ids);
+	if (!ret && !ids)
+		ret = seterr(k, -ENOMEM, "out of memory");
+	/* Every request sent before any reply is read: they wait in kvstored's queue together
+	 * and the round trips overlap; the replies come back in the order sent. A request that
+	 * cannot be sent fails with every one after it. */
+	int sent = 0;
+	while (!ret && sent < n) {
+		Freekv__CommitTokens ct = FREEKV__COMMIT_TOKENS__INIT;
+		ct.seq_id = c[sent].seq_id;
+		ct.committed_tokens = c[sent].committed_tokens;
+		ct.first = c[sent].first;
+		ct.token_ids = (uint32_t *)c[sent].tokens;
+		ct.n_token_ids = c[sent].n;
+		q.commit_tokens = &ct;
+		if (!(ret = call_send(k, &q)))
+			ids[sent++] = q.id;
+	}
+	for (int i = sent; ret && i < n; i++)
+		rets[i] = ret;
+	/* Each reply waited for in turn, under one deadline; the first error's message stays. */
+	char first[KVS_ERR_MAX] = "";
+	int first_ret = ret;
+	if (ret)
+		snprintf(first, sizeof first, "%s", k->err);
+	const uint64_t deadline = clock_ms() + (uint64_t)k->timeout_ms;
+	for (int i = 0; i < sent; i++) {
+		rets[i] = call_recv(k, ids[i], deadline, NULL);
+		if (rets[i] && !first_ret) {
+			first_ret = rets[i];
+			snprintf(first, sizeof first, "%s", k->err);
+		}
+	}
+	free(ids);
+	if (first_ret)
+		snprintf(k->err, sizeof k->err, "%s", first);
+	return first_ret;
 }
 
 static int empty_call(struct kvs *k, Freekv__Request__BodyCase body, Freekv__Reply **out)

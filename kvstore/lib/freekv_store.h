@@ -102,6 +102,16 @@ int kvs_detach(struct kvs *k, uint64_t seq_id);
 int kvs_close_sequence(struct kvs *k, uint64_t seq_id, bool drop);
 int kvs_commit_tokens(struct kvs *k, uint64_t seq_id, uint64_t committed_tokens, uint64_t first,
 		      const uint32_t *tokens, size_t n);
+/* kvs_commit_tokens for n sequences at once: every request is sent before any reply is read,
+ * so one round trip's wait covers them all (a decode step of a batch keeps each sequence's
+ * sampled id). rets[i] is request i's result; returns 0 or the first error, whose message
+ * kvs_error then gives. */
+struct kvs_commit {
+	uint64_t seq_id, committed_tokens, first;
+	const uint32_t *tokens;
+	size_t n;
+};
+int kvs_commit_tokens_many(struct kvs *k, const struct kvs_commit *c, int n, int *rets);
 int kvs_list_sequences(struct kvs *k, Freekv__Reply **out);
 /* By seq_id when nonzero, else by name. */
 int kvs_show_sequence(struct kvs *k, uint64_t seq_id, const char *name, bool tokens, Freekv__Reply **out);

@@ -653,6 +653,60 @@ int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *
 	return hostkv_commit(s->host, len, ids, len, n, err, errlen);
 }
 
+int engine_seqs_keep(struct engine *e, const int *seqs, const int32_t *ids, int n, int *rets,
+		     char *err, size_t errlen)
+{
+	for (int i = 0; i < n; i++) {
+		rets[i] = 0;
+		if (!seq_ok(e, seqs[i]))
+			return errmsg(err, errlen, -EINVAL, "sequence %d does not exist", seqs[i]);
+	}
+	/* The sequences with a host copy, kept together when they share its store. */
+	struct hostkv_seq **hs = malloc((size_t)(n ? n : 1) * sizeof *hs);
+	int64_t *len = malloc((size_t)(n ? n : 1) * sizeof *len);
+	int64_t *one = malloc((size_t)(n ? n : 1) * sizeof *one);
+	const int32_t **idp = malloc((size_t)(n ? n : 1) * sizeof *idp);
+	int *at = malloc((size_t)(n ? n : 1) * sizeof *at), *r = malloc((size_t)(n ? n : 1) * sizeof *r);
+	int ret = 0, m = 0;
+	if (!hs || !len || !one || !idp || !at || !r) {
+		ret = errmsg(err, errlen, -ENOMEM, "out of memory");
+		goto out;
+	}
+	bool together = true;
+	for (int i = 0; i < n; i++) {
+		const struct engine_seq *s = &e->seqs[seqs[i]];
+		if (!s->host)
+			continue;
+		hs[m] = s->host;
+		len[m] = e->policy->length(s->kv);
+		one[m] = 1;
+		idp[m] = ids + i;
+		at[m] = i;
+		together &= !m || hostkv_seq_store(hs[m]) == hostkv_seq_store(hs[0]);
+		for (int k = 0; k < m; k++)
+			together &= hs[k] != hs[m];
+		m++;
+	}
+	if (together) {
+		ret = hostkv_commit_many(hs, len, idp, len, one, m, r, err, errlen);
+		for (int k = 0; k < m; k++)
+			rets[at[k]] = r[k];
+	} else {
+		for (int k = 0; k < m; k++) {
+			rets[at[k]] = hostkv_commit(hs[k], len[k], idp[k], len[k], 1, err, errlen);
+			ret = ret ? ret : rets[at[k]];
+		}
+	}
+out:
+	free(hs);
+	free(len);
+	free(one);
+	free(idp);
+	free(at);
+	free(r);
+	return ret;
+}
+
 int engine_seq_layer_stats(const struct engine *e, int seq, int layer,
 			   struct kv_layer_stats *out)
 {

@@ -82,6 +82,12 @@ int engine_seq_open(struct engine *e, struct hostkv_seq *host, int *seq, char *e
  * so that a resume after a crash continues from them. No-op without a host copy. */
 int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *err,
 		    size_t errlen);
+/* engine_seq_keep of one id each, ids[i] for seqs[i] (distinct), for a batch's decode step: the
+ * sequences whose host copies share a store are kept in one overlapped round trip
+ * (hostkv_commit_many). rets[i] is seqs[i]'s result; returns 0 or the first error, its message
+ * in err. */
+int engine_seqs_keep(struct engine *e, const int *seqs, const int32_t *ids, int n, int *rets,
+		     char *err, size_t errlen);
 /* The policy's retrieval counters of one layer (zero for policies without them); 0 or
  * -EINVAL. */
 int engine_seq_layer_stats(const struct engine *e, int seq, int layer,

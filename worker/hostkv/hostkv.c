@@ -888,9 +888,23 @@ int hk_commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed, ch
 	return ret;
 }
 
-static int commit_once(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
-		       int64_t first, int64_t n, char *err, size_t errlen)
+/* One sequence's commit, in the parts commit_once and commit_many_once share: the checks and
+ * the blocks of pages that filled (commit_prepare), the token ids' request (theirs), then the
+ * sequence's state (commit_finish). */
+struct commit_job {
+	struct hostkv_seq *s;
+	int64_t committed, first, n;
+	const int32_t *ids;
+	int64_t same, fresh; /* ids already kept (checked), ids new to the store */
+	uint32_t *u;	     /* the fresh ids, for the request (fresh > 0) */
+	bool sent;	     /* something went to the store */
+};
+
+static int commit_prepare(struct commit_job *j, char *err, size_t errlen)
 {
+	struct hostkv_seq *s = j->s;
+	const int64_t committed_tokens = j->committed, first = j->first, n = j->n;
+	const int32_t *ids = j->ids;
 	if (committed_tokens < s->committed)
 		return errmsg(err, errlen, -EINVAL, "committed length %" PRId64 " below %" PRId64,
 			      committed_tokens, s->committed);
@@ -907,9 +921,9 @@ static int commit_once(struct hostkv_seq *s, int64_t committed_tokens, const int
 			return errmsg(err, errlen, -EINVAL, "committing %" PRId64 " tokens: layer %d "
 				      "has no block for page %u", committed_tokens, l, s->n_alloc[l]);
 	/* Ids the store already keeps are not sent again; they must agree. */
-	int64_t fresh = first + n - (int64_t)s->n_ids;
-	int64_t same = n - (fresh > 0 ? fresh : 0);
-	for (int64_t i = 0; i < same; i++)
+	j->fresh = first + n - (int64_t)s->n_ids;
+	j->same = n - (j->fresh > 0 ? j->fresh : 0);
+	for (int64_t i = 0; i < j->same; i++)
 		if (s->ids[first + i] != ids[i])
 			return errmsg(err, errlen, -EINVAL, "token id %d at %" PRId64 " disagrees with "
 				      "the kept %d", ids[i], first + i, s->ids[first + i]);
@@ -917,38 +931,38 @@ static int commit_once(struct hostkv_seq *s, int64_t committed_tokens, const int
 	 * request that carries it (or close): the store's length may lag, which a resume
 	 * handles (the ids past it are run again), and a decode step costs one round trip (the
 	 * sampled id kept), not two. */
-	bool sent = false;
-	int ret = 0;
 	if (pages > s->n_commit_pages) {
-		ret = hk_lease_missing(s, 0, s->n_layers, s->n_commit_pages, pages, err, errlen)
-		   ?: hk_commit_blocks(s, pages, committed_tokens, err, errlen);
-		sent = true;
+		int ret = hk_lease_missing(s, 0, s->n_layers, s->n_commit_pages, pages, err, errlen)
+		       ?: hk_commit_blocks(s, pages, committed_tokens, err, errlen);
+		if (ret)
+			return ret;
+		j->sent = true;
 	}
-	if (!ret && fresh > 0) {
-		uint32_t *u = malloc((size_t)fresh * sizeof *u);
-		if (!u)
+	if (j->fresh > 0) {
+		if (!(j->u = malloc((size_t)j->fresh * sizeof *j->u)))
 			return errmsg(err, errlen, -ENOMEM, "out of memory");
-		for (int64_t i = 0; i < fresh; i++)
-			u[i] = (uint32_t)ids[same + i];
-		struct hostkv *h = s->h;
-		hk_lock_store(h);
-		ret = h->ops->commit_tokens(h->st, s->id, (uint64_t)committed_tokens, s->n_ids, u,
-					    (size_t)fresh, err, errlen);
-		hk_unlock_store(h, true);
-		free(u);
-		if (!ret && hk_keep_ids(s, ids + same, s->n_ids, (size_t)fresh))
-			ret = errmsg(err, errlen, -ENOMEM, "out of memory");
-		sent = true;
+		for (int64_t i = 0; i < j->fresh; i++)
+			j->u[i] = (uint32_t)ids[j->same + i];
 	}
-	if (ret)
-		return ret;
-	if (sent)
+	return 0;
+}
+
+/* After the ids' request, when it succeeded (or there was none). */
+static int commit_finish(struct commit_job *j, char *err, size_t errlen)
+{
+	struct hostkv_seq *s = j->s;
+	if (j->fresh > 0) {
+		if (hk_keep_ids(s, j->ids + j->same, s->n_ids, (size_t)j->fresh))
+			return errmsg(err, errlen, -ENOMEM, "out of memory");
+		j->sent = true;
+	}
+	if (j->sent)
 		s->lagging = false;
-	else if (committed_tokens != s->committed)
+	else if (j->committed != s->committed)
 		s->lagging = true;
-	s->committed = committed_tokens;
+	s->committed = j->committed;
 	/* Pages that became full are the budget's now. */
-	uint32_t full = (uint32_t)(committed_tokens / s->g.p);
+	uint32_t full = (uint32_t)(j->committed / s->g.p);
 	pthread_mutex_lock(&s->mu);
 	for (uint32_t p = s->full; p < full; p++)
 		for (int l = 0; l < s->n_layers; l++) {
@@ -961,12 +975,118 @@ static int commit_once(struct hostkv_seq *s, int64_t committed_tokens, const int
 	return enforce_budget(s, err, errlen);
 }
 
+/* The ids' requests of jobs[0..n) (those with fresh ids and rets[i] 0) under one store lock:
+ * overlapped where the store has commit_tokens_many, else one after another. */
+static void commit_send_ids(struct hostkv *h, struct commit_job *jobs, int n, int *rets,
+			    char *err, size_t errlen)
+{
+	struct kvs_commit *c = malloc((size_t)n * sizeof *c);
+	int *at = malloc((size_t)n * sizeof *at), *r = malloc((size_t)n * sizeof *r);
+	if (!c || !at || !r) {
+		for (int i = 0; i < n; i++)
+			if (!rets[i] && jobs[i].fresh > 0)
+				rets[i] = errmsg(err, errlen, -ENOMEM, "out of memory");
+		free(c);
+		free(at);
+		free(r);
+		return;
+	}
+	int m = 0;
+	for (int i = 0; i < n; i++)
+		if (!rets[i] && jobs[i].fresh > 0) {
+			const struct hostkv_seq *s = jobs[i].s;
+			c[m] = (struct kvs_commit){ .seq_id = s->id,
+						    .committed_tokens = (uint64_t)jobs[i].committed,
+						    .first = s->n_ids, .tokens = jobs[i].u,
+						    .n = (size_t)jobs[i].fresh };
+			at[m++] = i;
+		}
+	if (m) {
+		hk_lock_store(h);
+		if (h->ops->commit_tokens_many) {
+			h->ops->commit_tokens_many(h->st, c, m, r, err, errlen);
+		} else {
+			char e2[256];
+			for (int k = 0; k < m; k++)
+				r[k] = h->ops->commit_tokens(h->st, c[k].seq_id, c[k].committed_tokens,
+							     c[k].first, c[k].tokens, c[k].n,
+							     k ? e2 : err, k ? sizeof e2 : errlen);
+		}
+		hk_unlock_store(h, true);
+		for (int k = 0; k < m; k++)
+			rets[at[k]] = r[k];
+	}
+	free(c);
+	free(at);
+	free(r);
+}
+
+/* Commits jobs[0..n) of one store: every job's checks and blocks, then all their ids'
+ * requests together, then each one's state. rets[i] is job i's result; returns the first
+ * error, whose message is in err. */
+static int commit_many_once(struct hostkv *h, struct commit_job *jobs, int n, int *rets,
+			    char *err, size_t errlen)
+{
+	char e2[256];
+	int first = 0;
+	for (int i = 0; i < n; i++) {
+		free(jobs[i].u);
+		jobs[i].u = NULL;
+		jobs[i].sent = false;
+		rets[i] = commit_prepare(&jobs[i], first ? e2 : err, first ? sizeof e2 : errlen);
+		first = first ? first : rets[i];
+	}
+	commit_send_ids(h, jobs, n, rets, first ? e2 : err, first ? sizeof e2 : errlen);
+	for (int i = 0; i < n; i++) {
+		if (!rets[i])
+			rets[i] = commit_finish(&jobs[i], first ? e2 : err, first ? sizeof e2 : errlen);
+		first = first ? first : rets[i];
+	}
+	return first;
+}
+
 int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
 		  int64_t first, int64_t n, char *err, size_t errlen)
 {
+	struct commit_job j = { .s = s, .committed = committed_tokens, .first = first, .n = n,
+				.ids = ids };
+	int ret, r1;
+	WITH_RECONNECT(s->h, err, errlen, ret, commit_many_once(s->h, &j, 1, &r1, err, errlen));
+	free(j.u);
+	return ret;
+}
+
+struct hostkv *hostkv_seq_store(const struct hostkv_seq *s)
+{
+	return s->h;
+}
+
+int hostkv_commit_many(struct hostkv_seq *const *ss, const int64_t *committed_tokens,
+		       const int32_t *const *ids, const int64_t *first, const int64_t *n,
+		       int count, int *rets, char *err, size_t errlen)
+{
+	if (count <= 0)
+		return 0;
+	struct hostkv *h = ss[0]->h;
+	for (int i = 0; i < count; i++) {
+		rets[i] = 0;
+		for (int k = 0; k < i; k++)
+			if (ss[k] == ss[i])
+				return errmsg(err, errlen, -EINVAL, "a sequence twice in one commit");
+		if (ss[i]->h != h)
+			return errmsg(err, errlen, -EINVAL, "sequences of two stores in one commit");
+	}
+	struct commit_job *jobs = calloc((size_t)count, sizeof *jobs);
+	if (!jobs)
+		return errmsg(err, errlen, -ENOMEM, "out of memory");
+	for (int i = 0; i < count; i++)
+		jobs[i] = (struct commit_job){ .s = ss[i], .committed = committed_tokens[i],
+					       .first = first[i], .n = n[i], .ids = ids[i] };
 	int ret;
-	WITH_RECONNECT(s->h, err, errlen, ret,
-		       commit_once(s, committed_tokens, ids, first, n, err, errlen));
+	WITH_RECONNECT(h, err, errlen, ret, commit_many_once(h, jobs, count, rets, err, errlen));
+	for (int i = 0; i < count; i++)
+		free(jobs[i].u);
+	free(jobs);
 	return ret;
 }
 

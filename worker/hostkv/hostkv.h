@@ -147,6 +147,16 @@ void hostkv_seq_lease_stats(struct hostkv_seq *s, struct hostkv_lease_stats *st)
  * again. */
 int hostkv_commit(struct hostkv_seq *s, int64_t committed_tokens, const int32_t *ids,
 		  int64_t first, int64_t n, char *err, size_t errlen);
+/* The store a sequence was opened in. */
+struct hostkv *hostkv_seq_store(const struct hostkv_seq *s);
+/* hostkv_commit for count sequences of one store (each once), as a batch's decode step keeps
+ * every sequence's sampled id: each one's checks and filled pages, then all their token ids'
+ * requests together, one round trip's wait for them all (kvstored; the embedded store takes
+ * them in turn). rets[i] is sequence i's result, what hostkv_commit would have returned;
+ * returns 0 or the first error, its message in err. */
+int hostkv_commit_many(struct hostkv_seq *const *ss, const int64_t *committed_tokens,
+		       const int32_t *const *ids, const int64_t *first, const int64_t *n,
+		       int count, int *rets, char *err, size_t errlen);
 /* Detaches (drop = false: the store keeps it for a later resume) or drops the sequence. */
 int hostkv_seq_close(struct hostkv_seq *s, bool drop);
 

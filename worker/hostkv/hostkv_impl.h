@@ -32,6 +32,11 @@ struct hostkv_store_ops {
 		      char *err, size_t errlen);
 	int (*commit_tokens)(void *st, uint64_t id, uint64_t committed, uint64_t first,
 			     const uint32_t *ids, size_t n, char *err, size_t errlen);
+	/* (optional) commit_tokens for n sequences, their round trips overlapped: rets[i] is
+	 * c[i]'s result; returns 0 or the first error (its message in err). Without it, hostkv
+	 * calls commit_tokens for each. */
+	int (*commit_tokens_many)(void *st, const struct kvs_commit *c, int n, int *rets,
+				  char *err, size_t errlen);
 	/* Detaches (drop false) or drops; the store releases what the worker still holds of it. */
 	int (*close_seq)(void *st, uint64_t id, bool drop, char *err, size_t errlen);
 	/* Runs e[0..n) (n <= HOSTKV_RING_BATCH) and overwrites each entry with its completion;

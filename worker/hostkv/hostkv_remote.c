@@ -99,6 +99,17 @@ static int r_commit_tokens(void *st, uint64_t id, uint64_t committed, uint64_t f
 	return ret ? kerr(r, ret, err, errlen, "committing the token ids to kvstored") : 0;
 }
 
+static int r_commit_tokens_many(void *st, const struct kvs_commit *c, int n, int *rets,
+				char *err, size_t errlen)
+{
+	struct remote *r = st;
+	int ret = kvs_commit_tokens_many(r->k, c, n, rets);
+	for (int i = 0; i < n; i++)
+		if (is_gone(rets[i]))
+			r->gone = true;
+	return ret ? kerr(r, ret, err, errlen, "committing the token ids to kvstored") : 0;
+}
+
 static int r_close_seq(void *st, uint64_t id, bool drop, char *err, size_t errlen)
 {
 	struct remote *r = st;
@@ -224,6 +235,7 @@ static const struct hostkv_store_ops remote_ops = {
 	.open_seq = r_open_seq,
 	.attach = r_attach,
 	.commit_tokens = r_commit_tokens,
+	.commit_tokens_many = r_commit_tokens_many,
 	.close_seq = r_close_seq,
 	.ring = r_ring,
 	.heartbeat = r_heartbeat,

@@ -63,9 +63,11 @@ int serve_init(struct serve *s)
 	s->b_ns = malloc((size_t)s->max_seqs * sizeof *s->b_ns);
 	s->b_ids = malloc((size_t)s->max_seqs * sizeof *s->b_ids);
 	s->b_reqs = malloc((size_t)s->max_seqs * sizeof *s->b_reqs);
+	s->b_next = malloc((size_t)s->max_seqs * sizeof *s->b_next);
+	s->b_kept = malloc((size_t)s->max_seqs * sizeof *s->b_kept);
 	s->wait = calloc((size_t)(s->max_queue > 0 ? s->max_queue : 1), sizeof *s->wait);
 	if (!s->reqs || !s->logits || !s->b_seqs || !s->b_ns || !s->b_ids || !s->b_reqs ||
-	    !s->wait) {
+	    !s->b_next || !s->b_kept || !s->wait) {
 		serve_free(s);
 		return -ENOMEM;
 	}
@@ -88,6 +90,10 @@ void serve_free(struct serve *s)
 	free(s->b_ns);
 	free(s->b_ids);
 	free(s->b_reqs);
+	free(s->b_next);
+	free(s->b_kept);
+	s->b_next = NULL;
+	s->b_kept = NULL;
 	s->reqs = NULL;
 	s->logits = NULL;
 	s->b_seqs = s->b_ns = NULL;
@@ -689,10 +695,10 @@ static bool send_piece(struct serve *s, struct serve_req *q, int32_t tok)
 	return send_to(s, q->ident, q->ident_len, q->delim, &r) == 0;
 }
 
-/* After the step that ran q's pending ids: sample, keep, stream, and decide what runs next. */
-static void after_step(struct serve *s, struct serve_req *q, const float *logits)
+/* After the step that ran q's pending ids: the next id sampled into *next, true; or the request
+ * ended (its length reached, or EOS), false. */
+static bool sample_next(struct serve *s, struct serve_req *q, const float *logits, int32_t *next)
 {
-	char err[512];
 	if (!q->started) {
 		q->started = true;
 		q->t1 = clock_ms_f();
@@ -702,14 +708,25 @@ static void after_step(struct serve *s, struct serve_req *q, const float *logits
 		}
 	}
 	q->n_pending = 0;
-	if (q->generated >= q->n)
-		return req_end(s, q, "length");
-	int32_t next = sampler_sample(&q->smp, logits);
-	if (is_eos(s, next))
-		return req_end(s, q, "eos");
-	/* Kept before it is streamed: what the client saw survives a crash. */
-	int ret = engine_seq_keep(s->e, q->seq, &next, 1, err, sizeof err);
-	if (ret) {
+	if (q->generated >= q->n) {
+		req_end(s, q, "length");
+		return false;
+	}
+	*next = sampler_sample(&q->smp, logits);
+	if (is_eos(s, next[0])) {
+		req_end(s, q, "eos");
+		return false;
+	}
+	return true;
+}
+
+/* Once next is kept with the sequence (kept: engine_seqs_keep's result for it, err its
+ * message): stream it, and decide what runs next. Kept before it is streamed: what the
+ * client saw survives a crash. */
+static void stream_next(struct serve *s, struct serve_req *q, int32_t next, int kept,
+			const char *err)
+{
+	if (kept) {
 		log_warn("request %llu: %s", (unsigned long long)q->id, err);
 		return req_end(s, q, "error");
 	}
@@ -760,13 +777,24 @@ static void run_batch(struct serve *s, struct serve_req **qs, int k)
 			req_end(s, qs[j], "error");
 		return;
 	}
+	/* Each request's next id sampled, all of them kept in one go (a round trip to kvstored
+	 * for the batch, not one per request), then streamed. */
 	const int V = engine_vocab(s->e);
+	int m = 0;
 	for (int j = 0; j < k; j++) {
 		s->step_tokens += (uint64_t)ns[j];
 		if ((uint32_t)k > qs[j]->max_batch)
 			qs[j]->max_batch = (uint32_t)k;
-		after_step(s, qs[j], s->logits + (size_t)j * (size_t)V);
+		if (sample_next(s, qs[j], s->logits + (size_t)j * (size_t)V, &s->b_next[m])) {
+			qs[m] = qs[j]; /* j >= m: the batch's tail is read no more */
+			seqs[m++] = qs[j]->seq;
+		}
 	}
+	int *kept = s->b_kept;
+	int first = engine_seqs_keep(s->e, seqs, s->b_next, m, kept, err, sizeof err);
+	for (int j = 0; j < m; j++)
+		stream_next(s, qs[j], s->b_next[j], kept[j],
+			    kept[j] == first ? err : strerror(-kept[j]));
 }
 
 void serve_step(struct serve *s)

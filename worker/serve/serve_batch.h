@@ -51,6 +51,8 @@ struct serve {
 	int *b_seqs, *b_ns;		/* one engine step's batch, max_seqs entries each */
 	const int32_t **b_ids;
 	struct serve_req **b_reqs;
+	int32_t *b_next;		/* the ids sampled after it, and whether each was kept */
+	int *b_kept;
 	uint64_t name_counter;
 	/* Counters since start. */
 	uint64_t tokens_generated, requests_served, steps, step_tokens;
