@@ -656,11 +656,14 @@ int engine_seq_keep(struct engine *e, int seq, const int32_t *ids, int n, char *
 int engine_seqs_keep(struct engine *e, const int *seqs, const int32_t *ids, int n, int *rets,
 		     char *err, size_t errlen)
 {
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n; i++)
 		rets[i] = 0;
-		if (!seq_ok(e, seqs[i]))
+	for (int i = 0; i < n; i++)
+		if (!seq_ok(e, seqs[i])) {
+			for (int k = 0; k < n; k++)
+				rets[k] = -EINVAL;
 			return errmsg(err, errlen, -EINVAL, "sequence %d does not exist", seqs[i]);
-	}
+		}
 	/* The sequences with a host copy, kept together when they share its store. */
 	struct hostkv_seq **hs = malloc((size_t)(n ? n : 1) * sizeof *hs);
 	int64_t *len = malloc((size_t)(n ? n : 1) * sizeof *len);
