@@ -11,7 +11,9 @@ Each row also gives the CPU time each process spent per request during the run (
 /proc/PID/stat: kvgate, the worker, and this client process), which says what the gateway costs
 whatever the scheduler does. --pin puts the worker on the last CPU and everything else (kvstored,
 kvgate, the client threads) on the others, so that on a small machine the worker has a core of
-its own on both paths and the gateway's CPU is not taken from it.
+its own on both paths and the gateway's CPU is not taken from it. The TTFT means say where a
+first token's time goes: the client's, kvgate's (a request received to its first piece) and the
+worker's (admitted to sampled), from the two processes' Prometheus histograms over the run.
 
   .venv/bin/python bench/bench_gate.py --build build [--concurrency 1,4] [--requests 100] [--pin]
 """
@@ -26,10 +28,11 @@ import sys
 import threading
 import time
 
+import re
 import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gate"))
-from harness import Cluster  # noqa: E402
+from harness import Cluster, http_get  # noqa: E402
 
 PROMPT = "Once upon a time"
 
@@ -181,6 +184,13 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def hist_sum_count(url, name):
+    """(sum, count) of a Prometheus histogram at url."""
+    txt = http_get(url)[1].decode()
+    return tuple(float(re.search(rf"^{name}_{k} (\S+)", txt, re.M).group(1))
+                 for k in ("sum", "count"))
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
@@ -216,7 +226,7 @@ def main():
         wrap = lambda name: ["taskset", "-c", str(n - 1) if name.startswith("w") else rest]  # noqa: E731
         os.sched_setaffinity(0, set(range(n - 1)))  # before any client thread starts
     c = Cluster(os.path.abspath(args.build), os.path.abspath(args.model), workers=1,
-                worker_args=["-t", args.threads, "--max-seqs", "16"], wrap=wrap)
+                worker_args=["-t", args.threads, "--max-seqs", "16"], wrap=wrap, metrics=True)
     try:
         c.start()
         ep, port = c.worker_endpoint(0), c.ports["gate"]
@@ -226,8 +236,12 @@ def main():
               f"{time.strftime('%Y-%m-%d %H:%M')}, {args.tokens} tokens/request, "
               f"worker -t {args.threads}{', pinned' if args.pin else ''}")
         pids = {"gate": c.procs["kvgate"].pid, "worker": c.procs["w0"].pid}
+        hists = {"gate": (c.url("/metrics"), "freekv_gate_time_to_first_token_seconds"),
+                 "worker": (f"http://127.0.0.1:{c.ports['w0']}/metrics",
+                            "freekv_worker_time_to_first_token_seconds")}
         hdr = ("conc", "path", "req/s", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "total p50",
-               "p99", "CPU ms/req: gate", "worker", "client")
+               "p99", "CPU ms/req: gate", "worker", "client", "TTFT mean: client", "gate",
+               "worker")
         print("| " + " | ".join(hdr) + " |")
         print("|" + "---|" * len(hdr))
         ratios = []
@@ -237,8 +251,14 @@ def main():
                 res = {}
                 for kind, tgt in (("direct", ep), ("gate", port)):
                     c0 = {k: cpu_s(v) for k, v in pids.items()}
+                    h0 = {k: hist_sum_count(*v) for k, v in hists.items()}
                     p0 = time.process_time()
-                    s = summary(*run(kind, tgt, conc, per, args.tokens))
+                    wall, out = run(kind, tgt, conc, per, args.tokens)
+                    s = summary(wall, out)
+                    h1 = {k: hist_sum_count(*v) for k, v in hists.items()}
+                    tm = {k: ((h1[k][0] - h0[k][0]) / (h1[k][1] - h0[k][1]) * 1e3
+                              if h1[k][1] > h0[k][1] else float("nan")) for k in hists}
+                    tm["client"] = statistics.mean(o[0] for o in out) * 1e3
                     cpu = {k: (cpu_s(v) - c0[k]) * 1e3 / s["n"] for k, v in pids.items()}
                     cpu["client"] = (time.process_time() - p0) * 1e3 / s["n"]
                     s["cpu"] = cpu
@@ -246,7 +266,8 @@ def main():
                     print(f"| {conc} | {kind} | {s['req_s']:.1f} | {s['ttft_p50']:.2f} | "
                           f"{s['ttft_p90']:.2f} | {s['ttft_p99']:.2f} | {s['tpot_p50']:.3f} | "
                           f"{s['tpot_p90']:.3f} | {s['total_p50']:.1f} | {s['total_p99']:.1f} | "
-                          f"{cpu['gate']:.2f} | {cpu['worker']:.2f} | {cpu['client']:.2f} |",
+                          f"{cpu['gate']:.2f} | {cpu['worker']:.2f} | {cpu['client']:.2f} | "
+                          f"{tm['client']:.2f} | {tm['gate']:.2f} | {tm['worker']:.2f} |",
                           flush=True)
                 d, g = res["direct"], res["gate"]
                 ratios.append((conc, rnd, g["req_s"] / d["req_s"], g["ttft_p50"] - d["ttft_p50"],
