@@ -10,11 +10,16 @@
  *   either absent or its committed pages read back right.
  * - A committed DRAM block flipped in the pool while the daemon is down: its sequence is marked
  *   damaged (kvctl shows it), its committed length cut to that page, the page never served.
- * - Compaction by snapshot past journal_compact_bytes; a restart from the snapshot keeps all. */
+ * - Compaction by snapshot past journal_compact_bytes; a restart from the snapshot keeps all.
+ * - Control replies committed in groups: a batch of CommitTokens waiting together costs one
+ *   journal sync, and its ids survive a kill -9. */
 #include "clock.h"
 #include "test_kvstored_harness.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 
 #define PAGES 6
 #define NVME_PAGES 4
@@ -395,6 +400,73 @@ static void test_compaction(void **state)
 	h_finish(&h);
 }
 
+static void *cont_later(void *arg)
+{
+	const struct harness *h = arg;
+	usleep(200 * 1000);
+	kill(h->pid, SIGCONT);
+	return NULL;
+}
+
+/* Group commit of control replies: eight sequences' CommitTokens sent together while the daemon
+ * is stopped (SIGSTOP), so that all eight wait in its queue when it goes on, are answered after
+ * one journal sync (two at most, should the socket hand them over in two reads; one each
+ * before), and every id is still there after a kill -9 and a restart. */
+static void test_group_commit(void **state)
+{
+	(void)state;
+	enum { NS = 8 };
+	struct harness h;
+	harness_start(&h, persist_on);
+	struct kvs *k;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "batch"), 0);
+	uint64_t seq[NS];
+	uint32_t ids[NS][2];
+	struct kvs_commit c[NS];
+	for (int i = 0; i < NS; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "g%d", i);
+		assert_int_equal(kvs_open_sequence(k, name, h_fp, sizeof h_fp, &h_geo, NULL, 0, true,
+						   &seq[i]), 0);
+		assert_int_equal(kvs_attach(k, seq[i], NULL), 0);
+		ids[i][0] = 100u + (uint32_t)i;
+		ids[i][1] = 200u + (uint32_t)i;
+		c[i] = (struct kvs_commit){ .seq_id = seq[i], .first = 0, .tokens = ids[i], .n = 2 };
+	}
+	Freekv__Reply *r = stats(&h);
+	const uint64_t syncs0 = r->stats->journal->syncs;
+	kvs_reply_free(r);
+	pthread_t t;
+	assert_int_equal(kill(h.pid, SIGSTOP), 0);
+	assert_int_equal(pthread_create(&t, NULL, cont_later, &h), 0);
+	int rets[NS];
+	int ret = kvs_commit_tokens_many(k, c, NS, rets);
+	pthread_join(t, NULL);
+	if (ret)
+		fail_msg("commit: %s", kvs_error(k));
+	for (int i = 0; i < NS; i++)
+		assert_int_equal(rets[i], 0);
+	r = stats(&h);
+	const uint64_t syncs = r->stats->journal->syncs - syncs0;
+	kvs_reply_free(r);
+	if (syncs < 1 || syncs > 2)
+		fail_msg("%d CommitTokens took %" PRIu64 " journal syncs", NS, syncs);
+	h_kill9(&h);
+	kvs_close(k);
+	harness_spawn(&h, persist_on, NULL);
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	for (int i = 0; i < NS; i++) {
+		assert_int_equal(kvs_show_sequence(k, seq[i], NULL, true, &r), 0);
+		assert_int_equal(r->sequence->n_token_ids, 2);
+		assert_int_equal(r->sequence->token_ids[0], ids[i][0]);
+		assert_int_equal(r->sequence->token_ids[1], ids[i][1]);
+		kvs_reply_free(r);
+	}
+	kvs_close(k);
+	h_finish(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -405,6 +477,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_journal_byte_flipped, h_teardown),
 		cmocka_unit_test_teardown(test_block_damaged, h_teardown),
 		cmocka_unit_test_teardown(test_compaction, h_teardown),
+		cmocka_unit_test_teardown(test_group_commit, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

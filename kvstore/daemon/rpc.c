@@ -991,9 +991,11 @@ static int dispatch(struct call *c, size_t *row)
 	return ret;
 }
 
-int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
-		const struct rpc_peer *peer, const void *data, size_t len, uint8_t **reply,
-		size_t *reply_len)
+/* rpc_process, with the journal synced before it returns (sync), or left to the caller, which
+ * syncs before it sends the reply (rpc_serve's group commit). */
+static int process(struct rpc_server *s, const void *ident, size_t ident_len,
+		   const struct rpc_peer *peer, const void *data, size_t len, uint8_t **reply,
+		   size_t *reply_len, bool sync)
 {
 	struct call c = { .s = s, .ident = ident, .ident_len = ident_len, .peer = peer };
 	Freekv__Reply rep = FREEKV__REPLY__INIT;
@@ -1015,7 +1017,7 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 		rep.id = req->id;
 		status = dispatch(&c, &row);
 		/* What a reply reports as done is durable first (docs/design.md §4). */
-		if (persist_dirty(s->ctx.ps))
+		if (sync && persist_dirty(s->ctx.ps))
 			persist_sync(s->ctx.ps);
 	}
 	if (status) {
@@ -1042,6 +1044,13 @@ int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
 	if (s->latency)
 		prom_hist_observe(s->latency, (double)us / 1e6);
 	return ret;
+}
+
+int rpc_process(struct rpc_server *s, const void *ident, size_t ident_len,
+		const struct rpc_peer *peer, const void *data, size_t len, uint8_t **reply,
+		size_t *reply_len)
+{
+	return process(s, ident, ident_len, peer, data, len, reply, reply_len, true);
 }
 
 /* ---------------------------------------------------------------- socket */
@@ -1150,9 +1159,47 @@ static int recv_frames(void *sock, zmq_msg_t *frames, int *total)
 	return n;
 }
 
+/* A reply rpc_serve holds until the journal records it reports are synced. */
+struct held_reply {
+	uint8_t *ident;
+	size_t ident_len;
+	bool delim;
+	uint8_t *rep;
+	size_t rep_len;
+};
+
+static void send_reply(struct rpc_server *s, const void *ident, size_t ident_len, bool delim,
+		       const uint8_t *rep, size_t rep_len)
+{
+	zmq_send(s->sock, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	if (delim)
+		zmq_send(s->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(s->sock, rep, rep_len, ZMQ_DONTWAIT);
+}
+
+/* One journal sync for the held replies' records, then the replies, in order. */
+static void flush_held(struct rpc_server *s, struct held_reply *held, int *n_held)
+{
+	if (persist_dirty(s->ctx.ps))
+		persist_sync(s->ctx.ps);
+	for (int i = 0; i < *n_held; i++) {
+		send_reply(s, held[i].ident, held[i].ident_len, held[i].delim, held[i].rep,
+			   held[i].rep_len);
+		free(held[i].ident);
+		free(held[i].rep);
+	}
+	*n_held = 0;
+}
+
+/* Group commit (docs/design.md §4 "Restart without loss"): the messages waiting are handled
+ * first, their replies held; then one journal sync covers every record they wrote, and the
+ * replies go out in the order the requests came. A worker that sends a batch's CommitTokens
+ * together (kvs_commit_tokens_many) waits for one sync, not one per sequence. Where the hold
+ * cannot be allocated, each request syncs and is answered at once, as rpc_process does. */
 int rpc_serve(struct rpc_server *s, int budget)
 {
-	int handled = 0;
+	int handled = 0, n_held = 0;
+	struct held_reply *held = budget > 0 ? calloc((size_t)budget, sizeof *held) : NULL;
 	while (handled < budget) {
 		zmq_msg_t f[RPC_MAX_FRAMES];
 		int total, n = recv_frames(s->sock, f, &total);
@@ -1169,8 +1216,8 @@ int rpc_serve(struct rpc_server *s, int budget)
 			zmq_msg_t *p = &f[total - 1];
 			struct rpc_peer peer;
 			peer_of(s, p, &peer);
-			rpc_process(s, ident, ident_len, &peer, zmq_msg_data(p), zmq_msg_size(p), &rep,
-				    &rep_len);
+			process(s, ident, ident_len, &peer, zmq_msg_data(p), zmq_msg_size(p), &rep,
+				&rep_len, !held);
 		} else {
 			Freekv__Reply r = FREEKV__REPLY__INIT;
 			char msg[96];
@@ -1184,16 +1231,25 @@ int rpc_serve(struct rpc_server *s, int budget)
 			s->bad.calls++;
 			s->bad.errors++;
 		}
-		if (rep) {
-			zmq_send(s->sock, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-			if (delim)
-				zmq_send(s->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-			zmq_send(s->sock, rep, rep_len, ZMQ_DONTWAIT);
+		uint8_t *id_copy = held && rep ? malloc(ident_len ? ident_len : 1) : NULL;
+		if (id_copy) {
+			memcpy(id_copy, ident, ident_len);
+			held[n_held++] = (struct held_reply){ id_copy, ident_len, delim, rep, rep_len };
+		} else if (rep) {
+			/* Not held (no memory for it): the replies held before it go first, all
+			 * after the sync that makes what they report durable. */
+			flush_held(s, held, &n_held);
+			if (persist_dirty(s->ctx.ps))
+				persist_sync(s->ctx.ps);
+			send_reply(s, ident, ident_len, delim, rep, rep_len);
 			free(rep);
 		}
 		for (int i = 0; i < n; i++)
 			zmq_msg_close(&f[i]);
 	}
+	if (n_held)
+		flush_held(s, held, &n_held);
+	free(held);
 	return handled;
 }
 
