@@ -1182,6 +1182,8 @@ static void test_weights_huge_pages(void **state)
 			assert_true(m.data != w && m.priv);
 			assert_int_equal((uintptr_t)m.data % 64, 0);
 			assert_memory_equal(m.data, w, (size_t)(rows * cols) * dtype_size(dtypes[t]));
+		} else { /* no transparent huge pages here: nothing is copied */
+			assert_ptr_equal(m.data, w);
 		}
 		for (int64_t k = 1; k <= n; k++)
 			assert_int_equal(be->ops->matmul(be->ctx, y_huge, x, &m, k), 0);

@@ -1120,6 +1120,7 @@ void rpc_shutdown(struct rpc_server *s)
 	if (s->ipc_path[0])
 		unlink(s->ipc_path);
 	free(s->stats);
+	free(s->held);
 	memset(s, 0, sizeof *s);
 }
 
@@ -1199,7 +1200,14 @@ static void flush_held(struct rpc_server *s, struct held_reply *held, int *n_hel
 int rpc_serve(struct rpc_server *s, int budget)
 {
 	int handled = 0, n_held = 0;
-	struct held_reply *held = budget > 0 ? calloc((size_t)budget, sizeof *held) : NULL;
+	if (budget > s->held_cap) { /* grown once: the daemon serves with one budget */
+		struct held_reply *h = realloc(s->held, (size_t)budget * sizeof *h);
+		if (h) {
+			s->held = h;
+			s->held_cap = budget;
+		}
+	}
+	struct held_reply *held = budget <= s->held_cap ? s->held : NULL;
 	while (handled < budget) {
 		zmq_msg_t f[RPC_MAX_FRAMES];
 		int total, n = recv_frames(s->sock, f, &total);
@@ -1249,7 +1257,6 @@ int rpc_serve(struct rpc_server *s, int budget)
 	}
 	if (n_held)
 		flush_held(s, held, &n_held);
-	free(held);
 	return handled;
 }
 

@@ -70,6 +70,8 @@ struct rpc_stat {
 
 #define RPC_REFUSED_PEERS 256	/* connections whose first refusal is logged */
 
+struct held_reply;
+
 struct rpc_server {
 	void *sock;
 	struct rpc_ctx ctx;
@@ -80,6 +82,8 @@ struct rpc_server {
 	uint64_t refused_peers[RPC_REFUSED_PEERS]; /* identity hashes already logged */
 	size_t n_refused_peers;
 	struct prom_hist *latency;	/* (optional, borrowed) seconds per request, for /metrics */
+	struct held_reply *held;	/* rpc_serve's replies waiting for the journal sync */
+	int held_cap;
 };
 
 /* Binds a ROUTER socket at ctx->cfg->endpoint (an ipc socket file gets mode 0660 and the

@@ -546,20 +546,6 @@ int kvs_close_sequence(struct kvs *k, uint64_t seq_id, bool drop)
 	return kvs_call(k, &q, NULL);
 }
 
-int kvs_commit_tokens(struct kvs *k, uint64_t seq_id, uint64_t committed_tokens, uint64_t first,
-		      const uint32_t *tokens, size_t n)
-{
-	Freekv__Request q = FREEKV__REQUEST__INIT;
-	Freekv__CommitTokens c = FREEKV__COMMIT_TOKENS__INIT;
-	c.seq_id = seq_id;
-	c.committed_tokens = committed_tokens;
-	c.first = first;
-	c.token_ids = (uint32_t *)tokens;
-	c.n_token_ids = n;
-	q.body_case = FREEKV__REQUEST__BODY_COMMIT_TOKENS;
-	q.commit_tokens = &c;
-	return kvs_call(k, &q, NULL);
-}
 
 int kvs_commit_tokens_many(struct kvs *k, const struct kvs_commit *c, int n, int *rets)
 {
@@ -607,6 +593,15 @@ int kvs_commit_tokens_many(struct kvs *k, const struct kvs_commit *c, int n, int
 	if (first_ret)
 		snprintf(k->err, sizeof k->err, "%s", first);
 	return first_ret;
+}
+
+int kvs_commit_tokens(struct kvs *k, uint64_t seq_id, uint64_t committed_tokens, uint64_t first,
+		      const uint32_t *tokens, size_t n)
+{
+	const struct kvs_commit c = { .seq_id = seq_id, .committed_tokens = committed_tokens,
+				      .first = first, .tokens = tokens, .n = n };
+	int ret;
+	return kvs_commit_tokens_many(k, &c, 1, &ret);
 }
 
 static int empty_call(struct kvs *k, Freekv__Request__BodyCase body, Freekv__Reply **out)

@@ -7,7 +7,8 @@
  * too; only parameter structs (and the span list of attn_decode) are host memory. Activations
  * are f32; weights stay in their file dtype (f32, f16, bf16, or a GGUF block format: quant.h) and KV blocks in the sequence's
  * dtype — ops that read them take the dtype. Weights are made resident with weight_load(): the
- * CPU backend borrows the model's mapping, a device backend copies it. Ownership: the backend
+ * CPU backend copies matrices into huge pages where the kernel has them and otherwise borrows
+ * the model's mapping (cpu_wmem.h), a device backend copies them. Ownership: the backend
  * owns every buffer it allocated and every resident weight until buf_free()/weight_release() or
  * backend_free(); the caller owns the handle. Shapes are row-major with the last index
  * contiguous, written as `// (rows, cols)`.

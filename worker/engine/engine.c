@@ -664,12 +664,14 @@ int engine_seqs_keep(struct engine *e, const int *seqs, const int32_t *ids, int 
 				rets[k] = -EINVAL;
 			return errmsg(err, errlen, -EINVAL, "sequence %d does not exist", seqs[i]);
 		}
-	/* The sequences with a host copy, kept together when they share its store. */
+	/* The sequences with a host copy, kept together when they share its store (the
+	 * sequences are distinct: hostkv_commit_many refuses one twice). */
 	struct hostkv_seq **hs = malloc((size_t)(n ? n : 1) * sizeof *hs);
 	int64_t *len = malloc((size_t)(n ? n : 1) * sizeof *len);
 	int64_t *one = malloc((size_t)(n ? n : 1) * sizeof *one);
 	const int32_t **idp = malloc((size_t)(n ? n : 1) * sizeof *idp);
-	int *at = malloc((size_t)(n ? n : 1) * sizeof *at), *r = malloc((size_t)(n ? n : 1) * sizeof *r);
+	int *at = malloc((size_t)(n ? n : 1) * sizeof *at);
+	int *r = malloc((size_t)(n ? n : 1) * sizeof *r);
 	int ret = 0, m = 0;
 	if (!hs || !len || !one || !idp || !at || !r) {
 		ret = errmsg(err, errlen, -ENOMEM, "out of memory");
@@ -685,12 +687,11 @@ int engine_seqs_keep(struct engine *e, const int *seqs, const int32_t *ids, int 
 		one[m] = 1;
 		idp[m] = ids + i;
 		at[m] = i;
-		together &= !m || hostkv_seq_store(hs[m]) == hostkv_seq_store(hs[0]);
-		for (int k = 0; k < m; k++)
-			together &= hs[k] != hs[m];
+		together &= hostkv_seq_store(hs[m]) == hostkv_seq_store(hs[0]);
 		m++;
 	}
 	if (together) {
+		/* committed = first = the length: one id, at the position the next step runs */
 		ret = hostkv_commit_many(hs, len, idp, len, one, m, r, err, errlen);
 		for (int k = 0; k < m; k++)
 			rets[at[k]] = r[k];

@@ -888,9 +888,9 @@ int hk_commit_blocks(struct hostkv_seq *s, uint32_t pages, int64_t committed, ch
 	return ret;
 }
 
-/* One sequence's commit, in the parts commit_once and commit_many_once share: the checks and
- * the blocks of pages that filled (commit_prepare), the token ids' request (theirs), then the
- * sequence's state (commit_finish). */
+/* One sequence's commit, in the three parts commit_many_once runs for each (hostkv_commit is a
+ * batch of one): the checks and the blocks of pages that filled (commit_prepare), the token
+ * ids' request (commit_send_ids, for the batch), then the sequence's state (commit_finish). */
 struct commit_job {
 	struct hostkv_seq *s;
 	int64_t committed, first, n;
