@@ -13,6 +13,7 @@
 #include "router.h"
 
 struct MHD_Connection;
+struct job;
 
 struct gate {
 	struct router *r;
@@ -22,6 +23,7 @@ struct gate {
 	size_t max_body;		/* --max-body-bytes */
 	int keepalive_ms;		/* SSE comment while a stream waits this long */
 	long long t_start;		/* Unix seconds, the models' `created` */
+	struct job *parked;		/* completions waiting for the router (gate_api.c) */
 };
 
 /* Queues a JSON body (taken: freed here) with status; MHD_YES/MHD_NO. */
@@ -31,7 +33,15 @@ int gate_respond_json(struct MHD_Connection *c, unsigned status, char *json);
  * gets the HTTP status sent (for the metrics). */
 int api_health(struct gate *g, struct MHD_Connection *c, unsigned *status);
 int api_models(struct gate *g, struct MHD_Connection *c, unsigned *status);
+/* A completion step: *state is NULL on the first call; while it stays set the connection is
+ * suspended and the access handler is called again when it is resumed (*status 0 until a
+ * response is queued). A connection that ends with *state set hands it to api_job_abort. */
 int api_completion(struct gate *g, struct MHD_Connection *c, bool chat, const char *body,
-		   size_t len, bool too_big, unsigned *status);
+		   size_t len, bool too_big, void **state, unsigned *status);
+void api_job_abort(void *state);
+/* Sends the keep-alive comments due at now (ms); returns ms until the next may be due. */
+int api_tick(struct gate *g, double now);
+/* Resumes every parked connection (before the HTTP daemon stops). */
+void api_unpark_all(struct gate *g);
 
 #endif

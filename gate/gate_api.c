@@ -5,7 +5,13 @@
  * for the first piece so that a refused request still gets its proper status (400 for a prompt
  * longer than the context, 429 when the worker is full, 503 when no worker answers), then
  * return the text through textout.c (stop strings, UTF-8). An error after a stream has started
- * is sent as an event holding an OpenAI error object, which the official clients raise. */
+ * is sent as an event holding an OpenAI error object, which the official clients raise.
+ *
+ * Nothing here blocks: kvgate runs one event loop (gate_http.c). A completion with nothing to
+ * say yet is parked: its connection is suspended and the job goes on the gate's parked list;
+ * the router's notify resumes it when pieces or the end arrive, and MHD then calls the access
+ * handler (before the response) or the SSE reader (after) again. A stream parked for
+ * keepalive_ms is resumed to send a comment (api_tick). */
 #include <errno.h>
 #include <json-c/json.h>
 #include <microhttpd.h>
@@ -21,8 +27,6 @@
 #include "textout.h"
 
 #define MAX_WORKERS 256
-/* How long one router_take waits before the SSE reader sends a keep-alive comment. */
-#define TAKE_MS 1000
 
 /* ---------------------------------------------------------------- /health, /v1/models */
 
@@ -149,9 +153,14 @@ static void map_error(int status, const char *msg, bool chat, struct oa_err *e)
 
 /* ---------------------------------------------------------------- one completion */
 
-/* A completion in progress; owned by the HTTP thread, then (streamed) by the response. */
+/* A completion in progress; owned by its connection's state (gate_http.c), then, streamed,
+ * by the response. */
 struct job {
 	struct gate *g;
+	struct MHD_Connection *c;
+	struct job *prev, *next;	/* on g->parked while parked */
+	bool parked, streaming, keepalive_due;
+	double t_park;
 	struct oa_req rq;
 	enum oa_kind kind;
 	char id[48], model[128];
@@ -168,10 +177,78 @@ struct job {
 	size_t sse_pos;
 };
 
+/* ---------------------------------------------------------------- parking */
+
+static void park(struct job *j)
+{
+	struct gate *g = j->g;
+	MHD_suspend_connection(j->c);
+	j->parked = true;
+	j->t_park = clock_ms_f();
+	j->prev = NULL;
+	j->next = g->parked;
+	if (g->parked)
+		g->parked->prev = j;
+	g->parked = j;
+}
+
+static void unlink_job(struct job *j)
+{
+	if (!j->parked)
+		return;
+	if (j->prev)
+		j->prev->next = j->next;
+	else
+		j->g->parked = j->next;
+	if (j->next)
+		j->next->prev = j->prev;
+	j->prev = j->next = NULL;
+	j->parked = false;
+}
+
+static void unpark(struct job *j)
+{
+	if (!j->parked)
+		return;
+	unlink_job(j);
+	MHD_resume_connection(j->c);
+}
+
+/* The router's notify: pieces or the end arrived. */
+static void on_stream(void *arg)
+{
+	unpark(arg);
+}
+
+int api_tick(struct gate *g, double now)
+{
+	double next = g->keepalive_ms;
+	for (struct job *j = g->parked, *n; j; j = n) {
+		n = j->next;
+		if (!j->streaming)
+			continue;
+		double left = j->t_park + g->keepalive_ms - now;
+		if (left <= 0) {
+			j->keepalive_due = true;
+			unpark(j);
+		} else if (left < next) {
+			next = left;
+		}
+	}
+	return (int)next + 1;
+}
+
+void api_unpark_all(struct gate *g)
+{
+	while (g->parked)
+		unpark(g->parked);
+}
+
 static void job_free(struct job *j)
 {
 	if (!j)
 		return;
+	unlink_job(j);
 	router_release(j->s);
 	textout_free(&j->to);
 	tbuf_free(&j->text);
@@ -180,12 +257,11 @@ static void job_free(struct job *j)
 	free(j);
 }
 
-/* Takes what the stream has (waiting up to ms) and runs it through the stop strings. 0 or
- * -ENOMEM. */
-static int pump(struct job *j, int ms)
+/* Takes what the stream has and runs it through the stop strings. 0 or -ENOMEM. */
+static int pump(struct job *j)
 {
 	struct router_take t;
-	router_take(j->s, ms, &t);
+	router_take(j->s, &t);
 	int ret = 0;
 	if (t.pieces > j->pieces) {
 		double now = clock_ms_f();
@@ -294,20 +370,24 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	(void)pos;
 	struct job *j = cls;
-	int idle_ms = 0;
 	while (j->sse_pos == j->sse.len) {
 		j->sse.len = j->sse_pos = 0;
 		if (j->ended)
 			return MHD_CONTENT_READER_END_OF_STREAM;
-		if (pump(j, TAKE_MS) || sse_fill(j))
+		if (pump(j) || sse_fill(j))
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		if (j->sse.len)
 			break;
-		/* Thread per connection: blocking here is ours to do. A comment now and then
-		 * keeps proxies from closing an idle stream (and finds a client that left). */
-		idle_ms += TAKE_MS;
-		if (idle_ms >= j->g->keepalive_ms && tbuf_append(&j->sse, ": keep-alive\n\n", 14) == 0)
+		/* A comment now and then keeps proxies from closing an idle stream (and finds a
+		 * client that left). */
+		if (j->keepalive_due) {
+			j->keepalive_due = false;
+			if (tbuf_append(&j->sse, ": keep-alive\n\n", 14))
+				return MHD_CONTENT_READER_END_WITH_ERROR;
 			break;
+		}
+		park(j);
+		return 0;
 	}
 	size_t n = j->sse.len - j->sse_pos < max ? j->sse.len - j->sse_pos : max;
 	memcpy(buf, j->sse.p + j->sse_pos, n);
@@ -370,9 +450,61 @@ static int chat_prompt(struct gate *g, struct job *j, char **prompt, struct oa_e
 	return ret;
 }
 
-int api_completion(struct gate *g, struct MHD_Connection *c, bool chat, const char *body,
-		   size_t len, bool too_big, unsigned *status)
+/* The job's next step on its connection: parked again while it waits, else its response
+ * queued (the job then belongs to the response, or is freed). */
+static int advance(struct job *j, void **state, unsigned *status)
 {
+	struct MHD_Connection *c = j->c;
+	bool chat = j->kind == OA_CHAT;
+	struct oa_err e;
+	if (pump(j)) {
+		*state = NULL;
+		job_free(j);
+		return MHD_NO;
+	}
+	/* The first piece (or the refusal) decides the status line; a whole response waits for
+	 * the end. */
+	if ((!j->pieces && !j->final) || (!j->rq.stream && !j->final)) {
+		park(j);
+		return MHD_YES;
+	}
+	*state = NULL;
+	if (j->final && j->status && (!j->pieces || !j->rq.stream)) {
+		map_error(j->status, j->error, chat, &e);
+		if (j->pieces && e.http < 500) /* a refusal after output started: the worker failed */
+			oa_error(&e, 502, "server_error", "worker_failed", NULL, "%s", j->error);
+		record(j);
+		job_free(j);
+		return send_error(c, &e, status);
+	}
+	if (j->rq.stream) {
+		struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
+									   sse_read, j, sse_done);
+		if (!r) {
+			job_free(j);
+			return MHD_NO;
+		}
+		j->streaming = true;
+		MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+		MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+		*status = MHD_HTTP_OK;
+		int ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+		MHD_destroy_response(r); /* sse_done frees the job with the response */
+		return ret;
+	}
+	record(j);
+	char *json = oa_completion_json(j->kind, &j->out, j->text.p ? j->text.p : "",
+					finish_reason(j), j->prompt_tokens, completion_tokens(j));
+	job_free(j);
+	*status = MHD_HTTP_OK;
+	return gate_respond_json(c, *status, json);
+}
+
+int api_completion(struct gate *g, struct MHD_Connection *c, bool chat, const char *body,
+		   size_t len, bool too_big, void **state, unsigned *status)
+{
+	if (*state)
+		return advance(*state, state, status);
 	struct oa_err e;
 	if (too_big) {
 		oa_error(&e, 413, "invalid_request_error", "request_too_large", NULL,
@@ -383,6 +515,7 @@ int api_completion(struct gate *g, struct MHD_Connection *c, bool chat, const ch
 	if (!j)
 		return MHD_NO;
 	j->g = g;
+	j->c = c;
 	j->t0 = clock_ms_f();
 	j->kind = chat ? OA_CHAT : OA_COMPLETION;
 	if (oa_parse(j->kind, body, len, &j->rq, &e)) {
@@ -407,55 +540,18 @@ int api_completion(struct gate *g, struct MHD_Connection *c, bool chat, const ch
 			      chat ? g->chat_max_tokens : 16,
 	};
 	char msg[256];
-	int ret = router_submit(g->r, &gen, &j->s, msg, sizeof msg);
+	int ret = router_submit(g->r, &gen, on_stream, j, &j->s, msg, sizeof msg);
 	free(prompt);
 	if (ret) {
 		map_error(ret, msg, chat, &e);
 		job_free(j);
 		return send_error(c, &e, status);
 	}
-	/* The first piece (or the refusal) decides the status line. */
-	while (!j->pieces && !j->final)
-		if (pump(j, TAKE_MS)) {
-			job_free(j);
-			return MHD_NO;
-		}
-	if (j->final && j->status && !j->pieces) {
-		map_error(j->status, j->error, chat, &e);
-		record(j);
-		job_free(j);
-		return send_error(c, &e, status);
-	}
-	if (j->rq.stream) {
-		struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
-									   sse_read, j, sse_done);
-		if (!r) {
-			job_free(j);
-			return MHD_NO;
-		}
-		MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-		MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-		*status = MHD_HTTP_OK;
-		ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-		MHD_destroy_response(r); /* sse_done frees the job with the response */
-		return ret;
-	}
-	while (!j->final)
-		if (pump(j, TAKE_MS)) {
-			job_free(j);
-			return MHD_NO;
-		}
-	record(j);
-	if (j->status) {
-		map_error(j->status, j->error, chat, &e);
-		if (e.http < 500) /* a refusal after output started is the worker failing */
-			oa_error(&e, 502, "server_error", "worker_failed", NULL, "%s", j->error);
-		job_free(j);
-		return send_error(c, &e, status);
-	}
-	char *json = oa_completion_json(j->kind, &j->out, j->text.p ? j->text.p : "",
-					finish_reason(j), j->prompt_tokens, completion_tokens(j));
-	job_free(j);
-	*status = MHD_HTTP_OK;
-	return gate_respond_json(c, *status, json);
+	*state = j;
+	return advance(j, state, status);
+}
+
+void api_job_abort(void *state)
+{
+	job_free(state);
 }

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
+#include "clock.h"
 #include "openai.h"
 #include "prom_http.h"
 #include "textout.h"
@@ -15,13 +17,17 @@ struct gate_http {
 	struct MHD_Daemon *d;
 	struct gate *g;
 	uint16_t port;
+	zmq_pollitem_t *it;		/* [0] the daemon's epoll fd, then the router's */
+	int n_it;
+	double next_tick;		/* when api_tick is due */
 };
 
-/* One request on a connection: its route and its body. */
+/* One request on a connection: its route, its body, and its completion while it waits. */
 struct conn {
 	enum gm_path path;
 	bool post, too_big;
 	struct tbuf body;
+	void *job;
 };
 
 int gate_respond_json(struct MHD_Connection *c, unsigned status, char *json)
@@ -124,7 +130,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 			break;
 		}
 		ret = api_completion(g, c, k->path == GM_CHAT, k->body.p ? k->body.p : "",
-				     k->body.len, k->too_big, &status);
+				     k->body.len, k->too_big, &k->job, &status);
+		if (k->job) /* parked: answered later */
+			return (enum MHD_Result)ret;
 		break;
 	case GM_MODELS:
 	case GM_HEALTH:
@@ -165,6 +173,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	struct conn *k = *con_cls;
 	if (!k)
 		return;
+	api_job_abort(k->job);
 	tbuf_free(&k->body);
 	free(k);
 	*con_cls = NULL;
@@ -188,8 +197,16 @@ int gate_http_start(struct gate *g, const char *listen, bool any_addr, unsigned 
 	if (!h)
 		return snprintf(err, errlen, "out of memory"), -ENOMEM;
 	h->g = g;
-	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-			 MHD_USE_AUTO | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+	int n_router = router_pollitems(g->r, NULL, 0);
+	h->n_it = 1 + n_router;
+	if (!(h->it = calloc((size_t)h->n_it, sizeof *h->it))) {
+		free(h);
+		return snprintf(err, errlen, "out of memory"), -ENOMEM;
+	}
+	router_pollitems(g->r, h->it + 1, n_router);
+	/* No thread of MHD's own: gate_http_step runs it (epoll) beside the router. */
+	unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+			 (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
 	h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, g,
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 				MHD_OPTION_CONNECTION_LIMIT, max_conn,
@@ -199,13 +216,48 @@ int gate_http_start(struct gate *g, const char *listen, bool any_addr, unsigned 
 	if (!h->d) {
 		int e = errno ? errno : EADDRINUSE;
 		snprintf(err, errlen, "cannot listen on %s: %s", listen, strerror(e));
+		free(h->it);
 		free(h);
 		return -e;
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = di ? di->port : 0;
+	di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+	if (!di || di->epoll_fd < 0) {
+		snprintf(err, errlen, "libmicrohttpd gave no epoll descriptor");
+		MHD_stop_daemon(h->d);
+		free(h->it);
+		free(h);
+		return -ENOTSUP;
+	}
+	h->it[0] = (zmq_pollitem_t){ .fd = di->epoll_fd, .events = ZMQ_POLLIN };
 	*out = h;
 	return 0;
+}
+
+int gate_http_step(struct gate_http *h, int max_ms)
+{
+	int wait = max_ms, t = router_run(h->g->r);
+	if (t < wait)
+		wait = t;
+	double now = clock_ms_f();
+	if (h->next_tick - now < wait)
+		wait = h->next_tick > now ? (int)(h->next_tick - now) : 0;
+	MHD_UNSIGNED_LONG_LONG mt;
+	if (MHD_get_timeout(h->d, &mt) == MHD_YES && mt < (MHD_UNSIGNED_LONG_LONG)wait)
+		wait = (int)mt;
+	int ret = zmq_poll(h->it, h->n_it, wait);
+	if (ret < 0 && errno != EINTR)
+		return -errno;
+	/* Pieces first: the connections they resume are served by the MHD_run after. */
+	router_run(h->g->r);
+	MHD_run(h->d);
+	now = clock_ms_f();
+	if (now >= h->next_tick)
+		h->next_tick = now + api_tick(h->g, now);
+	/* What the handlers submitted goes out now, not after the next wait. */
+	router_run(h->g->r);
+	return ret < 0 ? -EINTR : 0;
 }
 
 uint16_t gate_http_port(const struct gate_http *h)
@@ -217,6 +269,13 @@ void gate_http_stop(struct gate_http *h)
 {
 	if (!h)
 		return;
+	/* The router is closed: the parked completions were resumed with its error. Let them
+	 * send it (a few turns), then resume what is left, as MHD requires before it stops. */
+	for (int i = 0; i < 20 && h->g->parked; i++)
+		gate_http_step(h, 10);
+	gate_http_step(h, 0);
+	api_unpark_all(h->g);
 	MHD_stop_daemon(h->d);
+	free(h->it);
 	free(h);
 }

@@ -315,7 +315,11 @@ int main(int argc, char **argv)
 	uint64_t wd_ms = sdn_watchdog_ms(&sdn);
 	double last_wd = clock_ms_f(), last_status = 0;
 	while (!g_stop) {
-		usleep(100 * 1000);
+		if ((ret = gate_http_step(h, 100)) && ret != -EINTR) {
+			log_error("event loop: %s", strerror(-ret));
+			rc = 1;
+			break;
+		}
 		double now = clock_ms_f();
 		if (wd_ms && now - last_wd >= (double)wd_ms) {
 			sdn_send(&sdn, "WATCHDOG=1");
@@ -333,7 +337,8 @@ int main(int argc, char **argv)
 	}
 	sdn_send(&sdn, "STOPPING=1\nSTATUS=stopping");
 	log_info("stopping");
-	rc = 0;
+	if (g_stop)
+		rc = 0;
 out:
 	if (r)
 		router_close(r); /* wakes every request waiting for tokens */

@@ -3,12 +3,10 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -27,7 +25,8 @@ struct router_stream {
 	struct router *r;
 	uint64_t id;
 	int worker;
-	pthread_cond_t cv;
+	void (*notify)(void *);		/* told of new pieces and of the end */
+	void *notify_arg;
 	char *buf;			/* text not yet taken */
 	size_t len, cap;
 	uint32_t pieces;
@@ -57,11 +56,8 @@ struct gworker {
 
 struct router {
 	struct router_opts o;
-	pthread_t th;
-	bool started;
 	pthread_mutex_t mu;
 	int efd;
-	atomic_bool stop;
 	bool closing;
 	void *zctx;
 	struct gworker *w;
@@ -70,13 +66,14 @@ struct router {
 	int n_tab, cap_tab;
 	int inflight;
 	uint64_t next_id, rr;
+	int tick_ms;			/* how often router_run must be called at least */
 };
 
 static void wake(struct router *r)
 {
 	uint64_t one = 1;
 	if (write(r->efd, &one, sizeof one) < 0) {
-		/* The counter is saturated: the thread is awake anyway. */
+		/* The counter is saturated: the loop is awake anyway. */
 	}
 }
 
@@ -84,14 +81,13 @@ static void wake(struct router *r)
 
 static void stream_free(struct router_stream *s)
 {
-	pthread_cond_destroy(&s->cv);
 	free(s->buf);
 	free(s->req);
 	free(s);
 }
 
 /* The request ended: out of the table, its charge off its worker; freed if the caller is
- * done with it, else its reader is woken. */
+ * done with it, else its caller is told. */
 static void finish(struct router *r, struct router_stream *s, int status, const char *err)
 {
 	if (s->final)
@@ -115,8 +111,8 @@ static void finish(struct router *r, struct router_stream *s, int status, const 
 	}
 	if (s->released)
 		stream_free(s);
-	else
-		pthread_cond_broadcast(&s->cv);
+	else if (s->notify)
+		s->notify(s->notify_arg);
 }
 
 static struct router_stream *find(struct router *r, uint64_t id, int wi)
@@ -146,7 +142,7 @@ static void down(struct router *r, int wi, const char *why)
 	}
 }
 
-/* ---------------------------------------------------------------- the router thread */
+/* ---------------------------------------------------------------- the loop's side */
 
 static int send_packed(void *sock, const void *buf, size_t len)
 {
@@ -246,7 +242,8 @@ static void on_reply(struct router *r, int wi, const uint8_t *data, size_t len)
 				s->charged--;
 				w->outstanding--;
 			}
-			pthread_cond_broadcast(&s->cv);
+			if (s->notify)
+				s->notify(s->notify_arg);
 		} else if (rp->body_case == FREEKV__WORKER__REPLY__BODY_DONE) {
 			snprintf(s->reason, sizeof s->reason, "%s", rp->done->reason);
 			s->prompt_tokens = rp->done->prompt_tokens;
@@ -320,62 +317,53 @@ static void send_pending(struct router *r)
 	}
 }
 
-static void *thread_main(void *arg)
+int router_pollitems(struct router *r, zmq_pollitem_t *it, int max)
 {
-	struct router *r = arg;
 	int n = 1 + 2 * r->n;
-	zmq_pollitem_t *it = calloc((size_t)n, sizeof *it);
-	if (!it) {
-		log_error("router: out of memory");
-		return NULL;
-	}
-	it[0].fd = r->efd;
-	it[0].events = ZMQ_POLLIN;
+	if (!it)
+		return n;
+	if (max < n)
+		return -ENOSPC;
+	it[0] = (zmq_pollitem_t){ .fd = r->efd, .events = ZMQ_POLLIN };
 	for (int i = 0; i < r->n; i++) {
 		it[1 + 2 * i] = (zmq_pollitem_t){ .socket = r->w[i].sock, .events = ZMQ_POLLIN };
 		it[2 + 2 * i] = (zmq_pollitem_t){ .socket = r->w[i].mon, .events = ZMQ_POLLIN };
 	}
-	int tick = r->o.probe_ms < 50 ? r->o.probe_ms : 50;
-	while (!r->stop) {
-		int ret = zmq_poll(it, n, tick);
-		if (ret < 0 && errno != EINTR) {
-			log_error("router: poll: %s", zmq_strerror(errno));
-			break;
-		}
-		if (it[0].revents & ZMQ_POLLIN) {
-			uint64_t v;
-			if (read(r->efd, &v, sizeof v) < 0) {
-				/* EAGAIN: another wake-up consumed it */
-			}
-		}
-		pthread_mutex_lock(&r->mu);
-		for (int i = 0; i < r->n; i++) {
-			for (int k = 0; k < 64; k++) { /* bounded: others get their turn */
-				zmq_msg_t m;
-				zmq_msg_init(&m);
-				if (zmq_msg_recv(&m, r->w[i].sock, ZMQ_DONTWAIT) < 0) {
-					zmq_msg_close(&m);
-					break;
-				}
-				if (!zmq_msg_more(&m))
-					on_reply(r, i, zmq_msg_data(&m), zmq_msg_size(&m));
-				zmq_msg_close(&m);
-			}
-			int events = 0;
-			size_t el = sizeof events;
-			while (zmq_getsockopt(r->w[i].mon, ZMQ_EVENTS, &events, &el) == 0 &&
-			       (events & ZMQ_POLLIN))
-				on_monitor(r, i);
-		}
-		send_pending(r);
-		double now = clock_ms_f();
-		for (int i = 0; i < r->n; i++)
-			if (now - r->w[i].last_probe >= r->o.probe_ms)
-				probe(r, i, now);
-		pthread_mutex_unlock(&r->mu);
+	return n;
+}
+
+int router_run(struct router *r)
+{
+	uint64_t v;
+	if (read(r->efd, &v, sizeof v) < 0) {
+		/* EAGAIN: nobody asked */
 	}
-	free(it);
-	return NULL;
+	pthread_mutex_lock(&r->mu);
+	for (int i = 0; i < r->n; i++) {
+		for (int k = 0; k < 64; k++) { /* bounded: others get their turn */
+			zmq_msg_t m;
+			zmq_msg_init(&m);
+			if (zmq_msg_recv(&m, r->w[i].sock, ZMQ_DONTWAIT) < 0) {
+				zmq_msg_close(&m);
+				break;
+			}
+			if (!zmq_msg_more(&m))
+				on_reply(r, i, zmq_msg_data(&m), zmq_msg_size(&m));
+			zmq_msg_close(&m);
+		}
+		int events = 0;
+		size_t el = sizeof events;
+		while (zmq_getsockopt(r->w[i].mon, ZMQ_EVENTS, &events, &el) == 0 &&
+		       (events & ZMQ_POLLIN))
+			on_monitor(r, i);
+	}
+	send_pending(r);
+	double now = clock_ms_f();
+	for (int i = 0; i < r->n; i++)
+		if (now - r->w[i].last_probe >= r->o.probe_ms)
+			probe(r, i, now);
+	pthread_mutex_unlock(&r->mu);
+	return r->tick_ms;
 }
 
 /* ---------------------------------------------------------------- API */
@@ -448,11 +436,7 @@ int router_start(const struct router_opts *o, struct router **out, char *err, si
 			goto fail;
 		}
 	}
-	if ((ret = -pthread_create(&r->th, NULL, thread_main, r))) {
-		snprintf(err, errlen, "thread: %s", strerror(-ret));
-		goto fail;
-	}
-	r->started = true;
+	r->tick_ms = o->probe_ms < 50 ? o->probe_ms : 50;
 	*out = r;
 	return 0;
 fail:
@@ -474,12 +458,6 @@ void router_stop(struct router *r)
 	if (!r)
 		return;
 	router_close(r);
-	r->stop = true;
-	if (r->started) {
-		wake(r);
-		pthread_join(r->th, NULL);
-	}
-	router_close(r); /* what the thread sent meanwhile */
 	for (int i = 0; r->w && i < r->n; i++) {
 		if (r->w[i].sock) {
 			zmq_socket_monitor(r->w[i].sock, NULL, 0);
@@ -561,18 +539,15 @@ int router_check_model(struct router *r, const char *model, char *msg, size_t ms
 	return ret;
 }
 
-int router_submit(struct router *r, const struct router_gen *g, struct router_stream **out,
-		  char *msg, size_t msglen)
+int router_submit(struct router *r, const struct router_gen *g, void (*notify)(void *),
+		  void *arg, struct router_stream **out, char *msg, size_t msglen)
 {
 	struct router_stream *s = calloc(1, sizeof *s);
 	if (!s)
 		return snprintf(msg, msglen, "out of memory"), -ENOMEM;
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->cv, &ca);
-	pthread_condattr_destroy(&ca);
 	s->r = r;
+	s->notify = notify;
+	s->notify_arg = arg;
 	pthread_mutex_lock(&r->mu);
 	int best, ret = pick(r, g->model, &best, msg, msglen);
 	if (ret) {
@@ -617,22 +592,11 @@ int router_submit(struct router *r, const struct router_gen *g, struct router_st
 	return 0;
 }
 
-int router_take(struct router_stream *s, int timeout_ms, struct router_take *t)
+void router_take(struct router_stream *s, struct router_take *t)
 {
 	struct router *r = s->r;
-	struct timespec dl;
-	clock_gettime(CLOCK_MONOTONIC, &dl);
-	dl.tv_sec += timeout_ms / 1000;
-	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (dl.tv_nsec >= 1000000000L) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000L;
-	}
 	memset(t, 0, sizeof *t);
 	pthread_mutex_lock(&r->mu);
-	while (!s->len && !s->final)
-		if (pthread_cond_timedwait(&s->cv, &r->mu, &dl) == ETIMEDOUT)
-			break;
 	t->text = s->buf;
 	t->len = s->len;
 	s->buf = NULL;
@@ -647,7 +611,6 @@ int router_take(struct router_stream *s, int timeout_ms, struct router_take *t)
 	t->cached_tokens = s->cached_tokens;
 	t->generated_tokens = s->generated;
 	pthread_mutex_unlock(&r->mu);
-	return 0;
 }
 
 void router_cancel(struct router_stream *s)

@@ -1,6 +1,8 @@
-/* router — kvgate's side of proto/worker.proto: one ZeroMQ DEALER per `kvworker serve`, one
- * thread that owns them all, and the streams that carry a request's pieces back to the HTTP
- * thread that waits for them (docs/design.md §6).
+/* router — kvgate's side of proto/worker.proto: one ZeroMQ DEALER per `kvworker serve`, and
+ * the streams that carry a request's pieces back to the HTTP side (docs/design.md §6). The
+ * router has no thread of its own: kvgate's event loop polls its sockets (router_pollitems)
+ * beside the HTTP server's and calls router_run, which reads the replies, sends what is
+ * waiting and probes; a stream's notify callback says that it has something new to take.
  *
  * Routing: a request goes to the live worker serving its model with the fewest outstanding
  * tokens (the prompt's estimate and the tokens still to sample of every request in flight
@@ -11,19 +13,21 @@
  * requests in flight on a worker that was taken out end with -EHOSTDOWN: the gateway does not
  * resume them elsewhere (their sequences are dropped by the worker, not kept).
  *
- * Threads: router_start runs the router thread; every other function may be called from any
- * thread. A stream is written by the router thread and read by one caller thread.
+ * Threads: every function may be called from any thread (one mutex); router_run from one at a
+ * time. notify runs inside router_run (and router_close) with that mutex held: it must not
+ * call the router; it is never called for a released stream.
  *
  * Ownership: router_submit gives the caller a stream that it must hand back with
  * router_release (which cancels it on the worker if it has not finished); the router frees it
  * once both sides are done. router_close ends every stream with -ESHUTDOWN and refuses new
- * ones (callers then release theirs); router_stop closes, joins the thread and frees. */
+ * ones (callers then release theirs); router_stop closes and frees. */
 #ifndef FREEKV_ROUTER_H
 #define FREEKV_ROUTER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <zmq.h>
 
 struct router;
 struct router_stream;
@@ -79,15 +83,23 @@ int router_start(const struct router_opts *o, struct router **out, char *err, si
 void router_close(struct router *r);
 void router_stop(struct router *r);
 
+/* The items kvgate's loop polls for the router: 1 + 2 per worker (it NULL: just the count;
+ * -ENOSPC above max). They stay valid until router_stop. */
+int router_pollitems(struct router *r, zmq_pollitem_t *it, int max);
+/* Handles what is ready on those items (without blocking) and sends what waits; returns the
+ * longest the loop may wait before calling it again, in ms. */
+int router_run(struct router *r);
+
 /* 0 with *s, or: -EHOSTUNREACH (no live worker serves that model; msg says which answer),
- * -ENOENT (no worker serves that model), -EBUSY (max_inflight), -ENOMEM. */
-int router_submit(struct router *r, const struct router_gen *g, struct router_stream **s,
-		  char *msg, size_t msglen);
+ * -ENOENT (no worker serves that model), -EBUSY (max_inflight), -ENOMEM. notify(arg) is
+ * called whenever pieces or the end arrive (see Threads). */
+int router_submit(struct router *r, const struct router_gen *g, void (*notify)(void *),
+		  void *arg, struct router_stream **s, char *msg, size_t msglen);
 /* What router_submit would say about model now: 0, -ENOENT, -EHOSTUNREACH, -ESHUTDOWN. */
 int router_check_model(struct router *r, const char *model, char *msg, size_t msglen);
-/* Waits up to timeout_ms for new pieces or the end; moves what arrived into *t (t->text must
- * be freed by the caller). Returns 0 (t may hold nothing on timeout). */
-int router_take(struct router_stream *s, int timeout_ms, struct router_take *t);
+/* Moves what arrived since the last take into *t, without waiting (t->text, NULL when nothing
+ * came, is the caller's to free). */
+void router_take(struct router_stream *s, struct router_take *t);
 /* Stops generation early (a stop string matched): the worker is sent a Cancel. */
 void router_cancel(struct router_stream *s);
 /* The caller is done with s (cancelled on the worker if it still runs). */

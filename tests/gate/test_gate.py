@@ -17,7 +17,11 @@ Python client, http.client and curl talk to it.
     completion moves the counters by exactly what it did;
   - SIGKILL of one worker mid-stream: that stream ends with an error the client raises, the
     others complete, /health stays 200, new requests are served, nothing hangs; the worker,
-    restarted, is put back into service.
+    restarted, is put back into service;
+  - one event loop: 12 streams in flight leave kvgate's thread count where it was idle; a stream
+    whose workers are stopped (SIGSTOP) gets `: keep-alive` comments every --keepalive-s and
+    completes when they go on; SIGTERM with a stream in flight ends it with an error event and
+    kvgate exits 0 at once.
 Run by ctest through tests/gate/run.sh (exit 77 with the reason when the project virtualenv
 with openai is missing)."""
 import argparse
@@ -353,6 +357,8 @@ def t_kill_worker(args, c):
         except openai.APIError as e:
             return ("error", len(text), str(e))
 
+    st, m = http_get(c.url("/metrics"))
+    rec0 = metric(m.decode(), "freekv_gate_worker_recoveries_total", {"worker": c.worker_endpoint(0)})
     futs = [started.submit(one, i) for i in range(n_streams)]
     t0 = time.time()
     while len(firsts) < n_streams and time.time() - t0 < 30:
@@ -379,7 +385,119 @@ def t_kill_worker(args, c):
     c.wait_health(2)
     st, m = http_get(c.url("/metrics"))
     rec = metric(m.decode(), "freekv_gate_worker_recoveries_total", {"worker": c.worker_endpoint(0)})
-    check(rec == 2, f"recoveries of w0: {rec}")
+    check(rec == rec0 + 1, f"recoveries of w0: {rec0} before the kill, {rec} after")
+
+
+def threads(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
+
+
+def sse_lines(conn_resp):
+    """The lines of a streamed response as they come (http.client, no buffering of events)."""
+    while True:
+        line = conn_resp.fp.readline()
+        if not line:
+            return
+        yield line.decode().rstrip("\n")
+
+
+def t_event_loop(args, c):
+    """No thread per connection; keep-alive comments from the loop's timer; SIGTERM mid-stream."""
+    h = __import__("harness")
+    pid = c.procs["kvgate"].pid
+    idle = threads(pid)
+    started, stop = [], []
+
+    def one(i):
+        n = 0
+        for ch in client(c).completions.create(model=MODEL_ID, prompt=f"Once upon a time {i}",
+                                               max_tokens=600, temperature=0, stream=True):
+            n += 1
+            if n == 2:
+                started.append(i)
+        return n
+
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        futs = [ex.submit(one, i) for i in range(12)]
+        t0 = time.time()
+        while len(started) < 12 and time.time() - t0 < 60:
+            time.sleep(0.005)
+        busy = threads(pid)
+        res = [f.result(timeout=120) for f in futs]
+    check(len(started) == 12, f"only {len(started)} of 12 streams were in flight together")
+    check(busy == idle, f"kvgate had {idle} threads idle and {busy} with 12 streams")
+    check(all(n > 100 for n in res), f"chunks per stream {res}")
+
+    # Keep-alive: a gate of its own that does not take stopped workers out for 20 s.
+    port = c.ports.setdefault("gate5", h.free_port())
+    c.start_gate("kvgate5", port, extra=["--keepalive-s", "1", "--worker-timeout-ms", "20000"])
+    c.wait_health(2, port=port)
+    body = json.dumps({"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 64,
+                       "temperature": 0, "stream": True}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    check(r.status == 200, f"stream status {r.status}")
+    lines = sse_lines(r)
+    first = next(l for l in lines if l.startswith("data: "))
+    text = json.loads(first[6:])["choices"][0]["text"]
+    workers = [c.procs[f"w{i}"] for i in range(2)]
+    for w in workers:
+        w.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.time()
+        comments = []
+        for line in lines:
+            if line.startswith(":"):
+                comments.append(time.time() - t0)
+            elif line.startswith("data: "):  # sent before the stop
+                text += json.loads(line[6:])["choices"][0]["text"]
+            if len(comments) == 2:
+                break
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGCONT)
+    check(len(comments) == 2 and comments[0] < 2.5, f"keep-alive comments at {comments} s")
+    done = False
+    for line in lines:
+        if line.startswith("data: [DONE]"):
+            done = True
+            break
+        if line.startswith("data: "):
+            text += json.loads(line[6:])["choices"][0]["text"]
+    conn.close()
+    check(done, "the stream did not end with [DONE] after the workers went on")
+    want = generate(args, "Once upon a time", 64)
+    check(text == want, f"text after the pause {text!r} != {want!r}")
+
+    # SIGTERM with a stream in flight: the client is told, kvgate exits 0 promptly.
+    got = []
+
+    def long_stream():
+        cl = openai.OpenAI(base_url=c.url("/v1", port), api_key="unused", max_retries=0, timeout=60)
+        try:
+            for ch in cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=1800,
+                                            temperature=0, stream=True):
+                got.append(ch)
+            return "ended"
+        except openai.APIError as e:
+            return str(e)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(long_stream)
+        t0 = time.time()
+        while not got and time.time() - t0 < 30:
+            time.sleep(0.005)
+        check(got, "the long stream did not start")
+        t0 = time.time()
+        c.kill("kvgate5", signal.SIGTERM)
+        took = time.time() - t0
+        out = fut.result(timeout=30)
+    check(c.procs["kvgate5"].returncode == 0, "kvgate5 exit code after SIGTERM")
+    check(took < 3, f"kvgate5 took {took:.1f} s to stop")
+    check("stopping" in out, f"the stream in flight at SIGTERM: {out!r}")
+    c.wait_health(2)  # the main gate took the stopped workers out for a while
 
 
 def scrape(c, who):
@@ -466,7 +584,7 @@ def t_prefix(args, c):
 
 
 CASES = [t_models_health, t_completion_greedy, t_completion_stop_seed, t_chat, t_concurrent,
-         t_bad_input, t_no_template, t_limits, t_kill_worker, t_metrics, t_prefix]
+         t_bad_input, t_no_template, t_limits, t_event_loop, t_kill_worker, t_metrics, t_prefix]
 
 
 def main():
