@@ -11,11 +11,14 @@ Each row also gives the CPU time each process spent per request during the run (
 /proc/PID/stat: kvgate, the worker, and this client process), which says what the gateway costs
 whatever the scheduler does. --pin puts the worker on the last CPU and everything else (kvstored,
 kvgate, the client threads) on the others, so that on a small machine the worker has a core of
-its own on both paths and the gateway's CPU is not taken from it. The TTFT means say where a
+its own on both paths and the gateway's CPU is not taken from it; --store-with-worker puts
+kvstored on the worker's CPU too (the store side on one core, kvgate and the clients on the
+other), so that kvgate's CPU is not taken from kvstored's per-token commits either. The TTFT means say where a
 first token's time goes: the client's, kvgate's (a request received to its first piece) and the
 worker's (admitted to sampled), from the two processes' Prometheus histograms over the run.
 
   .venv/bin/python bench/bench_gate.py --build build [--concurrency 1,4] [--requests 100] [--pin]
+      [--store-with-worker]
 """
 import argparse
 import http.client
@@ -216,6 +219,9 @@ def main():
     ap.add_argument("--threads", default="1", help="kvworker serve -t")
     ap.add_argument("--pin", action="store_true",
                     help="worker on the last CPU, kvstored, kvgate and the clients on the others")
+    ap.add_argument("--store-with-worker", action="store_true",
+                    help="with --pin: kvstored on the worker's CPU (the store side on one core, "
+                         "kvgate and the clients on the others)")
     args = ap.parse_args()
     wrap = None
     if args.pin:
@@ -223,7 +229,8 @@ def main():
         if n < 2:
             sys.exit("bench_gate: --pin needs 2 CPUs")
         rest = f"0-{n - 2}" if n > 2 else "0"
-        wrap = lambda name: ["taskset", "-c", str(n - 1) if name.startswith("w") else rest]  # noqa: E731
+        back = ("w", "kvstored") if args.store_with_worker else ("w",)
+        wrap = lambda name: ["taskset", "-c", str(n - 1) if name.startswith(back) else rest]  # noqa: E731
         os.sched_setaffinity(0, set(range(n - 1)))  # before any client thread starts
     c = Cluster(os.path.abspath(args.build), os.path.abspath(args.model), workers=1,
                 worker_args=["-t", args.threads, "--max-seqs", "16"], wrap=wrap, metrics=True)
@@ -234,7 +241,8 @@ def main():
         run("gate", port, 2, 5, args.tokens)
         print(f"# {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
               f"{time.strftime('%Y-%m-%d %H:%M')}, {args.tokens} tokens/request, "
-              f"worker -t {args.threads}{', pinned' if args.pin else ''}")
+              f"worker -t {args.threads}{', pinned' if args.pin else ''}"
+              f"{', kvstored with the worker' if args.pin and args.store_with_worker else ''}")
         pids = {"gate": c.procs["kvgate"].pid, "worker": c.procs["w0"].pid}
         hists = {"gate": (c.url("/metrics"), "freekv_gate_time_to_first_token_seconds"),
                  "worker": (f"http://127.0.0.1:{c.ports['w0']}/metrics",

@@ -20,6 +20,7 @@ struct gate_http {
 	zmq_pollitem_t *it;		/* [0] the daemon's epoll fd, then the router's */
 	int n_it;
 	double next_tick;		/* when api_tick is due */
+	int tick;			/* what router_run asked for */
 };
 
 /* One request on a connection: its route, its body, and its completion while it waits. */
@@ -237,9 +238,9 @@ int gate_http_start(struct gate *g, const char *listen, bool any_addr, unsigned 
 
 int gate_http_step(struct gate_http *h, int max_ms)
 {
-	int wait = max_ms, t = router_run(h->g->r);
-	if (t < wait)
-		wait = t;
+	int wait = max_ms;
+	if (h->tick < wait)
+		wait = h->tick;
 	double now = clock_ms_f();
 	if (h->next_tick - now < wait)
 		wait = h->next_tick > now ? (int)(h->next_tick - now) : 0;
@@ -250,13 +251,13 @@ int gate_http_step(struct gate_http *h, int max_ms)
 	if (ret < 0 && errno != EINTR)
 		return -errno;
 	/* Pieces first: the connections they resume are served by the MHD_run after. */
-	router_run(h->g->r);
+	h->tick = router_run(h->g->r, ret > 0 ? h->it + 1 : NULL);
 	MHD_run(h->d);
 	now = clock_ms_f();
 	if (now >= h->next_tick)
 		h->next_tick = now + api_tick(h->g, now);
 	/* What the handlers submitted goes out now, not after the next wait. */
-	router_run(h->g->r);
+	router_flush(h->g->r);
 	return ret < 0 ? -EINTR : 0;
 }
 

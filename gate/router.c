@@ -66,11 +66,20 @@ struct router {
 	int n_tab, cap_tab;
 	int inflight;
 	uint64_t next_id, rr;
-	int tick_ms;			/* how often router_run must be called at least */
+	int tick_ms;			/* monitors and probes: at least this often */
+	double last_tick;
+	bool dirty;			/* something for send_pending to do */
+	bool have_loop;
+	pthread_t loop;			/* the thread that calls router_run */
 };
 
+/* After a change for send_pending (r->mu held): the loop's thread sends it at the end of its
+ * turn (router_flush); another thread wakes the loop. */
 static void wake(struct router *r)
 {
+	r->dirty = true;
+	if (r->have_loop && pthread_equal(pthread_self(), r->loop))
+		return;
 	uint64_t one = 1;
 	if (write(r->efd, &one, sizeof one) < 0) {
 		/* The counter is saturated: the loop is awake anyway. */
@@ -286,6 +295,7 @@ static void on_monitor(struct router *r, int wi)
 
 static void send_pending(struct router *r)
 {
+	r->dirty = false;
 	for (int i = 0; i < r->n_tab; i++) {
 		struct router_stream *s = r->tab[i];
 		struct gworker *w = &r->w[s->worker];
@@ -319,27 +329,33 @@ static void send_pending(struct router *r)
 
 int router_pollitems(struct router *r, zmq_pollitem_t *it, int max)
 {
-	int n = 1 + 2 * r->n;
+	int n = 1 + r->n;
 	if (!it)
 		return n;
 	if (max < n)
 		return -ENOSPC;
 	it[0] = (zmq_pollitem_t){ .fd = r->efd, .events = ZMQ_POLLIN };
-	for (int i = 0; i < r->n; i++) {
-		it[1 + 2 * i] = (zmq_pollitem_t){ .socket = r->w[i].sock, .events = ZMQ_POLLIN };
-		it[2 + 2 * i] = (zmq_pollitem_t){ .socket = r->w[i].mon, .events = ZMQ_POLLIN };
-	}
+	for (int i = 0; i < r->n; i++)
+		it[1 + i] = (zmq_pollitem_t){ .socket = r->w[i].sock, .events = ZMQ_POLLIN };
 	return n;
 }
 
-int router_run(struct router *r)
+int router_run(struct router *r, const zmq_pollitem_t *it)
 {
 	uint64_t v;
-	if (read(r->efd, &v, sizeof v) < 0) {
-		/* EAGAIN: nobody asked */
+	if (!it || (it[0].revents & ZMQ_POLLIN)) {
+		if (read(r->efd, &v, sizeof v) < 0) {
+			/* EAGAIN: nobody asked */
+		}
 	}
 	pthread_mutex_lock(&r->mu);
+	if (!r->have_loop) {
+		r->loop = pthread_self();
+		r->have_loop = true;
+	}
 	for (int i = 0; i < r->n; i++) {
+		if (it && !(it[1 + i].revents & ZMQ_POLLIN))
+			continue;
 		for (int k = 0; k < 64; k++) { /* bounded: others get their turn */
 			zmq_msg_t m;
 			zmq_msg_init(&m);
@@ -351,19 +367,35 @@ int router_run(struct router *r)
 				on_reply(r, i, zmq_msg_data(&m), zmq_msg_size(&m));
 			zmq_msg_close(&m);
 		}
-		int events = 0;
-		size_t el = sizeof events;
-		while (zmq_getsockopt(r->w[i].mon, ZMQ_EVENTS, &events, &el) == 0 &&
-		       (events & ZMQ_POLLIN))
-			on_monitor(r, i);
+	}
+	double now = clock_ms_f();
+	if (now - r->last_tick >= r->tick_ms) {
+		/* The monitors are not polled (each zmq socket polled costs system calls on
+		 * every turn); a dropped connection is seen within a tick. */
+		r->last_tick = now;
+		for (int i = 0; i < r->n; i++) {
+			int events = 0;
+			size_t el = sizeof events;
+			while (zmq_getsockopt(r->w[i].mon, ZMQ_EVENTS, &events, &el) == 0 &&
+			       (events & ZMQ_POLLIN))
+				on_monitor(r, i);
+		}
 	}
 	send_pending(r);
-	double now = clock_ms_f();
 	for (int i = 0; i < r->n; i++)
 		if (now - r->w[i].last_probe >= r->o.probe_ms)
 			probe(r, i, now);
+	double left = r->last_tick + r->tick_ms - now;
 	pthread_mutex_unlock(&r->mu);
-	return r->tick_ms;
+	return left > 0 ? (int)left + 1 : 0;
+}
+
+void router_flush(struct router *r)
+{
+	pthread_mutex_lock(&r->mu);
+	if (r->dirty)
+		send_pending(r);
+	pthread_mutex_unlock(&r->mu);
 }
 
 /* ---------------------------------------------------------------- API */
@@ -586,8 +618,8 @@ int router_submit(struct router *r, const struct router_gen *g, void (*notify)(v
 	r->inflight++;
 	s->in_table = true;
 	r->tab[r->n_tab++] = s;
-	pthread_mutex_unlock(&r->mu);
 	wake(r);
+	pthread_mutex_unlock(&r->mu);
 	*out = s;
 	return 0;
 }
@@ -617,10 +649,11 @@ void router_cancel(struct router_stream *s)
 {
 	struct router *r = s->r;
 	pthread_mutex_lock(&r->mu);
-	if (!s->final)
+	if (!s->final) {
 		s->cancel_wanted = true;
+		wake(r);
+	}
 	pthread_mutex_unlock(&r->mu);
-	wake(r);
 }
 
 void router_release(struct router_stream *s)
@@ -634,10 +667,11 @@ void router_release(struct router_stream *s)
 		stream_free(s);
 	else if (!s->sent)
 		finish(r, s, -ECANCELED, "released before it was sent");
-	else
+	else {
 		s->cancel_wanted = true; /* freed when its Done arrives */
+		wake(r);
+	}
 	pthread_mutex_unlock(&r->mu);
-	wake(r);
 }
 
 int router_workers(struct router *r, struct router_worker_info *out, int max)

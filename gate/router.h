@@ -2,7 +2,8 @@
  * the streams that carry a request's pieces back to the HTTP side (docs/design.md §6). The
  * router has no thread of its own: kvgate's event loop polls its sockets (router_pollitems)
  * beside the HTTP server's and calls router_run, which reads the replies, sends what is
- * waiting and probes; a stream's notify callback says that it has something new to take.
+ * waiting and probes, and router_flush at the end of its turn; a stream's notify callback
+ * says that it has something new to take.
  *
  * Routing: a request goes to the live worker serving its model with the fewest outstanding
  * tokens (the prompt's estimate and the tokens still to sample of every request in flight
@@ -83,12 +84,16 @@ int router_start(const struct router_opts *o, struct router **out, char *err, si
 void router_close(struct router *r);
 void router_stop(struct router *r);
 
-/* The items kvgate's loop polls for the router: 1 + 2 per worker (it NULL: just the count;
+/* The items kvgate's loop polls for the router: 1 + 1 per worker (it NULL: just the count;
  * -ENOSPC above max). They stay valid until router_stop. */
 int router_pollitems(struct router *r, zmq_pollitem_t *it, int max);
-/* Handles what is ready on those items (without blocking) and sends what waits; returns the
- * longest the loop may wait before calling it again, in ms. */
-int router_run(struct router *r);
+/* Handles what those items, as polled (revents; NULL: all of them), have ready, without
+ * blocking; every tick also the socket monitors and the Status probes; sends what waits.
+ * Returns the longest the loop may wait before calling it again, in ms. */
+int router_run(struct router *r, const zmq_pollitem_t *it);
+/* Sends what router_submit, router_cancel and router_release left to send (the loop calls
+ * it at the end of each turn; the calls from other threads wake the loop instead). */
+void router_flush(struct router *r);
 
 /* 0 with *s, or: -EHOSTUNREACH (no live worker serves that model; msg says which answer),
  * -ENOENT (no worker serves that model), -EBUSY (max_inflight), -ENOMEM. notify(arg) is
