@@ -52,6 +52,7 @@ struct child {
 	int fd;
 	unsigned wi;
 	bool hostile;
+	bool killed;			/* by kvload (a fault) */
 };
 
 static struct {
@@ -253,17 +254,39 @@ static int spawn(struct child *ch, const struct load_cfg *c, unsigned wi, bool h
 	return 0;
 }
 
-/* Waits for a child and adds what it sent; a killed child sends nothing. */
-static int reap(struct child *ch, struct load_stats *s)
+/* Reads all of one struct load_stats from fd; false when the child sent none. */
+static bool read_stats(int fd, struct load_stats *got)
+{
+	size_t at = 0;
+	while (at < sizeof *got) {
+		ssize_t n = read(fd, (char *)got + at, sizeof *got - at);
+		if (n <= 0)
+			return false;
+		at += (size_t)n;
+	}
+	return true;
+}
+
+/* Waits for a child and adds what it sent (its fill, then its steady phase); a killed child
+ * sends nothing. */
+static int reap(struct child *ch, struct load_stats *fill, struct load_stats *s)
 {
 	int st = 0;
 	waitpid(ch->pid, &st, 0);
-	struct load_stats got;
-	if (read(ch->fd, &got, sizeof got) == (ssize_t)sizeof got)
-		stats_merge(s, &got);
+	static struct load_stats got;
+	if (read_stats(ch->fd, &got)) {
+		stats_merge(fill, &got);
+		if (read_stats(ch->fd, &got))
+			stats_merge(s, &got);
+	}
 	close(ch->fd);
 	ch->pid = 0;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	if (rc && !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && ch->killed))
+		fprintf(stderr, "kvload: %s %u ended %s %d\n", ch->hostile ? "hostile client" : "worker",
+			ch->wi, WIFEXITED(st) ? "with status" : "by signal",
+			WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+	return rc;
 }
 
 /* ---------------------------------------------------------------- real generations */
@@ -411,8 +434,18 @@ int main(int argc, char **argv)
 		}
 	}
 
+	/* Which workers have filled their sequences: shared with every child. */
+	uint8_t *filled = mmap(NULL, MAX_WORKERS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+			       -1, 0);
+	if (filled == MAP_FAILED) {
+		fprintf(stderr, "kvload: mmap: %s\n", strerror(errno));
+		stop_daemon();
+		return 1;
+	}
+	o.c.filled = filled;
+
 	/* Baseline: one worker alone on a few sequences of its own. */
-	struct load_stats base = { 0 };
+	static struct load_stats base, base_fill;
 	struct load_cfg bc = o.c;
 	bc.workers = 1;
 	bc.sequences = 8;
@@ -420,7 +453,7 @@ int main(int argc, char **argv)
 	bc.seed = o.c.seed + 99;
 	struct child b;
 	double t0 = load_now_s();
-	if (!ret && (ret = spawn(&b, &bc, 0, false, t0 + bc.duration_s)) == 0 && reap(&b, &base))
+	if (!ret && (ret = spawn(&b, &bc, 0, false, t0 + bc.duration_s)) == 0 && reap(&b, &base_fill, &base))
 		ret = 1;
 	/* The baseline's sequences ("w0-s0".."w0-s7") are the load's too: drop them. */
 	{
@@ -434,8 +467,9 @@ int main(int argc, char **argv)
 	}
 
 	/* The load. */
+	memset(filled, 0, MAX_WORKERS);
 	static struct child ch[MAX_WORKERS + 1];
-	struct load_stats all = { 0 };
+	static struct load_stats all, fill;
 	uint64_t anon0 = 0, anon_warm = 0, anon_end = 0, faults_kill = 0, faults_stop = 0, fenced = 0;
 	uint64_t heap_warm = 0; /* the daemon's malloc'd bytes in use at the warm-up mark */
 	double cpu0 = 0, cpu1 = 0;
@@ -450,11 +484,16 @@ int main(int argc, char **argv)
 	pid_t gens[MAX_GENS] = { 0 };
 	bool gens_started = false;
 	uint64_t rng = o.c.seed * 0x9e3779b97f4a7c15ull | 1;
-	double next_fault = start + 2.0;
+	double next_fault = start + 2.0, t_filled = 0;
 	while (!ret && load_now_s() < deadline) {
 		usleep(100 * 1000);
 		double now = load_now_s();
-		if (!anon_warm && now - start > 0.25 * o.c.duration_s) {
+		if (!t_filled && load_all_filled(&o.c))
+			t_filled = now;
+		/* Warm: filled, and a while into the steady phase. */
+		bool warm = t_filled && now - start > 0.25 * o.c.duration_s &&
+			    now - t_filled > 0.1 * (deadline - t_filled);
+		if (!anon_warm && warm) {
 			Freekv__Reply *hk;
 			Freekv__StatsReply *hs;
 			proc_usage(g.daemon, &anon_warm, &cpu1);
@@ -462,7 +501,7 @@ int main(int argc, char **argv)
 			heap_warm = hs && hs->has_heap_in_use_bytes ? hs->heap_in_use_bytes : 0;
 			kvs_reply_free(hk);
 		}
-		if (o.generations && !gens_started && now - start > 0.25 * o.c.duration_s) {
+		if (o.generations && !gens_started && warm) {
 			for (unsigned i = 0; i < o.generations; i++) {
 				char p[80];
 				snprintf(p, sizeof p, "%.64s.load", outp[i]);
@@ -476,7 +515,8 @@ int main(int argc, char **argv)
 		struct child *v = &ch[(rng >> 8) % o.c.workers];
 		if ((rng >> 3) % 2 == 0) { /* kill -9, and a replacement resumes its sequences */
 			kill(v->pid, SIGKILL);
-			reap(v, &all);
+			v->killed = true;
+			reap(v, &fill, &all);
 			faults_kill++;
 			ret = spawn(v, &o.c, v->wi, false, deadline);
 		} else { /* stalled past the liveness timeout: the daemon must fence it (kill it
@@ -500,11 +540,17 @@ int main(int argc, char **argv)
 	}
 	int bad_children = 0;
 	for (unsigned i = 0; i < n_ch; i++)
-		if (ch[i].pid && reap(&ch[i], &all) != 0)
+		if (ch[i].pid && reap(&ch[i], &fill, &all) != 0)
 			bad_children++;
-	double secs = load_now_s() - start;
+	double end = load_now_s(), secs = end - start;
+	/* The steady phase: from the last worker's fill to the end (0: the fill did not end). */
+	double steady = t_filled ? end - t_filled : 0;
 	proc_usage(g.daemon, &anon_end, &cpu1);
 	cpu1 -= cpu0;
+	/* The counters of both phases (the verdict covers the fill too). */
+	static struct load_stats tot;
+	tot = fill;
+	stats_merge(&tot, &all);
 
 	unsigned gen_exact = 0;
 	for (unsigned i = 0; i < o.generations && gens_started; i++) {
@@ -557,16 +603,27 @@ int main(int argc, char **argv)
 	printf("baseline (1 worker, 8 sequences, %.1f s):\n", o.baseline_s);
 	for (int i = 0; i < OP_N; i++)
 		print_hist_row(load_op_name(i), &base.h[i], base.ops[i], o.baseline_s);
-	printf("load:\n");
+	if (t_filled) {
+		printf("fill (every worker as fast as it can): %.1f s, written %.3f GB/s\n",
+		       t_filled - start, (double)fill.bytes_written / (t_filled - start) / 1e9);
+	} else {
+		printf("fill: not finished by the end of the run: no steady phase\n");
+	}
 	for (int i = 0; i < OP_N; i++)
-		print_hist_row(load_op_name(i), &all.h[i], all.ops[i], secs);
+		print_hist_row(load_op_name(i), &fill.h[i], fill.ops[i], t_filled ? t_filled - start : secs);
+	printf("load (steady phase, %.1f s, target %.0f ops/s%s):\n", steady, o.c.rate,
+	       o.c.rate > 0 ? "" : " = unlimited");
+	for (int i = 0; i < OP_N; i++)
+		print_hist_row(load_op_name(i), &all.h[i], all.ops[i], steady);
 	uint64_t p99b = ring_p99(&base), p99l = ring_p99(&all);
-	printf("ring round trip p99: %.1f us loaded vs %.1f us alone (%.2fx)\n", p99l / 1e3, p99b / 1e3,
-	       p99b ? (double)p99l / (double)p99b : 0);
-	printf("throughput: %.0f ops/s, written %.3f GB/s, read %.3f GB/s\n",
-	       (double)(all.ops[OP_ALLOC] + all.ops[OP_COMMIT] + all.ops[OP_RECALL] + all.ops[OP_RELEASE] +
-			all.ops[OP_RPC]) / secs,
-	       (double)all.bytes_written / secs / 1e9, (double)all.bytes_read / secs / 1e9);
+	uint64_t all_ops = all.ops[OP_ALLOC] + all.ops[OP_COMMIT] + all.ops[OP_RECALL] +
+			   all.ops[OP_RELEASE] + all.ops[OP_RPC];
+	printf("ring round trip p99: %.1f us loaded (steady) vs %.1f us alone (%.2fx)\n", p99l / 1e3,
+	       p99b / 1e3, p99b ? (double)p99l / (double)p99b : 0);
+	printf("throughput (steady): %.0f ops/s, written %.3f GB/s, read %.3f GB/s\n",
+	       steady > 0 ? (double)all_ops / steady : 0,
+	       steady > 0 ? (double)all.bytes_written / steady / 1e9 : 0,
+	       steady > 0 ? (double)all.bytes_read / steady / 1e9 : 0);
 	printf("daemon: heap (RssAnon) %" PRIu64 " KiB at start, %" PRIu64 " KiB after warm-up, %" PRIu64
 	       " KiB at the end (%+" PRId64 " KiB since warm-up); CPU %.0f%%\n",
 	       anon0, anon_warm, anon_end, (int64_t)anon_end - (int64_t)anon_warm, 100.0 * cpu1 / secs);
@@ -584,12 +641,12 @@ int main(int argc, char **argv)
 	printf("faults: %" PRIu64 " workers killed, %" PRIu64 " stalled past the liveness timeout (%"
 	       PRIu64 " fenced by kvstored), %" PRIu64 " forged ring ops (%" PRIu64 " accepted); %"
 	       PRIu64 " errors, %" PRIu64 " recoveries, %" PRIu64 " sequences churned\n",
-	       faults_kill, faults_stop, fenced, all.forged, all.forged_accepted, all.errors,
-	       all.recoveries, all.sequences_churned);
+	       faults_kill, faults_stop, fenced, tot.forged, tot.forged_accepted, tot.errors,
+	       tot.recoveries, tot.sequences_churned);
 	printf("verified: %" PRIu64 " blocks during the load, %" PRIu64 " blocks (%.3f GB) at the end "
 	       "in %.1f s; wrong %" PRIu64 ", lost %" PRIu64 "\n",
-	       all.pages_verified, ver.pages_verified, (double)ver.bytes_read / 1e9, tv,
-	       all.mismatches + ver.mismatches, all.lost + ver.lost);
+	       tot.pages_verified, ver.pages_verified, (double)ver.bytes_read / 1e9, tv,
+	       tot.mismatches + ver.mismatches, tot.lost + ver.lost);
 	printf("leases left after every worker exited: %" PRIu64 "\n", leases_left);
 	if (o.generations)
 		printf("generations: %u of %u equal to their runs alone; prefix sharing: %" PRIu64
@@ -597,30 +654,29 @@ int main(int argc, char **argv)
 		       gen_exact, o.generations, ds && ds->prefix ? ds->prefix->lookups : 0,
 		       ds && ds->prefix ? ds->prefix->hits : 0,
 		       ds && ds->prefix ? ds->prefix->tokens_saved : 0);
-	if (all.first_error)
-		printf("first error: %s (%s)\n", all.first_error_msg, strerror(-all.first_error));
+	if (tot.first_error)
+		printf("first error: %s (%s)\n", tot.first_error_msg, strerror(-tot.first_error));
 	if (ver.first_error)
 		printf("verify: %s\n", ver.first_error_msg);
 
-	bool ok = !ret && !vret && daemon_up && !bad_children && !all.mismatches && !ver.mismatches &&
-		  !all.lost && !ver.lost && !all.forged_accepted && gen_exact == o.generations &&
+	bool ok = !ret && !vret && daemon_up && !bad_children && !tot.mismatches && !ver.mismatches &&
+		  !tot.lost && !ver.lost && !tot.forged_accepted && gen_exact == o.generations &&
 		  !leases_left;
 	if (o.json)
 		printf("{\"ok\": %s, \"ops_per_s\": %.1f, \"ring_p99_us\": %.1f, \"ring_p99_alone_us\": %.1f, "
 		       "\"rss_growth_kib\": %" PRId64 ", \"heap_growth_kib\": %" PRId64 ", \"verified_blocks\": %" PRIu64 ", \"wrong\": %" PRIu64
 		       ", \"lost\": %" PRIu64 ", \"kills\": %" PRIu64 ", \"stalls\": %" PRIu64 "}\n",
 		       ok ? "true" : "false",
-		       (double)(all.ops[OP_ALLOC] + all.ops[OP_COMMIT] + all.ops[OP_RECALL] +
-				all.ops[OP_RELEASE] + all.ops[OP_RPC]) / secs,
+		       steady > 0 ? (double)all_ops / steady : 0,
 		       p99l / 1e3, p99b / 1e3, (int64_t)anon_end - (int64_t)anon_warm,
 		       ds && heap_warm ? ((int64_t)ds->heap_in_use_bytes - (int64_t)heap_warm) / 1024 : 0,
-		       all.pages_verified + ver.pages_verified, all.mismatches + ver.mismatches,
-		       all.lost + ver.lost, faults_kill, faults_stop);
+		       tot.pages_verified + ver.pages_verified, tot.mismatches + ver.mismatches,
+		       tot.lost + ver.lost, faults_kill, faults_stop);
 	if (!ok)
 		printf("FAILED:%s%s%s%s%s%s%s%s\n", ret || vret ? " errors" : "", daemon_up ? "" : " daemon down",
 		       bad_children ? " a worker could not recover" : "",
-		       all.mismatches + ver.mismatches ? " wrong bytes" : "", all.lost + ver.lost ? " lost blocks" : "",
-		       all.forged_accepted ? " forged op accepted" : "",
+		       tot.mismatches + ver.mismatches ? " wrong bytes" : "", tot.lost + ver.lost ? " lost blocks" : "",
+		       tot.forged_accepted ? " forged op accepted" : "",
 		       gen_exact != o.generations ? " generation differs" : "",
 		       leases_left ? " leases of exited workers left" : "");
 	kvs_reply_free(keep);

@@ -52,6 +52,8 @@ struct load_cfg {
 	double rate;			/* ops/s over all workers, 0 unlimited */
 	uint64_t seed;
 	struct kvs_geometry geo;
+	volatile uint8_t *filled;	/* shared with the parent: [wi] set once worker wi has
+					 * filled its sequences (NULL: not told) */
 };
 
 /* Bytes of one block of cfg's geometry. */
@@ -68,14 +70,16 @@ uint64_t hist_pct(const struct hist *h, double q);
 void stats_merge(struct load_stats *into, const struct load_stats *s);
 const char *load_op_name(enum load_op op);
 
-/* Runs worker `wi` of cfg until its deadline; writes its struct load_stats to out_fd. The
- * sequences it owns are "w<wi>-s<j>"; it attaches them (creating the missing ones), verifies what
- * they hold, fills them, then loops over recall/verify, detach/resume, churn and status calls.
- * Returns the process exit status (0 unless it could not recover). */
+/* Runs worker `wi` of cfg until its deadline; writes two struct load_stats to out_fd: the fill,
+ * then the steady phase. The sequences it owns are "w<wi>-s<j>"; it attaches them (creating the
+ * missing ones), verifies what they hold, fills them (as fast as it can), then loops over
+ * recall/verify, detach/resume, churn and status calls at cfg->rate. Returns the process exit
+ * status (0 unless it could not recover). */
 int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, int out_fd);
 
 /* A hostile client until deadline_s: forged COMMITs and RELEASEs of offsets and leases it was
- * never given, RECALLs of sequences it has not attached. Every one must be refused. */
+ * never given, RECALLs of sequences it has not attached. Every one must be refused. Writes an
+ * empty fill and its struct load_stats to out_fd. */
 int load_hostile_run(const struct load_cfg *cfg, double deadline_s, int out_fd);
 
 /* Attaches every sequence of cfg in turn and checks every committed block; adds to s. Returns 0
@@ -83,5 +87,7 @@ int load_hostile_run(const struct load_cfg *cfg, double deadline_s, int out_fd);
 int load_verify_all(const struct load_cfg *cfg, struct load_stats *s);
 
 double load_now_s(void);
+/* Whether every worker of cfg has filled its sequences (cfg->filled set). */
+bool load_all_filled(const struct load_cfg *cfg);
 
 #endif

@@ -125,3 +125,11 @@ const char *load_op_name(enum load_op op)
 	static const char *const names[OP_N] = { "ALLOC", "COMMIT", "RECALL", "RELEASE", "RPC" };
 	return op < OP_N ? names[op] : "?";
 }
+
+bool load_all_filled(const struct load_cfg *c)
+{
+	for (unsigned i = 0; i < c->workers; i++)
+		if (!c->filled[i])
+			return false;
+	return true;
+}

@@ -276,6 +276,16 @@ int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, 
 		if (ret && transient(ret) && !(ret = recover(&w, deadline_s)))
 			j = (unsigned)-1; /* start over: everything re-attached and checked */
 	}
+	/* The fill's figures apart from the steady phase's: latencies under a fill as fast as
+	 * every worker can go say nothing about the load at the target rate. */
+	struct load_stats fill = w.st;
+	memset(&w.st, 0, sizeof w.st);
+	if (!ret && cfg->filled) {
+		/* Every worker starts its steady phase when the last one has filled. */
+		cfg->filled[wi] = 1;
+		while (!load_all_filled(cfg) && load_now_s() < deadline_s)
+			usleep(10 * 1000);
+	}
 	double gap = cfg->rate > 0 ? cfg->workers / cfg->rate : 0, next = load_now_s();
 	while (!ret && w.n && load_now_s() < deadline_s) {
 		if (gap > 0) {
@@ -296,7 +306,8 @@ int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, 
 			note(&w, TIMED(&w, OP_RPC, kvs_detach(w.k, w.s[j].id)), "final detach");
 	if (w.k)
 		kvs_close(w.k);
-	if (write(out_fd, &w.st, sizeof w.st) != (ssize_t)sizeof w.st)
+	if (write(out_fd, &fill, sizeof fill) != (ssize_t)sizeof fill ||
+	    write(out_fd, &w.st, sizeof w.st) != (ssize_t)sizeof w.st)
 		ret = -EIO;
 	free(w.s);
 	return ret ? 1 : 0;
@@ -360,7 +371,9 @@ int load_hostile_run(const struct load_cfg *cfg, double deadline_s, int out_fd)
 		note(&w, ret, "hostile client");
 	if (w.k)
 		kvs_close(w.k);
-	if (write(out_fd, &w.st, sizeof w.st) != (ssize_t)sizeof w.st)
+	struct load_stats none = { 0 };
+	if (write(out_fd, &none, sizeof none) != (ssize_t)sizeof none ||
+	    write(out_fd, &w.st, sizeof w.st) != (ssize_t)sizeof w.st)
 		ret = -EIO;
 	return ret ? 1 : 0;
 }

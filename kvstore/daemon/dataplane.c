@@ -909,43 +909,21 @@ int dp_worker_add(struct dp *dp, uint32_t wid, char *ring_name, size_t len, char
 	return 0;
 }
 
-struct gone_ctx {
-	struct dp *dp;
-	uint32_t wid;
-	uint64_t seq_id;	/* 0: any sequence */
-	uint32_t ids[256];
-	size_t n;
-	bool more;
-};
-
-static int collect_uncommitted(void *ctx, uint32_t id, struct pool_block *b)
+/* The blocks worker wid ALLOCed for s and never COMMITted, freed. op_alloc names every block
+ * it hands out in the sequence's block map, so the map finds them all: the cost is the
+ * sequence's pages, not the pool's blocks. */
+static void free_uncommitted(struct dp *dp, uint32_t wid, struct seq *s)
 {
-	struct gone_ctx *g = ctx;
-	if (!b->committed && b->user == g->wid && (!g->seq_id || b->seq_id == g->seq_id) && !b->leases) {
-		if (g->n == 256) {
-			g->more = true;
-			return 1;
+	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
+		for (uint32_t p = 0; p < s->n_pages; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
+			if (!b || b->committed || b->user != wid || b->seq_id != s->id || b->leases)
+				continue;
+			seq_set_block(s, l, p, SEQ_NO_BLOCK);
+			pool_block_free(dp->pool, id);
 		}
-		g->ids[g->n++] = id;
 	}
-	return 0;
-}
-
-static void free_uncommitted(struct dp *dp, uint32_t wid, uint64_t seq_id)
-{
-	struct gone_ctx g = { .dp = dp, .wid = wid, .seq_id = seq_id };
-	do {
-		g.n = 0;
-		g.more = false;
-		pool_each(dp->pool, collect_uncommitted, &g);
-		for (size_t i = 0; i < g.n; i++) {
-			struct pool_block *b = pool_block_get(dp->pool, g.ids[i]);
-			struct seq *s = seq_find(dp->seqs, b->seq_id);
-			if (s && seq_block(s, b->layer, b->page) == g.ids[i])
-				seq_set_block(s, b->layer, b->page, SEQ_NO_BLOCK);
-			pool_block_free(dp->pool, g.ids[i]);
-		}
-	} while (g.more);
 }
 
 /* Committed blocks at pages the committed length does not reach hold no committed token: a
@@ -979,7 +957,7 @@ void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s)
 				lease_drop(dp, w, l);
 		}
 	}
-	free_uncommitted(dp, wid, s->id);
+	free_uncommitted(dp, wid, s);
 	trim_past_committed(dp, s);
 }
 
@@ -999,10 +977,14 @@ void dp_worker_gone(struct dp *dp, uint32_t wid)
 	for (uint32_t i = 0; i < w->cap; i++)
 		if (w->leases[i].block != POOL_NO_BLOCK)
 			lease_drop(dp, w, &w->leases[i]);
-	free_uncommitted(dp, wid, 0);
-	for (size_t k = 0; k < dp->seqs->n; k++) /* still attached to wid: orphaned after this */
-		if (dp->seqs->v[k]->worker_id == wid && dp->seqs->v[k]->state == SEQ_ATTACHED)
-			trim_past_committed(dp, dp->seqs->v[k]);
+	for (size_t k = 0; k < dp->seqs->n; k++) {
+		struct seq *s = dp->seqs->v[k];
+		if (s->worker_id != wid)
+			continue;
+		free_uncommitted(dp, wid, s); /* a detach freed those of the others */
+		if (s->state == SEQ_ATTACHED) /* still attached to wid: orphaned after this */
+			trim_past_committed(dp, s);
+	}
 	ring_destroy(w->ring);
 	ring_kick(&dp->kick);
 	free(w->leases);

@@ -38,6 +38,7 @@ struct pool {
 	uint32_t *free_ids;
 	uint32_t n_free_ids, cap_free_ids;
 	uint64_t clock;
+	uint32_t lru_head, lru_tail; /* DRAM blocks, coldest first (POOL_NO_BLOCK: none) */
 	struct pool_usage u;  /* kept exact by every state change */
 };
 
@@ -78,6 +79,7 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 		return -ENOMEM;
 	}
 	p->fd = -1;
+	p->lru_head = p->lru_tail = POOL_NO_BLOCK;
 	if (cfg->shm_name && strlen(cfg->shm_name) < sizeof p->name)
 		strcpy(p->name, cfg->shm_name);
 	if (cfg->hugetlbfs_dir && cfg->hugetlbfs_dir[0]) {
@@ -221,6 +223,7 @@ static struct pool_block *desc(const struct pool *p, uint32_t id)
 	return &p->chunks[id / POOL_CHUNK][id % POOL_CHUNK];
 }
 
+
 struct pool_block *pool_block_get(struct pool *p, uint32_t id)
 {
 	struct pool_block *b = desc(p, id);
@@ -281,11 +284,50 @@ static void count_tier(struct pool *p, uint8_t tier, int delta)
 	}
 }
 
+/* ---------------------------------------------------------------- the lru list */
+
+static void lru_unlink(struct pool *p, struct pool_block *b)
+{
+	if (b->lru_prev != POOL_NO_BLOCK)
+		desc(p, b->lru_prev)->lru_next = b->lru_next;
+	else
+		p->lru_head = b->lru_next;
+	if (b->lru_next != POOL_NO_BLOCK)
+		desc(p, b->lru_next)->lru_prev = b->lru_prev;
+	else
+		p->lru_tail = b->lru_prev;
+	b->lru_prev = b->lru_next = POOL_NO_BLOCK;
+}
+
+/* Into the list at its lru's place: the tail, since a block enters DRAM touched; a demotion
+ * that failed brings back an older one, placed by a walk from the head (rare). */
+static void lru_insert(struct pool *p, struct pool_block *b)
+{
+	uint32_t id = b->self, after = p->lru_tail;
+	while (after != POOL_NO_BLOCK && desc(p, after)->lru > b->lru)
+		after = desc(p, after)->lru_prev;
+	b->lru_prev = after;
+	b->lru_next = after == POOL_NO_BLOCK ? p->lru_head : desc(p, after)->lru_next;
+	if (after == POOL_NO_BLOCK)
+		p->lru_head = id;
+	else
+		desc(p, after)->lru_next = id;
+	if (b->lru_next == POOL_NO_BLOCK)
+		p->lru_tail = id;
+	else
+		desc(p, b->lru_next)->lru_prev = id;
+}
+
 static void set_tier(struct pool *p, struct pool_block *b, uint8_t tier)
 {
+	if (b->tier == POOL_TIER_DRAM && tier != POOL_TIER_DRAM)
+		lru_unlink(p, b);
 	count_tier(p, b->tier, -1);
+	bool into = b->tier != POOL_TIER_DRAM && tier == POOL_TIER_DRAM;
 	b->tier = tier;
 	count_tier(p, tier, +1);
+	if (into)
+		lru_insert(p, b);
 }
 
 static uint64_t class_stride(const struct pool *p, unsigned cls)
@@ -335,6 +377,7 @@ int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id_out)
 	}
 	struct pool_block *b = desc(p, id);
 	memset(b, 0, sizeof *b);
+	b->self = id;
 	b->dram_off = off;
 	b->nvme_off = POOL_NO_OFFSET;
 	b->bytes = (uint32_t)ci.block_bytes;
@@ -357,6 +400,7 @@ static int desc_adopt(struct pool *p, unsigned cls, uint32_t *id_out, struct sla
 		return ret;
 	struct pool_block *b = desc(p, *id_out);
 	memset(b, 0, sizeof *b);
+	b->self = *id_out;
 	b->dram_off = POOL_NO_OFFSET;
 	b->nvme_off = POOL_NO_OFFSET;
 	b->bytes = (uint32_t)ci->block_bytes;
@@ -542,8 +586,13 @@ int pool_block_at(const struct pool *p, uint64_t off, uint32_t *id)
 void pool_block_touch(struct pool *p, uint32_t id)
 {
 	struct pool_block *b = pool_block_get(p, id);
-	if (b)
-		b->lru = ++p->clock;
+	if (!b)
+		return;
+	b->lru = ++p->clock;
+	if (b->tier == POOL_TIER_DRAM && p->lru_tail != id) {
+		lru_unlink(p, b);
+		lru_insert(p, b);
+	}
 }
 
 int pool_block_lease(struct pool *p, uint32_t id)
@@ -712,25 +761,29 @@ int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, si
 	*n_out = 0;
 	if (max == 0)
 		return 0;
+	/* Coldest first: rank-0 blocks come in their final order, so max of them end the walk;
+	 * the others wait in a heap of the best max, used only if rank 0 runs short. */
 	struct victim *h = malloc(sizeof *h * max);
 	if (!h)
 		return -ENOMEM;
-	size_t n = 0;
-	for (uint32_t id = 0; id < p->next_id; id++) {
+	size_t n0 = 0, n = 0;
+	for (uint32_t id = p->lru_head; id != POOL_NO_BLOCK && n0 < max;) {
 		const struct pool_block *b = desc(p, id);
-		if (b->tier != POOL_TIER_DRAM || b->leases)
-			continue;
-		int r = rank(ctx, b);
-		if (r < 0)
-			continue;
-		struct victim v = { r, b->lru, id };
-		if (n < max) {
-			h[n] = v;
-			heap_up(h, n++);
-		} else if (victim_less(&v, &h[0])) {
-			h[0] = v;
-			heap_down(h, n, 0);
+		uint32_t next = b->lru_next;
+		int r = b->leases ? -1 : rank(ctx, b);
+		if (r == 0) {
+			ids[n0++] = id;
+		} else if (r > 0) {
+			struct victim v = { r, b->lru, id };
+			if (n < max) {
+				h[n] = v;
+				heap_up(h, n++);
+			} else if (victim_less(&v, &h[0])) {
+				h[0] = v;
+				heap_down(h, n, 0);
+			}
 		}
+		id = next;
 	}
 	/* Heap sort: repeatedly move the largest to the end. */
 	for (size_t end = n; end > 1; end--) {
@@ -739,10 +792,10 @@ int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, si
 		h[end - 1] = t;
 		heap_down(h, end - 1, 0);
 	}
-	for (size_t i = 0; i < n; i++)
-		ids[i] = h[i].id;
+	for (size_t i = 0; i < n && n0 + i < max; i++)
+		ids[n0 + i] = h[i].id;
+	*n_out = n0 + (n < max - n0 ? n : max - n0);
 	free(h);
-	*n_out = n;
 	return 0;
 }
 

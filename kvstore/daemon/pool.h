@@ -84,6 +84,8 @@ struct pool_block {
 	bool remote_published;  /* REMOTE: its bytes are a published sequence's block (the key
 				 * follows from its sequence's name and generation), not this
 				 * host's tier's: never deleted by this host */
+	uint32_t self;          /* its own id */
+	uint32_t lru_prev, lru_next; /* pool.c's list of DRAM blocks in lru order (private) */
 };
 
 struct pool_usage {
@@ -207,10 +209,13 @@ int pool_block_adopt_remote(struct pool *p, unsigned cls, uint64_t remote_id, ui
 int pool_block_swap_begin(struct pool *p, uint32_t a, uint32_t v);
 int pool_block_swap_commit(struct pool *p, uint32_t a, uint32_t v, uint32_t v_crc);
 
-/* Victim scan for demotion. rank(ctx, b) is called for every DRAM-resident, unleased block and
+/* Victim scan for demotion. rank(ctx, b) is called for DRAM-resident, unleased blocks and
  * returns -1 to skip it, else a rank (0 = most preferred). Up to max ids are written to ids in
  * (rank, lru) order; *n gets the count. The daemon ranks unleased committed blocks of detached
- * sequences 0, other committed blocks 1, and skips uncommitted ones. */
+ * sequences 0, other committed blocks 1, and skips uncommitted ones. The pool keeps its DRAM
+ * blocks on a list in lru order, so the scan walks from the coldest and stops once it has max
+ * blocks of rank 0: under a full pool of detached sequences a demotion costs what it takes,
+ * not a pass over every descriptor. */
 typedef int (*pool_rank_fn)(void *ctx, const struct pool_block *b);
 int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, size_t max,
 		 size_t *n);
