@@ -33,6 +33,7 @@ struct wstate {
 	struct wseq *s;
 	unsigned n;
 	uint64_t rng;
+	double last_hb;		/* when idle_until last sent a heartbeat */
 	struct load_stats st;
 };
 
@@ -254,6 +255,30 @@ static int steady_op(struct wstate *w)
 	return note(w, ret, "show");
 }
 
+/* Sleeps until t (load_now_s), sending the heartbeats that fall due meanwhile: an idle worker
+ * is still alive, and kvstored fences one that stays silent. */
+static int idle_until(struct wstate *w, double t)
+{
+	if (!w->k)
+		return -ENOTCONN;
+	double hb = kvs_heartbeat_ms(w->k) / 1e3;
+	if (hb <= 0)
+		hb = 1.0; /* the daemon named no period */
+	for (;;) {
+		double now = load_now_s();
+		if (now - w->last_hb >= hb) {
+			int ret = TIMED(w, OP_RPC, kvs_heartbeat(w->k));
+			if (ret)
+				return note(w, ret, "heartbeat");
+			w->last_hb = now;
+		}
+		if (now >= t)
+			return 0;
+		double d = t - now < hb ? t - now : hb;
+		usleep((useconds_t)(d * 1e6) + 1);
+	}
+}
+
 int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, int out_fd)
 {
 	struct wstate w = { .c = cfg, .wi = wi, .bb = load_block_bytes(cfg) };
@@ -283,18 +308,20 @@ int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, 
 	if (!ret && cfg->filled) {
 		/* Every worker starts its steady phase when the last one has filled. */
 		cfg->filled[wi] = 1;
-		while (!load_all_filled(cfg) && load_now_s() < deadline_s)
-			usleep(10 * 1000);
+		while (!ret && !load_all_filled(cfg) && load_now_s() < deadline_s) {
+			ret = idle_until(&w, load_now_s() + 0.01);
+			if (ret && transient(ret))
+				ret = recover(&w, deadline_s);
+		}
 	}
 	double gap = cfg->rate > 0 ? cfg->workers / cfg->rate : 0, next = load_now_s();
 	while (!ret && w.n && load_now_s() < deadline_s) {
 		if (gap > 0) {
 			next += gap;
-			double d = next - load_now_s();
-			if (d > 0)
-				usleep((useconds_t)(d * 1e6));
+			ret = idle_until(&w, next);
 		}
-		ret = steady_op(&w);
+		if (!ret)
+			ret = steady_op(&w);
 		if (ret && transient(ret))
 			ret = recover(&w, deadline_s);
 		else if (ret == -EIO)

@@ -213,6 +213,42 @@ static int demote_block(struct dp *dp, uint32_t id)
 	return 0;
 }
 
+/* Up to max victims from the queue (refilled by a walk when empty or old), each still one:
+ * in DRAM, unleased, untouched since it was found, and ranked. */
+static size_t victims_take(struct dp *dp, uint32_t *ids, size_t max)
+{
+	struct dp_vq *q = &dp->vq;
+	uint64_t now = clock_ms();
+	if (q->at == q->n || now - q->t_ms > DP_VQ_MAX_AGE_MS) {
+		if (!q->id) {
+			q->id = malloc(DP_VQ_MAX * sizeof *q->id);
+			q->lru = malloc(DP_VQ_MAX * sizeof *q->lru);
+			if (!q->id || !q->lru) {
+				free(q->id);
+				free(q->lru);
+				q->id = NULL;
+				q->lru = NULL;
+				return 0;
+			}
+		}
+		q->n = q->at = 0;
+		q->t_ms = now;
+		if (pool_victims(dp->pool, dp_rank_victim, dp, q->id, DP_VQ_MAX, &q->n))
+			q->n = 0;
+		for (size_t i = 0; i < q->n; i++)
+			q->lru[i] = pool_block_get(dp->pool, q->id[i])->lru;
+	}
+	size_t n = 0;
+	while (n < max && q->at < q->n) {
+		size_t i = q->at++;
+		const struct pool_block *b = pool_block_get(dp->pool, q->id[i]);
+		if (b && b->tier == POOL_TIER_DRAM && !b->leases && b->lru == q->lru[i] &&
+		    dp_rank_victim(dp, b) >= 0)
+			ids[n++] = q->id[i];
+	}
+	return n;
+}
+
 /* Demote until DRAM use is at most target bytes (counting writes already in flight). */
 static void demote_to(struct dp *dp, uint64_t target)
 {
@@ -233,16 +269,20 @@ static void demote_to(struct dp *dp, uint64_t target)
 		return;
 	uint64_t want = (u.dram_used_bytes - target - dp->demoting * stride + stride - 1) / stride;
 	while (want) {
-		size_t max = want < 256 ? want : 256;
-		if (pool_victims(dp->pool, dp_rank_victim, dp, ids, max, &n) || !n)
+		/* No more victims than writes the tier can take now: a victim found for a write
+		 * refused as busy is a scan for nothing (and its demotion undone). */
+		size_t max = want < 256 ? want : 256, room = tier_room(dp->tier);
+		if (room < max)
+			max = room;
+		if (!max)
+			return;
+		if (!(n = victims_take(dp, ids, max)))
 			return;
 		for (size_t i = 0; i < n; i++) {
 			if (demote_block(dp, ids[i]))
 				return; /* tier full or busy: try again on the next pass */
 		}
 		want -= n;
-		if (n < max)
-			return;
 	}
 }
 
@@ -1208,6 +1248,8 @@ void dp_shutdown(struct dp *dp)
 	prefix_index_clear(&dp->px);
 	pool_destroy(dp->pool);
 	pthread_mutex_destroy(&dp->lock);
+	free(dp->vq.id);
+	free(dp->vq.lru);
 	free(dp->outbox);
 	free(dp->w);
 	free(dp);

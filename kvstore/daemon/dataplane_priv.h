@@ -88,6 +88,19 @@ struct dp_done {
 
 struct persist;
 
+/* Demotion victims found by one walk of the pool's lru list and used over several passes
+ * (demote_to): on a full pool whose blocks all belong to attached sequences the walk cannot
+ * stop early, so it is paid once per DP_VQ_MAX victims, not once per pass. */
+#define DP_VQ_MAX 16384
+#define DP_VQ_MAX_AGE_MS 1000
+
+struct dp_vq {
+	uint32_t *id;
+	uint64_t *lru;			/* as found: a block touched since is no victim */
+	size_t n, at;
+	uint64_t t_ms;			/* when found */
+};
+
 struct dp {
 	const struct cfg *cfg;
 	struct persist *ps;		/* durable metadata; NULL: persistence off (borrowed) */
@@ -96,6 +109,7 @@ struct dp {
 	struct seq_table *seqs;
 	struct pool *pool;
 	struct tier *tier;
+	struct dp_vq vq;
 	pthread_mutex_t lock;		/* see dp_lock */
 	pthread_t thread;
 	bool thread_running;		/* written by the control-plane thread only */

@@ -300,10 +300,20 @@ static void lru_unlink(struct pool *p, struct pool_block *b)
 }
 
 /* Into the list at its lru's place: the tail, since a block enters DRAM touched; a demotion
- * that failed brings back an older one, placed by a walk from the head (rare). */
+ * that failed brings back an older one, placed by a walk from the end nearer its lru (one of
+ * the coldest, as a victim: near the head). */
 static void lru_insert(struct pool *p, struct pool_block *b)
 {
 	uint32_t id = b->self, after = p->lru_tail;
+	uint64_t head_lru = p->lru_head == POOL_NO_BLOCK ? 0 : desc(p, p->lru_head)->lru;
+	if (after != POOL_NO_BLOCK && desc(p, after)->lru > b->lru &&
+	    (b->lru <= head_lru || b->lru - head_lru < desc(p, after)->lru - b->lru)) {
+		/* From the head: after = the last block older than b. */
+		after = POOL_NO_BLOCK;
+		for (uint32_t x = p->lru_head; x != POOL_NO_BLOCK && desc(p, x)->lru < b->lru;
+		     x = desc(p, x)->lru_next)
+			after = x;
+	}
 	while (after != POOL_NO_BLOCK && desc(p, after)->lru > b->lru)
 		after = desc(p, after)->lru_prev;
 	b->lru_prev = after;

@@ -77,6 +77,7 @@ struct tier {
 	uint32_t *crc_todo;     /* (max_reqs,) writes submitted by tier_flush, checksummed after */
 	uint32_t max_reqs;
 	uint32_t free_head;
+	uint32_t n_free;	/* request slots on the free list */
 	uint32_t q_head, q_tail;
 	unsigned n_queued, n_inflight;
 	struct extent *free_ext; /* sorted by offset, never adjacent (coalesced) */
@@ -429,6 +430,7 @@ int tier_open(const struct tier_config *cfg, struct tier **out, char *err, size_
 	for (uint32_t i = 0; i < t->max_reqs; i++)
 		t->reqs[i].next = i + 1 < t->max_reqs ? i + 1 : NONE;
 	t->free_head = 0;
+	t->n_free = t->max_reqs;
 	t->q_head = t->q_tail = NONE;
 	ret = io_uring_queue_init(t->qd, &t->ring, 0);
 	if (ret < 0) {
@@ -497,6 +499,7 @@ static int queue_req(struct tier *t, uint8_t op, void *buf, uint64_t file_off, u
 	uint32_t i = t->free_head;
 	struct tier_req *r = &t->reqs[i];
 	t->free_head = r->next;
+	t->n_free--;
 	uint32_t gen = (r->gen + 1) & 0xffffff;
 	*r = (struct tier_req){
 		.cookie = cookie, .buf = buf, .file_off = file_off, .len = len,
@@ -621,6 +624,7 @@ static void req_release(struct tier *t, uint32_t i)
 	t->reqs[i].state = REQ_FREE;
 	t->reqs[i].next = t->free_head;
 	t->free_head = i;
+	t->n_free++;
 }
 
 static void requeue_front(struct tier *t, uint32_t i)
@@ -762,6 +766,11 @@ int tier_wait(struct tier *t, int timeout_ms, tier_done_fn done, void *ctx)
 unsigned tier_pending(const struct tier *t)
 {
 	return t->n_queued + t->n_inflight;
+}
+
+unsigned tier_room(const struct tier *t)
+{
+	return t->n_free;
 }
 
 struct sync_result {

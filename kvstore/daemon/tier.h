@@ -124,6 +124,8 @@ int tier_reap(struct tier *t, tier_done_fn done, void *ctx);
 int tier_wait(struct tier *t, int timeout_ms, tier_done_fn done, void *ctx);
 /* Requests queued or in flight. */
 unsigned tier_pending(const struct tier *t);
+/* Requests that could be queued now (more: -EBUSY). */
+unsigned tier_room(const struct tier *t);
 
 /* One write / read, waited for. -EBUSY when other requests are outstanding. */
 int tier_write_sync(struct tier *t, const void *buf, uint64_t file_off, uint32_t len,
