@@ -49,6 +49,8 @@ struct load_cfg {
 	unsigned pages;			/* full pages per sequence (blocks = pages * layers) */
 	unsigned layers;
 	double duration_s;		/* steady phase */
+	double steady_s;		/* > 0: a worker's steady phase lasts this long after its
+					 * own fill (else it ends at the deadline) */
 	double rate;			/* ops/s over all workers, 0 unlimited */
 	uint64_t seed;
 	struct kvs_geometry geo;

@@ -314,6 +314,8 @@ int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, 
 				ret = recover(&w, deadline_s);
 		}
 	}
+	if (cfg->steady_s > 0 && load_now_s() + cfg->steady_s < deadline_s)
+		deadline_s = load_now_s() + cfg->steady_s;
 	double gap = cfg->rate > 0 ? cfg->workers / cfg->rate : 0, next = load_now_s();
 	while (!ret && w.n && load_now_s() < deadline_s) {
 		if (gap > 0) {
