@@ -452,6 +452,56 @@ static void test_victims_match_reference(void **state)
 	pool_destroy(p);
 }
 
+/* A scan spread over steps gives pool_victims' answer when nothing changes between steps, and
+ * survives blocks leaving DRAM (under its cursor too) and touches between them. */
+static void test_scan_in_steps(void **state)
+{
+	(void)state;
+	struct pool *p = make_pool(test_name("scan"), 16 * MIB);
+	unsigned cls;
+	assert_int_equal(pool_class(p, 8192, &cls), 0);
+	enum { N = 1200 };
+	uint32_t ids[N];
+	uint64_t rng = 11;
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(pool_block_alloc(p, cls, &ids[i]), 0);
+		struct pool_block *b = pool_block_get(p, ids[i]);
+		b->seq_id = test_rand(&rng) % 10;
+		pool_block_set_committed(p, ids[i], test_rand(&rng) % 5 != 0);
+	}
+	for (int i = 0; i < 2 * N; i++)
+		pool_block_touch(p, ids[test_rand(&rng) % N]);
+	struct rank_ctx rc = { .detached_below = 3 };
+	const size_t max = 200;
+	uint32_t want[max], got[max];
+	size_t nw, steps = 0;
+	assert_int_equal(pool_victims(p, rank_fn, &rc, want, max, &nw), 0);
+	struct pool_scan sc;
+	assert_int_equal(pool_scan_begin(p, &sc, max), 0);
+	while (!pool_scan_step(p, &sc, rank_fn, &rc, 7))
+		steps++;
+	assert_true(steps > 10);
+	assert_int_equal(pool_scan_end(p, &sc, got), nw);
+	for (size_t i = 0; i < nw; i++)
+		assert_int_equal(got[i], want[i]);
+
+	/* Changes between steps: demote the block under the cursor, touch others, free some. */
+	assert_int_equal(pool_scan_begin(p, &sc, max), 0);
+	int k = 0;
+	while (!pool_scan_step(p, &sc, rank_fn, &rc, 5)) {
+		if (sc.cursor != POOL_NO_BLOCK && k < 50 &&
+		    pool_block_demote_begin(p, sc.cursor, 4096ull * k) == 0)
+			pool_block_demote_end(p, sc.cursor, k % 2, 0), k++;
+		pool_block_touch(p, ids[test_rand(&rng) % N]);
+	}
+	size_t n = pool_scan_end(p, &sc, got);
+	assert_true(n > 0 && n <= max);
+	assert_true(k > 10);
+	for (size_t i = 0; i < n; i++)
+		assert_non_null(pool_block_get(p, got[i]));
+	pool_destroy(p);
+}
+
 static int drop_ipc_lock(void)
 {
 	struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3 };
@@ -531,6 +581,7 @@ int main(void)
 		cmocka_unit_test(test_demote_promote_states),
 		cmocka_unit_test(test_swap_states),
 		cmocka_unit_test(test_victims_match_reference),
+		cmocka_unit_test(test_scan_in_steps),
 		cmocka_unit_test(test_mlock_failure_message),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

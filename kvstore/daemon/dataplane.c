@@ -213,40 +213,51 @@ static int demote_block(struct dp *dp, uint32_t id)
 	return 0;
 }
 
-/* Up to max victims from the queue (refilled by a walk when empty or old), each still one:
- * in DRAM, unleased, untouched since it was found, and ranked. */
+/* Up to max victims from the queue, each still one: in DRAM, unleased, untouched since it was
+ * found, and ranked. A step of the scan for the next queue runs first when one is under way
+ * (or due: the queue a quarter full, or a second old). */
 static size_t victims_take(struct dp *dp, uint32_t *ids, size_t max)
 {
 	struct dp_vq *q = &dp->vq;
 	uint64_t now = clock_ms();
-	if (q->at == q->n || now - q->t_ms > DP_VQ_MAX_AGE_MS) {
-		if (!q->id) {
-			q->id = malloc(DP_VQ_MAX * sizeof *q->id);
-			q->lru = malloc(DP_VQ_MAX * sizeof *q->lru);
-			if (!q->id || !q->lru) {
-				free(q->id);
-				free(q->lru);
-				q->id = NULL;
-				q->lru = NULL;
-				return 0;
-			}
+	if (!q->id) {
+		q->id = malloc(DP_VQ_MAX * sizeof *q->id);
+		q->lru = malloc(DP_VQ_MAX * sizeof *q->lru);
+		if (!q->id || !q->lru) {
+			free(q->id);
+			free(q->lru);
+			q->id = NULL;
+			q->lru = NULL;
+			return 0;
 		}
-		q->n = q->at = 0;
+	}
+	if (!q->scanning && (q->n - q->at < DP_VQ_MAX / 4 || now - q->t_ms > DP_VQ_MAX_AGE_MS))
+		q->scanning = pool_scan_begin(dp->pool, &q->scan, DP_VQ_MAX) == 0;
+	if (q->scanning && pool_scan_step(dp->pool, &q->scan, dp_rank_victim, dp, DP_VQ_STEP)) {
+		q->n = pool_scan_end(dp->pool, &q->scan, q->id);
+		q->scanning = false;
+		q->at = 0;
 		q->t_ms = now;
-		if (pool_victims(dp->pool, dp_rank_victim, dp, q->id, DP_VQ_MAX, &q->n))
-			q->n = 0;
-		for (size_t i = 0; i < q->n; i++)
-			q->lru[i] = pool_block_get(dp->pool, q->id[i])->lru;
+		for (size_t i = 0; i < q->n; i++) {
+			const struct pool_block *b = pool_block_get(dp->pool, q->id[i]);
+			q->lru[i] = b ? b->lru : 0; /* 0: no clock value, so never taken */
+		}
 	}
 	size_t n = 0;
 	while (n < max && q->at < q->n) {
 		size_t i = q->at++;
 		const struct pool_block *b = pool_block_get(dp->pool, q->id[i]);
 		if (b && b->tier == POOL_TIER_DRAM && !b->leases && b->lru == q->lru[i] &&
-		    dp_rank_victim(dp, b) >= 0)
+		    dp_rank_victim(dp, b) >= 0) {
 			ids[n++] = q->id[i];
+		}
 	}
 	return n;
+}
+
+bool dp_scanning(const struct dp *dp)
+{
+	return dp->vq.scanning;
 }
 
 /* Demote until DRAM use is at most target bytes (counting writes already in flight). */
@@ -1246,6 +1257,8 @@ void dp_shutdown(struct dp *dp)
 		tier_close(dp->tier);
 	dp_swap_shutdown(dp); /* after tier_close: in-flight swap I/O still uses the bounces */
 	prefix_index_clear(&dp->px);
+	if (dp->vq.scanning)
+		pool_scan_end(dp->pool, &dp->vq.scan, dp->vq.id);
 	pool_destroy(dp->pool);
 	pthread_mutex_destroy(&dp->lock);
 	free(dp->vq.id);

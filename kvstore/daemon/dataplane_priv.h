@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "dataplane.h"
+#include "pool.h"
 #include "prefix.h"
 #include "ring.h"
 #include "tier.h"
@@ -90,15 +91,21 @@ struct persist;
 
 /* Demotion victims found by one walk of the pool's lru list and used over several passes
  * (demote_to): on a full pool whose blocks all belong to attached sequences the walk cannot
- * stop early, so it is paid once per DP_VQ_MAX victims, not once per pass. */
+ * stop early, so it is paid once per DP_VQ_MAX victims, not once per pass. The walk itself is
+ * spread over the data plane's passes, DP_VQ_STEP blocks each (a whole walk of half a million
+ * blocks took 10-37 ms, which every ring op and control request waited out), and starts when
+ * the queue runs low, so the next queue is ready before this one is used up. */
 #define DP_VQ_MAX 16384
 #define DP_VQ_MAX_AGE_MS 1000
+#define DP_VQ_STEP 8192
 
 struct dp_vq {
 	uint32_t *id;
 	uint64_t *lru;			/* as found: a block touched since is no victim */
 	size_t n, at;
 	uint64_t t_ms;			/* when found */
+	struct pool_scan scan;		/* the next queue, while scanning */
+	bool scanning;
 };
 
 struct dp {
@@ -205,5 +212,9 @@ void dp_swap_retry(struct dp *dp);
 bool dp_swap_restoring(const struct dp *dp, uint32_t block);
 /* Frees the bounce buffers (after the tier has drained). */
 void dp_swap_shutdown(struct dp *dp);
+
+/* Whether a victim scan is under way (the data-plane thread keeps running passes until it
+ * ends). */
+bool dp_scanning(const struct dp *dp);
 
 #endif

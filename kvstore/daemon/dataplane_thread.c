@@ -42,6 +42,8 @@ static void thread_lock(struct dp *dp)
 
 static bool rings_ready(const struct dp *dp)
 {
+	if (dp_scanning(dp))
+		return true; /* a victim scan goes on a step per pass */
 	for (size_t i = 0; i < dp->max_w; i++)
 		if (dp->w[i].ring && ring_ready(dp->w[i].ring))
 			return true;

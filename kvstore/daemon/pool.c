@@ -39,6 +39,7 @@ struct pool {
 	uint32_t n_free_ids, cap_free_ids;
 	uint64_t clock;
 	uint32_t lru_head, lru_tail; /* DRAM blocks, coldest first (POOL_NO_BLOCK: none) */
+	struct pool_scan *scans;     /* victim scans under way, whose cursors follow unlinks */
 	struct pool_usage u;  /* kept exact by every state change */
 };
 
@@ -288,6 +289,9 @@ static void count_tier(struct pool *p, uint8_t tier, int delta)
 
 static void lru_unlink(struct pool *p, struct pool_block *b)
 {
+	for (struct pool_scan *sc = p->scans; sc; sc = sc->next)
+		if (sc->cursor == b->self)
+			sc->cursor = b->lru_next;
 	if (b->lru_prev != POOL_NO_BLOCK)
 		desc(p, b->lru_prev)->lru_next = b->lru_next;
 	else
@@ -765,47 +769,84 @@ static void heap_up(struct victim *h, size_t i)
 	}
 }
 
+int pool_scan_begin(struct pool *p, struct pool_scan *s, size_t max)
+{
+	*s = (struct pool_scan){ .cursor = p->lru_head, .max = max };
+	if (max && (!(s->ids0 = malloc(sizeof *s->ids0 * max)) ||
+		    !(s->heap = malloc(sizeof(struct victim) * max)))) {
+		free(s->ids0);
+		s->ids0 = NULL;
+		return -ENOMEM;
+	}
+	s->next = p->scans;
+	p->scans = s;
+	return 0;
+}
+
+int pool_scan_step(struct pool *p, struct pool_scan *s, pool_rank_fn rank, void *ctx,
+		   size_t budget)
+{
+	/* Coldest first: rank-0 blocks come in their final order, so max of them end the walk;
+	 * the others wait in a heap of the best max, used only if rank 0 runs short. */
+	struct victim *h = s->heap;
+	for (; s->cursor != POOL_NO_BLOCK && s->n0 < s->max && budget; budget--) {
+		const struct pool_block *b = desc(p, s->cursor);
+		s->cursor = b->lru_next;
+		int r = b->leases ? -1 : rank(ctx, b);
+		if (r == 0) {
+			s->ids0[s->n0++] = b->self;
+		} else if (r > 0) {
+			struct victim v = { r, b->lru, b->self };
+			if (s->n < s->max) {
+				h[s->n] = v;
+				heap_up(h, s->n++);
+			} else if (victim_less(&v, &h[0])) {
+				h[0] = v;
+				heap_down(h, s->n, 0);
+			}
+		}
+	}
+	return s->cursor == POOL_NO_BLOCK || s->n0 >= s->max;
+}
+
+size_t pool_scan_end(struct pool *p, struct pool_scan *s, uint32_t *ids)
+{
+	for (struct pool_scan **pp = &p->scans; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	struct victim *h = s->heap;
+	/* Heap sort: repeatedly move the largest to the end. */
+	for (size_t end = s->n; end > 1; end--) {
+		struct victim t = h[0];
+		h[0] = h[end - 1];
+		h[end - 1] = t;
+		heap_down(h, end - 1, 0);
+	}
+	size_t n = s->n0;
+	if (n)
+		memcpy(ids, s->ids0, n * sizeof *ids);
+	for (size_t i = 0; i < s->n && n < s->max; i++)
+		ids[n++] = h[i].id;
+	free(s->ids0);
+	free(s->heap);
+	*s = (struct pool_scan){ .cursor = POOL_NO_BLOCK };
+	return n;
+}
+
 int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, size_t max,
 		 size_t *n_out)
 {
 	*n_out = 0;
 	if (max == 0)
 		return 0;
-	/* Coldest first: rank-0 blocks come in their final order, so max of them end the walk;
-	 * the others wait in a heap of the best max, used only if rank 0 runs short. */
-	struct victim *h = malloc(sizeof *h * max);
-	if (!h)
-		return -ENOMEM;
-	size_t n0 = 0, n = 0;
-	for (uint32_t id = p->lru_head; id != POOL_NO_BLOCK && n0 < max;) {
-		const struct pool_block *b = desc(p, id);
-		uint32_t next = b->lru_next;
-		int r = b->leases ? -1 : rank(ctx, b);
-		if (r == 0) {
-			ids[n0++] = id;
-		} else if (r > 0) {
-			struct victim v = { r, b->lru, id };
-			if (n < max) {
-				h[n] = v;
-				heap_up(h, n++);
-			} else if (victim_less(&v, &h[0])) {
-				h[0] = v;
-				heap_down(h, n, 0);
-			}
-		}
-		id = next;
-	}
-	/* Heap sort: repeatedly move the largest to the end. */
-	for (size_t end = n; end > 1; end--) {
-		struct victim t = h[0];
-		h[0] = h[end - 1];
-		h[end - 1] = t;
-		heap_down(h, end - 1, 0);
-	}
-	for (size_t i = 0; i < n && n0 + i < max; i++)
-		ids[n0 + i] = h[i].id;
-	*n_out = n0 + (n < max - n0 ? n : max - n0);
-	free(h);
+	struct pool_scan s;
+	int ret = pool_scan_begin(p, &s, max);
+	if (ret)
+		return ret;
+	pool_scan_step(p, &s, rank, ctx, SIZE_MAX);
+	*n_out = pool_scan_end(p, &s, ids);
 	return 0;
 }
 

@@ -220,6 +220,26 @@ typedef int (*pool_rank_fn)(void *ctx, const struct pool_block *b);
 int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, size_t max,
 		 size_t *n);
 
+/* The same scan spread over calls, budget blocks at a time, so that a walk of a full pool never
+ * holds its caller (the data plane) for long: begin, step until it returns 1, end. The pool may
+ * change between steps: a block leaving DRAM under the cursor moves the cursor on, and a block
+ * touched after its visit may be visited again at the tail, so the result can name a block
+ * twice or one no longer a victim: callers check each before using it. pool_victims is
+ * begin + one unbounded step + end. */
+struct pool_scan {
+	struct pool_scan *next;		/* the pool's live scans (private) */
+	uint32_t cursor;
+	size_t max, n0, n;
+	uint32_t *ids0;			/* rank-0 blocks, in lru order */
+	void *heap;			/* the best max of the others */
+};
+int pool_scan_begin(struct pool *p, struct pool_scan *s, size_t max);
+/* 1: the scan is complete; 0: budget blocks visited, more to go. */
+int pool_scan_step(struct pool *p, struct pool_scan *s, pool_rank_fn rank, void *ctx,
+		   size_t budget);
+/* Writes the result in (rank, lru) order to ids (room for max), frees the scan; the count. */
+size_t pool_scan_end(struct pool *p, struct pool_scan *s, uint32_t *ids);
+
 /* Calls fn for every live block (id order); stops early when fn returns non-zero and returns
  * that value. Used by the daemon to drop a dead worker's blocks. */
 typedef int (*pool_each_fn)(void *ctx, uint32_t id, struct pool_block *b);
