@@ -358,23 +358,31 @@ static int rank_fn(void *ctx, const struct pool_block *b)
 	return b->seq_id < rc->detached_below ? 0 : 1;
 }
 
+/* n blocks of 8 KiB in ten sequences, 1 in uncommitted_1_in uncommitted, 1 in leased_1_in
+ * leased (0: none). */
+static void fill_blocks(struct pool *p, uint32_t *ids, int n, uint64_t *rng, int uncommitted_1_in,
+			int leased_1_in)
+{
+	unsigned cls;
+	assert_int_equal(pool_class(p, 8192, &cls), 0);
+	for (int i = 0; i < n; i++) {
+		assert_int_equal(pool_block_alloc(p, cls, &ids[i]), 0);
+		struct pool_block *b = pool_block_get(p, ids[i]);
+		b->seq_id = test_rand(rng) % 10;
+		pool_block_set_committed(p, ids[i], test_rand(rng) % uncommitted_1_in != 0);
+		if (leased_1_in && test_rand(rng) % leased_1_in == 0)
+			pool_block_lease(p, ids[i]);
+	}
+}
+
 static void test_victims_match_reference(void **state)
 {
 	(void)state;
 	struct pool *p = make_pool(test_name("lru"), 16 * MIB);
-	unsigned cls;
-	assert_int_equal(pool_class(p, 8192, &cls), 0);
 	enum { N = 1500 };
 	uint32_t ids[N];
 	uint64_t rng = 7;
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(pool_block_alloc(p, cls, &ids[i]), 0);
-		struct pool_block *b = pool_block_get(p, ids[i]);
-		b->seq_id = test_rand(&rng) % 10;
-		pool_block_set_committed(p, ids[i], test_rand(&rng) % 4 != 0);
-		if (test_rand(&rng) % 8 == 0)
-			pool_block_lease(p, ids[i]);
-	}
+	fill_blocks(p, ids, N, &rng, 4, 8);
 	for (int i = 0; i < 3 * N; i++)
 		pool_block_touch(p, ids[test_rand(&rng) % N]);
 	for (int i = 0; i < 40; i++) { /* some on NVMe: never victims */
@@ -458,17 +466,10 @@ static void test_scan_in_steps(void **state)
 {
 	(void)state;
 	struct pool *p = make_pool(test_name("scan"), 16 * MIB);
-	unsigned cls;
-	assert_int_equal(pool_class(p, 8192, &cls), 0);
 	enum { N = 1200 };
 	uint32_t ids[N];
 	uint64_t rng = 11;
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(pool_block_alloc(p, cls, &ids[i]), 0);
-		struct pool_block *b = pool_block_get(p, ids[i]);
-		b->seq_id = test_rand(&rng) % 10;
-		pool_block_set_committed(p, ids[i], test_rand(&rng) % 5 != 0);
-	}
+	fill_blocks(p, ids, N, &rng, 5, 0);
 	for (int i = 0; i < 2 * N; i++)
 		pool_block_touch(p, ids[test_rand(&rng) % N]);
 	struct rank_ctx rc = { .detached_below = 3 };
