@@ -358,11 +358,12 @@ static int rank_fn(void *ctx, const struct pool_block *b)
 	return b->seq_id < rc->detached_below ? 0 : 1;
 }
 
-/* n blocks of 8 KiB in ten sequences, 1 in uncommitted_1_in uncommitted, 1 in leased_1_in
- * leased (0: none). */
-static void fill_blocks(struct pool *p, uint32_t *ids, int n, uint64_t *rng, int uncommitted_1_in,
-			int leased_1_in)
+/* A pool of n blocks of 8 KiB in ten sequences, 1 in uncommitted_1_in uncommitted, 1 in
+ * leased_1_in leased (0: none), then `touches` random touches. */
+static struct pool *lru_pool(const char *name, uint32_t *ids, int n, uint64_t *rng,
+			     int uncommitted_1_in, int leased_1_in, int touches)
 {
+	struct pool *p = make_pool(test_name(name), 16 * MIB);
 	unsigned cls;
 	assert_int_equal(pool_class(p, 8192, &cls), 0);
 	for (int i = 0; i < n; i++) {
@@ -373,18 +374,18 @@ static void fill_blocks(struct pool *p, uint32_t *ids, int n, uint64_t *rng, int
 		if (leased_1_in && test_rand(rng) % leased_1_in == 0)
 			pool_block_lease(p, ids[i]);
 	}
+	for (int i = 0; i < touches; i++)
+		pool_block_touch(p, ids[test_rand(rng) % n]);
+	return p;
 }
 
 static void test_victims_match_reference(void **state)
 {
 	(void)state;
-	struct pool *p = make_pool(test_name("lru"), 16 * MIB);
 	enum { N = 1500 };
 	uint32_t ids[N];
 	uint64_t rng = 7;
-	fill_blocks(p, ids, N, &rng, 4, 8);
-	for (int i = 0; i < 3 * N; i++)
-		pool_block_touch(p, ids[test_rand(&rng) % N]);
+	struct pool *p = lru_pool("lru", ids, N, &rng, 4, 8, 3 * N);
 	for (int i = 0; i < 40; i++) { /* some on NVMe: never victims */
 		uint32_t id = ids[test_rand(&rng) % N];
 		if (pool_block_demote_begin(p, id, 4096ull * i) == 0)
@@ -465,13 +466,10 @@ static void test_victims_match_reference(void **state)
 static void test_scan_in_steps(void **state)
 {
 	(void)state;
-	struct pool *p = make_pool(test_name("scan"), 16 * MIB);
 	enum { N = 1200 };
 	uint32_t ids[N];
 	uint64_t rng = 11;
-	fill_blocks(p, ids, N, &rng, 5, 0);
-	for (int i = 0; i < 2 * N; i++)
-		pool_block_touch(p, ids[test_rand(&rng) % N]);
+	struct pool *p = lru_pool("scan", ids, N, &rng, 5, 0, 2 * N);
 	struct rank_ctx rc = { .detached_below = 3 };
 	const size_t max = 200;
 	uint32_t want[max], got[max];
