@@ -17,7 +17,7 @@ struct gate_http {
 	struct MHD_Daemon *d;
 	struct gate *g;
 	uint16_t port;
-	zmq_pollitem_t *it;		/* [0] the daemon's epoll fd, then the router's */
+	zmq_pollitem_t *it;		/* [0] the daemon's epoll fd, then the workers' sockets */
 	int n_it;
 	double next_tick;		/* when api_tick is due */
 	int tick;			/* what router_run asked for */

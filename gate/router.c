@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -57,7 +56,6 @@ struct gworker {
 struct router {
 	struct router_opts o;
 	pthread_mutex_t mu;
-	int efd;
 	bool closing;
 	void *zctx;
 	struct gworker *w;
@@ -69,21 +67,13 @@ struct router {
 	int tick_ms;			/* monitors and probes: at least this often */
 	double last_tick;
 	bool dirty;			/* something for send_pending to do */
-	bool have_loop;
-	pthread_t loop;			/* the thread that calls router_run */
 };
 
-/* After a change for send_pending (r->mu held): the loop's thread sends it at the end of its
- * turn (router_flush); another thread wakes the loop. */
+/* After a change for send_pending (r->mu held): sent at the end of the loop's turn
+ * (router_flush), or by its next router_run. */
 static void wake(struct router *r)
 {
 	r->dirty = true;
-	if (r->have_loop && pthread_equal(pthread_self(), r->loop))
-		return;
-	uint64_t one = 1;
-	if (write(r->efd, &one, sizeof one) < 0) {
-		/* The counter is saturated: the loop is awake anyway. */
-	}
 }
 
 /* ---------------------------------------------------------------- streams (r->mu held) */
@@ -329,32 +319,20 @@ static void send_pending(struct router *r)
 
 int router_pollitems(struct router *r, zmq_pollitem_t *it, int max)
 {
-	int n = 1 + r->n;
 	if (!it)
-		return n;
-	if (max < n)
+		return r->n;
+	if (max < r->n)
 		return -ENOSPC;
-	it[0] = (zmq_pollitem_t){ .fd = r->efd, .events = ZMQ_POLLIN };
 	for (int i = 0; i < r->n; i++)
-		it[1 + i] = (zmq_pollitem_t){ .socket = r->w[i].sock, .events = ZMQ_POLLIN };
-	return n;
+		it[i] = (zmq_pollitem_t){ .socket = r->w[i].sock, .events = ZMQ_POLLIN };
+	return r->n;
 }
 
 int router_run(struct router *r, const zmq_pollitem_t *it)
 {
-	uint64_t v;
-	if (!it || (it[0].revents & ZMQ_POLLIN)) {
-		if (read(r->efd, &v, sizeof v) < 0) {
-			/* EAGAIN: nobody asked */
-		}
-	}
 	pthread_mutex_lock(&r->mu);
-	if (!r->have_loop) {
-		r->loop = pthread_self();
-		r->have_loop = true;
-	}
 	for (int i = 0; i < r->n; i++) {
-		if (it && !(it[1 + i].revents & ZMQ_POLLIN))
+		if (it && !(it[i].revents & ZMQ_POLLIN))
 			continue;
 		for (int k = 0; k < 64; k++) { /* bounded: others get their turn */
 			zmq_msg_t m;
@@ -423,17 +401,11 @@ int router_start(const struct router_opts *o, struct router **out, char *err, si
 	if (!r)
 		return snprintf(err, errlen, "out of memory"), -ENOMEM;
 	r->o = *o;
-	r->efd = -1;
 	pthread_mutex_init(&r->mu, NULL);
 	int ret = -ENOMEM;
 	r->n = o->n_endpoints;
 	if (!(r->w = calloc((size_t)r->n, sizeof *r->w)) || !(r->zctx = zmq_ctx_new())) {
 		snprintf(err, errlen, "out of memory");
-		goto fail;
-	}
-	if ((r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
-		ret = -errno;
-		snprintf(err, errlen, "eventfd: %s", strerror(errno));
 		goto fail;
 	}
 	for (int i = 0; i < r->n; i++) {
@@ -501,8 +473,6 @@ void router_stop(struct router *r)
 	}
 	if (r->zctx)
 		zmq_ctx_term(r->zctx);
-	if (r->efd >= 0)
-		close(r->efd);
 	free(r->w);
 	free(r->tab);
 	pthread_mutex_destroy(&r->mu);

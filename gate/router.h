@@ -14,9 +14,12 @@
  * requests in flight on a worker that was taken out end with -EHOSTDOWN: the gateway does not
  * resume them elsewhere (their sequences are dropped by the worker, not kept).
  *
- * Threads: every function may be called from any thread (one mutex); router_run from one at a
- * time. notify runs inside router_run (and router_close) with that mutex held: it must not
- * call the router; it is never called for a released stream.
+ * Threads: every function may be called from any thread (one mutex); router_run and
+ * router_flush from the loop's only. What router_submit, router_cancel and router_release leave
+ * to send goes out at the loop's router_flush or next router_run (kvgate calls them from the
+ * loop itself, so at the end of the same turn). notify runs inside router_run (and
+ * router_close) with that mutex held: it must not call the router; it is never called for a
+ * released stream.
  *
  * Ownership: router_submit gives the caller a stream that it must hand back with
  * router_release (which cancels it on the worker if it has not finished); the router frees it
@@ -84,7 +87,7 @@ int router_start(const struct router_opts *o, struct router **out, char *err, si
 void router_close(struct router *r);
 void router_stop(struct router *r);
 
-/* The items kvgate's loop polls for the router: 1 + 1 per worker (it NULL: just the count;
+/* The items kvgate's loop polls for the router: one per worker (it NULL: just the count;
  * -ENOSPC above max). They stay valid until router_stop. */
 int router_pollitems(struct router *r, zmq_pollitem_t *it, int max);
 /* Handles what those items, as polled (revents; NULL: all of them), have ready, without
@@ -92,7 +95,7 @@ int router_pollitems(struct router *r, zmq_pollitem_t *it, int max);
  * Returns the longest the loop may wait before calling it again, in ms. */
 int router_run(struct router *r, const zmq_pollitem_t *it);
 /* Sends what router_submit, router_cancel and router_release left to send (the loop calls
- * it at the end of each turn; the calls from other threads wake the loop instead). */
+ * it at the end of each turn). */
 void router_flush(struct router *r);
 
 /* 0 with *s, or: -EHOSTUNREACH (no live worker serves that model; msg says which answer),

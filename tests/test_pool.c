@@ -480,9 +480,12 @@ static void test_scan_in_steps(void **state)
 	while (!pool_scan_step(p, &sc, rank_fn, &rc, 7))
 		steps++;
 	assert_true(steps > 10);
-	assert_int_equal(pool_scan_end(p, &sc, got), nw);
-	for (size_t i = 0; i < nw; i++)
+	uint64_t lrus[max];
+	assert_int_equal(pool_scan_end(p, &sc, got, lrus), nw);
+	for (size_t i = 0; i < nw; i++) {
 		assert_int_equal(got[i], want[i]);
+		assert_int_equal(lrus[i], pool_block_get(p, got[i])->lru);
+	}
 
 	/* Changes between steps: demote the block under the cursor, touch others, free some. */
 	assert_int_equal(pool_scan_begin(p, &sc, max), 0);
@@ -493,11 +496,14 @@ static void test_scan_in_steps(void **state)
 			pool_block_demote_end(p, sc.cursor, k % 2, 0), k++;
 		pool_block_touch(p, ids[test_rand(&rng) % N]);
 	}
-	size_t n = pool_scan_end(p, &sc, got);
+	size_t n = pool_scan_end(p, &sc, got, lrus);
 	assert_true(n > 0 && n <= max);
 	assert_true(k > 10);
-	for (size_t i = 0; i < n; i++)
+	/* Each lru is the one the walk saw: a block touched after its visit shows a newer one. */
+	for (size_t i = 0; i < n; i++) {
 		assert_non_null(pool_block_get(p, got[i]));
+		assert_true(lrus[i] <= pool_block_get(p, got[i])->lru);
+	}
 	pool_destroy(p);
 }
 

@@ -213,9 +213,24 @@ static int demote_block(struct dp *dp, uint32_t id)
 	return 0;
 }
 
+/* One step of the scan for the next victim queue; the queue is replaced when it completes.
+ * dp_run calls it every pass while a scan is under way, so that a scan started above the
+ * watermark also ends below it (the thread keeps running passes until it does). */
+void dp_vq_step(struct dp *dp)
+{
+	struct dp_vq *q = &dp->vq;
+	if (!q->scanning || !pool_scan_step(dp->pool, &q->scan, dp_rank_victim, dp, DP_VQ_STEP))
+		return;
+	/* Each block's lru as the walk saw it: one touched since is not taken. */
+	q->n = pool_scan_end(dp->pool, &q->scan, q->id, q->lru);
+	q->scanning = false;
+	q->at = 0;
+	q->t_ms = clock_ms();
+}
+
 /* Up to max victims from the queue, each still one: in DRAM, unleased, untouched since it was
- * found, and ranked. A step of the scan for the next queue runs first when one is under way
- * (or due: the queue a quarter full, or a second old). */
+ * found, and ranked. A scan for the next queue starts when this one is a quarter full or a
+ * second old, and goes a step further first. */
 static size_t victims_take(struct dp *dp, uint32_t *ids, size_t max)
 {
 	struct dp_vq *q = &dp->vq;
@@ -233,16 +248,7 @@ static size_t victims_take(struct dp *dp, uint32_t *ids, size_t max)
 	}
 	if (!q->scanning && (q->n - q->at < DP_VQ_MAX / 4 || now - q->t_ms > DP_VQ_MAX_AGE_MS))
 		q->scanning = pool_scan_begin(dp->pool, &q->scan, DP_VQ_MAX) == 0;
-	if (q->scanning && pool_scan_step(dp->pool, &q->scan, dp_rank_victim, dp, DP_VQ_STEP)) {
-		q->n = pool_scan_end(dp->pool, &q->scan, q->id);
-		q->scanning = false;
-		q->at = 0;
-		q->t_ms = now;
-		for (size_t i = 0; i < q->n; i++) {
-			const struct pool_block *b = pool_block_get(dp->pool, q->id[i]);
-			q->lru[i] = b ? b->lru : 0; /* 0: no clock value, so never taken */
-		}
-	}
+	dp_vq_step(dp);
 	size_t n = 0;
 	while (n < max && q->at < q->n) {
 		size_t i = q->at++;
@@ -900,6 +906,7 @@ void dp_run(struct dp *dp)
 			w->corrupt_logged |= n < 0;
 		}
 		demote_watermark(dp);
+		dp_vq_step(dp); /* a scan started above the watermark ends below it too */
 		dp_offload_watermark(dp);
 		if (dp->n_offload_q)
 			dp_offload_queue_run(dp);
@@ -1258,7 +1265,7 @@ void dp_shutdown(struct dp *dp)
 	dp_swap_shutdown(dp); /* after tier_close: in-flight swap I/O still uses the bounces */
 	prefix_index_clear(&dp->px);
 	if (dp->vq.scanning)
-		pool_scan_end(dp->pool, &dp->vq.scan, dp->vq.id);
+		pool_scan_end(dp->pool, &dp->vq.scan, dp->vq.id, NULL);
 	pool_destroy(dp->pool);
 	pthread_mutex_destroy(&dp->lock);
 	free(dp->vq.id);

@@ -216,5 +216,6 @@ void dp_swap_shutdown(struct dp *dp);
 /* Whether a victim scan is under way (the data-plane thread keeps running passes until it
  * ends). */
 bool dp_scanning(const struct dp *dp);
+void dp_vq_step(struct dp *dp);
 
 #endif

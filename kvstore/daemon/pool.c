@@ -773,9 +773,12 @@ int pool_scan_begin(struct pool *p, struct pool_scan *s, size_t max)
 {
 	*s = (struct pool_scan){ .cursor = p->lru_head, .max = max };
 	if (max && (!(s->ids0 = malloc(sizeof *s->ids0 * max)) ||
+		    !(s->lru0 = malloc(sizeof *s->lru0 * max)) ||
 		    !(s->heap = malloc(sizeof(struct victim) * max)))) {
 		free(s->ids0);
+		free(s->lru0);
 		s->ids0 = NULL;
+		s->lru0 = NULL;
 		return -ENOMEM;
 	}
 	s->next = p->scans;
@@ -794,6 +797,7 @@ int pool_scan_step(struct pool *p, struct pool_scan *s, pool_rank_fn rank, void 
 		s->cursor = b->lru_next;
 		int r = b->leases ? -1 : rank(ctx, b);
 		if (r == 0) {
+			s->lru0[s->n0] = b->lru;
 			s->ids0[s->n0++] = b->self;
 		} else if (r > 0) {
 			struct victim v = { r, b->lru, b->self };
@@ -809,7 +813,7 @@ int pool_scan_step(struct pool *p, struct pool_scan *s, pool_rank_fn rank, void 
 	return s->cursor == POOL_NO_BLOCK || s->n0 >= s->max;
 }
 
-size_t pool_scan_end(struct pool *p, struct pool_scan *s, uint32_t *ids)
+size_t pool_scan_end(struct pool *p, struct pool_scan *s, uint32_t *ids, uint64_t *lrus)
 {
 	for (struct pool_scan **pp = &p->scans; *pp; pp = &(*pp)->next)
 		if (*pp == s) {
@@ -827,9 +831,15 @@ size_t pool_scan_end(struct pool *p, struct pool_scan *s, uint32_t *ids)
 	size_t n = s->n0;
 	if (n)
 		memcpy(ids, s->ids0, n * sizeof *ids);
-	for (size_t i = 0; i < s->n && n < s->max; i++)
+	if (n && lrus)
+		memcpy(lrus, s->lru0, n * sizeof *lrus);
+	for (size_t i = 0; i < s->n && n < s->max; i++) {
+		if (lrus)
+			lrus[n] = h[i].lru;
 		ids[n++] = h[i].id;
+	}
 	free(s->ids0);
+	free(s->lru0);
 	free(s->heap);
 	*s = (struct pool_scan){ .cursor = POOL_NO_BLOCK };
 	return n;
@@ -846,7 +856,7 @@ int pool_victims(struct pool *p, pool_rank_fn rank, void *ctx, uint32_t *ids, si
 	if (ret)
 		return ret;
 	pool_scan_step(p, &s, rank, ctx, SIZE_MAX);
-	*n_out = pool_scan_end(p, &s, ids);
+	*n_out = pool_scan_end(p, &s, ids, NULL);
 	return 0;
 }
 

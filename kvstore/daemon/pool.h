@@ -231,14 +231,17 @@ struct pool_scan {
 	uint32_t cursor;
 	size_t max, n0, n;
 	uint32_t *ids0;			/* rank-0 blocks, in lru order */
+	uint64_t *lru0;			/* their lru when visited */
 	void *heap;			/* the best max of the others */
 };
 int pool_scan_begin(struct pool *p, struct pool_scan *s, size_t max);
 /* 1: the scan is complete; 0: budget blocks visited, more to go. */
 int pool_scan_step(struct pool *p, struct pool_scan *s, pool_rank_fn rank, void *ctx,
 		   size_t budget);
-/* Writes the result in (rank, lru) order to ids (room for max), frees the scan; the count. */
-size_t pool_scan_end(struct pool *p, struct pool_scan *s, uint32_t *ids);
+/* Writes the result in (rank, lru) order to ids (room for max) and, when lrus is not NULL,
+ * each block's lru as it was when visited (a block touched since has another); frees the scan;
+ * the count. */
+size_t pool_scan_end(struct pool *p, struct pool_scan *s, uint32_t *ids, uint64_t *lrus);
 
 /* Calls fn for every live block (id order); stops early when fn returns non-zero and returns
  * that value. Used by the daemon to drop a dead worker's blocks. */
