@@ -254,16 +254,34 @@ static void test_demote_more_than_queue(void **state)
  * alloc_wait_ms=0 the ALLOC that finds no room fails at once. Then another worker's ALLOC waits
  * (alloc_wait_ms=20000), and succeeds once the first worker commits; and with alloc_wait_ms=300
  * it fails with ENOSPC when nobody does. */
-static int child_alloc_one(const struct harness *h, const char *name)
+/* One ALLOC, which kvstored holds at least waited_ms for room: the completion's timing stamps
+ * (ring.h "Timing") put that wait in the daemon's service, and the parts add up. */
+static int child_alloc_one(const struct harness *h, const char *name, uint64_t waited_ms)
 {
 	uint64_t seq, off;
 	struct kvs *k = h_worker(h, name, &seq);
 	if (!k)
 		return 10;
+	struct kvs_ring_timing t;
+	kvs_ring_last_timing(k, &t);
+	if (t.round_trip_ns) {
+		kvs_close(k);
+		return 12; /* no ring op yet */
+	}
+	uint64_t t0 = clock_ns();
 	int ret = kvs_alloc(k, seq, 0, 0, 1, &off);
+	uint64_t rt = clock_ns() - t0;
 	if (ret)
 		fprintf(stderr, "child %s: %s\n", name, kvs_error(k));
+	kvs_ring_last_timing(k, &t);
 	kvs_close(k);
+	if (t.queued_ns + t.served_ns + t.woken_ns != t.round_trip_ns || t.round_trip_ns > rt ||
+	    t.served_ns < waited_ms * 1000000u || t.served_ns > t.round_trip_ns) {
+		fprintf(stderr, "child %s: round trip %" PRIu64 " ns (measured %" PRIu64 ") = queued %"
+			PRIu64 " + served %" PRIu64 " + woken %" PRIu64 "; waited at least %" PRIu64
+			" ms\n", name, t.round_trip_ns, rt, t.queued_ns, t.served_ns, t.woken_ns, waited_ms);
+		return 13;
+	}
 	return ret == 0 ? 0 : ret == -ENOSPC ? 28 : 11;
 }
 
@@ -301,7 +319,7 @@ static void test_alloc_waits_for_room(void **state)
 	pid_t kid = fork();
 	assert_true(kid >= 0);
 	if (kid == 0)
-		_exit(child_alloc_one(&h, "waiter"));
+		_exit(child_alloc_one(&h, "waiter", 100));
 	h_sleep_ms(300);
 	assert_int_equal(waitpid(kid, NULL, WNOHANG), 0); /* still waiting for room */
 	for (uint32_t p0 = 0; p0 < pages; p0 += 32)
@@ -326,7 +344,7 @@ static void test_alloc_waits_for_room(void **state)
 	kid = fork();
 	assert_true(kid >= 0);
 	if (kid == 0)
-		_exit(child_alloc_one(&h, "late"));
+		_exit(child_alloc_one(&h, "late", 290));
 	assert_int_equal(wait_child(kid), 28);
 	assert_true(clock_ms() - t0 >= 300);
 	/* What was committed is intact. */

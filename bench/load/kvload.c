@@ -38,6 +38,8 @@
 #define MAX_WORKERS 256
 #define MAX_GENS 16
 
+#define DAEMON_SETS_MAX 8
+
 struct opts {
 	struct load_cfg c;
 	bool faults, json;
@@ -47,6 +49,8 @@ struct opts {
 	const char *kvstored, *kvworker, *model;
 	unsigned generations;
 	uint64_t blocks;	/* --blocks: sets pages per sequence */
+	const char *daemon_sets[DAEMON_SETS_MAX];	/* --daemon-set KEY=VALUE, in order */
+	unsigned n_daemon_sets;
 };
 
 struct child {
@@ -69,10 +73,12 @@ static void usage(FILE *f)
 		"              [--layers N] [--duration S] [--rate OPS] [--faults] [--baseline S]\n"
 		"              [--dram-mib N] [--nvme-mib N] [--heartbeat-ms N] [--seed N]\n"
 		"              [--generations N --kvworker PATH --model PATH] [--kvstored PATH]\n"
-		"              [--endpoint EP] [--daemon-nice N] [--json]\n"
+		"              [--endpoint EP] [--daemon-nice N] [--daemon-set KEY=VALUE]... [--json]\n"
 		"  --quick: 4 workers, 64 sequences x 16 pages x 2 layers (8 MiB), 10 s, a pool of 8 MiB\n"
 		"  --daemon-nice: the kvstored it starts runs at this nice value, as kvstored.service\n"
 		"    sets it (default -10; kept at 0 where lowering it is not permitted)\n"
+		"  --daemon-set: one more kvstored --set for the daemon it starts (up to 8), e.g.\n"
+		"    persist=false to measure without the journal\n"
 		"  exit 0: nothing lost or wrong, no forged op accepted, generations exact\n");
 }
 
@@ -90,6 +96,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "model", required_argument, NULL, 'm' }, { "kvstored", required_argument, NULL, 'k' },
 		{ "endpoint", required_argument, NULL, 'e' }, { "json", no_argument, NULL, 'j' },
 		{ "daemon-nice", required_argument, NULL, 'n' },
+		{ "daemon-set", required_argument, NULL, 'x' },
 		{ "help", no_argument, NULL, 'h' },	{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -119,6 +126,14 @@ static int parse(int argc, char **argv, struct opts *o)
 		case 'e': o->c.endpoint = optarg; break;
 		case 'j': o->json = true; break;
 		case 'n': o->daemon_nice = atoi(optarg); break;
+		case 'x':
+			if (o->n_daemon_sets == DAEMON_SETS_MAX || !strchr(optarg, '=')) {
+				fprintf(stderr, "kvload: --daemon-set takes KEY=VALUE, at most %d times\n",
+					DAEMON_SETS_MAX);
+				return -1;
+			}
+			o->daemon_sets[o->n_daemon_sets++] = optarg;
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: return -1;
 		}
@@ -156,13 +171,15 @@ static int start_daemon(const struct opts *o)
 	snprintf(sets[5], 200, "heartbeat_timeout_ms=%" PRIu64, o->heartbeat_ms);
 	snprintf(sets[6], 200, "max_sequences=%u", o->c.sequences + 64);
 	snprintf(sets[7], 200, "max_workers=%u", o->c.workers + 16 + MAX_GENS);
-	const char *argv[24];
+	const char *argv[24 + 2 * DAEMON_SETS_MAX];
 	int n = 0;
 	argv[n++] = o->kvstored;
 	for (int i = 0; i < 8; i++)
 		argv[n++] = "--set", argv[n++] = sets[i];
 	argv[n++] = "--set", argv[n++] = "lock_memory=false";
 	argv[n++] = "--set", argv[n++] = "log_level=warn";
+	for (unsigned i = 0; i < o->n_daemon_sets; i++) /* after ours: the user's win */
+		argv[n++] = "--set", argv[n++] = o->daemon_sets[i];
 	argv[n] = NULL;
 	g.daemon = fork();
 	if (g.daemon < 0)
@@ -280,14 +297,15 @@ static bool read_stats(int fd, struct load_stats *got)
 static int reap(struct child *ch, struct load_stats *fill, struct load_stats *s)
 {
 	int st = 0;
-	waitpid(ch->pid, &st, 0);
 	static struct load_stats got;
+	/* Read before waiting: the two reports are larger than a pipe holds. */
 	if (read_stats(ch->fd, &got)) {
 		stats_merge(fill, &got);
 		if (read_stats(ch->fd, &got))
 			stats_merge(s, &got);
 	}
 	close(ch->fd);
+	waitpid(ch->pid, &st, 0);
 	ch->pid = 0;
 	int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 	if (rc && !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && ch->killed))
@@ -374,6 +392,22 @@ static void print_hist_row(const char *name, const struct hist *h, uint64_t ops,
 	printf("  %-8s %10" PRIu64 " %10.0f/s  p50 %8.1f us  p99 %8.1f us  p999 %8.1f us\n", name,
 	       ops, secs > 0 ? (double)ops / secs : 0, hist_pct(h, 0.5) / 1e3, hist_pct(h, 0.99) / 1e3,
 	       hist_pct(h, 0.999) / 1e3);
+}
+
+/* Where the ring round trips of s went (ring.h "Timing"). */
+static void print_ring_parts(const char *name, const struct load_stats *s)
+{
+	static const char *const part[PART_N] = { "queued", "served", "woken" };
+	printf("  %-8s", name);
+	for (int i = 0; i < PART_N; i++)
+		printf(" %s p50 %.1f p99 %.1f us%s", part[i], hist_pct(&s->part[i], 0.5) / 1e3,
+		       hist_pct(&s->part[i], 0.99) / 1e3, i + 1 < PART_N ? ";" : "");
+	uint64_t sum = s->slow_ns[PART_QUEUED] + s->slow_ns[PART_SERVED] + s->slow_ns[PART_WOKEN];
+	printf("\n           %" PRIu64 " slower than %.0f ms", s->slow_n, LOAD_SLOW_NS / 1e6);
+	if (sum)
+		for (int i = 0; i < PART_N; i++)
+			printf("%s %.0f%% %s", i ? "," : ":", 100.0 * (double)s->slow_ns[i] / (double)sum, part[i]);
+	printf("\n");
 }
 
 static uint64_t ring_p99(const struct load_stats *s)
@@ -655,6 +689,10 @@ int main(int argc, char **argv)
 	       "(%.2fx), %.1f us alone on the full pool (%.2fx)\n", p99l / 1e3, p99b / 1e3,
 	       p99b ? (double)p99l / (double)p99b : 0, p99f / 1e3,
 	       p99f ? (double)p99l / (double)p99f : 0);
+	printf("ring round trips split (pushed -> popped by kvstored -> posted -> seen by the worker):\n");
+	print_ring_parts("alone", &base);
+	print_ring_parts("loaded", &all);
+	print_ring_parts("full", &full);
 	printf("throughput (steady): %.0f ops/s, written %.3f GB/s, read %.3f GB/s\n",
 	       steady > 0 ? (double)all_ops / steady : 0,
 	       steady > 0 ? (double)all.bytes_written / steady / 1e9 : 0,

@@ -27,9 +27,16 @@ struct hist {
 
 enum load_op { OP_ALLOC, OP_COMMIT, OP_RECALL, OP_RELEASE, OP_RPC, OP_N };
 
+/* The parts of a ring round trip (kvs_ring_last_timing): waiting for kvstored to pop the
+ * submission, kvstored's service, and the worker's wake-up after the post. */
+enum load_part { PART_QUEUED, PART_SERVED, PART_WOKEN, PART_N };
+#define LOAD_SLOW_NS 1000000u		/* a ring op this slow counts in load_stats.slow_* */
+
 struct load_stats {
 	struct hist h[OP_N];
 	uint64_t ops[OP_N];
+	struct hist part[PART_N];	/* every ring op's round trip, split */
+	uint64_t slow_n, slow_ns[PART_N];	/* ring ops slower than LOAD_SLOW_NS: parts summed */
 	uint64_t bytes_written, bytes_read;
 	uint64_t pages_verified;	/* (page, layer) blocks checked byte for byte */
 	uint64_t mismatches;		/* blocks whose bytes were wrong: must stay 0 */
@@ -70,6 +77,8 @@ void hist_merge(struct hist *into, const struct hist *h);
 /* The value below which a fraction q of the samples fall (a bucket's upper edge), in ns. */
 uint64_t hist_pct(const struct hist *h, double q);
 void stats_merge(struct load_stats *into, const struct load_stats *s);
+/* Adds the split of k's last ring round trip to s. */
+void stats_add_ring_parts(struct load_stats *s, const struct kvs *k);
 const char *load_op_name(enum load_op op);
 
 /* Runs worker `wi` of cfg until its deadline; writes two struct load_stats to out_fd: the fill,

@@ -104,6 +104,11 @@ void stats_merge(struct load_stats *into, const struct load_stats *s)
 		hist_merge(&into->h[i], &s->h[i]);
 		into->ops[i] += s->ops[i];
 	}
+	for (int i = 0; i < PART_N; i++) {
+		hist_merge(&into->part[i], &s->part[i]);
+		into->slow_ns[i] += s->slow_ns[i];
+	}
+	into->slow_n += s->slow_n;
 	into->bytes_written += s->bytes_written;
 	into->bytes_read += s->bytes_read;
 	into->pages_verified += s->pages_verified;
@@ -118,6 +123,20 @@ void stats_merge(struct load_stats *into, const struct load_stats *s)
 		into->first_error = s->first_error;
 		memcpy(into->first_error_msg, s->first_error_msg, sizeof into->first_error_msg);
 	}
+}
+
+void stats_add_ring_parts(struct load_stats *s, const struct kvs *k)
+{
+	struct kvs_ring_timing t;
+	kvs_ring_last_timing(k, &t);
+	uint64_t part[PART_N] = { t.queued_ns, t.served_ns, t.woken_ns };
+	bool slow = t.round_trip_ns >= LOAD_SLOW_NS;
+	for (int i = 0; i < PART_N; i++) {
+		hist_add(&s->part[i], part[i]);
+		if (slow)
+			s->slow_ns[i] += part[i];
+	}
+	s->slow_n += slow;
 }
 
 const char *load_op_name(enum load_op op)

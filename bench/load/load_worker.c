@@ -71,6 +71,8 @@ static int note(struct wstate *w, int ret, const char *what)
 		int r_ = (call);                                                                  \
 		hist_add(&(w)->st.h[op], clock_ns() - t0_);                                       \
 		(w)->st.ops[op]++;                                                                \
+		if ((op) != OP_RPC && r_ == 0)                                                    \
+			stats_add_ring_parts(&(w)->st, (w)->k);                                   \
 		r_;                                                                               \
 	})
 

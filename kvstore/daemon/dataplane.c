@@ -112,6 +112,7 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 		if (!o) { /* no room to wait: post it now, durability first */
 			persist_sync(dp->ps);
 			dp->ops[k].total_us += dp_now_us() - t0;
+			dp_stamp_posted(e, t0);
 			if (ring_push(w->ring, e, 1) != 1)
 				log_warn("worker %u: completion ring full, completion %"
 					PRIu64 " dropped", w->wid, e->user_data);
@@ -120,7 +121,7 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 		dp->outbox = o;
 		dp->cap_outbox = cap;
 	}
-	dp->outbox[dp->n_outbox++] = (struct dp_done){ w->wid, *e };
+	dp->outbox[dp->n_outbox++] = (struct dp_done){ w->wid, t0, *e };
 	dp->ops[k].total_us += dp_now_us() - t0;
 }
 

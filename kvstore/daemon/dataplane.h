@@ -120,6 +120,11 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max);
 void dp_run(struct dp *dp);
 /* Milliseconds the event loop may sleep: 0 while I/O must be polled without an eventfd. */
 int dp_poll_timeout(const struct dp *dp, int dflt);
+/* After the event loop's poll, with those of dp_pollfds that were readable (n may be 0): runs
+ * dp_run. While the data-plane thread runs, it only clears the tier's eventfd and kicks the
+ * thread, which reaps tier completions itself (the loop leaves the ring work to it); the
+ * remote tier's socket still runs dp_run here. Lock held. */
+void dp_poll_done(struct dp *dp, const int *ready, size_t n);
 
 /* Demote seq's unleased committed DRAM blocks to the tier. *blocks counts them all: the writes
  * started now and, when the tier's request table fills up, those later dp_run passes start.

@@ -8,10 +8,18 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "clock.h"
 #include "persist.h"
 #include "pool.h"
 #include "ring.h"
 #include "log.h"
+
+void dp_stamp_posted(struct ring_entry *e, uint64_t t0_us)
+{
+	uint64_t now = clock_ns(), us = now / 1000u - t0_us;
+	e->posted_ns = now;
+	e->served_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+}
 
 void dp_flush_completions(struct dp *dp)
 {
@@ -26,6 +34,8 @@ void dp_flush_completions(struct dp *dp)
 		for (size_t k = 0; k < dp->max_w && !w; k++)
 			if (dp->w[k].ring && dp->w[k].wid == d->wid)
 				w = &dp->w[k];
+		if (w)
+			dp_stamp_posted(&d->e, d->t0_us);
 		if (w && ring_push(w->ring, &d->e, 1) != 1)
 			log_warn("worker %u: completion ring full, completion %" PRIu64
 				" dropped", w->wid, d->e.user_data);

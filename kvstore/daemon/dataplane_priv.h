@@ -84,6 +84,7 @@ struct dp_worker {
 /* A completion waiting for the journal's group commit (see dp_flush_completions). */
 struct dp_done {
 	uint32_t wid;
+	uint64_t t0_us;			/* when the submission was popped (dp_now_us clock) */
 	struct ring_entry e;
 };
 
@@ -150,6 +151,8 @@ uint64_t dp_now_us(void);
 /* Syncs the journal when it has records, then posts every completion queued since: a worker
  * never hears of a COMMIT (or of a slot freed by a move) before it is durable. */
 void dp_flush_completions(struct dp *dp);
+/* Stamps completion e as posted now, popped at t0_us (ring.h "Timing"). */
+void dp_stamp_posted(struct ring_entry *e, uint64_t t0_us);
 /* Journals block id of s where it is now (persist_block). */
 void dp_log_block(struct dp *dp, uint32_t id);
 /* The committed length of s moved from old: journals the blocks whose committed rows changed

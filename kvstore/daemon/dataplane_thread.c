@@ -6,12 +6,14 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "dataplane.h"
 #include "dataplane_priv.h"
 #include "errmsg.h"
 #include "ring.h"
+#include "tier.h"
 
 #define DP_SPIN_NS 50000u		/* the data-plane thread polls idle rings this long, then sleeps */
 #define DP_BUSY_NS 200u			/* of which this long without yielding the CPU */
@@ -44,6 +46,8 @@ static bool rings_ready(const struct dp *dp)
 {
 	if (dp_scanning(dp))
 		return true; /* a victim scan goes on a step per pass */
+	if (dp->tier && tier_ready(dp->tier))
+		return true; /* tier completions to reap: the thread polls them while awake */
 	for (size_t i = 0; i < dp->max_w; i++)
 		if (dp->w[i].ring && ring_ready(dp->w[i].ring))
 			return true;
@@ -51,14 +55,22 @@ static bool rings_ready(const struct dp *dp)
 }
 
 /* Announce sleep on every ring and sleep on all doorbells plus the kick word; returns at once
- * when a ring turns out not to be empty. Called without the lock; takes it to read the rings. */
-static void thread_sleep(struct dp *dp)
+ * when a ring turns out not to be empty. Called without the lock; takes it to read the rings.
+ * quiet: the thread polls tier completions while awake (tier_notify off); for the sleep the
+ * tier's eventfd is turned on, and the control loop, which polls it, kicks the thread
+ * (dp_poll_done). kicks: the kick word as the caller last served it. Sleeps no longer than
+ * waiting ops and retries allow (dp_poll_timeout). */
+static void thread_sleep(struct dp *dp, bool quiet, uint32_t kicks)
 {
 	struct ring_bell bells[RING_BELLS_MAX];
 	size_t nb = 0;
 	bool ready = false, all = true;
 	thread_lock(dp);
-	bells[nb++] = (struct ring_bell){ &dp->kick, atomic_load_explicit(&dp->kick, memory_order_acquire), true };
+	if (quiet) {
+		tier_notify(dp->tier, true);
+		ready = tier_ready(dp->tier);
+	}
+	bells[nb++] = (struct ring_bell){ &dp->kick, kicks, true }; /* a kick since: no sleep */
 	for (size_t i = 0; i < dp->max_w && !ready; i++) {
 		if (!dp->w[i].ring)
 			continue;
@@ -74,9 +86,10 @@ static void thread_sleep(struct dp *dp)
 		else
 			all = false; /* a corrupt ring: no doorbell to trust, poll it */
 	}
+	int timeout = dp_poll_timeout(dp, all ? DP_SLEEP_MS : DP_SLEEP_MANY_MS);
 	dp_unlock(dp);
-	if (!ready) {
-		int ret = ring_bells_wait(bells, nb, all ? DP_SLEEP_MS : DP_SLEEP_MANY_MS);
+	if (!ready && timeout > 0) {
+		int ret = ring_bells_wait(bells, nb, timeout);
 		if (ret == -ENOSYS) {
 			struct timespec ts = { 0, DP_SLEEP_MANY_MS * 1000000L };
 			nanosleep(&ts, NULL); /* no futex_waitv (Linux < 5.16): poll */
@@ -86,6 +99,8 @@ static void thread_sleep(struct dp *dp)
 	for (size_t i = 0; i < dp->max_w; i++)
 		if (dp->w[i].ring)
 			ring_sleep_end(dp->w[i].ring);
+	if (quiet)
+		tier_notify(dp->tier, false);
 	dp_unlock(dp);
 }
 
@@ -93,9 +108,16 @@ static void *thread_main(void *arg)
 {
 	struct dp *dp = arg;
 	uint64_t idle_since = 0;
+	thread_lock(dp);
+	bool quiet = dp->tier && tier_notify(dp->tier, false);
+	dp_unlock(dp);
+	uint32_t kicks = 0;
 	while (!atomic_load_explicit(&dp->thread_stop, memory_order_acquire)) {
 		thread_lock(dp);
-		bool work = rings_ready(dp);
+		/* A kick means work the control loop queued (tier requests, freed room): one pass. */
+		uint32_t k = atomic_load_explicit(&dp->kick, memory_order_acquire);
+		bool work = rings_ready(dp) || k != kicks;
+		kicks = k;
 		if (work)
 			dp_run(dp);
 		dp_unlock(dp);
@@ -115,8 +137,13 @@ static void *thread_main(void *arg)
 				sched_yield();
 			continue;
 		}
-		thread_sleep(dp);
+		thread_sleep(dp, quiet, kicks);
 		idle_since = 0;
+	}
+	if (quiet) {
+		thread_lock(dp);
+		tier_notify(dp->tier, true); /* the caller reaps through the eventfd again */
+		dp_unlock(dp);
 	}
 	return NULL;
 }
@@ -133,6 +160,24 @@ int dp_start(struct dp *dp, char *err, size_t errlen)
 	}
 	dp->thread_running = true;
 	return 0;
+}
+
+void dp_poll_done(struct dp *dp, const int *ready, size_t n)
+{
+	bool run = !dp->thread_running;
+	for (size_t i = 0; i < n && !run; i++) {
+		if (dp->tier && ready[i] == tier_eventfd(dp->tier)) {
+			uint64_t v;
+			if (read(ready[i], &v, sizeof v) < 0 && errno != EAGAIN)
+				run = true; /* cannot clear it: reap here, as without the thread */
+		} else {
+			run = true; /* the remote tier's socket: dp_run reads it */
+		}
+	}
+	if (run)
+		dp_run(dp);
+	if (dp->thread_running)
+		ring_kick(&dp->kick);
 }
 
 void dp_stop(struct dp *dp)

@@ -238,7 +238,12 @@ static void event_loop(struct daemon_state *d)
 				break;
 		}
 		rpc_serve(&d->rpc, 256);
-		dp_run(d->dp);
+		int ready[8];
+		size_t nr = 0;
+		for (size_t i = 0; i < nd; i++)
+			if (items[2 + i].revents & ZMQ_POLLIN)
+				ready[nr++] = fds[i];
+		dp_poll_done(d->dp, ready, nr);
 		reap_workers(d);
 		remote_seq_tick(&d->remote);
 

@@ -69,6 +69,7 @@ struct tier {
 	bool ring_ok;
 	unsigned qd;
 	int efd;
+	bool efd_quiet;         /* tier_notify(false) took: completions do not signal efd */
 	bool fixed_file;
 	char *reg_base;
 	uint64_t reg_bytes;
@@ -705,7 +706,7 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 
 int tier_reap(struct tier *t, tier_done_fn done, void *ctx)
 {
-	if (t->efd >= 0) {
+	if (t->efd >= 0 && !t->efd_quiet) {
 		uint64_t v;
 		if (read(t->efd, &v, sizeof v) < 0 && errno != EAGAIN)
 			return -errno;
@@ -832,6 +833,19 @@ void tier_inject_error(struct tier *t, enum tier_op op, unsigned n, int err)
 int tier_eventfd(const struct tier *t)
 {
 	return t->efd;
+}
+
+bool tier_notify(struct tier *t, bool on)
+{
+	if (t->efd < 0 || !t->ring_ok || io_uring_cq_eventfd_toggle(&t->ring, on) < 0)
+		return false;
+	t->efd_quiet = !on;
+	return true;
+}
+
+bool tier_ready(const struct tier *t)
+{
+	return t->ring_ok && io_uring_cq_ready(&t->ring) > 0;
 }
 
 int tier_fd(const struct tier *t)

@@ -116,6 +116,12 @@ int tier_flush(struct tier *t);
 /* eventfd signalled when completions are ready (io_uring_register_eventfd); -1 when the kernel
  * refused it (then call tier_reap periodically). */
 int tier_eventfd(const struct tier *t);
+/* Whether completions signal the eventfd (on by default). A thread that polls tier_ready while
+ * it is busy turns it off, and on again before it sleeps; while it is off, tier_reap leaves the
+ * eventfd to whoever watches it. false when the kernel cannot toggle it (it stays on). */
+bool tier_notify(struct tier *t, bool on);
+/* Completions wait to be reaped (no system call). */
+bool tier_ready(const struct tier *t);
 /* Drains the completion queue without blocking: retries are resubmitted, finished requests are
  * reported through done. Returns the number reported or -errno. */
 int tier_reap(struct tier *t, tier_done_fn done, void *ctx);

@@ -28,6 +28,7 @@ struct kvs {
 	struct pool_map pool;
 	bool pool_mapped;
 	struct ring *ring;
+	struct kvs_ring_timing last;	/* of the last ring_sync */
 	void *mon;		/* PAIR socket receiving the control socket's connection events */
 	enum { LINK_PENDING, LINK_UP, LINK_REFUSED, LINK_LOST } link;
 	char endpoint[256];
@@ -762,10 +763,29 @@ int kvs_ring_complete(struct kvs *k, struct ring_entry *out, unsigned max, int t
 	}
 }
 
+void kvs_ring_last_timing(const struct kvs *k, struct kvs_ring_timing *t)
+{
+	*t = k->last;
+}
+
+/* Splits a round trip from pushed_ns to seen_ns with the completion's stamps; the daemon's
+ * share is clamped to the round trip (it cannot be longer on one clock). */
+static void split_round_trip(struct kvs_ring_timing *t, const struct ring_entry *c, uint64_t pushed_ns,
+			     uint64_t seen_ns)
+{
+	uint64_t rt = seen_ns - pushed_ns;
+	uint64_t posted = c->posted_ns < pushed_ns ? pushed_ns : c->posted_ns > seen_ns ? seen_ns : c->posted_ns;
+	uint64_t daemon = posted - pushed_ns, served = (uint64_t)c->served_us * 1000u;
+	if (served > daemon)
+		served = daemon;
+	*t = (struct kvs_ring_timing){ rt, daemon - served, served, rt - daemon };
+}
+
 /* Submit one entry and wait for its completion. */
 static int ring_sync(struct kvs *k, struct ring_entry *e)
 {
 	e->user_data = k->next_user++;
+	uint64_t pushed = clock_ns();
 	int ret = kvs_ring_submit(k, e, 1);
 	if (ret < 0)
 		return ret;
@@ -785,6 +805,7 @@ static int ring_sync(struct kvs *k, struct ring_entry *e)
 		if (c.user_data != e->user_data)
 			return seterr(k, -EPROTO, "completion %" PRIu64 " while waiting for %" PRIu64, c.user_data,
 				      e->user_data);
+		split_round_trip(&k->last, &c, pushed, clock_ns());
 		*e = c;
 		if (c.status)
 			return seterr(k, c.status, "ring op %u: %s", c.op, strerror(-c.status));

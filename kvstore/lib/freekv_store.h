@@ -145,4 +145,14 @@ int kvs_recall(struct kvs *k, uint64_t seq_id, uint32_t layer, const uint32_t *p
 	       const uint64_t *masks, uint32_t n, uint64_t *offsets, uint64_t *leases);
 int kvs_release(struct kvs *k, const uint64_t *leases, uint32_t n);
 
+/* Where the last synchronous ring op's round trip went, in nanoseconds of the host's monotonic
+ * clock (ring.h "Timing"): queued + served + woken = round_trip. All 0 before the first op. */
+struct kvs_ring_timing {
+	uint64_t round_trip_ns;	/* this side's push to its pop of the completion */
+	uint64_t queued_ns;	/* the push to the daemon's pop of the submission */
+	uint64_t served_ns;	/* the daemon's pop to its post of the completion */
+	uint64_t woken_ns;	/* the post to this side's pop */
+};
+void kvs_ring_last_timing(const struct kvs *k, struct kvs_ring_timing *t);
+
 #endif

@@ -37,6 +37,12 @@
  *   RELEASE sq: payload[i] = lease ids; count = n_payload (<= 64)
  *           cq: status
  *
+ * Timing: every completion carries served_us, the microseconds from the daemon's pop of the
+ * submission to the post of its completion (saturating; it includes waiting for room and the
+ * journal's group commit), and posted_ns, the CLOCK_MONOTONIC nanoseconds of the post. Both sides
+ * run on one host, so a worker that stamps its push and its pop splits a round trip into waiting
+ * for the daemon to pop, the daemon's service, and its own wake-up (kvs_ring_last_timing).
+ *
  * Ownership: ring_create (daemon) creates the segment (mode 0660, optional group) and returns a
  * handle that ring_destroy unmaps and unlinks; ring_open (worker) maps an existing segment and
  * ring_close unmaps it. The handle owns the mapping and, while running, its watch thread.
@@ -91,8 +97,8 @@ struct ring_entry {
 	uint32_t count;            /* op-specific item count, see above */
 	uint32_t n_payload;        /* payload u64s in use, <= RING_PAYLOAD_MAX */
 	uint32_t flags;            /* reserved, 0 */
-	uint32_t reserved0;
-	uint64_t reserved1;
+	uint32_t served_us;        /* completions: see "Timing" above; submissions: 0 */
+	uint64_t posted_ns;        /* completions: see "Timing" above; submissions: 0 */
 	uint64_t payload[RING_PAYLOAD_MAX];
 };
 
