@@ -3,6 +3,7 @@
 #include "dataplane_priv.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,7 +122,7 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 		dp->outbox = o;
 		dp->cap_outbox = cap;
 	}
-	dp->outbox[dp->n_outbox++] = (struct dp_done){ w->wid, t0, *e };
+	dp->outbox[dp->n_outbox++] = (struct dp_done){ w->wid, t0, persist_need(dp->ps), *e };
 	dp->ops[k].total_us += dp_now_us() - t0;
 }
 
@@ -292,6 +293,11 @@ static void demote_to(struct dp *dp, uint64_t target)
 		size_t max = want < 256 ? want : 256, room = tier_room(dp->tier);
 		if (room < max)
 			max = room;
+		/* Few writes in flight: a promotion's read queues behind those the device has. */
+		if (dp->demoting >= DP_DEMOTE_INFLIGHT)
+			return;
+		if (max > DP_DEMOTE_INFLIGHT - dp->demoting)
+			max = DP_DEMOTE_INFLIGHT - dp->demoting;
 		if (!max)
 			return;
 		if (!(n = victims_take(dp, ids, max)))
@@ -358,8 +364,15 @@ static void demote_watermark(struct dp *dp)
 	struct pool_usage u;
 	pool_usage(dp->pool, &u);
 	uint64_t high = u.dram_bytes / 100 * dp->cfg->dram_high_watermark;
+	uint64_t low = u.dram_bytes / 100 * dp->cfg->dram_low_watermark;
+	/* Past the high watermark demotion goes on down to the low one, over as many passes as
+	 * DP_DEMOTE_INFLIGHT takes. */
 	if (u.dram_used_bytes > high)
-		demote_to(dp, u.dram_bytes / 100 * dp->cfg->dram_low_watermark);
+		dp->wm_demoting = true;
+	if (dp->wm_demoting && u.dram_used_bytes <= low)
+		dp->wm_demoting = false;
+	if (dp->wm_demoting)
+		demote_to(dp, low);
 }
 
 /* ---------------------------------------------------------------- ring ops */
@@ -834,7 +847,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		/* Its rows are checksummed afresh from the bytes just read (and verified). */
 		b->rows = b->rows_crc = 0;
 		dp_log_block(dp, id);
-		tier_extent_free(dp->tier, off, b->bytes);
+		dp_extent_free(dp, off, b->bytes);
 		dp->promoted++;
 		dp_free_if_doomed(dp, id);
 		return;
@@ -884,7 +897,10 @@ void dp_run(struct dp *dp)
 	struct ring_entry batch[DP_POP_BATCH];
 	/* Completions reaped at the end of a pass can unblock waiting ops: go round again. */
 	for (int pass = 0; pass < 8; pass++) {
-		int progress = dp->tier ? tier_reap(dp->tier, tier_done, dp) : 0;
+		/* Bounded with the thread (it polls the rest next pass, after the rings): a long
+		 * batch of completions, each checksummed and journaled, would hold up every ring. */
+		int progress = dp->tier ? tier_reap_some(dp->tier, dp->thread_running ? DP_REAP_MAX : UINT_MAX,
+							 tier_done, dp) : 0;
 		progress += dp_remote_reap(dp);
 		for (size_t i = 0; i < dp->max_w; i++) {
 			struct dp_worker *w = &dp->w[i];
@@ -914,10 +930,8 @@ void dp_run(struct dp *dp)
 		dp_swap_retry(dp);
 		if (dp->n_demote_q)
 			demote_queue_run(dp);
-		/* Before new writes go out: a freed extent is reused only once its move is durable. */
 		dp_flush_completions(dp);
-		if (persist_dirty(dp->ps))
-			persist_sync(dp->ps);
+		dp_persist_pass(dp); /* before new I/O goes out */
 		if (dp->tier && tier_flush(dp->tier) > 0)
 			progress++;
 		if (progress <= 0)
@@ -933,7 +947,7 @@ void dp_drain(struct dp *dp, int timeout_ms)
 		tier_wait(dp->tier, 50, tier_done, dp);
 	}
 	dp_flush_completions(dp);
-	persist_sync(dp->ps);
+	dp_persist_pass(dp);
 }
 
 /* ---------------------------------------------------------------- workers */
@@ -1272,6 +1286,7 @@ void dp_shutdown(struct dp *dp)
 	free(dp->vq.id);
 	free(dp->vq.lru);
 	free(dp->outbox);
+	free(dp->limbo.v);
 	free(dp->w);
 	free(dp);
 }

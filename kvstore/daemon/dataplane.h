@@ -120,6 +120,10 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max);
 void dp_run(struct dp *dp);
 /* Milliseconds the event loop may sleep: 0 while I/O must be polled without an eventfd. */
 int dp_poll_timeout(const struct dp *dp, int dflt);
+/* Returns once journal sync generation gen (persist_need) is done. Called with the lock held,
+ * returns with it held; while the data-plane thread runs, the journal's thread syncs and the
+ * caller lets go of the lock meanwhile, so ring ops go on. */
+void dp_wait_durable(struct dp *dp, uint64_t gen);
 /* After the event loop's poll, with those of dp_pollfds that were readable (n may be 0): runs
  * dp_run. While the data-plane thread runs, it only clears the tier's eventfd and kicks the
  * thread, which reaps tier completions itself (the loop leaves the ring work to it); the

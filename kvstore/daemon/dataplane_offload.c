@@ -50,7 +50,7 @@ static struct dp_offload *offload_of(struct dp *dp, uint32_t block)
 void dp_block_drop_storage(struct dp *dp, uint32_t id, struct pool_block *b)
 {
 	if (b->tier == POOL_TIER_NVME)
-		tier_extent_free(dp->tier, b->nvme_off, b->bytes);
+		dp_extent_free(dp, b->nvme_off, b->bytes);
 	if (b->remote_id && !b->remote_published && dp->rio &&
 	    rio_submit(dp->rio, REMOTE_TIER_DEL, b->remote_id, NULL, 0, NULL, 0, 0, 0))
 		log_warn("remote tier busy: block %" PRIu64 " stays in Redis", b->remote_id);
@@ -191,8 +191,8 @@ static void rio_done(void *ctx, const struct rio_result *res)
 	struct pool_block *b = pool_block_get(dp->pool, id);
 	uint64_t off = b->nvme_off;
 	pool_block_offload_end(dp->pool, id, true, o->remote_id);
-	tier_extent_free(dp->tier, off, b->bytes);
-	dp_log_block(dp, id); /* the extent is reused only after this is synced */
+	dp_log_block(dp, id);
+	dp_extent_free(dp, off, b->bytes); /* reused only after that record is synced */
 	dp->offloaded++;
 	dp->offload_err_logged = false;
 	dp->offload_backoff_us = 0;

@@ -7,11 +7,13 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "clock.h"
 #include "persist.h"
 #include "pool.h"
 #include "ring.h"
+#include "tier.h"
 #include "log.h"
 
 void dp_stamp_posted(struct ring_entry *e, uint64_t t0_us)
@@ -21,26 +23,139 @@ void dp_stamp_posted(struct ring_entry *e, uint64_t t0_us)
 	e->served_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
 }
 
+/* Whether a completion may be posted only once the journal is durable (docs/design.md §4): a
+ * COMMIT's records, and an ALLOC's slots, which a move may have freed. A RECALL hands out no slot
+ * a worker writes, a RELEASE nothing, a failed op nothing: they go out at once. */
+static bool waits_for_sync(const struct ring_entry *e)
+{
+	return e->status == 0 && (e->op == RING_OP_COMMIT || e->op == RING_OP_ALLOC);
+}
+
+static void post(struct dp *dp, struct dp_done *d)
+{
+	struct dp_worker *w = NULL;
+	for (size_t k = 0; k < dp->max_w && !w; k++)
+		if (dp->w[k].ring && dp->w[k].wid == d->wid)
+			w = &dp->w[k];
+	if (!w)
+		return; /* gone meanwhile */
+	dp_stamp_posted(&d->e, d->t0_us);
+	if (ring_push(w->ring, &d->e, 1) != 1)
+		log_warn("worker %u: completion ring full, completion %" PRIu64 " dropped", w->wid,
+			 d->e.user_data);
+}
+
 void dp_flush_completions(struct dp *dp)
 {
-	if (!dp->n_outbox)
-		return;
-	/* Group commit (docs/design.md §4 "Restart without loss"): one fdatasync for the batch. */
-	if (persist_dirty(dp->ps))
-		persist_sync(dp->ps);
+	uint64_t synced = persist_synced(dp->ps);
+	size_t held = 0;
 	for (size_t i = 0; i < dp->n_outbox; i++) {
 		struct dp_done *d = &dp->outbox[i];
-		struct dp_worker *w = NULL;
-		for (size_t k = 0; k < dp->max_w && !w; k++)
-			if (dp->w[k].ring && dp->w[k].wid == d->wid)
-				w = &dp->w[k];
-		if (w)
-			dp_stamp_posted(&d->e, d->t0_us);
-		if (w && ring_push(w->ring, &d->e, 1) != 1)
-			log_warn("worker %u: completion ring full, completion %" PRIu64
-				" dropped", w->wid, d->e.user_data);
+		if (!waits_for_sync(&d->e) || d->gen <= synced)
+			post(dp, d);
+		else
+			dp->outbox[held++] = *d; /* the held ones keep their order */
 	}
+	dp->n_outbox = held;
+	if (!held)
+		return;
+	if (dp->thread_running) {
+		persist_sync_start(dp->ps); /* dp_synced wakes the thread when it is done */
+		return;
+	}
+	/* Group commit (docs/design.md §4 "Restart without loss"): one fdatasync for the batch. */
+	persist_sync(dp->ps);
+	for (size_t i = 0; i < held; i++)
+		post(dp, &dp->outbox[i]);
 	dp->n_outbox = 0;
+}
+
+void dp_wait_durable(struct dp *dp, uint64_t gen)
+{
+	if (!dp->thread_running) {
+		if (persist_synced(dp->ps) < gen)
+			persist_sync(dp->ps);
+		return;
+	}
+	while (persist_synced(dp->ps) < gen) {
+		persist_sync_start(dp->ps); /* unless one runs: the data-plane thread starts the next */
+		dp_unlock(dp);
+		persist_wait_synced(dp->ps, gen, 2);
+		dp_lock(dp);
+	}
+}
+
+void dp_synced(void *ctx)
+{
+	struct dp *dp = ctx;
+	ring_kick(&dp->kick);
+}
+
+void dp_extent_free(struct dp *dp, uint64_t off, uint32_t len)
+{
+	struct dp_limbo *l = &dp->limbo;
+	if (!dp->ps || !dp->thread_running) {
+		tier_extent_free(dp->tier, off, len);
+		return;
+	}
+	if (l->n == l->cap) {
+		if (l->head) { /* slide the live part down before growing */
+			memmove(l->v, l->v + l->head, (l->n - l->head) * sizeof *l->v);
+			l->n -= l->head;
+			l->tagged -= l->head;
+			l->head = 0;
+		}
+		if (l->n == l->cap) {
+			size_t cap = l->cap ? l->cap * 2 : 1024;
+			struct dp_limbo_ext *v = realloc(l->v, cap * sizeof *v);
+			if (!v) { /* no room to wait: make the move durable now */
+				persist_sync(dp->ps);
+				tier_extent_free(dp->tier, off, len);
+				return;
+			}
+			l->v = v;
+			l->cap = cap;
+		}
+	}
+	l->v[l->n++] = (struct dp_limbo_ext){ off, 0, len };
+}
+
+/* Frees the extents a finished sync covers; all of them when everything is synced. */
+static void limbo_release(struct dp *dp)
+{
+	struct dp_limbo *l = &dp->limbo;
+	uint64_t synced = persist_synced(dp->ps);
+	while (l->head < l->tagged && l->v[l->head].gen <= synced) {
+		tier_extent_free(dp->tier, l->v[l->head].off, l->v[l->head].len);
+		l->head++;
+	}
+	if (l->head == l->n)
+		l->head = l->tagged = l->n = 0;
+}
+
+void dp_persist_pass(struct dp *dp)
+{
+	if (!dp->ps)
+		return;
+	struct dp_limbo *l = &dp->limbo;
+	uint64_t need = persist_need(dp->ps);
+	for (size_t i = l->tagged; i < l->n; i++)
+		l->v[i].gen = need;
+	l->tagged = l->n;
+	if (!dp->thread_running) {
+		/* Before new writes go out: a freed extent is reused only once its move is durable. */
+		if (persist_dirty(dp->ps))
+			persist_sync(dp->ps);
+		limbo_release(dp); /* what the thread left */
+		return;
+	}
+	limbo_release(dp);
+	/* The records reach the file before any I/O of this pass is submitted (a crash of the
+	 * daemon loses none of them); the sync, which a host crash needs, goes on in the
+	 * background, one at a time, each covering what was written before it started. */
+	persist_write(dp->ps);
+	if (persist_need(dp->ps) > persist_synced(dp->ps))
+		persist_sync_start(dp->ps);
 }
 
 static void log_for(struct dp *dp, struct seq *s, uint32_t id)

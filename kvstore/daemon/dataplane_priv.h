@@ -22,6 +22,8 @@
 #define DP_SWAP_MAX 8u			/* swaps in flight at once */
 #define DP_SWAP_RETRY_US 100000u	/* between attempts to write a page back after a failed swap */
 #define DP_ALLOC_RETRY_MS 10		/* an op waiting for room is retried at least this often */
+#define DP_DEMOTE_INFLIGHT 32u	/* watermark demotions writing at once */
+#define DP_REAP_MAX 32u		/* tier completions one pass of the thread reaps (dp_run) */
 
 /* Tier request cookies: kind << 32 | block id (or swap slot for DP_COOKIE_SWAP). */
 enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3, DP_COOKIE_OFFREAD = 4 };
@@ -85,7 +87,21 @@ struct dp_worker {
 struct dp_done {
 	uint32_t wid;
 	uint64_t t0_us;			/* when the submission was popped (dp_now_us clock) */
+	uint64_t gen;			/* the journal sync generation that covers it (persist_need) */
 	struct ring_entry e;
+};
+
+/* NVMe extents freed by a move whose record is not durable yet (dp_extent_free): reused only
+ * once a sync covers it (docs/design.md §4). [0, tagged) carry the generation that does;
+ * [tagged, n) were freed in this pass and are tagged at its end, after its records. */
+struct dp_limbo_ext {
+	uint64_t off, gen;
+	uint32_t len;
+};
+
+struct dp_limbo {
+	struct dp_limbo_ext *v;
+	size_t head, tagged, n, cap;
 };
 
 struct persist;
@@ -94,11 +110,12 @@ struct persist;
  * (demote_to): on a full pool whose blocks all belong to attached sequences the walk cannot
  * stop early, so it is paid once per DP_VQ_MAX victims, not once per pass. The walk itself is
  * spread over the data plane's passes, DP_VQ_STEP blocks each (a whole walk of half a million
- * blocks took 10-37 ms, which every ring op and control request waited out), and starts when
+ * blocks took 10-37 ms, which every ring op and control request waited out; 8192 a step still
+ * took 0.3-1 ms), and starts when
  * the queue runs low, so the next queue is ready before this one is used up. */
 #define DP_VQ_MAX 16384
 #define DP_VQ_MAX_AGE_MS 1000
-#define DP_VQ_STEP 8192
+#define DP_VQ_STEP 2048
 
 struct dp_vq {
 	uint32_t *id;
@@ -114,6 +131,7 @@ struct dp {
 	struct persist *ps;		/* durable metadata; NULL: persistence off (borrowed) */
 	struct dp_done *outbox;		/* (cap_outbox,) completions not posted yet */
 	size_t n_outbox, cap_outbox;
+	struct dp_limbo limbo;
 	struct seq_table *seqs;
 	struct pool *pool;
 	struct tier *tier;
@@ -127,6 +145,7 @@ struct dp {
 	struct dp_worker *w;		/* (max_workers,) slots with ring NULL are free */
 	size_t max_w;
 	uint64_t demoted, promoted, crc_errors, demoting;
+	bool wm_demoting;		/* above the high watermark, not yet down to the low one */
 	struct dp_opstat ops[DP_N_OPS];
 	char ring_prefix[CFG_STR_MAX];
 	uint64_t demote_q[DP_DEMOTE_QUEUE];	/* sequence ids, see demote_queue_run */
@@ -148,9 +167,20 @@ struct dp {
 };
 
 uint64_t dp_now_us(void);
-/* Syncs the journal when it has records, then posts every completion queued since: a worker
- * never hears of a COMMIT (or of a slot freed by a move) before it is durable. */
+/* Posts the completions queued since: a worker never hears of a COMMIT, or gets a slot a move
+ * freed (an ALLOC), before the journal sync that covers it is done. With the data-plane thread
+ * running that sync runs on the journal's thread (persist_sync_start) and those completions
+ * wait in the outbox meanwhile, the others go out at once; without it, the caller syncs. */
 void dp_flush_completions(struct dp *dp);
+/* Frees an NVMe extent that a move (journaled before the end of this pass) left: at once
+ * without the data-plane thread (its passes sync before they submit I/O), else once a sync
+ * covers the move. */
+void dp_extent_free(struct dp *dp, uint64_t off, uint32_t len);
+/* End of a pass: tags this pass's freed extents, frees those a finished sync covers, writes the
+ * journal's buffer and starts a sync when records wait for one. */
+void dp_persist_pass(struct dp *dp);
+/* Called on the journal's sync thread after each sync: wakes the data-plane thread. */
+void dp_synced(void *ctx);
 /* Stamps completion e as posted now, popped at t0_us (ring.h "Timing"). */
 void dp_stamp_posted(struct ring_entry *e, uint64_t t0_us);
 /* Journals block id of s where it is now (persist_block). */

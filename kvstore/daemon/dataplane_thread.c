@@ -12,6 +12,7 @@
 #include "dataplane.h"
 #include "dataplane_priv.h"
 #include "errmsg.h"
+#include "persist.h"
 #include "ring.h"
 #include "tier.h"
 
@@ -153,12 +154,15 @@ int dp_start(struct dp *dp, char *err, size_t errlen)
 	if (dp->thread_running)
 		return -EBUSY;
 	atomic_store(&dp->thread_stop, false);
+	dp->thread_running = true; /* before the thread: it reads it */
+	persist_on_synced(dp->ps, dp_synced, dp);
 	int ret = pthread_create(&dp->thread, NULL, thread_main, dp);
 	if (ret) {
+		persist_on_synced(dp->ps, NULL, NULL);
+		dp->thread_running = false;
 		errmsg_set(err, errlen, "data-plane thread: %s", strerror(ret));
 		return -ret;
 	}
-	dp->thread_running = true;
 	return 0;
 }
 
@@ -187,5 +191,6 @@ void dp_stop(struct dp *dp)
 	atomic_store(&dp->thread_stop, true);
 	ring_kick(&dp->kick);
 	pthread_join(dp->thread, NULL);
+	persist_on_synced(dp->ps, NULL, NULL); /* dp may be freed before the journal's thread ends */
 	dp->thread_running = false;
 }

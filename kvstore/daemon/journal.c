@@ -6,6 +6,8 @@
 #include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +28,27 @@ struct journal {
 	uint64_t file_bytes;	/* written to the file */
 	uint8_t *buf;		/* (cap,) records not written yet */
 	size_t len, cap;
-	uint64_t records, syncs, compactions;
+	uint64_t records, compactions;
+	uint64_t appended;	/* records appended since open (compaction does not reset it) */
+	_Atomic uint64_t syncs;
 	time_t last_compaction;
-	bool unsynced;		/* written but not fdatasync'd */
+	bool unsynced;		/* written since the last sync started */
+	/* Sync generations: each sync, in the caller or in the sync thread, covers what was written
+	 * before it started. started counts those begun; done is the last one finished. */
+	uint64_t started;
+	_Atomic uint64_t done;
+	/* The sync thread (journal_sync_start), made at the first asynchronous sync. */
+	pthread_t thread;
+	bool thread_made;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;	/* running or stop changed */
+	_Atomic bool running;	/* a thread sync is under way (set by the caller, cleared by it) */
+	bool stop;		/* under mu */
+	int sync_fd;		/* under mu: the file the thread syncs */
+	uint64_t sync_gen;	/* under mu: the generation it finishes */
+	_Atomic int async_err;	/* a failed thread sync, not yet reported */
+	journal_synced_fn on_synced;
+	void *on_synced_ctx;
 };
 
 static uint32_t record_crc(uint32_t type, const void *payload, uint32_t len)
@@ -259,28 +279,162 @@ int journal_append(struct journal *j, uint32_t type, const void *payload, uint32
 		memcpy(p + JOURNAL_RECORD_HEADER, payload, len);
 	j->len += need;
 	j->records++;
+	j->appended++;
 	if (j->len >= JOURNAL_FLUSH_BYTES)
 		return flush_buf(j);
 	return 0;
 }
 
+/* A failed thread sync, once: what it covered counts as unsynced again. */
+static int take_async_err(struct journal *j)
+{
+	int e = atomic_exchange(&j->async_err, 0);
+	if (e)
+		j->unsynced = true;
+	return e;
+}
+
+static int wait_idle(struct journal *j)
+{
+	if (j->thread_made) {
+		pthread_mutex_lock(&j->mu);
+		while (atomic_load(&j->running))
+			pthread_cond_wait(&j->cv, &j->mu);
+		pthread_mutex_unlock(&j->mu);
+	}
+	return take_async_err(j);
+}
+
 int journal_sync(struct journal *j)
 {
+	int err = wait_idle(j);
 	int ret = flush_buf(j);
 	if (ret)
 		return ret;
 	if (!j->unsynced)
-		return 0;
-	if (fdatasync(j->fd) < 0)
-		return -errno;
+		return err;
+	j->started++;
+	if (fdatasync(j->fd) < 0) {
+		err = -errno;
+	} else {
+		j->unsynced = false;
+		j->syncs++;
+	}
+	/* A failed sync ends its generation too (its waiters are told, and the error logged, as
+	 * before there was a thread); unsynced stays set, so the next sync tries again. */
+	atomic_store(&j->done, j->started);
+	return err;
+}
+
+static void *sync_main(void *arg)
+{
+	struct journal *j = arg;
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (!atomic_load(&j->running) && !j->stop)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (!atomic_load(&j->running))
+			break; /* stop, nothing asked */
+		int fd = j->sync_fd;
+		uint64_t gen = j->sync_gen;
+		pthread_mutex_unlock(&j->mu);
+		if (fdatasync(fd) < 0) {
+			int none = 0;
+			atomic_compare_exchange_strong(&j->async_err, &none, -errno);
+		} else {
+			j->syncs++;
+		}
+		atomic_store(&j->done, gen);
+		pthread_mutex_lock(&j->mu);
+		atomic_store(&j->running, false);
+		pthread_cond_broadcast(&j->cv);
+		if (j->on_synced) /* under mu: journal_on_synced(NULL) waits it out */
+			j->on_synced(j->on_synced_ctx);
+	}
+	pthread_mutex_unlock(&j->mu);
+	return NULL;
+}
+
+int journal_sync_start(struct journal *j)
+{
+	int err = atomic_load(&j->running) ? 0 : take_async_err(j);
+	if (atomic_load(&j->running) || (!j->len && !j->unsynced))
+		return err;
+	int ret = flush_buf(j);
+	if (ret)
+		return ret;
+	if (!j->thread_made) {
+		pthread_condattr_t ca;
+		bool ok = !pthread_condattr_init(&ca) && !pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) &&
+			  !pthread_mutex_init(&j->mu, NULL) && !pthread_cond_init(&j->cv, &ca) &&
+			  !pthread_create(&j->thread, NULL, sync_main, j);
+		pthread_condattr_destroy(&ca);
+		if (!ok) {
+			log_warn("journal %s: no sync thread; syncing in the caller", j->path);
+			return journal_sync(j);
+		}
+		j->thread_made = true;
+	}
+	j->started++;
 	j->unsynced = false;
-	j->syncs++;
-	return 0;
+	pthread_mutex_lock(&j->mu);
+	j->sync_fd = j->fd;
+	j->sync_gen = j->started;
+	atomic_store(&j->running, true);
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	return err;
+}
+
+int journal_write(struct journal *j)
+{
+	return flush_buf(j);
+}
+
+uint64_t journal_need(const struct journal *j)
+{
+	return j->len || j->unsynced ? j->started + 1 : j->started;
+}
+
+uint64_t journal_appended(const struct journal *j)
+{
+	return j->appended;
+}
+
+void journal_wait_synced(struct journal *j, uint64_t gen, int timeout_ms)
+{
+	if (!j->thread_made)
+		return;
+	struct timespec until;
+	clock_gettime(CLOCK_MONOTONIC, &until); /* the condition's clock (sync_thread_make) */
+	until.tv_nsec += (long)timeout_ms * 1000000L;
+	until.tv_sec += until.tv_nsec / 1000000000L;
+	until.tv_nsec %= 1000000000L;
+	pthread_mutex_lock(&j->mu);
+	while (atomic_load(&j->done) < gen && atomic_load(&j->running))
+		if (pthread_cond_timedwait(&j->cv, &j->mu, &until))
+			break;
+	pthread_mutex_unlock(&j->mu);
+}
+
+uint64_t journal_synced(const struct journal *j)
+{
+	return atomic_load(&((struct journal *)j)->done);
+}
+
+void journal_on_synced(struct journal *j, journal_synced_fn fn, void *ctx)
+{
+	if (j->thread_made)
+		pthread_mutex_lock(&j->mu);
+	j->on_synced = fn;
+	j->on_synced_ctx = ctx;
+	if (j->thread_made)
+		pthread_mutex_unlock(&j->mu);
 }
 
 bool journal_dirty(const struct journal *j)
 {
-	return j->len || j->unsynced;
+	return j->len || j->unsynced || journal_synced(j) < j->started;
 }
 
 static int sync_dir(const char *path)
@@ -335,6 +489,16 @@ void journal_close(struct journal *j)
 {
 	if (!j)
 		return;
+	if (j->thread_made) {
+		pthread_mutex_lock(&j->mu);
+		j->stop = true;
+		pthread_cond_broadcast(&j->cv);
+		pthread_mutex_unlock(&j->mu);
+		pthread_join(j->thread, NULL); /* it finishes a sync under way first */
+		pthread_cond_destroy(&j->cv);
+		pthread_mutex_destroy(&j->mu);
+		j->thread_made = false;
+	}
 	int ret = journal_sync(j);
 	if (ret)
 		log_error("journal %s: final sync failed: %s", j->path,

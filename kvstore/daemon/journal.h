@@ -12,8 +12,9 @@
  * records) to <path>.tmp, syncs it, renames it over the journal and syncs the directory, so a
  * crash at any point leaves either the old journal or the new one whole.
  *
- * Ownership: journal_open allocates struct journal (file descriptor, buffer); journal_close
- * syncs what is buffered and frees it. Not thread-safe: the daemon calls it under the data-plane
+ * Ownership: journal_open allocates struct journal (file descriptor, buffer, and later its sync
+ * thread); journal_close joins the thread, syncs what is buffered and frees it. Not thread-safe
+ * apart from journal_synced and journal_wait_synced: the daemon calls it under the data-plane
  * lock. Errors are 0 or -errno, with a message where an err buffer is taken. */
 #ifndef FREEKV_JOURNAL_H
 #define FREEKV_JOURNAL_H
@@ -59,9 +60,34 @@ void journal_close(struct journal *j);
 /* Buffers one record (-ENOMEM, -E2BIG over JOURNAL_MAX_RECORD). Large buffers are written out
  * early, unsynced: order is all replay needs. */
 int journal_append(struct journal *j, uint32_t type, const void *payload, uint32_t len);
-/* Writes the buffer and fdatasyncs. 0 at once when nothing is pending. */
+/* Writes the buffer and fdatasyncs, in the caller; first waits for a thread sync under way. 0 at
+ * once when nothing is pending. */
 int journal_sync(struct journal *j);
+/* Something is buffered, written but not synced, or a sync is under way. */
 bool journal_dirty(const struct journal *j);
+
+/* Asynchronous group commit. Each sync — journal_sync in the caller, or journal_sync_start in
+ * the journal's own thread — is a generation, and covers every record appended before it
+ * started. journal_sync_start writes the buffer and hands the fdatasync to the thread (made at
+ * the first call), so the caller goes on appending while the disk works; it does nothing when
+ * nothing is pending or a thread sync is under way (start again when that one ends).
+ * journal_need: the generation that covers everything appended so far; journal_synced: the last
+ * generation finished (either path; a failed one too, its error returned by the next call of
+ * journal_sync_start or journal_sync, and what it covered synced again). journal_on_synced: fn
+ * runs on the sync thread after each of its syncs (never again once it is replaced). journal_write: writes the buffer to the file
+ * without syncing (a crash of the process then loses none of it). */
+int journal_sync_start(struct journal *j);
+/* Waits up to timeout_ms while a thread sync runs and generation gen is not done; returns when
+ * it is, or when no thread sync runs (then start one). Safe beside a caller of the rest. */
+void journal_wait_synced(struct journal *j, uint64_t gen, int timeout_ms);
+/* Records appended since open: a caller that compares it before and after its work knows
+ * whether that work journaled anything. */
+uint64_t journal_appended(const struct journal *j);
+int journal_write(struct journal *j);
+uint64_t journal_need(const struct journal *j);
+uint64_t journal_synced(const struct journal *j);
+typedef void (*journal_synced_fn)(void *ctx);
+void journal_on_synced(struct journal *j, journal_synced_fn fn, void *ctx);
 
 /* Writes the records that fill() appends to the journal it is given into a fresh file and puts
  * that file in place of j's, as the header explains. Pending records of j are synced first. On

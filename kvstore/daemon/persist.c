@@ -343,11 +343,22 @@ void persist_block(struct persist *ps, struct pool *pool, const struct seq *s, u
 		append(ps, REC_BLOCK, &r, sizeof r);
 }
 
+static int log_sync_error(struct persist *ps, int ret);
+
 int persist_sync(struct persist *ps)
 {
 	if (!ps || !ps->j)
 		return 0;
-	int ret = journal_sync(ps->j);
+	return log_sync_error(ps, journal_sync(ps->j));
+}
+
+bool persist_dirty(const struct persist *ps)
+{
+	return ps && ps->j && journal_dirty(ps->j);
+}
+
+static int log_sync_error(struct persist *ps, int ret)
+{
 	if (ret && !ps->sync_logged) {
 		log_error("journal %s: sync failed (%s): commits are not durable "
 			"until it succeeds", ps->path, strerror(-ret));
@@ -356,9 +367,41 @@ int persist_sync(struct persist *ps)
 	return ret;
 }
 
-bool persist_dirty(const struct persist *ps)
+int persist_sync_start(struct persist *ps)
 {
-	return ps && ps->j && journal_dirty(ps->j);
+	return ps && ps->j ? log_sync_error(ps, journal_sync_start(ps->j)) : 0;
+}
+
+int persist_write(struct persist *ps)
+{
+	return ps && ps->j ? log_sync_error(ps, journal_write(ps->j)) : 0;
+}
+
+uint64_t persist_need(const struct persist *ps)
+{
+	return ps && ps->j ? journal_need(ps->j) : 0;
+}
+
+uint64_t persist_appended(const struct persist *ps)
+{
+	return ps && ps->j ? journal_appended(ps->j) : 0;
+}
+
+void persist_wait_synced(struct persist *ps, uint64_t gen, int timeout_ms)
+{
+	if (ps && ps->j)
+		journal_wait_synced(ps->j, gen, timeout_ms);
+}
+
+uint64_t persist_synced(const struct persist *ps)
+{
+	return ps && ps->j ? journal_synced(ps->j) : 0;
+}
+
+void persist_on_synced(struct persist *ps, void (*fn)(void *ctx), void *ctx)
+{
+	if (ps && ps->j)
+		journal_on_synced(ps->j, fn, ctx);
 }
 
 /* ---------------------------------------------------------------- snapshot */

@@ -73,6 +73,17 @@ void persist_block(struct persist *ps, struct pool *pool, const struct seq *s, u
 /* Group commit: makes every record so far durable. 0, or -errno (logged). */
 int persist_sync(struct persist *ps);
 bool persist_dirty(const struct persist *ps);
+/* The same group commit on the journal's sync thread (journal_sync_start): returns at once;
+ * persist_synced reaches persist_need once it is done, and fn (persist_on_synced) runs on that
+ * thread. persist_write only writes the buffer (a crash of the daemon then loses none of it).
+ * With persistence off, need and synced are 0 and the rest does nothing. */
+int persist_sync_start(struct persist *ps);
+int persist_write(struct persist *ps);
+uint64_t persist_need(const struct persist *ps);
+uint64_t persist_appended(const struct persist *ps);
+void persist_wait_synced(struct persist *ps, uint64_t gen, int timeout_ms);
+uint64_t persist_synced(const struct persist *ps);
+void persist_on_synced(struct persist *ps, void (*fn)(void *ctx), void *ctx);
 /* Compacts when the journal passed journal_compact_bytes (read live from cfg). */
 void persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool);
 

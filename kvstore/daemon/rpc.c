@@ -1178,10 +1178,13 @@ static void send_reply(struct rpc_server *s, const void *ident, size_t ident_len
 	zmq_send(s->sock, rep, rep_len, ZMQ_DONTWAIT);
 }
 
-/* One journal sync for the held replies' records, then the replies, in order. */
-static void flush_held(struct rpc_server *s, struct held_reply *held, int *n_held)
+/* One journal sync for the held replies' records, then the replies, in order. need: the sync
+ * generation that covers what they journaled (0: nothing). */
+static void flush_held(struct rpc_server *s, struct held_reply *held, int *n_held, uint64_t need)
 {
-	if (persist_dirty(s->ctx.ps))
+	if (need && s->ctx.dp)
+		dp_wait_durable(s->ctx.dp, need); /* ring ops go on meanwhile */
+	else if (need)
 		persist_sync(s->ctx.ps);
 	for (int i = 0; i < *n_held; i++) {
 		send_reply(s, held[i].ident, held[i].ident_len, held[i].delim, held[i].rep,
@@ -1208,6 +1211,7 @@ int rpc_serve(struct rpc_server *s, int budget)
 		}
 	}
 	struct held_reply *held = budget <= s->held_cap ? s->held : NULL;
+	uint64_t need = 0; /* the sync generation the held replies wait for */
 	while (handled < budget) {
 		zmq_msg_t f[RPC_MAX_FRAMES];
 		int total, n = recv_frames(s->sock, f, &total);
@@ -1224,8 +1228,11 @@ int rpc_serve(struct rpc_server *s, int budget)
 			zmq_msg_t *p = &f[total - 1];
 			struct rpc_peer peer;
 			peer_of(s, p, &peer);
+			uint64_t a0 = persist_appended(s->ctx.ps);
 			process(s, ident, ident_len, &peer, zmq_msg_data(p), zmq_msg_size(p), &rep,
 				&rep_len, !held);
+			if (persist_appended(s->ctx.ps) != a0)
+				need = persist_need(s->ctx.ps); /* it journaled: its reply waits */
 		} else {
 			Freekv__Reply r = FREEKV__REPLY__INIT;
 			char msg[96];
@@ -1246,7 +1253,8 @@ int rpc_serve(struct rpc_server *s, int budget)
 		} else if (rep) {
 			/* Not held (no memory for it): the replies held before it go first, all
 			 * after the sync that makes what they report durable. */
-			flush_held(s, held, &n_held);
+			flush_held(s, held, &n_held, need);
+			need = 0;
 			if (persist_dirty(s->ctx.ps))
 				persist_sync(s->ctx.ps);
 			send_reply(s, ident, ident_len, delim, rep, rep_len);
@@ -1256,7 +1264,7 @@ int rpc_serve(struct rpc_server *s, int budget)
 			zmq_msg_close(&f[i]);
 	}
 	if (n_held)
-		flush_held(s, held, &n_held);
+		flush_held(s, held, &n_held, need);
 	return handled;
 }
 

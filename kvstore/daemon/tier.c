@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <liburing.h>
 #include <linux/fs.h>
@@ -20,6 +21,7 @@
 #include "log.h"
 
 #define NONE UINT32_MAX
+#define TIER_REFILL_BATCH 32u /* queued refills tier_reap submits together */
 
 /* user_data of every SQE: which request, which incarnation of it, which operation. A stale or
  * foreign completion (gen or op mismatch) is reported and ignored instead of corrupting a
@@ -80,6 +82,7 @@ struct tier {
 	uint32_t free_head;
 	uint32_t n_free;	/* request slots on the free list */
 	uint32_t q_head, q_tail;
+	uint32_t q_rlast;	/* the last read of the reads queued ahead of every write, or NONE */
 	unsigned n_queued, n_inflight;
 	struct extent *free_ext; /* sorted by offset, never adjacent (coalesced) */
 	size_t n_free_ext, cap_free_ext;
@@ -432,7 +435,7 @@ int tier_open(const struct tier_config *cfg, struct tier **out, char *err, size_
 		t->reqs[i].next = i + 1 < t->max_reqs ? i + 1 : NONE;
 	t->free_head = 0;
 	t->n_free = t->max_reqs;
-	t->q_head = t->q_tail = NONE;
+	t->q_head = t->q_tail = t->q_rlast = NONE;
 	ret = io_uring_queue_init(t->qd, &t->ring, 0);
 	if (ret < 0) {
 		errmsg_set(err, err_len, "io_uring setup (%u entries) failed: %s", t->qd, strerror(-ret));
@@ -507,11 +510,25 @@ static int queue_req(struct tier *t, uint8_t op, void *buf, uint64_t file_off, u
 		.io_len = (uint32_t)io_len, .crc_expected = crc, .gen = gen, .next = NONE, .op = op,
 		.state = REQ_QUEUED,
 	};
-	if (t->q_tail == NONE)
-		t->q_head = i;
-	else
-		t->reqs[t->q_tail].next = i;
-	t->q_tail = i;
+	if (op == TIER_OP_READ) {
+		/* Reads go ahead of queued writes, in their own order: a read is what a RECALL waits
+		 * for, a write (a demotion) only frees room ahead of need. */
+		uint32_t after = t->q_rlast;
+		r->next = after == NONE ? t->q_head : t->reqs[after].next;
+		if (after == NONE)
+			t->q_head = i;
+		else
+			t->reqs[after].next = i;
+		if (t->q_tail == after)
+			t->q_tail = i;
+		t->q_rlast = i;
+	} else {
+		if (t->q_tail == NONE)
+			t->q_head = i;
+		else
+			t->reqs[t->q_tail].next = i;
+		t->q_tail = i;
+	}
 	t->n_queued++;
 	return 0;
 }
@@ -605,6 +622,8 @@ int tier_flush(struct tier *t)
 		t->q_head = t->reqs[i].next;
 		if (t->q_head == NONE)
 			t->q_tail = NONE;
+		if (t->q_rlast == i)
+			t->q_rlast = NONE;
 		t->reqs[i].next = NONE;
 		t->reqs[i].state = REQ_INFLIGHT;
 		t->n_queued--;
@@ -636,6 +655,8 @@ static void requeue_front(struct tier *t, uint32_t i)
 	t->q_head = i;
 	if (t->q_tail == NONE)
 		t->q_tail = i;
+	if (r->op == TIER_OP_READ && t->q_rlast == NONE)
+		t->q_rlast = i;
 	t->n_inflight--;
 	t->n_queued++;
 	t->u.retries++;
@@ -706,6 +727,11 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 
 int tier_reap(struct tier *t, tier_done_fn done, void *ctx)
 {
+	return tier_reap_some(t, UINT_MAX, done, ctx);
+}
+
+int tier_reap_some(struct tier *t, unsigned max, tier_done_fn done, void *ctx)
+{
 	if (t->efd >= 0 && !t->efd_quiet) {
 		uint64_t v;
 		if (read(t->efd, &v, sizeof v) < 0 && errno != EAGAIN)
@@ -713,14 +739,18 @@ int tier_reap(struct tier *t, tier_done_fn done, void *ctx)
 	}
 	int reported = 0;
 	struct io_uring_cqe *cqe;
-	unsigned head, seen = 0;
+	unsigned head, seen = 0, taken = 0;
 	io_uring_for_each_cqe(&t->ring, head, cqe) {
+		if (taken++ == max)
+			break;
 		reported += complete(t, cqe->user_data, cqe->res, done, ctx);
 		seen++;
-		/* What the callback queued (a refill) goes to the device now, not after the crc32c of
-		 * every other completion in this batch: the queue stays deep. The CQEs seen so far are
-		 * released first: tier_flush's in-flight bound assumes an empty completion queue. */
-		if (t->n_queued) {
+		/* What the callbacks queued (refills) goes to the device in groups of
+		 * TIER_REFILL_BATCH, not after the crc32c of every other completion in this batch (the
+		 * queue stays deep) nor one submission each (each is a system call and, on a virtual
+		 * disk, a doorbell write). The CQEs seen so far are released first: tier_flush's
+		 * in-flight bound assumes an empty completion queue. */
+		if (t->n_queued >= TIER_REFILL_BATCH) {
 			io_uring_cq_advance(&t->ring, seen);
 			seen = 0;
 			int ret = tier_flush(t);

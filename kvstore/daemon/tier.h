@@ -109,7 +109,8 @@ int tier_write(struct tier *t, const void *buf, uint64_t file_off, uint32_t len,
 /* Queues a read into buf; the result's status is -EBADMSG when crc32c(buf) != crc. */
 int tier_read(struct tier *t, void *buf, uint64_t file_off, uint32_t len, uint32_t crc,
 	      uint64_t cookie);
-/* Moves queued requests into the submission queue and submits. Returns the number submitted
+/* Moves queued requests into the submission queue and submits; queued reads go before queued
+ * writes (each kind in the order queued). Returns the number submitted
  * (>= 0) or -errno. */
 int tier_flush(struct tier *t);
 
@@ -125,6 +126,8 @@ bool tier_ready(const struct tier *t);
 /* Drains the completion queue without blocking: retries are resubmitted, finished requests are
  * reported through done. Returns the number reported or -errno. */
 int tier_reap(struct tier *t, tier_done_fn done, void *ctx);
+/* tier_reap of at most max completions; the rest stay ready (tier_ready) for the next call. */
+int tier_reap_some(struct tier *t, unsigned max, tier_done_fn done, void *ctx);
 /* Blocks until at least one completion is available or timeout_ms passes (-1: forever), then
  * reaps like tier_reap. Returns the number reported (0 on timeout) or -errno. */
 int tier_wait(struct tier *t, int timeout_ms, tier_done_fn done, void *ctx);
