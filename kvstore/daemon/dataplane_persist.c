@@ -59,12 +59,13 @@ void dp_flush_completions(struct dp *dp)
 	dp->n_outbox = held;
 	if (!held)
 		return;
-	if (dp->thread_running) {
-		persist_sync_start(dp->ps); /* dp_synced wakes the thread when it is done */
+	/* dp_synced wakes the thread when the sync is done. A journal that cannot even be written
+	 * (logged) holds nothing back: as a failed sync, the completions go out. */
+	if (dp->thread_running && persist_sync_start(dp->ps) == 0)
 		return;
-	}
 	/* Group commit (docs/design.md §4 "Restart without loss"): one fdatasync for the batch. */
-	persist_sync(dp->ps);
+	if (!dp->thread_running)
+		persist_sync(dp->ps);
 	for (size_t i = 0; i < held; i++)
 		post(dp, &dp->outbox[i]);
 	dp->n_outbox = 0;
@@ -78,7 +79,10 @@ void dp_wait_durable(struct dp *dp, uint64_t gen)
 		return;
 	}
 	while (persist_synced(dp->ps) < gen) {
-		persist_sync_start(dp->ps); /* unless one runs: the data-plane thread starts the next */
+		/* Unless one runs (the data-plane thread starts the next); a journal that cannot be
+		 * written (logged) keeps no reply back, as a failed sync does not. */
+		if (persist_sync_start(dp->ps) < 0)
+			return;
 		dp_unlock(dp);
 		persist_wait_synced(dp->ps, gen, 2);
 		dp_lock(dp);
