@@ -711,6 +711,9 @@ int main(int argc, char **argv)
 		       ds->dram_used_bytes >> 20, ds->dram_bytes >> 20, ds->nvme_used_bytes >> 20,
 		       ds->nvme_bytes >> 20, ds->blocks_dram, ds->blocks_nvme, ds->demoted_blocks,
 		       ds->promoted_blocks, ds->swaps, ds->crc_errors);
+	if (ds && ds->journal)
+		printf("journal: %" PRIu64 " MiB, %" PRIu64 " syncs, %" PRIu64 " compactions since start\n",
+		       ds->journal->bytes >> 20, ds->journal->syncs, ds->journal->compactions);
 	printf("faults: %" PRIu64 " workers killed, %" PRIu64 " stalled past the liveness timeout (%"
 	       PRIu64 " fenced by kvstored), %" PRIu64 " forged ring ops (%" PRIu64 " accepted); %"
 	       PRIu64 " errors, %" PRIu64 " recoveries, %" PRIu64 " sequences churned\n",
