@@ -406,7 +406,7 @@ void journal_wait_synced(struct journal *j, uint64_t gen, int timeout_ms)
 	if (!j->thread_made)
 		return;
 	struct timespec until;
-	clock_gettime(CLOCK_MONOTONIC, &until); /* the condition's clock (sync_thread_make) */
+	clock_gettime(CLOCK_MONOTONIC, &until); /* the clock the condition was made with */
 	until.tv_nsec += (long)timeout_ms * 1000000L;
 	until.tv_sec += until.tv_nsec / 1000000000L;
 	until.tv_nsec %= 1000000000L;
