@@ -898,9 +898,11 @@ void dp_run(struct dp *dp)
 	/* Completions reaped at the end of a pass can unblock waiting ops: go round again. */
 	for (int pass = 0; pass < 8; pass++) {
 		/* Bounded with the thread (it polls the rest next pass, after the rings): a long
-		 * batch of completions, each checksummed and journaled, would hold up every ring. */
+		 * batch of completions, each checksummed and journaled, would hold up every ring.
+		 * What they queue (a promotion's read into a slot a demotion just freed) goes out
+		 * with the pass's I/O, after dp_persist_pass wrote their records. */
 		int progress = dp->tier ? tier_reap_some(dp->tier, dp->thread_running ? DP_REAP_MAX : UINT_MAX,
-							 tier_done, dp) : 0;
+							 false, tier_done, dp) : 0;
 		progress += dp_remote_reap(dp);
 		for (size_t i = 0; i < dp->max_w; i++) {
 			struct dp_worker *w = &dp->w[i];

@@ -727,10 +727,10 @@ static int complete(struct tier *t, uint64_t user_data, int res, tier_done_fn do
 
 int tier_reap(struct tier *t, tier_done_fn done, void *ctx)
 {
-	return tier_reap_some(t, UINT_MAX, done, ctx);
+	return tier_reap_some(t, UINT_MAX, true, done, ctx);
 }
 
-int tier_reap_some(struct tier *t, unsigned max, tier_done_fn done, void *ctx)
+int tier_reap_some(struct tier *t, unsigned max, bool submit, tier_done_fn done, void *ctx)
 {
 	if (t->efd >= 0 && !t->efd_quiet) {
 		uint64_t v;
@@ -750,7 +750,7 @@ int tier_reap_some(struct tier *t, unsigned max, tier_done_fn done, void *ctx)
 		 * queue stays deep) nor one submission each (each is a system call and, on a virtual
 		 * disk, a doorbell write). The CQEs seen so far are released first: tier_flush's
 		 * in-flight bound assumes an empty completion queue. */
-		if (t->n_queued >= TIER_REFILL_BATCH) {
+		if (submit && t->n_queued >= TIER_REFILL_BATCH) {
 			io_uring_cq_advance(&t->ring, seen);
 			seen = 0;
 			int ret = tier_flush(t);
@@ -759,7 +759,7 @@ int tier_reap_some(struct tier *t, unsigned max, tier_done_fn done, void *ctx)
 		}
 	}
 	io_uring_cq_advance(&t->ring, seen);
-	if (t->n_queued) {
+	if (submit && t->n_queued) {
 		int ret = tier_flush(t);
 		if (ret < 0)
 			return ret;

@@ -126,8 +126,10 @@ bool tier_ready(const struct tier *t);
 /* Drains the completion queue without blocking: retries are resubmitted, finished requests are
  * reported through done. Returns the number reported or -errno. */
 int tier_reap(struct tier *t, tier_done_fn done, void *ctx);
-/* tier_reap of at most max completions; the rest stay ready (tier_ready) for the next call. */
-int tier_reap_some(struct tier *t, unsigned max, tier_done_fn done, void *ctx);
+/* tier_reap of at most max completions; the rest stay ready (tier_ready) for the next call.
+ * submit false: what the callbacks queue waits for the caller's tier_flush (which may first
+ * make durable what those callbacks journaled). */
+int tier_reap_some(struct tier *t, unsigned max, bool submit, tier_done_fn done, void *ctx);
 /* Blocks until at least one completion is available or timeout_ms passes (-1: forever), then
  * reaps like tier_reap. Returns the number reported (0 on timeout) or -errno. */
 int tier_wait(struct tier *t, int timeout_ms, tier_done_fn done, void *ctx);
