@@ -102,6 +102,7 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 {
 	unsigned k = e->op >= RING_OP_ALLOC && e->op <= RING_OP_RELEASE ? e->op - 1 : DP_OP_INVALID;
 	dp->ops[k].calls++;
+	w->last_op_ms = dp_now_us() / 1000; /* it waited on kvstored until now */
 	e->status = status;
 	if (status) {
 		dp->ops[k].errors++;
@@ -1076,7 +1077,11 @@ uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid)
 uint64_t dp_worker_last_op_ms(const struct dp *dp, uint32_t wid)
 {
 	struct dp_worker *w = find_worker(dp, wid);
-	return w ? w->last_op_ms : 0;
+	if (!w)
+		return 0;
+	/* An op kvstored still holds (waiting for room or a promotion) is a worker waiting on
+	 * kvstored, not a silent one; its silence counts from the completion (complete). */
+	return w->pending ? dp_now_us() / 1000 : w->last_op_ms;
 }
 
 /* ---------------------------------------------------------------- sequences */
