@@ -113,7 +113,10 @@ else
     --store "$endpoint" --seq reference --keep >/dev/null 2>&1
   ref=$(ctl show reference --tokens | sed -n 's/^tokens *//p' | cut -d' ' -f "1-$n_kept")
   if [ "$kept" != "$ref" ]; then
-    echo "demo: the resumed story-a differs from the uninterrupted run" >&2; exit 1
+    echo "demo: the resumed story-a differs from the uninterrupted run" >&2
+    paste <(tr " " "\n" <<<"$kept") <(tr " " "\n" <<<"$ref") | awk '$1 != $2 { print "first difference at token " NR ": " $1 " vs " $2; exit }' >&2
+    grep "restored" "$tmp/resume.err" >&2 || true
+    exit 1
   fi
   echo "the $n_kept token ids of story-a (killed, then resumed) equal the uninterrupted run's"
   ctl ls
