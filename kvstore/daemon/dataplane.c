@@ -87,7 +87,7 @@ uint64_t dp_pool_bytes(const struct dp *dp)
 	return pool_bytes(dp->pool);
 }
 
-static struct dp_worker *find_worker(const struct dp *dp, uint32_t wid)
+struct dp_worker *dp_find_worker(const struct dp *dp, uint32_t wid)
 {
 	for (size_t i = 0; i < dp->max_w; i++)
 		if (dp->w[i].ring && dp->w[i].wid == wid)
@@ -97,12 +97,14 @@ static struct dp_worker *find_worker(const struct dp *dp, uint32_t wid)
 
 /* ---------------------------------------------------------------- completions */
 
-/* Queues the completion: dp_flush_completions posts it after the journal's group commit. */
+/* Queues the completion: dp_flush_completions posts it (a COMMIT's or an ALLOC's once the journal
+ * sync that covers it is done). */
 static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, int status, uint64_t t0)
 {
 	unsigned k = e->op >= RING_OP_ALLOC && e->op <= RING_OP_RELEASE ? e->op - 1 : DP_OP_INVALID;
+	uint64_t now = dp_now_us();
 	dp->ops[k].calls++;
-	w->last_op_ms = dp_now_us() / 1000; /* it waited on kvstored until now */
+	w->last_op_ms = now / 1000; /* it waited on kvstored until now */
 	e->status = status;
 	if (status) {
 		dp->ops[k].errors++;
@@ -124,7 +126,7 @@ static void complete(struct dp *dp, struct dp_worker *w, struct ring_entry *e, i
 		dp->cap_outbox = cap;
 	}
 	dp->outbox[dp->n_outbox++] = (struct dp_done){ w->wid, t0, persist_need(dp->ps), *e };
-	dp->ops[k].total_us += dp_now_us() - t0;
+	dp->ops[k].total_us += now - t0;
 }
 
 /* ---------------------------------------------------------------- leases */
@@ -958,7 +960,7 @@ void dp_drain(struct dp *dp, int timeout_ms)
 int dp_worker_add(struct dp *dp, uint32_t wid, char *ring_name, size_t len, char *err, size_t errlen)
 {
 	struct dp_worker *w = NULL;
-	if (find_worker(dp, wid)) {
+	if (dp_find_worker(dp, wid)) {
 		errmsg_set(err, errlen, "worker %u already has a ring", wid);
 		return -EEXIST;
 	}
@@ -1025,7 +1027,7 @@ static void trim_past_committed(struct dp *dp, struct seq *s)
 
 void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s)
 {
-	struct dp_worker *w = find_worker(dp, wid);
+	struct dp_worker *w = dp_find_worker(dp, wid);
 	if (w) {
 		for (uint32_t i = 0; i < w->cap; i++) {
 			struct dp_lease *l = &w->leases[i];
@@ -1039,7 +1041,7 @@ void dp_worker_detach(struct dp *dp, uint32_t wid, struct seq *s)
 
 void dp_worker_gone(struct dp *dp, uint32_t wid)
 {
-	struct dp_worker *w = find_worker(dp, wid);
+	struct dp_worker *w = dp_find_worker(dp, wid);
 	if (!w)
 		return;
 	while (w->pending) {
@@ -1070,13 +1072,13 @@ void dp_worker_gone(struct dp *dp, uint32_t wid)
 
 uint64_t dp_worker_leases(const struct dp *dp, uint32_t wid)
 {
-	struct dp_worker *w = find_worker(dp, wid);
+	struct dp_worker *w = dp_find_worker(dp, wid);
 	return w ? w->n_leases : 0;
 }
 
 uint64_t dp_worker_last_op_ms(const struct dp *dp, uint32_t wid)
 {
-	struct dp_worker *w = find_worker(dp, wid);
+	struct dp_worker *w = dp_find_worker(dp, wid);
 	if (!w)
 		return 0;
 	/* An op kvstored still holds (waiting for room or a promotion) is a worker waiting on

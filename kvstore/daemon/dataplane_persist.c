@@ -33,10 +33,7 @@ static bool waits_for_sync(const struct ring_entry *e)
 
 static void post(struct dp *dp, struct dp_done *d)
 {
-	struct dp_worker *w = NULL;
-	for (size_t k = 0; k < dp->max_w && !w; k++)
-		if (dp->w[k].ring && dp->w[k].wid == d->wid)
-			w = &dp->w[k];
+	struct dp_worker *w = dp_find_worker(dp, d->wid);
 	if (!w)
 		return; /* gone meanwhile */
 	dp_stamp_posted(&d->e, d->t0_us);

@@ -167,6 +167,8 @@ struct dp {
 };
 
 uint64_t dp_now_us(void);
+/* The slot of worker wid (one with a ring), or NULL. */
+struct dp_worker *dp_find_worker(const struct dp *dp, uint32_t wid);
 /* Posts the completions queued since: a worker never hears of a COMMIT, or gets a slot a move
  * freed (an ALLOC), before the journal sync that covers it is done. With the data-plane thread
  * running that sync runs on the journal's thread (persist_sync_start) and those completions
