@@ -89,7 +89,8 @@ struct persist;
  * completion waits for the group commit, and the pool segment outlives dp_shutdown. ps NULL:
  * nothing (persistence off). ps is borrowed and must outlive dp. */
 int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen);
-/* Periodic upkeep from the control loop: journal compaction when it is due. */
+/* Upkeep from every turn of the control loop: journal compaction when it is due, and the end of
+ * one running in the background. */
 void dp_maintain(struct dp *dp);
 /* The committed length of s moved (CommitTokens): journal the blocks whose committed rows grew.
  * The caller journals the ids and the length. */

@@ -222,5 +222,7 @@ int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen)
 
 void dp_maintain(struct dp *dp)
 {
-	persist_maintain(dp->ps, dp->seqs, dp->pool);
+	/* A finished compaction made everything durable: the held completions may go. */
+	if (persist_maintain(dp->ps, dp->seqs, dp->pool) && dp->thread_running)
+		ring_kick(&dp->kick);
 }

@@ -247,6 +247,7 @@ static void event_loop(struct daemon_state *d)
 		reap_workers(d);
 		remote_seq_tick(&d->remote);
 
+		dp_maintain(d->dp);
 		uint64_t t = clock_ms();
 		if (wd_ms && t - last_wd >= wd_ms) {
 			sdn_send(&d->sdn, "WATCHDOG=1");
@@ -254,7 +255,6 @@ static void event_loop(struct daemon_state *d)
 		}
 		if (t - last_status >= STATUS_EVERY_MS) {
 			send_status(d);
-			dp_maintain(d->dp);
 			last_status = t;
 		}
 	}

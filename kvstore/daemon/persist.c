@@ -93,6 +93,9 @@ struct persist {
 	size_t n_rv, cap_rv;
 	bool meta_ok;		/* the journal's pool is this pool (same name and size) */
 	uint64_t snap_bytes;	/* journal size right after the last compaction */
+	/* The background compaction under way: when it started, what the fork cost, the size. */
+	uint64_t compact_t0_ms, compact_from;
+	double compact_fork_ms;
 	bool have_meta;
 	struct persist_stats st;
 };
@@ -412,6 +415,9 @@ struct snap_ctx {
 	struct pool *pool;
 };
 
+/* The snapshot's records. At a start it runs in the daemon; later in the child that
+ * journal_compact_start forks, on the copy of the metadata taken there: it takes no lock and
+ * logs nothing. */
 static int snap_fill(void *ctx, struct journal *j)
 {
 	struct snap_ctx *c = ctx;
@@ -462,11 +468,29 @@ static int compact(struct persist *ps, const struct seq_table *seqs, struct pool
 	return 0;
 }
 
-void persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool)
+bool persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool)
 {
 	if (!ps || !ps->j)
-		return;
+		return false;
+	char err[512];
 	struct journal_stats js;
+	if (journal_compacting(ps->j)) {
+		uint64_t bytes = ps->compact_from;
+		uint64_t t0 = clock_ns();
+		int ret = journal_compact_poll(ps->j, false, err, sizeof err);
+		if (ret < 0) {
+			log_error("%s", err);
+			return false;
+		}
+		if (ret != JOURNAL_COMPACT_DONE)
+			return false;
+		journal_stats(ps->j, &js);
+		ps->snap_bytes = js.bytes;
+		log_info("journal compacted from %" PRIu64 " to %" PRIu64 " bytes in %" PRIu64
+			 " ms in the background (%.1f ms to fork, %.1f ms to switch)", bytes, js.bytes,
+			 clock_ms() - ps->compact_t0_ms, ps->compact_fork_ms, (clock_ns() - t0) / 1e6);
+		return true;
+	}
 	journal_stats(ps->j, &js);
 	/* Twice the last snapshot at least, or a journal whose live state alone passes the limit
 	 * would be compacted on every tick. */
@@ -474,14 +498,17 @@ void persist_maintain(struct persist *ps, const struct seq_table *seqs, struct p
 	if (limit < 2 * ps->snap_bytes)
 		limit = 2 * ps->snap_bytes;
 	if (js.bytes < limit)
-		return;
-	uint64_t t0 = clock_ms();
-	if (compact(ps, seqs, pool) == 0 && log_enabled(LOG_INFO)) {
-		struct journal_stats after;
-		journal_stats(ps->j, &after);
-		log_info("journal compacted from %" PRIu64 " to %" PRIu64 " bytes in %"
-			PRIu64 " ms", js.bytes, after.bytes, clock_ms() - t0);
+		return false;
+	struct snap_ctx c = { ps, seqs, pool };
+	uint64_t t0 = clock_ns();
+	if (journal_compact_start(ps->j, snap_fill, &c, err, sizeof err)) {
+		log_error("%s", err);
+		return false;
 	}
+	ps->compact_fork_ms = (clock_ns() - t0) / 1e6;
+	ps->compact_t0_ms = clock_ms();
+	ps->compact_from = js.bytes;
+	return false;
 }
 
 void persist_stats(const struct persist *ps, struct persist_stats *st)

@@ -84,8 +84,10 @@ uint64_t persist_appended(const struct persist *ps);
 void persist_wait_synced(struct persist *ps, uint64_t gen, int timeout_ms);
 uint64_t persist_synced(const struct persist *ps);
 void persist_on_synced(struct persist *ps, void (*fn)(void *ctx), void *ctx);
-/* Compacts when the journal passed journal_compact_bytes (read live from cfg). */
-void persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool);
+/* Compacts when the journal passed journal_compact_bytes (read live from cfg), in the background
+ * (journal_compact_start); called often, it also finishes one under way. True when one just
+ * took the journal's place: every record so far is durable (a generation ended). */
+bool persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool);
 
 struct persist_stats {
 	bool enabled;
