@@ -1,9 +1,9 @@
 /* Tests kvstore/daemon/journal.c on a real file: records appended and replayed in order, the
  * asynchronous group commit (sync generations: what journal_need asks for, what a sync started
  * on the journal's thread covers, journal_sync waiting for it, the on_synced callback and its
- * removal), compaction after a thread sync, and compaction in the background (a forked child
- * writes the snapshot of the state at the fork; what is appended meanwhile follows it; a failed
- * or abandoned one leaves the journal as it was). */
+ * removal), compaction after a thread sync, and compaction in steps (the snapshot written a
+ * part at a time beside the journal, what is appended to both after a part follows it, the
+ * switch; a dropped one leaves the journal as it was). */
 #include "test_util.h"
 
 #include <errno.h>
@@ -190,28 +190,6 @@ static void test_compact_and_close_after_thread_sync(void **state)
 	replay_expect(9);
 }
 
-/* The state a background snapshot writes: items 0..live-1, after sleeping slow_ms (so that
- * the test can append while it runs), or fail_with. */
-static uint32_t live;
-static int slow_ms, fail_with;
-
-static int fill_live(void *ctx, struct journal *snap)
-{
-	(void)ctx;
-	if (slow_ms) {
-		struct timespec ts = { slow_ms / 1000, (long)(slow_ms % 1000) * 1000000L };
-		nanosleep(&ts, NULL);
-	}
-	if (fail_with)
-		return fail_with;
-	for (uint32_t i = 0; i < live; i++) {
-		int ret = journal_append(snap, 7, &i, sizeof i);
-		if (ret)
-			return ret;
-	}
-	return 0;
-}
-
 static bool tmp_exists(void)
 {
 	char p[160];
@@ -220,67 +198,86 @@ static bool tmp_exists(void)
 	return stat(p, &st) == 0;
 }
 
-static void test_compact_in_background(void **state)
+/* Appends item i to the old journal and to the new one (a change of something the snapshot has
+ * written already). */
+static void append_both(struct journal *j, struct journal *snap, uint32_t from, uint32_t n)
+{
+	append_n(j, from, n);
+	append_n(snap, from, n);
+}
+
+/* A compaction in steps: the caller writes the snapshot into the new journal a part at a time
+ * while the old one goes on; what it appends to both after a part is written follows that part;
+ * the switch leaves everything durable in the new file. */
+static void test_compact_in_steps(void **state)
 {
 	(void)state;
-	struct journal *j;
+	struct journal *j, *snap, *again;
 	char err[256];
 	assert_int_equal(journal_open(path, 0, &j, err, sizeof err), 0);
-	for (uint32_t i = 0; i < 30; i++) /* a history the snapshot replaces: item 0 three times */
+	for (uint32_t i = 0; i < 30; i++) /* a history the snapshot replaces */
 		assert_int_equal(journal_append(j, 7, &(uint32_t){ i % 10 }, 4), 0);
 	assert_int_equal(journal_sync(j), 0);
-	live = 10, slow_ms = 300, fail_with = 0;
-	assert_int_equal(journal_compact_start(j, fill_live, NULL, err, sizeof err), 0);
+	assert_false(journal_compacting(j));
+	assert_int_equal(journal_compact_begin(j, &snap, err, sizeof err), 0);
 	assert_true(journal_compacting(j));
-	assert_int_equal(journal_compact_start(j, fill_live, NULL, err, sizeof err), -EBUSY);
-	live = 1000; /* after the fork: the snapshot does not see it */
-	append_n(j, 10, 3);
+	assert_true(tmp_exists());
+	assert_int_equal(journal_compact_begin(j, &again, err, sizeof err), -EBUSY);
+	assert_int_equal(journal_compact_finish(j, err, sizeof err), -EINVAL); /* not sealed */
+	append_n(snap, 0, 5);		/* the snapshot's first part */
+	append_n(j, 99, 1);		/* a change of a part not written yet: the old file only */
+	append_both(j, snap, 5, 2);	/* a change of the first part */
+	append_n(snap, 7, 3);		/* the snapshot's second part (it holds the 99's effect) */
 	assert_int_equal(journal_sync_start(j), 0); /* a thread sync of the old file meanwhile */
-	append_n(j, 13, 2);
-	assert_int_equal(journal_compact_poll(j, false, err, sizeof err), JOURNAL_COMPACT_RUNNING);
-	uint64_t need = journal_need(j);
-	assert_int_equal(journal_compact_poll(j, true, err, sizeof err), JOURNAL_COMPACT_DONE);
+	append_both(j, snap, 10, 2);
+	assert_int_equal(journal_compact_seal(j), 0);
+	assert_true(journal_compact_sealed(j));
+	append_both(j, snap, 12, 1);	/* while the new file syncs */
+	uint64_t need = journal_need(j), end = clock_ms() + 5000;
+	int ret;
+	while ((ret = journal_compact_finish(j, err, sizeof err)) == JOURNAL_COMPACT_RUNNING &&
+	       clock_ms() < end) {
+		struct timespec ts = { 0, 1000000 };
+		nanosleep(&ts, NULL);
+	}
+	assert_int_equal(ret, JOURNAL_COMPACT_DONE);
 	assert_false(journal_compacting(j));
 	assert_false(tmp_exists());
-	/* Everything appended before the switch is durable in the new file. */
-	assert_true(journal_synced(j) >= need);
+	assert_true(journal_synced(j) >= need); /* everything so far durable in the new file */
 	assert_false(journal_dirty(j));
-	replay_expect(15); /* the snapshot's 0..9, then 10..14 appended while it was written */
+	replay_expect(13);
 	struct journal_stats st;
 	journal_stats(j, &st);
 	assert_int_equal(st.compactions, 1);
-	assert_int_equal(st.records, 15);
-	assert_int_equal(journal_compact_poll(j, false, err, sizeof err), 0); /* none under way */
-	append_n(j, 15, 2); /* the new file takes the appends */
+	assert_int_equal(st.records, 13);
+	append_n(j, 13, 2); /* the new file takes the appends */
 	journal_close(j);
-	replay_expect(17);
+	replay_expect(15);
 }
 
-/* A snapshot that fails, or is still running at close, leaves the journal as it was. */
-static void test_compact_in_background_fails(void **state)
+/* A compaction dropped, or still under way at close, leaves the journal as it was. */
+static void test_compact_in_steps_dropped(void **state)
 {
 	(void)state;
-	struct journal *j;
+	struct journal *j, *snap;
 	char err[256];
 	assert_int_equal(journal_open(path, 0, &j, err, sizeof err), 0);
 	append_n(j, 0, 5);
-	live = 2, slow_ms = 0, fail_with = -EIO;
-	assert_int_equal(journal_compact_start(j, fill_live, NULL, err, sizeof err), 0);
+	assert_int_equal(journal_compact_begin(j, &snap, err, sizeof err), 0);
+	append_n(snap, 0, 2);
 	append_n(j, 5, 2);
-	assert_int_equal(journal_compact_poll(j, true, err, sizeof err), -EIO);
-	assert_non_null(strstr(err, "making its records"));
+	journal_compact_abort(j);
 	assert_false(journal_compacting(j));
 	assert_false(tmp_exists());
 	append_n(j, 7, 1);
 	assert_int_equal(journal_sync(j), 0);
 	replay_expect(8);
 
-	fail_with = 0, slow_ms = 10000;
-	uint64_t t0 = clock_ms();
-	assert_int_equal(journal_compact_start(j, fill_live, NULL, err, sizeof err), 0);
+	assert_int_equal(journal_compact_begin(j, &snap, err, sizeof err), 0);
+	append_n(snap, 0, 1);
+	assert_int_equal(journal_compact_seal(j), 0);
 	append_n(j, 8, 2);
-	journal_close(j); /* kills the child: no ten-second wait */
-	assert_true(clock_ms() - t0 < 5000);
+	journal_close(j);
 	assert_false(tmp_exists());
 	replay_expect(10);
 }
@@ -290,8 +287,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_generations, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_and_close_after_thread_sync, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_compact_in_background, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_compact_in_background_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_compact_in_steps, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_compact_in_steps_dropped, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

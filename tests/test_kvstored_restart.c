@@ -10,7 +10,8 @@
  *   either absent or its committed pages read back right.
  * - A committed DRAM block flipped in the pool while the daemon is down: its sequence is marked
  *   damaged (kvctl shows it), its committed length cut to that page, the page never served.
- * - Compaction by snapshot past journal_compact_bytes; a restart from the snapshot keeps all.
+ * - Compaction by snapshot past journal_compact_bytes; a restart from the snapshot keeps all,
+ *   also when sequences opened, grew, moved and closed between the steps of its snapshot.
  * - Control replies committed in groups: a batch of CommitTokens waiting together costs one
  *   journal sync, and its ids survive a kill -9. */
 #include "clock.h"
@@ -19,6 +20,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #define PAGES 6
@@ -400,6 +402,174 @@ static void test_compaction(void **state)
 	h_finish(&h);
 }
 
+/* One sequence of the traffic test, as the test expects it to come back. */
+struct tseq {
+	char name[16];
+	uint64_t id, tag;
+	uint32_t pages;
+	bool live;
+};
+
+/* One more committed page of t (every layer) and its token ids. Returns 0 or what failed (no
+ * cmocka assertion: the traffic clients run on threads of their own). */
+static int t_grow(struct kvs *k, struct tseq *t)
+{
+	int ret = h_write_pages(k, t->id, t->tag, t->pages, 1);
+	if (ret)
+		return ret;
+	uint32_t ids[64], ps = h_geo.page_size;
+	if (ps > 64)
+		return -E2BIG;
+	for (uint32_t i = 0; i < ps; i++)
+		ids[i] = tok(t->tag, t->pages * ps + i);
+	ret = kvs_commit_tokens(k, t->id, (uint64_t)(t->pages + 1) * ps, (uint64_t)t->pages * ps,
+				ids, ps);
+	if (!ret)
+		t->pages++;
+	return ret;
+}
+
+static int t_open(struct kvs *k, struct tseq *t, const char *prefix, int i, uint64_t tag)
+{
+	snprintf(t->name, sizeof t->name, "%s%d", prefix, i);
+	t->tag = tag;
+	t->pages = 0;
+	t->live = false;
+	int ret = kvs_open_sequence(k, t->name, h_fp, sizeof h_fp, &h_geo, NULL, 0, true, &t->id);
+	if (!ret)
+		ret = kvs_attach(k, t->id, NULL);
+	t->live = ret == 0;
+	return ret ? ret : t_grow(k, t);
+}
+
+static uint64_t compactions_of(const struct harness *h)
+{
+	Freekv__Reply *r = stats(h);
+	uint64_t n = r->stats->journal->compactions;
+	kvs_reply_free(r);
+	return n;
+}
+
+/* One client of the traffic test: its own connection and its own sequences, t[0..n). */
+enum { TRAFFIC_CLIENTS = 4, TRAFFIC_SEQS = 100 };	/* at most 3,200 of the 8,192 blocks */
+struct traffic {
+	const struct harness *h;
+	int who;
+	struct tseq t[TRAFFIC_SEQS];
+	size_t n;
+	atomic_bool *stop;
+	int rounds, err, line;
+};
+
+static void *traffic_main(void *arg)
+{
+	struct traffic *c = arg;
+	struct kvs *k;
+	char prefix[8];
+	snprintf(prefix, sizeof prefix, "c%d-", c->who);
+	c->err = kvs_connect(c->h->endpoint, 5000, &k);
+	if (c->err)
+		return NULL;
+	c->err = kvs_hello(k, KVS_ROLE_WORKER, "traffic");
+	for (c->n = 0; !c->err && c->n < TRAFFIC_SEQS / 2; c->n++)
+		c->err = t_open(k, &c->t[c->n], prefix, (int)c->n, (uint64_t)c->who * 100000 + c->n);
+	for (int r = 0; !c->err && !atomic_load(c->stop); r++, c->rounds++) {
+		if (c->n < TRAFFIC_SEQS && r % 2 == 0) {
+			c->err = t_open(k, &c->t[c->n], prefix, (int)c->n,
+					(uint64_t)c->who * 100000 + c->n);
+			c->n++;
+		}
+		struct tseq *g = &c->t[(size_t)(r * 7) % c->n], *x = &c->t[(size_t)(r * 31 + 11) % c->n];
+		struct tseq *d = &c->t[(size_t)(r * 13 + 5) % c->n];
+		if (!c->err && g->live && g->pages < 4)
+			c->err = t_grow(k, g);
+		if (!c->err && d->live) { /* its blocks move to NVMe, each journaled as it lands */
+			Freekv__Reply *rep;
+			c->err = kvs_demote(k, d->id, NULL, &rep);
+			if (!c->err)
+				kvs_reply_free(rep);
+		}
+		if (!c->err && x->live && r % 4 == 1) {
+			c->err = kvs_close_sequence(k, x->id, true);
+			x->live = c->err != 0;
+		}
+		c->line = c->err ? r : c->line;
+	}
+	kvs_close(k);
+	return NULL;
+}
+
+/* The journal compacted in steps while four clients open sequences, grow them, move them to
+ * NVMe and close them between the steps (one sequence per step, so every compaction spans many
+ * of them): after a kill -9 the compacted journal gives back exactly the sequences that were
+ * open, with every page and token id. */
+static void test_compaction_under_traffic(void **state)
+{
+	(void)state;
+	static const char *const small[] = { "--set", "persist=true", "--set",
+					     "journal_compact_bytes=4096", "--set",
+					     "journal_compact_step=1", NULL };
+	static struct traffic c[TRAFFIC_CLIENTS];
+	struct harness h;
+	harness_start(&h, small);
+	atomic_bool stop = false;
+	pthread_t th[TRAFFIC_CLIENTS];
+	for (int i = 0; i < TRAFFIC_CLIENTS; i++) {
+		c[i] = (struct traffic){ .h = &h, .who = i, .stop = &stop };
+		assert_int_equal(pthread_create(&th[i], NULL, traffic_main, &c[i]), 0);
+	}
+	h_sleep_ms(300);
+	uint64_t c0 = compactions_of(&h), c1 = c0;
+	for (int i = 0; i < 400 && c1 < c0 + 3; i++) {
+		h_sleep_ms(50);
+		c1 = compactions_of(&h);
+	}
+	atomic_store(&stop, true);
+	for (int i = 0; i < TRAFFIC_CLIENTS; i++) {
+		pthread_join(th[i], NULL);
+		if (c[i].err)
+			fprintf(stderr, "client %d: %s in round %d\n", i, strerror(-c[i].err),
+				c[i].line);
+		assert_int_equal(c[i].err, 0);
+	}
+	fprintf(stderr, "%" PRIu64 " compactions under traffic\n", c1 - c0);
+	assert_true(c1 >= c0 + 3);
+	h_kill9(&h);
+	harness_spawn(&h, small, NULL);
+	struct kvs *k;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "check"), 0);
+	Freekv__Reply *r;
+	assert_int_equal(kvs_list_sequences(k, &r), 0);
+	size_t live = 0;
+	for (int i = 0; i < TRAFFIC_CLIENTS; i++)
+		for (size_t j = 0; j < c[i].n; j++)
+			live += c[i].t[j].live;
+	assert_int_equal(r->sequences->n_sequences, live);
+	kvs_reply_free(r);
+	for (int i = 0; i < TRAFFIC_CLIENTS; i++) {
+		for (size_t j = 0; j < c[i].n; j++) {
+			const struct tseq *t = &c[i].t[j];
+			if (!t->live) {
+				assert_int_not_equal(kvs_show_sequence(k, 0, t->name, false, &r), 0);
+				continue;
+			}
+			assert_int_equal(kvs_show_sequence(k, 0, t->name, true, &r), 0);
+			assert_int_equal(r->sequence->committed_tokens, t->pages * h_geo.page_size);
+			assert_false(r->sequence->has_damaged_blocks);
+			assert_int_equal(r->sequence->n_token_ids, t->pages * h_geo.page_size);
+			for (size_t x = 0; x < r->sequence->n_token_ids; x++)
+				assert_int_equal(r->sequence->token_ids[x], tok(t->tag, x));
+			kvs_reply_free(r);
+			assert_int_equal(kvs_attach(k, t->id, NULL), 0);
+			assert_int_equal(h_read_pages(k, t->id, t->tag, 0, t->pages), 0);
+			assert_int_equal(kvs_detach(k, t->id), 0);
+		}
+	}
+	kvs_close(k);
+	h_finish(&h);
+}
+
 static void *cont_later(void *arg)
 {
 	const struct harness *h = arg;
@@ -477,6 +647,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_journal_byte_flipped, h_teardown),
 		cmocka_unit_test_teardown(test_block_damaged, h_teardown),
 		cmocka_unit_test_teardown(test_compaction, h_teardown),
+		cmocka_unit_test_teardown(test_compaction_under_traffic, h_teardown),
 		cmocka_unit_test_teardown(test_group_commit, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -879,6 +879,8 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
 
 int dp_poll_timeout(const struct dp *dp, int dflt)
 {
+	if (persist_compacting(dp->ps)) /* the snapshot is written a step per pass, then put */
+		return dflt < 1 ? dflt : 1;   /* in place by dp_maintain */
 	for (size_t i = 0; !dp->thread_running && i < dp->max_w; i++)
 		if (dp->w[i].ring && ring_ready(dp->w[i].ring))
 			return 0; /* left over by the bounded pass: no new doorbell will come */
@@ -942,6 +944,8 @@ void dp_run(struct dp *dp)
 		if (progress <= 0)
 			break;
 	}
+	/* A part of the journal's snapshot, while one is written (persist.h). */
+	persist_compact_step(dp->ps, dp->seqs, dp->pool);
 }
 
 void dp_drain(struct dp *dp, int timeout_ms)

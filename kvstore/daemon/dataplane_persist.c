@@ -222,7 +222,10 @@ int dp_restore(struct dp *dp, struct persist *ps, char *err, size_t errlen)
 
 void dp_maintain(struct dp *dp)
 {
-	/* A finished compaction made everything durable: the held completions may go. */
-	if (persist_maintain(dp->ps, dp->seqs, dp->pool) && dp->thread_running)
+	bool was = persist_snapshotting(dp->ps);
+	/* A finished compaction made everything durable: the held completions may go. A started
+	 * one is written by the thread, a step per pass: wake it. */
+	if ((persist_maintain(dp->ps, dp->pool) || (!was && persist_snapshotting(dp->ps))) &&
+	    dp->thread_running)
 		ring_kick(&dp->kick);
 }

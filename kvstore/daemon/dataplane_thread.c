@@ -45,8 +45,8 @@ static void thread_lock(struct dp *dp)
 
 static bool rings_ready(const struct dp *dp)
 {
-	if (dp_scanning(dp))
-		return true; /* a victim scan goes on a step per pass */
+	if (dp_scanning(dp) || persist_snapshotting(dp->ps))
+		return true; /* a victim scan, or the journal's snapshot, goes on a step per pass */
 	if (dp->tier && tier_ready(dp->tier))
 		return true; /* tier completions to reap: the thread polls them while awake */
 	for (size_t i = 0; i < dp->max_w; i++)

@@ -11,11 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "crc32c.h"
@@ -25,14 +21,6 @@
 #define JOURNAL_MAGIC "FKVJRNL1"
 #define JOURNAL_VERSION 1u
 #define JOURNAL_FLUSH_BYTES (1u << 20)	/* write the buffer out (unsynced) past this */
-#define JOURNAL_TAIL_MAX (256u << 20)	/* records kept for a background snapshot, at most */
-
-/* What the snapshot child reports, in a page it shares with the daemon. */
-struct snap_result {
-	int err;		/* 0, or the -errno it failed with */
-	uint64_t records;
-	char msg[256];
-};
 
 struct journal {
 	char path[PATH_MAX];
@@ -45,6 +33,7 @@ struct journal {
 	_Atomic uint64_t syncs;
 	time_t last_compaction;
 	bool unsynced;		/* written since the last sync started */
+	bool stream;		/* a compaction's new journal: writeback starts at every write */
 	/* Sync generations: each sync, in the caller or in the sync thread, covers what was written
 	 * before it started. started counts those begun; done is the last one finished. */
 	uint64_t started;
@@ -62,17 +51,10 @@ struct journal {
 	_Atomic int async_err;	/* a failed thread sync, not yet reported */
 	journal_synced_fn on_synced;
 	void *on_synced_ctx;
-	/* A snapshot written in the background (journal_compact_start): the child process, the
-	 * file it writes, and the records appended since it was forked (the tail), which go after
-	 * the snapshot in the new file. */
-	pid_t snap_pid;		/* 0: none under way */
-	int snap_fd;
-	char snap_path[PATH_MAX];
-	struct snap_result *snap_res;
-	uint8_t *tail;
-	size_t tail_len, tail_cap;
-	uint64_t tail_records;
-	bool tail_lost;		/* the tail outgrew JOURNAL_TAIL_MAX or memory: the snapshot is void */
+	/* The compaction under way (journal_compact_begin): the new journal, written at <path>.tmp,
+	 * and the generation of its sync started at journal_compact_seal (0: not sealed). */
+	struct journal *snap;
+	uint64_t snap_gen;
 };
 
 static uint32_t record_crc(uint32_t type, const void *payload, uint32_t len)
@@ -257,7 +239,6 @@ int journal_open(const char *path, uint64_t append_at, struct journal **out, cha
 		return errmsg(err, errlen, -ENAMETOOLONG, "journal path too long");
 	}
 	strcpy(j->path, path);
-	j->snap_fd = -1;
 	j->close_fd = -1;
 	int ret = open_at(path, append_at, &j->fd, &j->file_bytes, err, errlen);
 	if (ret) {
@@ -275,32 +256,14 @@ static int flush_buf(struct journal *j)
 	int ret = write_all(j->fd, j->buf, j->len);
 	if (ret)
 		return ret; /* what was written stays; the buffer is kept for the next try */
+	/* A snapshot's pages go to the disk as they are written, not in one burst at its sync
+	 * that every group commit of the journal would wait behind. */
+	if (j->stream)
+		sync_file_range(j->fd, (off_t)j->file_bytes, (off_t)j->len, SYNC_FILE_RANGE_WRITE);
 	j->file_bytes += j->len;
 	j->len = 0;
 	j->unsynced = true;
 	return 0;
-}
-
-/* Keeps a framed record for the snapshot under way. */
-static void tail_add(struct journal *j, const uint8_t *rec, size_t n)
-{
-	if (j->tail_lost)
-		return;
-	if (j->tail_len + n > j->tail_cap) {
-		size_t cap = j->tail_cap ? j->tail_cap : 256 * 1024;
-		while (cap < j->tail_len + n)
-			cap *= 2;
-		uint8_t *b = cap <= JOURNAL_TAIL_MAX ? realloc(j->tail, cap) : NULL;
-		if (!b) {
-			j->tail_lost = true;
-			return;
-		}
-		j->tail = b;
-		j->tail_cap = cap;
-	}
-	memcpy(j->tail + j->tail_len, rec, n);
-	j->tail_len += n;
-	j->tail_records++;
 }
 
 int journal_append(struct journal *j, uint32_t type, const void *payload, uint32_t len)
@@ -328,8 +291,6 @@ int journal_append(struct journal *j, uint32_t type, const void *payload, uint32
 	j->len += need;
 	j->records++;
 	j->appended++;
-	if (j->snap_pid > 0)
-		tail_add(j, p, need);
 	if (j->len >= JOURNAL_FLUSH_BYTES)
 		return flush_buf(j);
 	return 0;
@@ -520,31 +481,23 @@ static int snap_path_of(const struct journal *j, char *out)
 	return 0;
 }
 
-/* Ends a background snapshot without using it: the child is killed and reaped, its file
- * removed. The journal goes on as if none had been started. */
-static void snap_discard(struct journal *j)
+static void free_journal(struct journal *j);
+
+/* Drops the compaction under way, if any: its file is removed, the journal goes on. */
+void journal_compact_abort(struct journal *j)
 {
-	if (j->snap_pid <= 0)
+	struct journal *n = j->snap;
+	if (!n)
 		return;
-	kill(j->snap_pid, SIGKILL);
-	while (waitpid(j->snap_pid, NULL, 0) < 0 && errno == EINTR)
-		;
-	j->snap_pid = 0;
-	close(j->snap_fd);
-	j->snap_fd = -1;
-	unlink(j->snap_path);
-	munmap(j->snap_res, sizeof *j->snap_res);
-	j->snap_res = NULL;
-	free(j->tail);
-	j->tail = NULL;
-	j->tail_len = j->tail_cap = 0;
-	j->tail_records = 0;
-	j->tail_lost = false;
+	j->snap = NULL;
+	j->snap_gen = 0;
+	unlink(n->path);
+	free_journal(n);
 }
 
 int journal_compact(struct journal *j, journal_fill_fn fill, void *ctx, char *err, size_t errlen)
 {
-	snap_discard(j);
+	journal_compact_abort(j);
 	int ret = journal_sync(j);
 	if (ret)
 		return errmsg(err, errlen, ret, "journal %s: %s", j->path, strerror(-ret));
@@ -577,87 +530,45 @@ int journal_compact(struct journal *j, journal_fill_fn fill, void *ctx, char *er
 	return 0;
 }
 
-/* The snapshot child: writes the header and fill()'s records to fd, syncs them, reports through
- * res and exits. It is a copy of the daemon at the fork, threads excepted: it takes no lock
- * (no logging, no stdio) and leaves through _exit. */
-static void snap_child(int fd, journal_fill_fn fill, void *ctx, struct snap_result *res)
+int journal_compact_begin(struct journal *j, struct journal **snap, char *err, size_t errlen)
 {
-	/* Below the daemon's priority: the snapshot may take longer, the rings may not. */
-	errno = 0;
-	int nice_now = getpriority(PRIO_PROCESS, 0);
-	if (errno == 0 && nice_now < 10)
-		setpriority(PRIO_PROCESS, 0, nice_now + 10 > 10 ? 10 : nice_now + 10);
-	struct journal snap = { .fd = fd };
-	uint8_t h[JOURNAL_HEADER_BYTES];
-	header(h);
-	int ret = write_all(fd, h, sizeof h);
-	const char *what = "writing it";
-	if (!ret) {
-		ret = fill(ctx, &snap);
-		what = "making its records";
-	}
-	if (!ret) {
-		ret = flush_buf(&snap);
-		what = "writing it";
-	}
-	if (!ret && fdatasync(fd) < 0) {
-		ret = -errno;
-		what = "syncing it";
-	}
-	res->err = ret;
-	res->records = snap.records;
-	if (ret)
-		snprintf(res->msg, sizeof res->msg, "%s: %s", what, strerror(-ret));
-	_exit(ret ? 1 : 0);
-}
-
-int journal_compact_start(struct journal *j, journal_fill_fn fill, void *ctx, char *err,
-			  size_t errlen)
-{
-	if (j->snap_pid > 0)
+	*snap = NULL;
+	if (j->snap)
 		return errmsg(err, errlen, -EBUSY, "journal %s: a compaction is under way", j->path);
-	if (snap_path_of(j, j->snap_path))
+	char path[PATH_MAX];
+	if (snap_path_of(j, path))
 		return errmsg(err, errlen, -ENAMETOOLONG, "journal path too long");
-	int fd = open(j->snap_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-	if (fd < 0)
-		return errmsg(err, errlen, -errno, "compacting the journal: cannot create %s: %s",
-			      j->snap_path, strerror(errno));
-	struct snap_result *res = mmap(NULL, sizeof *res, PROT_READ | PROT_WRITE,
-				       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (res == MAP_FAILED) {
-		int e = errno;
-		close(fd);
-		unlink(j->snap_path);
-		return errmsg(err, errlen, -e, "compacting the journal: %s", strerror(e));
-	}
-	res->err = -ECHILD; /* until the child says otherwise */
-	pid_t pid = fork();
-	if (pid == 0)
-		snap_child(fd, fill, ctx, res);
-	if (pid < 0) {
-		int e = errno;
-		munmap(res, sizeof *res);
-		close(fd);
-		unlink(j->snap_path);
-		return errmsg(err, errlen, -e, "compacting the journal: fork: %s", strerror(e));
-	}
-	j->snap_pid = pid;
-	j->snap_fd = fd;
-	j->snap_res = res;
-	j->tail_len = 0;
-	j->tail_records = 0;
-	j->tail_lost = false;
+	int ret = journal_open(path, 0, &j->snap, err, errlen);
+	if (ret)
+		return ret;
+	j->snap->stream = true;
+	*snap = j->snap;
 	return 0;
 }
 
 bool journal_compacting(const struct journal *j)
 {
-	return j->snap_pid > 0;
+	return j->snap != NULL;
 }
 
-/* The snapshot is written: the tail goes after it, the new file is synced and takes the
- * journal's place. Every record appended so far is then durable in it (the thread's sync of the
- * old file is waited out first, so that nothing syncs a file that is gone). */
+int journal_compact_seal(struct journal *j)
+{
+	if (!j->snap || j->snap_gen)
+		return -EINVAL;
+	int ret = journal_sync_start(j->snap);
+	if (ret)
+		return ret;
+	j->snap_gen = journal_need(j->snap);
+	if (!j->snap_gen) /* nothing to sync (cannot happen: the header is unsynced) */
+		j->snap_gen = journal_synced(j->snap);
+	return 0;
+}
+
+bool journal_compact_sealed(const struct journal *j)
+{
+	return j->snap && j->snap_gen;
+}
+
 /* Closes fd on the sync thread (one there is, else here); one waiting is closed first. */
 static void close_later(struct journal *j, int fd)
 {
@@ -674,98 +585,71 @@ static void close_later(struct journal *j, int fd)
 		close(old);
 }
 
-static int snap_switch(struct journal *j, char *err, size_t errlen)
+int journal_compact_finish(struct journal *j, char *err, size_t errlen)
 {
-	/* A failed sync of the old file is no matter here: what it covered is in the tail, and the
-	 * sync below covers it in the new file. */
+	struct journal *n = j->snap;
+	if (!n || !j->snap_gen)
+		return errmsg(err, errlen, -EINVAL, "journal %s: no sealed compaction", j->path);
+	if (journal_synced(n) < j->snap_gen)
+		return JOURNAL_COMPACT_RUNNING;
+	/* A failed sync of the old file is no matter here: what it covered is in the new one,
+	 * which the sync below makes durable. */
 	(void)wait_idle(j);
-	off_t end = lseek(j->snap_fd, 0, SEEK_END);
-	int ret = end < 0 ? -errno : 0;
-	if (!ret)
-		ret = write_all(j->snap_fd, j->tail, j->tail_len);
-	if (!ret && fdatasync(j->snap_fd) < 0)
+	int ret = journal_sync(n);
+	if (!ret && rename(n->path, j->path) < 0)
 		ret = -errno;
-	if (!ret && rename(j->snap_path, j->path) < 0)
-		ret = -errno;
-
-	if (ret)
+	if (ret) {
+		journal_compact_abort(j);
 		return errmsg(err, errlen, ret, "compacting the journal %s: %s", j->path,
 			      strerror(-ret));
+	}
 	/* Renamed: the new file is the journal now, whatever the directory's sync says. */
 	int dir = sync_dir(j->path);
 	close_later(j, j->fd);
-	j->fd = j->snap_fd;
-	j->snap_fd = -1;
-	j->file_bytes = (uint64_t)end + j->tail_len;
-	j->records = j->snap_res->records + j->tail_records;
-	j->len = 0;		/* what the buffer held is in the snapshot or the tail */
+	j->fd = n->fd;
+	n->fd = -1;
+	j->file_bytes = n->file_bytes;
+	j->records = n->records;
+	j->len = 0;		/* every record the buffer held is in the new file, or its state is */
 	j->unsynced = dir != 0;	/* then the next sync tries again (it syncs the file only) */
 	j->started++;
 	j->syncs++;
 	atomic_store(&j->done, j->started);
 	j->compactions++;
 	j->last_compaction = time(NULL);
+	j->snap = NULL;
+	j->snap_gen = 0;
+	free_journal(n);
 	if (dir)
 		return errmsg(err, errlen, dir, "journal %s: compacted, but syncing its directory "
 			      "failed: %s", j->path, strerror(-dir));
-	return 0;
+	return JOURNAL_COMPACT_DONE;
 }
 
-int journal_compact_poll(struct journal *j, bool wait, char *err, size_t errlen)
+/* Stops the sync thread and frees j; its file is closed unless it was handed on (fd -1). */
+static void free_journal(struct journal *j)
 {
-	if (j->snap_pid <= 0)
-		return 0;
-	if (j->tail_lost) {
-		snap_discard(j);
-		return errmsg(err, errlen, -ENOMEM, "compacting the journal %s: the records "
-			      "appended meanwhile passed %u MiB or memory; the snapshot is dropped",
-			      j->path, JOURNAL_TAIL_MAX >> 20);
+	if (j->thread_made) {
+		pthread_mutex_lock(&j->mu);
+		j->stop = true;
+		pthread_cond_broadcast(&j->cv);
+		pthread_mutex_unlock(&j->mu);
+		pthread_join(j->thread, NULL); /* it finishes a sync under way first */
+		pthread_cond_destroy(&j->cv);
+		pthread_mutex_destroy(&j->mu);
+		j->thread_made = false;
 	}
-	int st;
-	pid_t r;
-	while ((r = waitpid(j->snap_pid, &st, wait ? 0 : WNOHANG)) < 0 && errno == EINTR)
-		;
-	if (r == 0)
-		return JOURNAL_COMPACT_RUNNING;
-	int ret;
-	if (r < 0) {
-		ret = errmsg(err, errlen, -errno, "compacting the journal %s: waitpid: %s", j->path,
-			     strerror(errno));
-		j->snap_pid = 0; /* nothing left to reap */
-	} else if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && j->snap_res->err == 0) {
-		j->snap_pid = 0;
-		ret = snap_switch(j, err, errlen);
-		if (!ret)
-			ret = JOURNAL_COMPACT_DONE;
-	} else if (WIFSIGNALED(st)) {
-		ret = errmsg(err, errlen, -ECHILD, "compacting the journal %s: the snapshot process "
-			     "died of signal %d", j->path, WTERMSIG(st));
-		j->snap_pid = 0;
-	} else {
-		ret = errmsg(err, errlen, j->snap_res->err ? j->snap_res->err : -EIO,
-			     "compacting the journal %s: snapshot %s", j->path, j->snap_res->msg);
-		j->snap_pid = 0;
-	}
-	/* Whatever the outcome, the child is reaped: drop what is left. */
-	if (j->snap_fd >= 0) {
-		close(j->snap_fd);
-		unlink(j->snap_path);
-	}
-	j->snap_fd = -1;
-	munmap(j->snap_res, sizeof *j->snap_res);
-	j->snap_res = NULL;
-	free(j->tail);
-	j->tail = NULL;
-	j->tail_len = j->tail_cap = 0;
-	j->tail_records = 0;
-	return ret;
+	if (j->fd >= 0)
+		close(j->fd);
+	free(j->buf);
+	free(j);
 }
 
 void journal_close(struct journal *j)
 {
 	if (!j)
 		return;
-	snap_discard(j);
+	journal_compact_abort(j);
 	if (j->thread_made) {
 		pthread_mutex_lock(&j->mu);
 		j->stop = true;
@@ -780,9 +664,7 @@ void journal_close(struct journal *j)
 	if (ret)
 		log_error("journal %s: final sync failed: %s", j->path,
 			strerror(-ret));
-	close(j->fd);
-	free(j->buf);
-	free(j);
+	free_journal(j);
 }
 
 void journal_stats(const struct journal *j, struct journal_stats *st)

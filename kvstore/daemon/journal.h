@@ -11,8 +11,7 @@
  * reported (offset, bytes) and never interpreted. Compaction writes a snapshot (the caller's
  * records) to <path>.tmp, syncs it, renames it over the journal and syncs the directory, so a
  * crash at any point leaves either the old journal or the new one whole. A running daemon
- * compacts in the background (journal_compact_start: a forked child writes the snapshot while
- * the journal goes on).
+ * compacts in steps (journal_compact_begin), the journal going on meanwhile.
  *
  * Ownership: journal_open allocates struct journal (file descriptor, buffer, and later its sync
  * thread); journal_close joins the thread, syncs what is buffered and frees it. Not thread-safe
@@ -97,26 +96,26 @@ void journal_on_synced(struct journal *j, journal_synced_fn fn, void *ctx);
 typedef int (*journal_fill_fn)(void *ctx, struct journal *snap);
 int journal_compact(struct journal *j, journal_fill_fn fill, void *ctx, char *err, size_t errlen);
 
-/* The same in the background, for a running daemon, whose lock a snapshot of a million blocks
- * would hold for a fifth of a second. journal_compact_start forks: the child is a copy of the
- * caller's state at that instant, runs fill() on it, writes and syncs <path>.tmp and exits
- * (fill must take no lock and log nothing: it runs in a process whose other threads are gone).
- * The journal goes on meanwhile, and every record appended after the fork is also kept (the
- * tail, up to 256 MiB). journal_compact_poll, called from time to time by the same caller,
- * reaps the child; once it is done the tail is written after the snapshot, the file synced,
- * renamed over the journal and its directory synced, and the journal appends to it from then
- * on: replaying it gives the state at the fork, then every change since, as the old file did.
- * Every record appended before the switch is durable in the new file (a generation ends).
- * Returns 0 when none is under way, JOURNAL_COMPACT_RUNNING, JOURNAL_COMPACT_DONE when it has
- * just taken the journal's place, or -errno with a message when it failed (the child's error,
- * its death, a tail over the limit), the old journal then going on unchanged. wait: block until
- * the child exits. journal_compact and journal_close drop one under way. */
+/* The same in steps, for a running daemon, whose lock a snapshot of a million blocks would hold
+ * for a fifth of a second. journal_compact_begin makes <path>.tmp a new journal and hands it to
+ * the caller, who appends the snapshot to it a part at a time between its other work, and
+ * meanwhile appends every change to a part already written to both journals (docs/design.md §4
+ * says why the result replays to the same state). journal_compact_seal: the snapshot is whole;
+ * its sync starts on the new journal's thread. journal_compact_finish, called from time to time
+ * after that: JOURNAL_COMPACT_RUNNING while that sync runs; then syncs what was appended since
+ * (a little), renames the file over the journal, syncs the directory and appends to it from then
+ * on, every record appended so far durable (a generation ends), the replaced file closed on the
+ * sync thread: JOURNAL_COMPACT_DONE. -errno with a message when that fails; the compaction is
+ * then dropped and the journal goes on unchanged, as after journal_compact_abort. journal_compact
+ * and journal_close drop one under way. */
 #define JOURNAL_COMPACT_RUNNING 1
 #define JOURNAL_COMPACT_DONE 2
-int journal_compact_start(struct journal *j, journal_fill_fn fill, void *ctx, char *err,
-			  size_t errlen);
-int journal_compact_poll(struct journal *j, bool wait, char *err, size_t errlen);
+int journal_compact_begin(struct journal *j, struct journal **snap, char *err, size_t errlen);
 bool journal_compacting(const struct journal *j);
+int journal_compact_seal(struct journal *j);
+bool journal_compact_sealed(const struct journal *j);
+int journal_compact_finish(struct journal *j, char *err, size_t errlen);
+void journal_compact_abort(struct journal *j);
 
 struct journal_stats {
 	uint64_t bytes;		/* file size, buffered records included */

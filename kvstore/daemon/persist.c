@@ -93,9 +93,15 @@ struct persist {
 	size_t n_rv, cap_rv;
 	bool meta_ok;		/* the journal's pool is this pool (same name and size) */
 	uint64_t snap_bytes;	/* journal size right after the last compaction */
-	/* The background compaction under way: when it started, what the fork cost, the size. */
-	uint64_t compact_t0_ms, compact_from;
-	double compact_fork_ms;
+	/* The compaction under way (snap: the new journal; NULL none). A sequence is written to it
+	 * once (snap_epoch == epoch), by passes over the table from cursor: a pass that writes
+	 * none ends it. snap_err: an append to it failed. */
+	struct journal *snap;
+	uint64_t epoch;
+	size_t cursor, pass_written;
+	int snap_err;
+	uint64_t compact_t0_ms, compact_from, compact_steps, compact_step_max_ns;
+	uint64_t compact_left;	/* records left to the old journal: their sequence not written yet */
 	bool have_meta;
 	struct persist_stats st;
 };
@@ -189,6 +195,29 @@ static void append(struct persist *ps, uint32_t type, const void *p, uint32_t le
 	note_failure(ps, journal_append(ps->j, type, p, len));
 }
 
+/* Whether s's records go to the compaction's new journal too: the snapshot has written it. */
+static bool to_snap(const struct persist *ps, const struct seq *s)
+{
+	return ps->snap && s->snap_epoch == ps->epoch;
+}
+
+static void snap_failure(struct persist *ps, int ret)
+{
+	if (ret && !ps->snap_err)
+		ps->snap_err = ret;
+}
+
+/* A record of sequence s: to the journal, and to the new one when s is in it already. */
+static void append_seq(struct persist *ps, const struct seq *s, uint32_t type, const void *p,
+		       uint32_t len)
+{
+	append(ps, type, p, len);
+	if (to_snap(ps, s))
+		snap_failure(ps, journal_append(ps->snap, type, p, len));
+	else if (ps->snap)
+		ps->compact_left++;
+}
+
 static void fill_seq(struct rec_seq *r, const struct seq *s)
 {
 	memset(r, 0, sizeof *r);
@@ -233,15 +262,20 @@ static int tokens_to(struct journal *j, const struct seq *s, uint64_t first, con
 	return 0;
 }
 
-void persist_seq_open(struct persist *ps, const struct seq *s)
+void persist_seq_open(struct persist *ps, struct seq *s)
 {
 	if (!ps || !ps->j)
 		return;
+	if (ps->snap) /* opened during a compaction: the new journal has it from its start */
+		s->snap_epoch = ps->epoch;
 	struct rec_seq r;
 	fill_seq(&r, s);
-	append(ps, REC_SEQ, &r, sizeof r);
-	if (s->n_tokens)
+	append_seq(ps, s, REC_SEQ, &r, sizeof r);
+	if (s->n_tokens) {
 		note_failure(ps, tokens_to(ps->j, s, 0, s->tokens, s->n_tokens));
+		if (to_snap(ps, s))
+			snap_failure(ps, tokens_to(ps->snap, s, 0, s->tokens, s->n_tokens));
+	}
 }
 
 void persist_seq_tokens(struct persist *ps, const struct seq *s, uint64_t first,
@@ -250,6 +284,8 @@ void persist_seq_tokens(struct persist *ps, const struct seq *s, uint64_t first,
 	if (!ps || !ps->j)
 		return;
 	note_failure(ps, tokens_to(ps->j, s, first, ids, n));
+	if (to_snap(ps, s))
+		snap_failure(ps, tokens_to(ps->snap, s, first, ids, n));
 }
 
 void persist_seq_committed(struct persist *ps, const struct seq *s)
@@ -257,7 +293,7 @@ void persist_seq_committed(struct persist *ps, const struct seq *s)
 	if (!ps || !ps->j)
 		return;
 	struct rec_committed r = { s->id, s->committed_tokens };
-	append(ps, REC_COMMITTED, &r, sizeof r);
+	append_seq(ps, s, REC_COMMITTED, &r, sizeof r);
 }
 
 static void fill_prefix(struct rec_prefix *r, const struct seq *s)
@@ -273,7 +309,7 @@ void persist_seq_prefix(struct persist *ps, const struct seq *s)
 		return;
 	struct rec_prefix r;
 	fill_prefix(&r, s);
-	append(ps, REC_PREFIX, &r, sizeof r);
+	append_seq(ps, s, REC_PREFIX, &r, sizeof r);
 }
 
 void persist_seq_remote(struct persist *ps, const struct seq *s)
@@ -281,15 +317,15 @@ void persist_seq_remote(struct persist *ps, const struct seq *s)
 	if (!ps || !ps->j)
 		return;
 	struct rec_remote r = { .id = s->id, .gen = s->remote_gen, .state = s->remote };
-	append(ps, REC_REMOTE, &r, sizeof r);
+	append_seq(ps, s, REC_REMOTE, &r, sizeof r);
 }
 
-void persist_seq_remove(struct persist *ps, uint64_t seq_id)
+void persist_seq_remove(struct persist *ps, const struct seq *s)
 {
 	if (!ps || !ps->j)
 		return;
-	struct rec_remove r = { seq_id };
-	append(ps, REC_REMOVE, &r, sizeof r);
+	struct rec_remove r = { s->id };
+	append_seq(ps, s, REC_REMOVE, &r, sizeof r);
 }
 
 /* The record of block b as it is now (the descriptor's rows_crc brought up to date first). */
@@ -343,7 +379,7 @@ void persist_block(struct persist *ps, struct pool *pool, const struct seq *s, u
 	}
 	struct rec_block r;
 	if (block_record(pool, s, id, b, &r))
-		append(ps, REC_BLOCK, &r, sizeof r);
+		append_seq(ps, s, REC_BLOCK, &r, sizeof r);
 }
 
 static int log_sync_error(struct persist *ps, int ret);
@@ -415,41 +451,49 @@ struct snap_ctx {
 	struct pool *pool;
 };
 
-/* The snapshot's records. At a start it runs in the daemon; later in the child that
- * journal_compact_start forks, on the copy of the metadata taken there: it takes no lock and
- * logs nothing. */
+static int snap_meta(struct persist *ps, struct pool *pool, struct journal *j)
+{
+	struct rec_meta m = { .dram_bytes = pool_bytes(pool) };
+	snprintf(m.shm_name, sizeof m.shm_name, "%s", ps->cfg->shm_name);
+	return journal_append(j, REC_META, &m, sizeof m);
+}
+
+/* Sequence s as it is now: what a replay of its records so far would build. */
+static int snap_seq(struct pool *pool, const struct seq *s, struct journal *j)
+{
+	struct rec_seq r;
+	fill_seq(&r, s);
+	int ret = journal_append(j, REC_SEQ, &r, sizeof r);
+	if (!ret && s->n_tokens)
+		ret = tokens_to(j, s, 0, s->tokens, s->n_tokens);
+	if (!ret && (s->prefix_ubatch || s->covered_tokens)) {
+		struct rec_prefix rp;
+		fill_prefix(&rp, s);
+		ret = journal_append(j, REC_PREFIX, &rp, sizeof rp);
+	}
+	if (!ret && s->remote) {
+		struct rec_remote rr = { .id = s->id, .gen = s->remote_gen, .state = s->remote };
+		ret = journal_append(j, REC_REMOTE, &rr, sizeof rr);
+	}
+	for (uint32_t l = 0; l < s->geo.n_layers && !ret; l++) {
+		for (uint32_t p = 0; p < s->n_pages && !ret; p++) {
+			uint32_t id = seq_block(s, l, p);
+			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(pool, id);
+			struct rec_block rb;
+			if (b && b->committed && block_record(pool, s, id, b, &rb))
+				ret = journal_append(j, REC_BLOCK, &rb, sizeof rb);
+		}
+	}
+	return ret;
+}
+
+/* The whole snapshot at once (the compaction at a start). */
 static int snap_fill(void *ctx, struct journal *j)
 {
 	struct snap_ctx *c = ctx;
-	struct rec_meta m = { .dram_bytes = pool_bytes(c->pool) };
-	snprintf(m.shm_name, sizeof m.shm_name, "%s", c->ps->cfg->shm_name);
-	int ret = journal_append(j, REC_META, &m, sizeof m);
-	for (size_t i = 0; i < c->seqs->n && !ret; i++) {
-		const struct seq *s = c->seqs->v[i];
-		struct rec_seq r;
-		fill_seq(&r, s);
-		ret = journal_append(j, REC_SEQ, &r, sizeof r);
-		if (!ret && s->n_tokens)
-			ret = tokens_to(j, s, 0, s->tokens, s->n_tokens);
-		if (!ret && (s->prefix_ubatch || s->covered_tokens)) {
-			struct rec_prefix rp;
-			fill_prefix(&rp, s);
-			ret = journal_append(j, REC_PREFIX, &rp, sizeof rp);
-		}
-		if (!ret && s->remote) {
-			struct rec_remote rr = { .id = s->id, .gen = s->remote_gen, .state = s->remote };
-			ret = journal_append(j, REC_REMOTE, &rr, sizeof rr);
-		}
-		for (uint32_t l = 0; l < s->geo.n_layers && !ret; l++) {
-			for (uint32_t p = 0; p < s->n_pages && !ret; p++) {
-				uint32_t id = seq_block(s, l, p);
-				struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(c->pool, id);
-				struct rec_block rb;
-				if (b && b->committed && block_record(c->pool, s, id, b, &rb))
-					ret = journal_append(j, REC_BLOCK, &rb, sizeof rb);
-			}
-		}
-	}
+	int ret = snap_meta(c->ps, c->pool, j);
+	for (size_t i = 0; i < c->seqs->n && !ret; i++)
+		ret = snap_seq(c->pool, c->seqs->v[i], j);
 	return ret;
 }
 
@@ -468,27 +512,94 @@ static int compact(struct persist *ps, const struct seq_table *seqs, struct pool
 	return 0;
 }
 
-bool persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool)
+/* A compaction in steps (docs/design.md §4 "Restart without loss"). The new journal gets each
+ * sequence as it is when the step reaches it, and from then on every record of it; records of a
+ * sequence not reached yet go to the old journal only, since its snapshot, later, will hold
+ * their effect. Replaying the new journal therefore builds each sequence from its snapshot and
+ * the changes after it: the state now, as the old journal does. A sequence opened meanwhile is
+ * in the new journal from its first record; one removed before it was reached is in neither. A
+ * removal moves the table's last sequence into the hole, perhaps behind the cursor: passes go
+ * on until one finds nothing left to write. */
+static bool snap_step(struct persist *ps, const struct seq_table *seqs, struct pool *pool)
+{
+	uint64_t before = journal_appended(ps->snap);
+	for (uint32_t checked = 0; !ps->snap_err; checked++) {
+		if (journal_appended(ps->snap) - before + checked / 16 >= ps->cfg->journal_compact_step)
+			return false;
+		if (ps->cursor >= seqs->n) {
+			if (!ps->pass_written)
+				return true;
+			ps->cursor = 0;
+			ps->pass_written = 0;
+			continue;
+		}
+		struct seq *s = seqs->v[ps->cursor++];
+		if (s->snap_epoch == ps->epoch)
+			continue;
+		s->snap_epoch = ps->epoch;
+		ps->pass_written++;
+		snap_failure(ps, snap_seq(pool, s, ps->snap));
+	}
+	return false;
+}
+
+bool persist_compacting(const struct persist *ps)
+{
+	return ps && ps->snap;
+}
+
+bool persist_snapshotting(const struct persist *ps)
+{
+	return ps && ps->snap && !journal_compact_sealed(ps->j);
+}
+
+void persist_compact_step(struct persist *ps, const struct seq_table *seqs, struct pool *pool)
+{
+	if (!persist_snapshotting(ps) || ps->snap_err)
+		return;
+	uint64_t t0 = clock_ns();
+	if (snap_step(ps, seqs, pool) && !ps->snap_err)
+		ps->snap_err = journal_compact_seal(ps->j);
+	ps->compact_steps++;
+	uint64_t ns = clock_ns() - t0;
+	if (ns > ps->compact_step_max_ns)
+		ps->compact_step_max_ns = ns;
+}
+
+bool persist_maintain(struct persist *ps, struct pool *pool)
 {
 	if (!ps || !ps->j)
 		return false;
 	char err[512];
 	struct journal_stats js;
-	if (journal_compacting(ps->j)) {
-		uint64_t bytes = ps->compact_from;
+	if (ps->snap) {
+		if (ps->snap_err) {
+			log_error("compacting the journal %s: writing the snapshot: %s; the journal "
+				  "goes on uncompacted", ps->path, strerror(-ps->snap_err));
+			journal_compact_abort(ps->j);
+			ps->snap = NULL;
+			return false;
+		}
+		if (!journal_compact_sealed(ps->j))
+			return false; /* the data plane writes it, a step per pass */
 		uint64_t t0 = clock_ns();
-		int ret = journal_compact_poll(ps->j, false, err, sizeof err);
+		int ret = journal_compact_finish(ps->j, err, sizeof err);
 		if (ret < 0) {
-			log_error("%s", err);
+			ps->snap = NULL; /* finish dropped it */
+			log_error("%s; the journal goes on uncompacted", err);
 			return false;
 		}
 		if (ret != JOURNAL_COMPACT_DONE)
 			return false;
+		ps->snap = NULL;
 		journal_stats(ps->j, &js);
 		ps->snap_bytes = js.bytes;
 		log_info("journal compacted from %" PRIu64 " to %" PRIu64 " bytes in %" PRIu64
-			 " ms in the background (%.1f ms to fork, %.1f ms to switch)", bytes, js.bytes,
-			 clock_ms() - ps->compact_t0_ms, ps->compact_fork_ms, (clock_ns() - t0) / 1e6);
+			 " ms: %" PRIu64 " steps of at most %.2f ms (%" PRIu64 " changes meanwhile "
+			 "to sequences the snapshot had not reached), put in place in %.2f ms",
+			 ps->compact_from, js.bytes, clock_ms() - ps->compact_t0_ms,
+			 ps->compact_steps, ps->compact_step_max_ns / 1e6, ps->compact_left,
+			 (clock_ns() - t0) / 1e6);
 		return true;
 	}
 	journal_stats(ps->j, &js);
@@ -499,15 +610,20 @@ bool persist_maintain(struct persist *ps, const struct seq_table *seqs, struct p
 		limit = 2 * ps->snap_bytes;
 	if (js.bytes < limit)
 		return false;
-	struct snap_ctx c = { ps, seqs, pool };
 	uint64_t t0 = clock_ns();
-	if (journal_compact_start(ps->j, snap_fill, &c, err, sizeof err)) {
+	if (journal_compact_begin(ps->j, &ps->snap, err, sizeof err)) {
 		log_error("%s", err);
 		return false;
 	}
-	ps->compact_fork_ms = (clock_ns() - t0) / 1e6;
+	ps->epoch++;
+	ps->cursor = ps->pass_written = 0;
+	ps->snap_err = snap_meta(ps, pool, ps->snap);
 	ps->compact_t0_ms = clock_ms();
 	ps->compact_from = js.bytes;
+	ps->compact_steps = 0;
+	ps->compact_step_max_ns = 0;
+	ps->compact_left = 0;
+	log_debug("journal compaction started in %.2f ms", (clock_ns() - t0) / 1e6);
 	return false;
 }
 

@@ -55,8 +55,9 @@ int persist_restore(struct persist *ps, struct seq_table *seqs, struct pool *poo
 		    struct tier *tier, char *err, size_t errlen);
 
 /* Hooks: each appends one record (or a few). A failure to buffer is logged once and turns the
- * handle's `failed` flag on (persist_stats). */
-void persist_seq_open(struct persist *ps, const struct seq *s);
+ * handle's `failed` flag on (persist_stats). While a compaction runs, a record of a sequence
+ * the snapshot has written (or that opens meanwhile) also goes to the new journal. */
+void persist_seq_open(struct persist *ps, struct seq *s);
 /* ids[0..n) at positions first.. were kept and the committed length is s's now. */
 void persist_seq_tokens(struct persist *ps, const struct seq *s, uint64_t first,
 			const uint32_t *ids, size_t n);
@@ -65,7 +66,7 @@ void persist_seq_committed(struct persist *ps, const struct seq *s);
 void persist_seq_remote(struct persist *ps, const struct seq *s);
 /* Its prefix-sharing state (ubatch, publish limit, covered length, the key chain's start). */
 void persist_seq_prefix(struct persist *ps, const struct seq *s);
-void persist_seq_remove(struct persist *ps, uint64_t seq_id);
+void persist_seq_remove(struct persist *ps, const struct seq *s);
 /* Block id of s is committed and where pool says it is now (DRAM: its committed rows are
  * checksummed, extending the block's rows_crc; NVMe: the tier's crc). */
 void persist_block(struct persist *ps, struct pool *pool, const struct seq *s, uint32_t id);
@@ -84,10 +85,16 @@ uint64_t persist_appended(const struct persist *ps);
 void persist_wait_synced(struct persist *ps, uint64_t gen, int timeout_ms);
 uint64_t persist_synced(const struct persist *ps);
 void persist_on_synced(struct persist *ps, void (*fn)(void *ctx), void *ctx);
-/* Compacts when the journal passed journal_compact_bytes (read live from cfg), in the background
- * (journal_compact_start); called often, it also finishes one under way. True when one just
- * took the journal's place: every record so far is durable (a generation ended). */
-bool persist_maintain(struct persist *ps, const struct seq_table *seqs, struct pool *pool);
+/* Compaction (docs/design.md §4): persist_maintain, called at every turn of the control loop,
+ * starts one when the journal passed journal_compact_bytes (read live from cfg) and twice the
+ * last snapshot, and puts the new journal in place once its snapshot is written and synced:
+ * true when it just did (every record so far durable: a generation ended). In between the data
+ * plane writes the snapshot, journal_compact_step records or so at a time, with
+ * persist_compact_step, while persist_snapshotting. persist_compacting: one is under way. */
+bool persist_compacting(const struct persist *ps);
+bool persist_snapshotting(const struct persist *ps);
+void persist_compact_step(struct persist *ps, const struct seq_table *seqs, struct pool *pool);
+bool persist_maintain(struct persist *ps, struct pool *pool);
 
 struct persist_stats {
 	bool enabled;

@@ -226,7 +226,7 @@ int remote_seq_adopt(struct remote_seq *x, const char *name, const uint8_t *fp, 
 			   : dp_seq_import(x->dp, s, b, n, err, errlen);
 		if (ret) {
 			s->committed_tokens = 0;
-			persist_seq_remove(x->ps, s->id);
+			persist_seq_remove(x->ps, s);
 			seq_remove(x->seqs, s);
 			s = NULL;
 		}

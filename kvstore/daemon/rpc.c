@@ -390,7 +390,7 @@ static int h_open(struct call *c)
 					 o->n_token_ids, c->err, sizeof c->err)
 			: 0;
 		if (ret) {
-			persist_seq_remove(x->ps, s->id);
+			persist_seq_remove(x->ps, s);
 			seq_remove(x->seqs, s);
 			return ret;
 		}
@@ -476,7 +476,7 @@ static int h_close(struct call *c)
 		return ret;
 	if (x->remote)
 		remote_seq_release(x->remote, s);
-	persist_seq_remove(x->ps, s->id);
+	persist_seq_remove(x->ps, s);
 	seq_remove(x->seqs, s);
 	return reply_evicted(c, 1, blocks);
 }
@@ -578,7 +578,7 @@ static int evict_one(struct call *c, struct seq *s, bool demote, uint64_t *seqs,
 		if (!ret && x->remote)
 			remote_seq_release(x->remote, s);
 		if (!ret) {
-			persist_seq_remove(x->ps, s->id);
+			persist_seq_remove(x->ps, s);
 			seq_remove(x->seqs, s);
 		}
 	}

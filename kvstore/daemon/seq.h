@@ -68,6 +68,7 @@ struct seq {
 	 * of the copy published or adopted (journaled: a restarted daemon renews its leases). */
 	uint8_t remote;			/* enum seq_remote */
 	uint64_t remote_gen;
+	uint64_t snap_epoch;		/* persist.c: the journal compaction that has written it */
 	size_t slot;			/* index in seq_table.v */
 	UT_hash_handle hh_id, hh_name;	/* the table's indexes by id and by name */
 };
