@@ -626,19 +626,25 @@ int journal_compact_finish(struct journal *j, char *err, size_t errlen)
 	return JOURNAL_COMPACT_DONE;
 }
 
+/* Ends the sync thread, if any: it finishes a sync under way and a close asked first. */
+static void stop_thread(struct journal *j)
+{
+	if (!j->thread_made)
+		return;
+	pthread_mutex_lock(&j->mu);
+	j->stop = true;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	pthread_join(j->thread, NULL);
+	pthread_cond_destroy(&j->cv);
+	pthread_mutex_destroy(&j->mu);
+	j->thread_made = false;
+}
+
 /* Stops the sync thread and frees j; its file is closed unless it was handed on (fd -1). */
 static void free_journal(struct journal *j)
 {
-	if (j->thread_made) {
-		pthread_mutex_lock(&j->mu);
-		j->stop = true;
-		pthread_cond_broadcast(&j->cv);
-		pthread_mutex_unlock(&j->mu);
-		pthread_join(j->thread, NULL); /* it finishes a sync under way first */
-		pthread_cond_destroy(&j->cv);
-		pthread_mutex_destroy(&j->mu);
-		j->thread_made = false;
-	}
+	stop_thread(j);
 	if (j->fd >= 0)
 		close(j->fd);
 	free(j->buf);
@@ -650,16 +656,7 @@ void journal_close(struct journal *j)
 	if (!j)
 		return;
 	journal_compact_abort(j);
-	if (j->thread_made) {
-		pthread_mutex_lock(&j->mu);
-		j->stop = true;
-		pthread_cond_broadcast(&j->cv);
-		pthread_mutex_unlock(&j->mu);
-		pthread_join(j->thread, NULL); /* it finishes a sync under way first */
-		pthread_cond_destroy(&j->cv);
-		pthread_mutex_destroy(&j->mu);
-		j->thread_made = false;
-	}
+	stop_thread(j);
 	int ret = journal_sync(j);
 	if (ret)
 		log_error("journal %s: final sync failed: %s", j->path,

@@ -102,6 +102,7 @@ struct persist {
 	int snap_err;
 	uint64_t compact_t0_ms, compact_from, compact_steps, compact_step_max_ns;
 	uint64_t compact_left;	/* records left to the old journal: their sequence not written yet */
+	uint64_t compact_retry_ms;	/* after a failed compaction: none starts before this */
 	bool have_meta;
 	struct persist_stats st;
 };
@@ -548,6 +549,10 @@ bool persist_compacting(const struct persist *ps)
 	return ps && ps->snap;
 }
 
+/* A compaction that failed (a full disk, say) is not tried again at once: the journal goes on
+ * growing meanwhile, as it would without compaction. */
+#define COMPACT_RETRY_MS 10000
+
 bool persist_snapshotting(const struct persist *ps)
 {
 	return ps && ps->snap && !journal_compact_sealed(ps->j);
@@ -575,9 +580,11 @@ bool persist_maintain(struct persist *ps, struct pool *pool)
 	if (ps->snap) {
 		if (ps->snap_err) {
 			log_error("compacting the journal %s: writing the snapshot: %s; the journal "
-				  "goes on uncompacted", ps->path, strerror(-ps->snap_err));
+				  "goes on uncompacted, and a compaction is tried again in %d s",
+				  ps->path, strerror(-ps->snap_err), COMPACT_RETRY_MS / 1000);
 			journal_compact_abort(ps->j);
 			ps->snap = NULL;
+			ps->compact_retry_ms = clock_ms() + COMPACT_RETRY_MS;
 			return false;
 		}
 		if (!journal_compact_sealed(ps->j))
@@ -586,7 +593,9 @@ bool persist_maintain(struct persist *ps, struct pool *pool)
 		int ret = journal_compact_finish(ps->j, err, sizeof err);
 		if (ret < 0) {
 			ps->snap = NULL; /* finish dropped it */
-			log_error("%s; the journal goes on uncompacted", err);
+			log_error("%s; the journal goes on uncompacted, and a compaction is tried "
+				  "again in %d s", err, COMPACT_RETRY_MS / 1000);
+			ps->compact_retry_ms = clock_ms() + COMPACT_RETRY_MS;
 			return false;
 		}
 		if (ret != JOURNAL_COMPACT_DONE)
@@ -608,11 +617,12 @@ bool persist_maintain(struct persist *ps, struct pool *pool)
 	uint64_t limit = ps->cfg->journal_compact_bytes;
 	if (limit < 2 * ps->snap_bytes)
 		limit = 2 * ps->snap_bytes;
-	if (js.bytes < limit)
+	if (js.bytes < limit || clock_ms() < ps->compact_retry_ms)
 		return false;
 	uint64_t t0 = clock_ns();
 	if (journal_compact_begin(ps->j, &ps->snap, err, sizeof err)) {
-		log_error("%s", err);
+		log_error("%s; a compaction is tried again in %d s", err, COMPACT_RETRY_MS / 1000);
+		ps->compact_retry_ms = clock_ms() + COMPACT_RETRY_MS;
 		return false;
 	}
 	ps->epoch++;
