@@ -11,15 +11,18 @@
  * - A committed DRAM block flipped in the pool while the daemon is down: its sequence is marked
  *   damaged (kvctl shows it), its committed length cut to that page, the page never served.
  * - Compaction by snapshot past journal_compact_bytes; a restart from the snapshot keeps all,
- *   also when sequences opened, grew, moved and closed between the steps of its snapshot.
+ *   also when sequences opened, grew, moved and closed between the steps of its snapshot; a
+ *   compaction that cannot start is logged and put off, and loses nothing.
  * - Control replies committed in groups: a batch of CommitTokens waiting together costs one
  *   journal sync, and its ids survive a kill -9. */
 #include "clock.h"
 #include "test_kvstored_harness.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -570,6 +573,48 @@ static void test_compaction_under_traffic(void **state)
 	h_finish(&h);
 }
 
+/* A compaction that cannot even start (its .tmp path is a directory here; a full disk does the
+ * same) is logged and put off: the daemon goes on serving, the journal goes on growing, nothing
+ * is lost at a kill -9, and the compaction runs once the path is free again. */
+static void test_compaction_fails(void **state)
+{
+	(void)state;
+	static const char *const small[] = { "--set", "persist=true", "--set",
+					     "journal_compact_bytes=4096", NULL };
+	struct harness h;
+	harness_start(&h, small);
+	char jpath[PATH_MAX], tmp[PATH_MAX + 8];
+	journal_of(&h, jpath, sizeof jpath);
+	snprintf(tmp, sizeof tmp, "%s.tmp", jpath);
+	uint64_t c0 = compactions_of(&h);
+	assert_int_equal(mkdir(tmp, 0700), 0);
+	struct kvs *k;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "w"), 0);
+	struct tseq t[12];
+	for (int i = 0; i < 12; i++) /* past journal_compact_bytes */
+		assert_int_equal(t_open(k, &t[i], "f", i, 700 + (uint64_t)i), 0);
+	h_sleep_ms(300);
+	Freekv__Reply *r = stats(&h);
+	assert_int_equal(r->stats->journal->compactions, c0);
+	assert_true(r->stats->journal->bytes >= 4096); /* past the limit, yet not compacted */
+	kvs_reply_free(r);
+	assert_true(harness_alive(&h));
+	assert_int_equal(rmdir(tmp), 0);
+	h_kill9(&h);
+	kvs_close(k);
+	harness_spawn(&h, small, NULL);
+	struct kvs *c;
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &c), 0);
+	assert_int_equal(kvs_hello(c, KVS_ROLE_WORKER, "check"), 0);
+	for (int i = 0; i < 12; i++) {
+		assert_int_equal(kvs_attach(c, t[i].id, NULL), 0);
+		assert_int_equal(h_read_pages(c, t[i].id, t[i].tag, 0, t[i].pages), 0);
+	}
+	kvs_close(c);
+	h_finish(&h);
+}
+
 static void *cont_later(void *arg)
 {
 	const struct harness *h = arg;
@@ -648,6 +693,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_block_damaged, h_teardown),
 		cmocka_unit_test_teardown(test_compaction, h_teardown),
 		cmocka_unit_test_teardown(test_compaction_under_traffic, h_teardown),
+		cmocka_unit_test_teardown(test_compaction_fails, h_teardown),
 		cmocka_unit_test_teardown(test_group_commit, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

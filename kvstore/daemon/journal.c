@@ -538,9 +538,10 @@ int journal_compact_begin(struct journal *j, struct journal **snap, char *err, s
 	char path[PATH_MAX];
 	if (snap_path_of(j, path))
 		return errmsg(err, errlen, -ENAMETOOLONG, "journal path too long");
-	int ret = journal_open(path, 0, &j->snap, err, errlen);
+	char why[PATH_MAX + 128];
+	int ret = journal_open(path, 0, &j->snap, why, sizeof why);
 	if (ret)
-		return ret;
+		return errmsg(err, errlen, ret, "compacting the journal: %s", why);
 	j->snap->stream = true;
 	*snap = j->snap;
 	return 0;
