@@ -158,6 +158,41 @@ static void test_generations(void **state)
 	replay_expect(8);
 }
 
+/* Syncs started back to back (refused while one runs): every generation asked for ends once
+ * the caller starts it again, as the data plane does, done never goes back, and every record
+ * is in the file. */
+static void test_syncs_back_to_back(void **state)
+{
+	(void)state;
+	struct journal *j;
+	char err[256];
+	assert_int_equal(journal_open(path, 0, &j, err, sizeof err), 0);
+	uint64_t seen = 0;
+	for (uint32_t i = 0; i < 60; i++) {
+		append_n(j, i, 1);
+		uint64_t need = journal_need(j);
+		assert_int_equal(journal_sync_start(j), 0);
+		uint64_t now = journal_synced(j);
+		assert_true(now >= seen);
+		seen = now;
+		if (i % 10 == 9) { /* as the data plane waits: start again while one is refused */
+			uint64_t end = clock_ms() + 5000;
+			while (journal_synced(j) < need && clock_ms() < end) {
+				assert_int_equal(journal_sync_start(j), 0);
+				journal_wait_synced(j, need, 5);
+			}
+			assert_false(journal_synced(j) < need);
+		}
+	}
+	assert_int_equal(journal_sync(j), 0);
+	assert_false(journal_dirty(j));
+	journal_close(j);
+	struct seen s = { 0 };
+	struct journal_replay r;
+	assert_int_equal(journal_replay(path, collect, &s, &r, err, sizeof err), 0);
+	assert_int_equal(s.n, 60);
+}
+
 static int fill_none(void *ctx, struct journal *snap)
 {
 	(void)snap;
@@ -286,6 +321,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_generations, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_syncs_back_to_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_and_close_after_thread_sync, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_in_steps, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_in_steps_dropped, setup, teardown),
