@@ -63,7 +63,7 @@ static const struct cfg_key keys[] = {
 	  true, "compact the journal into a snapshot once it grows past this size" },
 	{ "journal_compact_step", CFG_T_U64, F(journal_compact_step), 1, 1u << 20, "512", true,
 	  "records of the snapshot written per data-plane pass while the journal is compacted "
-	  "(each step holds the data plane up for about 0.1 ms per 512)" },
+	  "(larger: a compaction ends sooner, each step holds the rings up longer)" },
 	{ "dram_high_watermark", CFG_T_U64, F(dram_high_watermark), 1, 100, "90", true,
 	  "percent of the pool in use above which blocks are demoted to NVMe" },
 	{ "dram_low_watermark", CFG_T_U64, F(dram_low_watermark), 0, 99, "75", true,

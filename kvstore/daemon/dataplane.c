@@ -879,8 +879,10 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max)
 
 int dp_poll_timeout(const struct dp *dp, int dflt)
 {
-	if (persist_compacting(dp->ps)) /* the snapshot is written a step per pass, then put */
-		return dflt < 1 ? dflt : 1;   /* in place by dp_maintain */
+	/* A compaction: without the thread the snapshot is written a step per dp_run of this loop;
+	 * with it, the thread writes it and this loop only waits to put it in place (dp_maintain). */
+	if (persist_compacting(dp->ps) && (!dp->thread_running || !persist_snapshotting(dp->ps)))
+		return dflt < 1 ? dflt : 1;
 	for (size_t i = 0; !dp->thread_running && i < dp->max_w; i++)
 		if (dp->w[i].ring && ring_ready(dp->w[i].ring))
 			return 0; /* left over by the bounded pass: no new doorbell will come */

@@ -120,7 +120,8 @@ size_t dp_pollfds(const struct dp *dp, int *fds, size_t max);
  * watermark, submit I/O. Never blocks. */
 void dp_run(struct dp *dp);
 /* Milliseconds the event loop may sleep: 0 while I/O must be polled without an eventfd, 1 while
- * a journal compaction goes on in steps (dp_maintain). */
+ * a journal compaction needs this loop (its steps without the data-plane thread, then putting
+ * the new journal in place: dp_maintain). */
 int dp_poll_timeout(const struct dp *dp, int dflt);
 /* Returns once journal sync generation gen (persist_need) is done. Called with the lock held,
  * returns with it held; while the data-plane thread runs, the journal's thread syncs and the
