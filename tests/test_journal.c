@@ -3,10 +3,13 @@
  * on the journal's thread covers, journal_sync waiting for it, the on_synced callback and its
  * removal), compaction after a thread sync, and compaction in steps (the snapshot written a
  * part at a time beside the journal, what is appended to both after a part follows it, the
- * switch; a dropped one leaves the journal as it was). */
+ * switch; a dropped one leaves the journal as it was), and zeros written ahead of the records
+ * (replay's end; never over a record; cut off at reopen). */
 #include "test_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/stat.h>
@@ -317,6 +320,158 @@ static void test_compact_in_steps_dropped(void **state)
 	replay_expect(10);
 }
 
+#define BIG 60000u	/* a large record's payload */
+
+static void big_payload(uint32_t i, uint8_t *p)
+{
+	memcpy(p, &i, 4);
+	for (uint32_t k = 4; k < BIG; k++)
+		p[k] = (uint8_t)(i * 7u + k);
+}
+
+static int collect_big(void *ctx, uint32_t type, const void *payload, uint32_t len, char *msg,
+		       size_t msglen)
+{
+	(void)msg, (void)msglen;
+	uint32_t *n = ctx;
+	static uint8_t want[BIG];
+	if (type != 8 || len != BIG)
+		return -EINVAL;
+	big_payload(*n, want);
+	if (memcmp(payload, want, BIG))
+		return -EINVAL;
+	(*n)++;
+	return 0;
+}
+
+static void append_big(struct journal *j, uint32_t from, uint32_t n)
+{
+	static uint8_t p[BIG];
+	for (uint32_t i = from; i < from + n; i++) {
+		big_payload(i, p);
+		assert_int_equal(journal_append(j, 8, p, BIG), 0);
+		if (i % 8 == 7) /* group commits now and then, as the data plane's */
+			assert_int_equal(journal_sync_start(j), 0);
+	}
+}
+
+static uint64_t file_size(void)
+{
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	return (uint64_t)st.st_size;
+}
+
+/* Waits up to 5 s for the file to reach at least bytes (zeros written ahead). */
+static void wait_size(uint64_t bytes)
+{
+	uint64_t end = clock_ms() + 5000;
+	while (file_size() < bytes && clock_ms() < end) {
+		struct timespec ts = { 0, 1000000 };
+		nanosleep(&ts, NULL);
+	}
+	assert_true(file_size() >= bytes);
+}
+
+/* Everything in the file from off on is zero. */
+static void assert_zeros_from(uint64_t off)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	assert_int_equal(fseeko(f, (off_t)off, SEEK_SET), 0);
+	int c;
+	while ((c = getc(f)) != EOF)
+		assert_int_equal(c, 0);
+	fclose(f);
+}
+
+static uint64_t replay_big(uint32_t n)
+{
+	uint32_t got = 0;
+	struct journal_replay r;
+	char err[256];
+	assert_int_equal(journal_replay(path, collect_big, &got, &r, err, sizeof err), 0);
+	if (r.damaged)
+		fprintf(stderr, "damaged: %s\n", r.why);
+	assert_false(r.damaged);
+	assert_int_equal(got, n);
+	return r.valid_bytes;
+}
+
+/* Zeros written ahead of the records: the file runs past the records with zeros, which replay
+ * takes for the end; 20 MB of records written faster than the zeros cross several stretches
+ * and none lands over a record; a compaction's file gets zeros of its own once in place; a
+ * reopen cuts them off. */
+static void test_zeros_ahead(void **state)
+{
+	(void)state;
+	struct journal *j;
+	char err[256];
+	assert_int_equal(journal_open(path, 0, &j, err, sizeof err), 0);
+	journal_preallocate(j, 4u << 20);
+	append_big(j, 0, 8);
+	assert_int_equal(journal_sync(j), 0);
+	struct journal_stats st;
+	journal_stats(j, &st);
+	wait_size(st.bytes + (2u << 20)); /* the first stretch, past a gap */
+	assert_zeros_from(st.bytes);
+	assert_int_equal(replay_big(8), st.bytes);
+
+	append_big(j, 8, 340);
+	assert_int_equal(journal_sync(j), 0);
+	journal_stats(j, &st);
+	wait_size(st.bytes + (1u << 20));
+	assert_zeros_from(st.bytes);
+	assert_int_equal(replay_big(348), st.bytes);
+
+	uint32_t keep = 0; /* a compaction: the new file starts without zeros */
+	assert_int_equal(journal_compact(j, fill_none, &keep, err, sizeof err), 0);
+	append_big(j, 0, 40);
+	assert_int_equal(journal_sync(j), 0);
+	journal_stats(j, &st);
+	wait_size(st.bytes + (2u << 20));
+	assert_zeros_from(st.bytes);
+	assert_int_equal(replay_big(40), st.bytes);
+	journal_close(j);
+
+	assert_int_equal(journal_open(path, st.bytes, &j, err, sizeof err), 0);
+	assert_int_equal(file_size(), st.bytes);
+	journal_close(j);
+	assert_int_equal(replay_big(40), st.bytes);
+}
+
+/* Zeros where a record should be are the end only when nothing but zeros follows. */
+static void test_zeros_then_data(void **state)
+{
+	(void)state;
+	struct journal *j;
+	char err[256];
+	assert_int_equal(journal_open(path, 0, &j, err, sizeof err), 0);
+	append_n(j, 0, 3);
+	journal_close(j);
+	uint64_t end = file_size();
+	int fd = open(path, O_WRONLY);
+	assert_true(fd >= 0);
+	static const uint8_t z[5000];
+	assert_int_equal(pwrite(fd, z, 5, (off_t)end), 5); /* shorter than a record header */
+	replay_expect(3);
+	assert_int_equal(pwrite(fd, z, sizeof z, (off_t)end), (ssize_t)sizeof z);
+	replay_expect(3);
+	assert_int_equal(pwrite(fd, "x", 1, (off_t)end + 4000), 1);
+	close(fd);
+	struct seen s = { 0 };
+	struct journal_replay r;
+	assert_int_equal(journal_replay(path, collect, &s, &r, err, sizeof err), 0);
+	assert_int_equal(s.n, 3);
+	assert_true(r.damaged);
+	assert_int_equal(r.valid_bytes, end);
+	assert_int_equal(r.zero_bytes, sizeof z - 4001);
+	char want[128];
+	snprintf(want, sizeof want, "zeros at byte %" PRIu64 ", then data at byte %" PRIu64, end,
+		 end + 4000);
+	assert_string_equal(r.why, want);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -325,6 +480,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_compact_and_close_after_thread_sync, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_in_steps, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_in_steps_dropped, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_zeros_ahead, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_zeros_then_data, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

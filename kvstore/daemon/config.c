@@ -64,6 +64,9 @@ static const struct cfg_key keys[] = {
 	{ "journal_compact_step", CFG_T_U64, F(journal_compact_step), 1, 1u << 20, "512", true,
 	  "records of the snapshot written per data-plane pass while the journal is compacted "
 	  "(larger: a compaction ends sooner, each step holds the rings up longer)" },
+	{ "journal_preallocate", CFG_T_BYTES, F(journal_preallocate), 0, 1ull << 30, "16M", false,
+	  "zeros kept written past the journal's end, so that a group commit's fdatasync does not "
+	  "also commit the filesystem's metadata for a grown file (0: append)" },
 	{ "dram_high_watermark", CFG_T_U64, F(dram_high_watermark), 1, 100, "90", true,
 	  "percent of the pool in use above which blocks are demoted to NVMe" },
 	{ "dram_low_watermark", CFG_T_U64, F(dram_low_watermark), 0, 99, "75", true,

@@ -36,6 +36,7 @@ struct cfg {
 	char journal_path[CFG_STR_MAX];	/* empty: <nvme_path>.journal */
 	uint64_t journal_compact_bytes;	/* compact by snapshot once the journal grows past this */
 	uint64_t journal_compact_step;	/* snapshot records per data-plane pass */
+	uint64_t journal_preallocate;	/* bytes of zeros kept past the journal's end */
 	uint64_t dram_high_watermark;	/* percent of the pool in use that starts demotion */
 	uint64_t dram_low_watermark;	/* percent demotion brings usage down to */
 	uint64_t alloc_wait_ms;		/* a full pool's ALLOC waits this long for room */

@@ -21,6 +21,9 @@
 #define JOURNAL_MAGIC "FKVJRNL1"
 #define JOURNAL_VERSION 1u
 #define JOURNAL_FLUSH_BYTES (1u << 20)	/* write the buffer out (unsynced) past this */
+#define ZERO_PIECE (256u << 10)		/* zeros written, and written back, at a time */
+#define ZERO_GAP (2u << 20)		/* records that outran the zeros keep this much room */
+#define ZERO_ALIGN 4096u
 
 struct journal {
 	char path[PATH_MAX];
@@ -55,7 +58,25 @@ struct journal {
 	 * and the generation of its sync started at journal_compact_seal (0: not sealed). */
 	struct journal *snap;
 	uint64_t snap_gen;
+	/* Zeros ahead of the records (journal_preallocate, zero_main): ahead is what the caller
+	 * keeps zeroed past the records' end (0: none); zero_end, the end of the zeros on the disk
+	 * (0 for a file whose zeros are unknown). A stretch [zero_from, zero_to) is being written
+	 * while zero_busy, through zero_fd, a duplicate of the file's descriptor that the thread
+	 * closes; zero_epoch counts the files the journal has had, zero_req_epoch is the stretch's
+	 * (under mu). */
+	uint64_t ahead;
+	_Atomic uint64_t zero_end;
+	_Atomic bool zero_busy;
+	uint64_t zero_from, zero_to;
+	int zero_fd;
+	uint32_t zero_epoch, zero_req_epoch;
+	int zero_err;		/* the last stretch failed (read once zero_busy is clear) */
+	uint64_t zero_waits;	/* writes that waited for a stretch */
+	pthread_t zero_thread;
+	bool zero_made;
 };
+
+static const uint8_t zeros[ZERO_PIECE];
 
 static uint32_t record_crc(uint32_t type, const void *payload, uint32_t len)
 {
@@ -77,6 +98,19 @@ static int write_all(int fd, const void *p, size_t n)
 		n -= (size_t)w;
 	}
 	return 0;
+}
+
+static uint64_t first_nonzero(const uint8_t *p, uint64_t n)
+{
+	uint64_t i = 0;
+	while (i < n && !p[i])
+		i++;
+	return i;
+}
+
+static bool all_zero(const uint8_t *p, uint64_t n)
+{
+	return first_nonzero(p, n) == n;
 }
 
 static void header(uint8_t h[JOURNAL_HEADER_BYTES])
@@ -138,8 +172,23 @@ int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct jou
 	}
 	uint64_t off = JOURNAL_HEADER_BYTES, *aligned = NULL;
 	size_t aligned_cap = 0;
+	bool zero_tail = false;
 	while (off < r->file_bytes) {
 		uint32_t len, crc, type;
+		/* Zeros where a record header would be: the end of the records, when only zeros
+		 * follow (written ahead of them, journal_preallocate). No record is all zeros:
+		 * the checksum of an empty record is not 0. */
+		uint64_t left = r->file_bytes - off;
+		if (all_zero(data + off, left < JOURNAL_RECORD_HEADER ? left : JOURNAL_RECORD_HEADER)) {
+			uint64_t nz = first_nonzero(data + off, left);
+			if (nz == left) {
+				zero_tail = true;
+				break;
+			}
+			snprintf(r->why, sizeof r->why, "zeros at byte %" PRIu64 ", then data at byte %"
+				 PRIu64, off, off + nz);
+			break;
+		}
 		if (r->file_bytes - off < JOURNAL_RECORD_HEADER) {
 			snprintf(r->why, sizeof r->why, "a record header cut short at byte %" PRIu64, off);
 			break;
@@ -191,7 +240,11 @@ int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct jou
 		r->records++;
 	}
 	r->valid_bytes = off;
-	r->damaged = off < r->file_bytes;
+	r->damaged = off < r->file_bytes && !zero_tail;
+	uint64_t end = r->file_bytes;
+	while (end > off && !data[end - 1])
+		end--;
+	r->zero_bytes = r->file_bytes - end;
 	free(aligned);
 	free(data);
 	return 0;
@@ -249,10 +302,138 @@ int journal_open(const char *path, uint64_t append_at, struct journal **out, cha
 	return 0;
 }
 
+static uint64_t round_up(uint64_t x)
+{
+	return (x + ZERO_ALIGN - 1) / ZERO_ALIGN * ZERO_ALIGN;
+}
+
+/* Writes zeros over [from, to) of fd a piece at a time, each written back before the next, so
+ * that a group commit's fdatasync finds at most one piece of them to write or wait for; then
+ * syncs the file's new size and blocks. */
+static int write_zeros(int fd, uint64_t from, uint64_t to)
+{
+	for (uint64_t off = from; off < to;) {
+		size_t n = to - off < ZERO_PIECE ? (size_t)(to - off) : ZERO_PIECE;
+		ssize_t w = pwrite(fd, zeros, n, (off_t)off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		if (sync_file_range(fd, (off_t)off, w, SYNC_FILE_RANGE_WAIT_BEFORE |
+				    SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) < 0)
+			return -errno;
+		off += (uint64_t)w;
+	}
+	return fdatasync(fd) < 0 ? -errno : 0;
+}
+
+/* The zeroing thread. A record written over zeros already on the disk changes neither the
+ * file's size nor its blocks, so the fdatasync of a group commit is a flush of data alone, not
+ * a commit of the filesystem's own journal as well (docs/design.md §4 has the figures). */
+static void *zero_main(void *arg)
+{
+	struct journal *j = arg;
+	pthread_mutex_lock(&j->mu);
+	for (;;) {
+		while (!atomic_load(&j->zero_busy) && !j->stop)
+			pthread_cond_wait(&j->cv, &j->mu);
+		if (!atomic_load(&j->zero_busy))
+			break; /* stop, nothing asked */
+		int fd = j->zero_fd;
+		uint64_t from = j->zero_from, to = j->zero_to;
+		uint32_t epoch = j->zero_req_epoch;
+		pthread_mutex_unlock(&j->mu);
+		int ret = write_zeros(fd, from, to);
+		close(fd);
+		pthread_mutex_lock(&j->mu);
+		j->zero_err = ret;
+		if (!ret && epoch == j->zero_epoch)
+			atomic_store(&j->zero_end, to);
+		atomic_store(&j->zero_busy, false);
+		pthread_cond_broadcast(&j->cv);
+	}
+	pthread_mutex_unlock(&j->mu);
+	return NULL;
+}
+
+/* Records are about to go to [file_bytes, file_bytes + n) of the file: a stretch of zeros being
+ * written there is waited for, or the zeros would land over them. */
+static void zero_before(struct journal *j, size_t n)
+{
+	if (!atomic_load(&j->zero_busy))
+		return;
+	pthread_mutex_lock(&j->mu);
+	if (atomic_load(&j->zero_busy) && j->zero_req_epoch == j->zero_epoch &&
+	    j->file_bytes + n > j->zero_from) {
+		j->zero_waits++;
+		while (atomic_load(&j->zero_busy))
+			pthread_cond_wait(&j->cv, &j->mu);
+	}
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* After a write: when less than half of ahead is zeroed past the records' end, the next
+ * stretch, up to ahead past it, is handed to the zeroing thread (made here, the first time).
+ * Records that outran the zeros get ZERO_GAP of room before the stretch begins. */
+static void zero_after(struct journal *j)
+{
+	if (!j->ahead || j->stream || !j->thread_made || atomic_load(&j->zero_busy))
+		return;
+	if (j->zero_err) {
+		log_warn("journal %s: writing zeros ahead of the records failed (%s); records are "
+			 "appended to the file's end from now on", j->path, strerror(-j->zero_err));
+		j->ahead = 0;
+		return;
+	}
+	uint64_t end = j->file_bytes, ze = atomic_load(&j->zero_end);
+	if (ze >= end + j->ahead / 2)
+		return;
+	uint64_t from = ze >= end ? ze : round_up(end + ZERO_GAP), to = round_up(end + j->ahead);
+	if (to <= from)
+		return;
+	if (!j->zero_made) {
+		if (pthread_create(&j->zero_thread, NULL, zero_main, j)) {
+			log_warn("journal %s: no thread to write zeros ahead of the records; they are "
+				 "appended to the file's end", j->path);
+			j->ahead = 0;
+			return;
+		}
+		j->zero_made = true;
+	}
+	int fd = fcntl(j->fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0)
+		return; /* asked again after the next write */
+	pthread_mutex_lock(&j->mu);
+	j->zero_fd = fd;
+	j->zero_from = from;
+	j->zero_to = to;
+	j->zero_req_epoch = j->zero_epoch;
+	atomic_store(&j->zero_busy, true);
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* j's file was replaced: its zeros are unknown, and a stretch under way is another file's. */
+static void zero_reset(struct journal *j)
+{
+	if (j->thread_made)
+		pthread_mutex_lock(&j->mu);
+	j->zero_epoch++;
+	atomic_store(&j->zero_end, 0);
+	if (j->thread_made)
+		pthread_mutex_unlock(&j->mu);
+}
+
+void journal_preallocate(struct journal *j, uint64_t ahead)
+{
+	j->ahead = ahead ? round_up(ahead < 2 * ZERO_GAP ? 2 * ZERO_GAP : ahead) : 0;
+}
+
 static int flush_buf(struct journal *j)
 {
 	if (!j->len)
 		return 0;
+	zero_before(j, j->len);
 	int ret = write_all(j->fd, j->buf, j->len);
 	if (ret)
 		return ret; /* what was written stays; the buffer is kept for the next try */
@@ -263,6 +444,7 @@ static int flush_buf(struct journal *j)
 	j->file_bytes += j->len;
 	j->len = 0;
 	j->unsynced = true;
+	zero_after(j);
 	return 0;
 }
 
@@ -396,6 +578,7 @@ int journal_sync_start(struct journal *j)
 		}
 		j->thread_made = true;
 	}
+	zero_after(j); /* the first stretch, once there is a thread to share its lock with */
 	j->started++;
 	j->unsynced = false;
 	pthread_mutex_lock(&j->mu);
@@ -523,6 +706,7 @@ int journal_compact(struct journal *j, journal_fill_fn fill, void *ctx, char *er
 	}
 	close(j->fd);
 	j->fd = snap.fd;
+	zero_reset(j);
 	j->file_bytes = snap.file_bytes;
 	j->records = snap.records;
 	j->compactions++;
@@ -609,6 +793,7 @@ int journal_compact_finish(struct journal *j, char *err, size_t errlen)
 	close_later(j, j->fd);
 	j->fd = n->fd;
 	n->fd = -1;
+	zero_reset(j);
 	j->file_bytes = n->file_bytes;
 	j->records = n->records;
 	j->len = 0;		/* every record the buffer held is in the new file, or its state is */
@@ -627,7 +812,8 @@ int journal_compact_finish(struct journal *j, char *err, size_t errlen)
 	return JOURNAL_COMPACT_DONE;
 }
 
-/* Ends the sync thread, if any: it finishes a sync under way and a close asked first. */
+/* Ends the sync thread, if any (it finishes a sync under way and a close asked first), and the
+ * zeroing thread (after its stretch under way). */
 static void stop_thread(struct journal *j)
 {
 	if (!j->thread_made)
@@ -637,6 +823,9 @@ static void stop_thread(struct journal *j)
 	pthread_cond_broadcast(&j->cv);
 	pthread_mutex_unlock(&j->mu);
 	pthread_join(j->thread, NULL);
+	if (j->zero_made)
+		pthread_join(j->zero_thread, NULL); /* after the stretch under way */
+	j->zero_made = false;
 	pthread_cond_destroy(&j->cv);
 	pthread_mutex_destroy(&j->mu);
 	j->thread_made = false;

@@ -3,7 +3,8 @@
  * (persist.c does); it frames them, writes them in order and makes them durable.
  *
  * File: a 16-byte header ("FKVJRNL1", format version, reserved), then records. A record is a
- * 12-byte header — payload length, crc32c of (type, payload), type — and the payload. Appends go
+ * 12-byte header — payload length, crc32c of (type, payload), type — and the payload, and maybe
+ * zeros after the last record (journal_preallocate), which replay takes for the end. Appends go
  * to a buffer; journal_sync() writes the buffer and fdatasyncs, so one sync covers every record
  * appended since the last (group commit: the caller syncs once per batch of COMMITs, before it
  * tells anyone they are durable). Replay reads records in order and stops at the first one that
@@ -36,7 +37,8 @@ struct journal_replay {
 	uint64_t records;	/* records handed to the callback */
 	uint64_t valid_bytes;
 	uint64_t file_bytes;
-	bool damaged;		/* bytes after the valid prefix were ignored */
+	uint64_t zero_bytes;	/* zeros that end the file, past the valid prefix */
+	bool damaged;		/* bytes after the valid prefix, not all zeros, were ignored */
 	char why[256];		/* what was wrong there, when damaged */
 };
 
@@ -55,6 +57,13 @@ int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct jou
  * journal with only its header). Bytes past append_at are cut off. */
 int journal_open(const char *path, uint64_t append_at, struct journal **out, char *err,
 		 size_t errlen);
+/* Keeps about ahead bytes (at least 4 MiB; 0: none, the default) of zeros on the disk past the
+ * records' end, written by a thread of the journal's own a stretch at a time, so that records
+ * overwrite zeros instead of growing the file: the fdatasync of a group commit then flushes
+ * data only, without a commit of the filesystem's journal for the new size and blocks. Starts
+ * at the first journal_sync_start (which makes the threads). A compaction's new
+ * journal writes none while the snapshot is written; once in place, it does. */
+void journal_preallocate(struct journal *j, uint64_t ahead);
 /* Syncs what is buffered (errors are logged) and frees everything. NULL is fine. */
 void journal_close(struct journal *j);
 

@@ -1055,7 +1055,7 @@ int persist_restore(struct persist *ps, struct seq_table *seqs, struct pool *poo
 	if (r.damaged) {
 		char aside[PATH_MAX + 16];
 		snprintf(aside, sizeof aside, "%s.damaged", ps->path);
-		ps->st.ignored_bytes = r.file_bytes - r.valid_bytes;
+		ps->st.ignored_bytes = r.file_bytes - r.zero_bytes - r.valid_bytes;
 		unlink(aside);
 		bool kept = link(ps->path, aside) == 0;
 		log_error("journal %s is damaged: %s; the valid prefix (%" PRIu64
@@ -1087,6 +1087,7 @@ int persist_restore(struct persist *ps, struct seq_table *seqs, struct pool *poo
 	ret = journal_open(ps->path, r.valid_bytes, &ps->j, err, errlen);
 	if (ret)
 		return ret;
+	journal_preallocate(ps->j, ps->cfg->journal_preallocate);
 	ret = compact(ps, seqs, pool);
 	if (ret)
 		return errmsg(err, errlen, ret, "cannot write the journal %s", ps->path);
