@@ -196,6 +196,30 @@ static void test_syncs_back_to_back(void **state)
 	assert_int_equal(s.n, 60);
 }
 
+/* Syncs asked for while one runs are begun by the thread the moment it ends: the caller asks
+ * once and waits, as the data plane does when its completions wait on a generation. */
+static void test_syncs_chained(void **state)
+{
+	(void)state;
+	struct journal *j;
+	char err[256];
+	assert_int_equal(journal_open(path, 0, &j, err, sizeof err), 0);
+	uint64_t need = 0;
+	for (uint32_t i = 0; i < 50; i++) {
+		append_n(j, i, 1);
+		need = journal_need(j);
+		assert_int_equal(journal_sync_start(j), 0);
+		assert_int_equal(journal_need(j), need); /* it covers everything so far */
+	}
+	wait_synced(j, need); /* no call after the last ask */
+	assert_false(journal_dirty(j));
+	journal_close(j);
+	struct seen s = { 0 };
+	struct journal_replay r;
+	assert_int_equal(journal_replay(path, collect, &s, &r, err, sizeof err), 0);
+	assert_int_equal(s.n, 50);
+}
+
 static int fill_none(void *ctx, struct journal *snap)
 {
 	(void)snap;
@@ -477,6 +501,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_generations, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_syncs_back_to_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_syncs_chained, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_and_close_after_thread_sync, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_in_steps, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_compact_in_steps_dropped, setup, teardown),

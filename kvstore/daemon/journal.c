@@ -35,22 +35,20 @@ struct journal {
 	uint64_t appended;	/* records appended since open (compaction does not reset it) */
 	_Atomic uint64_t syncs;
 	time_t last_compaction;
-	bool unsynced;		/* written since the last sync started */
 	bool stream;		/* a compaction's new journal: writeback starts at every write */
-	/* Sync generations: each sync, in the caller or in the sync thread, covers what was written
-	 * before it started. started counts those begun; done is the last one finished. */
-	uint64_t started;
-	_Atomic uint64_t done;
+	/* Sync generations. written counts the buffer's writes to the file (and failed syncs, whose
+	 * writes need another); a sync, in the caller or on the sync thread, covers the count read
+	 * as it began, and done is the largest count one has covered. want: the count the caller
+	 * asked the thread to cover; the thread syncs again, at once, while want is above done. */
+	_Atomic uint64_t written, done, want;
 	/* The sync thread (journal_sync_start), made at the first asynchronous sync. */
 	pthread_t thread;
 	bool thread_made;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;	/* running or stop changed */
-	_Atomic bool running;	/* a thread sync is under way (set by the caller, cleared by it) */
+	pthread_cond_t cv;	/* a sync ended, or want, stop or close_fd changed */
+	_Atomic bool running;	/* the thread is syncing (set and cleared by it, under mu) */
 	bool stop;		/* under mu */
-	int sync_fd;		/* under mu: the file the thread syncs */
 	int close_fd;		/* under mu: a replaced journal file the thread closes (-1: none) */
-	uint64_t sync_gen;	/* under mu: the generation it finishes */
 	_Atomic int async_err;	/* a failed thread sync, not yet reported */
 	journal_synced_fn on_synced;
 	void *on_synced_ctx;
@@ -413,17 +411,6 @@ static void zero_after(struct journal *j)
 	pthread_mutex_unlock(&j->mu);
 }
 
-/* j's file was replaced: its zeros are unknown, and a stretch under way is another file's. */
-static void zero_reset(struct journal *j)
-{
-	if (j->thread_made)
-		pthread_mutex_lock(&j->mu);
-	j->zero_epoch++;
-	atomic_store(&j->zero_end, 0);
-	if (j->thread_made)
-		pthread_mutex_unlock(&j->mu);
-}
-
 void journal_preallocate(struct journal *j, uint64_t ahead)
 {
 	j->ahead = ahead ? round_up(ahead < 2 * ZERO_GAP ? 2 * ZERO_GAP : ahead) : 0;
@@ -443,7 +430,7 @@ static int flush_buf(struct journal *j)
 		sync_file_range(j->fd, (off_t)j->file_bytes, (off_t)j->len, SYNC_FILE_RANGE_WRITE);
 	j->file_bytes += j->len;
 	j->len = 0;
-	j->unsynced = true;
+	atomic_fetch_add(&j->written, 1);
 	zero_after(j);
 	return 0;
 }
@@ -478,24 +465,49 @@ int journal_append(struct journal *j, uint32_t type, const void *payload, uint32
 	return 0;
 }
 
-/* A failed thread sync, once: what it covered counts as unsynced again. */
+/* A failed thread sync, once: what it covered is synced again by the next sync. */
 static int take_async_err(struct journal *j)
 {
 	int e = atomic_exchange(&j->async_err, 0);
 	if (e)
-		j->unsynced = true;
+		atomic_fetch_add(&j->written, 1);
 	return e;
+}
+
+static void done_max(struct journal *j, uint64_t gen)
+{
+	uint64_t d = atomic_load(&j->done);
+	while (d < gen && !atomic_compare_exchange_weak(&j->done, &d, gen))
+		;
+}
+
+/* The thread syncs, or will at once. */
+static bool thread_busy(struct journal *j)
+{
+	return atomic_load(&j->running) || atomic_load(&j->want) > atomic_load(&j->done);
 }
 
 static int wait_idle(struct journal *j)
 {
 	if (j->thread_made) {
 		pthread_mutex_lock(&j->mu);
-		while (atomic_load(&j->running))
+		while (thread_busy(j))
 			pthread_cond_wait(&j->cv, &j->mu);
 		pthread_mutex_unlock(&j->mu);
 	}
 	return take_async_err(j);
+}
+
+/* j's file becomes fd (the thread reads it under mu); its zeros are unknown. */
+static void set_fd(struct journal *j, int fd)
+{
+	if (j->thread_made)
+		pthread_mutex_lock(&j->mu);
+	j->fd = fd;
+	j->zero_epoch++; /* a stretch under way is the old file's */
+	atomic_store(&j->zero_end, 0);
+	if (j->thread_made)
+		pthread_mutex_unlock(&j->mu);
 }
 
 int journal_sync(struct journal *j)
@@ -504,27 +516,31 @@ int journal_sync(struct journal *j)
 	int ret = flush_buf(j);
 	if (ret)
 		return ret;
-	if (!j->unsynced)
+	uint64_t gen = atomic_load(&j->written);
+	if (gen <= atomic_load(&j->done))
 		return err;
-	j->started++;
 	if (fdatasync(j->fd) < 0) {
 		err = -errno;
+		atomic_fetch_add(&j->written, 1); /* the next sync goes again */
 	} else {
-		j->unsynced = false;
 		j->syncs++;
 	}
 	/* A failed sync ends its generation too (its waiters are told, and the error logged, as
-	 * before there was a thread); unsynced stays set, so the next sync tries again. */
-	atomic_store(&j->done, j->started);
+	 * before there was a thread). */
+	done_max(j, gen);
 	return err;
 }
 
+/* The sync thread: syncs while the caller wants more than is done, each sync covering every
+ * write made before it began, one after the other without waiting for the caller to ask again
+ * (the caller is told of each through on_synced). */
 static void *sync_main(void *arg)
 {
 	struct journal *j = arg;
 	pthread_mutex_lock(&j->mu);
 	for (;;) {
-		while (!atomic_load(&j->running) && !j->stop && j->close_fd < 0)
+		while (atomic_load(&j->want) <= atomic_load(&j->done) && !j->stop &&
+		       j->close_fd < 0)
 			pthread_cond_wait(&j->cv, &j->mu);
 		if (j->close_fd >= 0) {
 			/* The last reference to a replaced journal: the kernel frees its blocks
@@ -536,10 +552,11 @@ static void *sync_main(void *arg)
 			pthread_mutex_lock(&j->mu);
 			continue;
 		}
-		if (!atomic_load(&j->running))
+		if (atomic_load(&j->want) <= atomic_load(&j->done))
 			break; /* stop, nothing asked */
-		int fd = j->sync_fd;
-		uint64_t gen = j->sync_gen;
+		int fd = j->fd;
+		uint64_t gen = atomic_load(&j->written);
+		atomic_store(&j->running, true);
 		pthread_mutex_unlock(&j->mu);
 		if (fdatasync(fd) < 0) {
 			int none = 0;
@@ -547,7 +564,7 @@ static void *sync_main(void *arg)
 		} else {
 			j->syncs++;
 		}
-		atomic_store(&j->done, gen);
+		done_max(j, gen);
 		pthread_mutex_lock(&j->mu);
 		atomic_store(&j->running, false);
 		pthread_cond_broadcast(&j->cv);
@@ -560,12 +577,13 @@ static void *sync_main(void *arg)
 
 int journal_sync_start(struct journal *j)
 {
-	int err = atomic_load(&j->running) ? 0 : take_async_err(j);
-	if (atomic_load(&j->running) || (!j->len && !j->unsynced))
-		return err;
+	int err = take_async_err(j);
 	int ret = flush_buf(j);
 	if (ret)
 		return ret;
+	uint64_t gen = atomic_load(&j->written);
+	if (gen <= atomic_load(&j->done) || gen <= atomic_load(&j->want))
+		return err; /* nothing to sync, or asked for already */
 	if (!j->thread_made) {
 		pthread_condattr_t ca;
 		bool ok = !pthread_condattr_init(&ca) && !pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) &&
@@ -579,14 +597,14 @@ int journal_sync_start(struct journal *j)
 		j->thread_made = true;
 	}
 	zero_after(j); /* the first stretch, once there is a thread to share its lock with */
-	j->started++;
-	j->unsynced = false;
-	pthread_mutex_lock(&j->mu);
-	j->sync_fd = j->fd;
-	j->sync_gen = j->started;
-	atomic_store(&j->running, true);
-	pthread_cond_broadcast(&j->cv);
-	pthread_mutex_unlock(&j->mu);
+	atomic_store(&j->want, gen);
+	/* A thread that is syncing looks at want when it ends (want is stored before running is
+	 * read, running cleared before want is read): only an idle one needs waking. */
+	if (!atomic_load(&j->running)) {
+		pthread_mutex_lock(&j->mu);
+		pthread_cond_broadcast(&j->cv);
+		pthread_mutex_unlock(&j->mu);
+	}
 	return err;
 }
 
@@ -597,7 +615,7 @@ int journal_write(struct journal *j)
 
 uint64_t journal_need(const struct journal *j)
 {
-	return j->len || j->unsynced ? j->started + 1 : j->started;
+	return atomic_load(&((struct journal *)j)->written) + (j->len ? 1 : 0);
 }
 
 uint64_t journal_appended(const struct journal *j)
@@ -615,7 +633,7 @@ void journal_wait_synced(struct journal *j, uint64_t gen, int timeout_ms)
 	until.tv_sec += until.tv_nsec / 1000000000L;
 	until.tv_nsec %= 1000000000L;
 	pthread_mutex_lock(&j->mu);
-	while (atomic_load(&j->done) < gen && atomic_load(&j->running))
+	while (atomic_load(&j->done) < gen && thread_busy(j))
 		if (pthread_cond_timedwait(&j->cv, &j->mu, &until))
 			break;
 	pthread_mutex_unlock(&j->mu);
@@ -638,7 +656,7 @@ void journal_on_synced(struct journal *j, journal_synced_fn fn, void *ctx)
 
 bool journal_dirty(const struct journal *j)
 {
-	return j->len || j->unsynced || journal_synced(j) < j->started;
+	return j->len || journal_synced(j) < journal_need(j);
 }
 
 static int sync_dir(const char *path)
@@ -705,8 +723,7 @@ int journal_compact(struct journal *j, journal_fill_fn fill, void *ctx, char *er
 			      strerror(-ret));
 	}
 	close(j->fd);
-	j->fd = snap.fd;
-	zero_reset(j);
+	set_fd(j, snap.fd);
 	j->file_bytes = snap.file_bytes;
 	j->records = snap.records;
 	j->compactions++;
@@ -791,16 +808,17 @@ int journal_compact_finish(struct journal *j, char *err, size_t errlen)
 	/* Renamed: the new file is the journal now, whatever the directory's sync says. */
 	int dir = sync_dir(j->path);
 	close_later(j, j->fd);
-	j->fd = n->fd;
+	set_fd(j, n->fd);
 	n->fd = -1;
-	zero_reset(j);
 	j->file_bytes = n->file_bytes;
 	j->records = n->records;
 	j->len = 0;		/* every record the buffer held is in the new file, or its state is */
-	j->unsynced = dir != 0;	/* then the next sync tries again (it syncs the file only) */
-	j->started++;
+	/* A generation ends: everything so far is durable in the new file. */
+	uint64_t gen = atomic_fetch_add(&j->written, 1) + 1;
 	j->syncs++;
-	atomic_store(&j->done, j->started);
+	done_max(j, gen);
+	if (dir) /* then the next sync tries again (it syncs the file only) */
+		atomic_fetch_add(&j->written, 1);
 	j->compactions++;
 	j->last_compaction = time(NULL);
 	j->snap = NULL;

@@ -80,7 +80,8 @@ bool journal_dirty(const struct journal *j);
  * the journal's own thread — is a generation, and covers every record appended before it
  * started. journal_sync_start writes the buffer and hands the fdatasync to the thread (made at
  * the first call), so the caller goes on appending while the disk works; it does nothing when
- * nothing is pending or a thread sync is under way (start again when that one ends).
+ * nothing is pending; while a thread sync is under way, the thread begins the next one the
+ * moment it ends, without waiting for the caller.
  * journal_need: the generation that covers everything appended so far; journal_synced: the last
  * generation finished (either path; a failed one too, its error returned by the next call of
  * journal_sync_start or journal_sync, and what it covered synced again). journal_on_synced: fn
