@@ -1,14 +1,16 @@
 /* bench_journal — what durable metadata (docs/design.md §4 "Restart without loss") costs, against
  * a baseline measured in the same run.
  *
- *   commit:  two real kvstored processes, one with persist = true (the journal in a temp dir on
- *            the file system of /tmp: every COMMIT waits for an fdatasync), one with
- *            persist = false; a worker on each makes the two calls of one decode step that
- *            reach the store: a ring COMMIT of a fresh page (one 8 KiB block, ALLOCated ahead,
- *            not timed) and a CommitTokens of one id. Both daemons are measured interleaved in
- *            REPS repetitions of ROUNDS steps (after a warm-up), so load drifts hit them alike;
- *            each repetition gives p50 / p99 and a journal/no-journal ratio, the report is the
- *            median with the spread (min..max).
+ *   commit:  three real kvstored processes: persist = true (the journal in a temp dir on the
+ *            file system of /tmp: every COMMIT waits for an fdatasync), its records written
+ *            over zeros written ahead (journal_preallocate, the default); the same appending
+ *            to the file's end (journal_preallocate = 0); and persist = false. A worker on
+ *            each makes the two calls of one decode step that reach the store: a ring COMMIT
+ *            of a fresh page (one 8 KiB block, ALLOCated ahead, not timed) and a CommitTokens
+ *            of one id. The daemons are measured interleaved in REPS repetitions of ROUNDS
+ *            steps (after a warm-up), so load drifts hit them alike; each repetition gives
+ *            p50 / p99 and the ratios journal / no journal and zeros ahead / appending, the
+ *            report is the median with the spread (min..max).
  *   restart: a persistent kvstored with a 1 GiB pool is filled with BLOCKS committed 64 KiB blocks
  *            (one sequence per 100 blocks), killed with SIGKILL and started again: the time until
  *            it answers Stats, and its own replay + verification + adoption time; the same start
@@ -48,19 +50,21 @@ struct daemon {
 	pid_t pid;
 };
 
-static pid_t spawn(struct daemon *d, bool persist, const char *dram)
+static pid_t spawn(struct daemon *d, bool persist, const char *dram, const char *prealloc)
 {
-	char exe[4096], a[5][300];
+	char exe[4096], a[6][300];
 	snprintf(exe, sizeof exe, "%s/kvstore/kvstored", FREEKV_BUILD_DIR);
 	snprintf(a[0], 300, "endpoint=%s", d->ep);
 	snprintf(a[1], 300, "shm_name=%s", d->shm);
 	snprintf(a[2], 300, "nvme_path=%s", d->nvme);
 	snprintf(a[3], 300, "persist=%s", persist ? "true" : "false");
 	snprintf(a[4], 300, "dram_bytes=%s", dram);
+	snprintf(a[5], 300, "journal_preallocate=%s", prealloc);
 	pid_t pid = fork();
 	if (pid == 0) {
 		execl(exe, exe, "--set", a[0], "--set", a[1], "--set", a[2], "--set",
-		      a[3], "--set", a[4], "--set", "lock_memory=false", "--set", "nvme_bytes=64M",
+		      a[3], "--set", a[4], "--set", a[5], "--set", "lock_memory=false", "--set",
+		      "nvme_bytes=64M",
 		      "--set", "log_level=warn", "--set", "heartbeat_timeout_ms=600000", (char *)NULL);
 		_exit(127);
 	}
@@ -169,13 +173,17 @@ static struct { double med, lo, hi; } spread(double *v, int n)
 	return (typeof(spread(v, n))){ v[n / 2], v[0], v[n - 1] };
 }
 
+#define VARIANTS 3
+
 static int bench_commit(int rounds, int reps)
 {
-	struct daemon d[2];
-	struct worker w[2] = { 0 };
-	for (int i = 0; i < 2; i++) {
+	static const char *const names[VARIANTS] = { "journal, zeros ahead", "journal, appending",
+						      "persist = false" };
+	struct daemon d[VARIANTS];
+	struct worker w[VARIANTS] = { 0 };
+	for (int i = 0; i < VARIANTS; i++) {
 		make(&d[i], i);
-		spawn(&d[i], i == 0, "256M");
+		spawn(&d[i], i < 2, "256M", i == 1 ? "0" : "16M");
 		if (wait_ready(&d[i]) < 0 || kvs_connect(d[i].ep, 10000, &w[i].k) ||
 		    kvs_hello(w[i].k, KVS_ROLE_WORKER, "bench") || open_seq(&w[i])) {
 			fprintf(stderr, "bench_journal: daemon %d: %s\n", i,
@@ -184,14 +192,15 @@ static int bench_commit(int rounds, int reps)
 		}
 	}
 	double *step = malloc(sizeof *step * (size_t)rounds), *page = malloc(sizeof *page * (size_t)rounds);
-	double p50[2][MAX_REPS], p99[2][MAX_REPS], pg[2][MAX_REPS], ratio[MAX_REPS], pratio[MAX_REPS];
-	for (int i = 0; i < 2; i++)
+	double p50[VARIANTS][MAX_REPS], p99[VARIANTS][MAX_REPS], pg[VARIANTS][MAX_REPS];
+	double ratio[MAX_REPS], pratio[MAX_REPS], zratio[MAX_REPS], zpratio[MAX_REPS];
+	for (int i = 0; i < VARIANTS; i++)
 		if (steps(&w[i], rounds / 10 + 1, NULL, NULL, NULL)) { /* warm-up */
 			fprintf(stderr, "bench_journal: %s\n", kvs_error(w[i].k));
 			return 1;
 		}
 	for (int r = 0; r < reps; r++) {
-		for (int i = 0; i < 2; i++) {
+		for (int i = 0; i < VARIANTS; i++) {
 			int np = 0;
 			if (steps(&w[i], rounds, step, page, &np)) {
 				fprintf(stderr, "bench_journal: %s\n", kvs_error(w[i].k));
@@ -201,32 +210,38 @@ static int bench_commit(int rounds, int reps)
 			p99[i][r] = pctl(step, rounds, 0.99);
 			pg[i][r] = pctl(page, np, 0.5);
 		}
-		ratio[r] = p50[0][r] / p50[1][r];
-		pratio[r] = pg[0][r] / pg[1][r];
+		ratio[r] = p50[0][r] / p50[2][r];
+		pratio[r] = pg[0][r] / pg[2][r];
+		zratio[r] = p50[0][r] / p50[1][r];
+		zpratio[r] = pg[0][r] / pg[1][r];
 	}
 	printf("bench_journal commit: %d repetitions x %d decode steps (CommitTokens of one id; a "
-	       "ring COMMIT of one 8 KiB block every 16 steps), journal in %s\n", reps, rounds,
-	       d[0].dir);
-	static const char *const names[2] = { "persist = true (journal)", "persist = false" };
-	for (int i = 0; i < 2; i++) {
+	       "ring COMMIT of one 8 KiB block every 16 steps), journals in %s, %s\n", reps, rounds,
+	       d[0].dir, d[1].dir);
+	for (int i = 0; i < VARIANTS; i++) {
 		typeof(spread(step, 1)) a = spread(p50[i], reps), b = spread(p99[i], reps),
 					c = spread(pg[i], reps);
-		printf("  %-25s step p50 %7.1f us [%.1f..%.1f]  p99 %7.1f us [%.1f..%.1f]  ring "
+		printf("  %-22s step p50 %7.1f us [%.1f..%.1f]  p99 %7.1f us [%.1f..%.1f]  ring "
 		       "COMMIT p50 %7.1f us [%.1f..%.1f]\n", names[i], a.med, a.lo, a.hi, b.med, b.lo,
 		       b.hi, c.med, c.lo, c.hi);
 	}
-	typeof(spread(step, 1)) x = spread(ratio, reps), y = spread(pratio, reps);
+	typeof(spread(step, 1)) x = spread(ratio, reps), y = spread(pratio, reps),
+				zx = spread(zratio, reps), zy = spread(zpratio, reps);
 	printf("  ratio journal / none: step p50 %.2f [%.2f..%.2f], ring COMMIT p50 %.2f "
 	       "[%.2f..%.2f]\n", x.med, x.lo, x.hi, y.med, y.lo, y.hi);
-	Freekv__Reply *st;
-	if (kvs_stats(w[0].k, &st) == 0 && st->stats->journal) {
-		printf("  journal: %" PRIu64 " syncs, %" PRIu64 " bytes now\n",
-		       st->stats->journal->syncs, st->stats->journal->bytes);
-		kvs_reply_free(st);
+	printf("  ratio zeros ahead / appending: step p50 %.2f [%.2f..%.2f], ring COMMIT p50 %.2f "
+	       "[%.2f..%.2f]\n", zx.med, zx.lo, zx.hi, zy.med, zy.lo, zy.hi);
+	for (int i = 0; i < 2; i++) {
+		Freekv__Reply *st;
+		if (kvs_stats(w[i].k, &st) == 0 && st->stats->journal) {
+			printf("  %s: %" PRIu64 " syncs, %" PRIu64 " bytes now\n", names[i],
+			       st->stats->journal->syncs, st->stats->journal->bytes);
+			kvs_reply_free(st);
+		}
 	}
 	free(step);
 	free(page);
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < VARIANTS; i++) {
 		kvs_close(w[i].k);
 		finish(&d[i]);
 	}
@@ -278,20 +293,20 @@ static int bench_restart(int blocks)
 {
 	struct daemon d;
 	make(&d, 9);
-	spawn(&d, false, "1G");
+	spawn(&d, false, "1G", "16M");
 	double t_empty0 = wait_ready(&d);
 	kill(d.pid, SIGKILL);
 	waitpid(d.pid, NULL, 0);
-	spawn(&d, false, "1G"); /* baseline: persist = false starts a 1 GiB pool afresh */
+	spawn(&d, false, "1G", "16M"); /* baseline: persist = false starts a 1 GiB pool afresh */
 	double t_empty = wait_ready(&d);
 	kill(d.pid, SIGKILL);
 	waitpid(d.pid, NULL, 0);
-	spawn(&d, true, "1G");
+	spawn(&d, true, "1G", "16M");
 	if (wait_ready(&d) < 0 || fill(&d, blocks))
 		return 1;
 	kill(d.pid, SIGKILL);
 	waitpid(d.pid, NULL, 0);
-	spawn(&d, true, "1G");
+	spawn(&d, true, "1G", "16M");
 	double t_restart = wait_ready(&d);
 	struct kvs *k;
 	Freekv__Reply *r;
