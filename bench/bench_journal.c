@@ -32,15 +32,9 @@
 
 #define MAX_REPS 32
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
 static double pctl(double *v, int n, double q)
 {
-	qsort(v, (size_t)n, sizeof *v, cmp_d);
+	qsort(v, (size_t)n, sizeof *v, bench_cmp_d);
 	int i = (int)((double)n * q);
 	return v[i < n ? i : n - 1];
 }
@@ -167,12 +161,6 @@ static int steps(struct worker *w, int n, double *step, double *page, int *np)
 	return open_seq(w);
 }
 
-static struct { double med, lo, hi; } spread(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof *v, cmp_d);
-	return (typeof(spread(v, n))){ v[n / 2], v[0], v[n - 1] };
-}
-
 #define VARIANTS 3
 
 static int bench_commit(int rounds, int reps)
@@ -219,14 +207,14 @@ static int bench_commit(int rounds, int reps)
 	       "ring COMMIT of one 8 KiB block every 16 steps), journals in %s, %s\n", reps, rounds,
 	       d[0].dir, d[1].dir);
 	for (int i = 0; i < VARIANTS; i++) {
-		typeof(spread(step, 1)) a = spread(p50[i], reps), b = spread(p99[i], reps),
-					c = spread(pg[i], reps);
+		struct bench_summary a = bench_summarize(p50[i], reps),
+				     b = bench_summarize(p99[i], reps), c = bench_summarize(pg[i], reps);
 		printf("  %-22s step p50 %7.1f us [%.1f..%.1f]  p99 %7.1f us [%.1f..%.1f]  ring "
 		       "COMMIT p50 %7.1f us [%.1f..%.1f]\n", names[i], a.med, a.lo, a.hi, b.med, b.lo,
 		       b.hi, c.med, c.lo, c.hi);
 	}
-	typeof(spread(step, 1)) x = spread(ratio, reps), y = spread(pratio, reps),
-				zx = spread(zratio, reps), zy = spread(zpratio, reps);
+	struct bench_summary x = bench_summarize(ratio, reps), y = bench_summarize(pratio, reps),
+			     zx = bench_summarize(zratio, reps), zy = bench_summarize(zpratio, reps);
 	printf("  ratio journal / none: step p50 %.2f [%.2f..%.2f], ring COMMIT p50 %.2f "
 	       "[%.2f..%.2f]\n", x.med, x.lo, x.hi, y.med, y.lo, y.hi);
 	printf("  ratio zeros ahead / appending: step p50 %.2f [%.2f..%.2f], ring COMMIT p50 %.2f "

@@ -1,6 +1,6 @@
 /* Helpers the benchmarks share: the monotonic clock in seconds, sizes with a k/M/G suffix on
  * the command line, and the median-with-spread summary every report gives over its passes.
- * Header-only; used by bench_pool.c and bench_tier.c. */
+ * Header-only; used by bench_pool.c, bench_tier.c, bench_journal.c and bench_fsync.c. */
 #ifndef FREEKV_BENCH_UTIL_H
 #define FREEKV_BENCH_UTIL_H
 

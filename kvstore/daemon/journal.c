@@ -69,7 +69,6 @@ struct journal {
 	int zero_fd;
 	uint32_t zero_epoch, zero_req_epoch;
 	int zero_err;		/* the last stretch failed (read once zero_busy is clear) */
-	uint64_t zero_waits;	/* writes that waited for a stretch */
 	pthread_t zero_thread;
 	bool zero_made;
 };
@@ -239,7 +238,7 @@ int journal_replay(const char *path, journal_record_fn fn, void *ctx, struct jou
 	}
 	r->valid_bytes = off;
 	r->damaged = off < r->file_bytes && !zero_tail;
-	uint64_t end = r->file_bytes;
+	uint64_t end = zero_tail ? off : r->file_bytes;
 	while (end > off && !data[end - 1])
 		end--;
 	r->zero_bytes = r->file_bytes - end;
@@ -327,7 +326,7 @@ static int write_zeros(int fd, uint64_t from, uint64_t to)
 
 /* The zeroing thread. A record written over zeros already on the disk changes neither the
  * file's size nor its blocks, so the fdatasync of a group commit is a flush of data alone, not
- * a commit of the filesystem's own journal as well (docs/design.md §4 has the figures). */
+ * a commit of the filesystem's own journal as well (docs/design.md §4; bench/bench_fsync.c). */
 static void *zero_main(void *arg)
 {
 	struct journal *j = arg;
@@ -363,7 +362,6 @@ static void zero_before(struct journal *j, size_t n)
 	pthread_mutex_lock(&j->mu);
 	if (atomic_load(&j->zero_busy) && j->zero_req_epoch == j->zero_epoch &&
 	    j->file_bytes + n > j->zero_from) {
-		j->zero_waits++;
 		while (atomic_load(&j->zero_busy))
 			pthread_cond_wait(&j->cv, &j->mu);
 	}
@@ -595,8 +593,8 @@ int journal_sync_start(struct journal *j)
 			return journal_sync(j);
 		}
 		j->thread_made = true;
+		zero_after(j); /* the first stretch, now that there is a lock to share with it */
 	}
-	zero_after(j); /* the first stretch, once there is a thread to share its lock with */
 	atomic_store(&j->want, gen);
 	/* A thread that is syncing looks at want when it ends (want is stored before running is
 	 * read, running cleared before want is read): only an idle one needs waking. */
