@@ -231,6 +231,8 @@ static json_object *status_json(const Freekv__StatsReply *s)
 	json_object_object_add(j, "dram_used_bytes", json_object_new_uint64(s->dram_used_bytes));
 	json_object_object_add(j, "nvme_bytes", json_object_new_uint64(s->nvme_bytes));
 	json_object_object_add(j, "nvme_used_bytes", json_object_new_uint64(s->nvme_used_bytes));
+	json_object_object_add(j, "nvme_kept_bytes", json_object_new_uint64(s->nvme_kept_bytes));
+	json_object_object_add(j, "kept_blocks", json_object_new_uint64(s->kept_blocks));
 	json_object_object_add(j, "blocks_dram", json_object_new_uint64(s->blocks_dram));
 	json_object_object_add(j, "blocks_nvme", json_object_new_uint64(s->blocks_nvme));
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
@@ -307,7 +309,12 @@ static void show_status(const Freekv__StatsReply *s, bool json)
 		printf("kvstored up %.1f s: %u workers, %u sequences, %" PRIu64 " leases\n", s->uptime_ms / 1e3,
 		       s->workers, s->sequences, s->leases);
 		printf("  DRAM  %12s / %-12s %8" PRIu64 " blocks\n", a, b, s->blocks_dram);
-		printf("  NVMe  %12s / %-12s %8" PRIu64 " blocks\n", c, d, s->blocks_nvme);
+		printf("  NVMe  %12s / %-12s %8" PRIu64 " blocks", c, d, s->blocks_nvme);
+		if (s->kept_blocks) {
+			mib(c, sizeof c, s->nvme_kept_bytes);
+			printf(" (and %s kept for %" PRIu64 " DRAM blocks)", c, s->kept_blocks);
+		}
+		printf("\n");
 		prefix_line(s->prefix);
 		if (s->remote) {
 			const Freekv__RemoteStats *m = s->remote;
@@ -640,7 +647,9 @@ static void show_stats(const Freekv__StatsReply *s, bool json)
 	if (json) {
 		json_object *j = json_object_new_object();
 		json_object_object_add(j, "demoted_blocks", json_object_new_uint64(s->demoted_blocks));
+		json_object_object_add(j, "demoted_unwritten", json_object_new_uint64(s->demoted_unwritten));
 		json_object_object_add(j, "promoted_blocks", json_object_new_uint64(s->promoted_blocks));
+		json_object_object_add(j, "kept_reclaimed", json_object_new_uint64(s->kept_reclaimed));
 		json_object_object_add(j, "crc_errors", json_object_new_uint64(s->crc_errors));
 		json_object_object_add(j, "pending_ops", json_object_new_uint64(s->pending_ops));
 		json_object_object_add(j, "tier_in_flight", json_object_new_uint64(s->tier_in_flight));
@@ -655,10 +664,12 @@ static void show_stats(const Freekv__StatsReply *s, bool json)
 			json_object_object_add(j, "prefix", prefix_json(s->prefix));
 		emit(j);
 	} else {
-		printf("demoted %" PRIu64 ", promoted %" PRIu64 ", swapped %" PRIu64 " (%" PRIu64 " failed), crc errors %"
-		       PRIu64 ", pending ops %" PRIu64 ", tier I/O %" PRIu64 "\n\n",
-		       s->demoted_blocks, s->promoted_blocks, s->swaps, s->swap_failures, s->crc_errors,
-		       s->pending_ops, s->tier_in_flight);
+		printf("demoted %" PRIu64 " (%" PRIu64 " unwritten, onto kept copies), promoted %" PRIu64
+		       ", kept copies let go for room %" PRIu64 ", swapped %" PRIu64 " (%" PRIu64
+		       " failed), crc errors %" PRIu64 ", pending ops %" PRIu64 ", tier I/O %" PRIu64
+		       "\n\n", s->demoted_blocks, s->demoted_unwritten, s->promoted_blocks,
+		       s->kept_reclaimed, s->swaps, s->swap_failures, s->crc_errors, s->pending_ops,
+		       s->tier_in_flight);
 		if (s->has_heap_in_use_bytes)
 			printf("heap in use %.1f MiB (kvstored's metadata)\n\n",
 			       (double)s->heap_in_use_bytes / (1 << 20));

@@ -8,7 +8,10 @@
  *   succeeds once they are committed (and so demotable), fails with ENOSPC when none is.
  * - A byte flipped in the NVMe file: RECALL reports a checksum error (EBADMSG).
  * - A Demote larger than the tier's request table completes in later passes.
- * - Above dram_high_watermark, demotion takes detached sequences' blocks first. */
+ * - Above dram_high_watermark, demotion takes detached sequences' blocks first.
+ * - A promoted block demoted again unchanged goes back to its kept extent with no write; one
+ *   whose bytes changed is written; both read back exactly, also after a kill -9 and restart.
+ * - A tier full of kept copies: they give way to a demotion that needs extents. */
 #include "clock.h"
 #include "test_kvstored_harness.h"
 
@@ -378,6 +381,176 @@ static void test_alloc_waits_for_room(void **state)
 	harness_stop(&h);
 }
 
+/* Stats of the daemon, as a fresh connection sees them (caller frees). */
+static Freekv__Reply *stats_of(const struct harness *h)
+{
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(h->endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_stats(k, &r), 0);
+	kvs_close(k);
+	return r;
+}
+
+static void demote_settled(struct kvs *k, uint64_t seq, const char *name, uint64_t blocks)
+{
+	Freekv__Reply *r;
+	assert_int_equal(kvs_demote(k, seq, NULL, &r), 0);
+	assert_int_equal(r->evicted->blocks, blocks);
+	kvs_reply_free(r);
+	r = h_settled(k, name);
+	assert_non_null(r);
+	assert_int_equal(r->sequence->pages->nvme, blocks);
+	assert_int_equal(r->sequence->pages->dram, 0);
+	kvs_reply_free(r);
+}
+
+/* Every page of every layer reads back as tag, except (0, 1), which holds bytes of tag 99
+ * written without a COMMIT, and (1, 2), rewritten as tag 98 and committed again. */
+static int read_kept_case(struct kvs *k, uint64_t seq)
+{
+	uint8_t *base = kvs_pool_base(k);
+	for (uint32_t l = 0; l < h_geo.n_layers; l++) {
+		uint32_t pages[PAGES];
+		uint64_t masks[PAGES], off[PAGES], leases[PAGES];
+		for (uint32_t i = 0; i < PAGES; i++) {
+			pages[i] = i;
+			masks[i] = 3;
+		}
+		int ret = kvs_recall(k, seq, l, pages, masks, PAGES, off, leases);
+		if (ret)
+			return ret;
+		for (uint32_t i = 0; i < PAGES; i++) {
+			uint64_t tag = l == 0 && i == 1 ? 99 : l == 1 && i == 2 ? 98 : 21;
+			if (!h_check(base + off[i], H_BLOCK, tag, l, i))
+				return -EILSEQ;
+		}
+		if ((ret = kvs_release(k, leases, PAGES)))
+			return ret;
+	}
+	return 0;
+}
+
+/* Kept copies (docs/design.md §4): a block promoted from NVMe and demoted again unchanged goes
+ * back to the extent it came from with no write; one whose bytes changed — written without a
+ * COMMIT, or committed again — is written afresh. What reads back after the second demotion,
+ * and after a kill -9 and a restart from the journal, is exactly what DRAM held. */
+static void test_demote_again_unwritten(void **state)
+{
+	(void)state;
+	static const char *const persist_on[] = { "--set", "persist=true", NULL };
+	const uint64_t blocks = PAGES * h_geo.n_layers;
+	struct harness h;
+	uint64_t seq;
+	harness_start(&h, persist_on);
+	struct kvs *k = h_worker(&h, "kept", &seq);
+	assert_non_null(k);
+	assert_int_equal(h_write_pages(k, seq, 21, 0, PAGES), 0);
+	demote_settled(k, seq, "kept", blocks);
+	Freekv__Reply *r = stats_of(&h);
+	uint64_t demoted0 = r->stats->demoted_blocks, used0 = r->stats->nvme_used_bytes;
+	assert_int_equal(r->stats->demoted_unwritten, 0);
+	kvs_reply_free(r);
+
+	assert_int_equal(h_read_pages(k, seq, 21, 0, PAGES), 0); /* promotes every block */
+	r = stats_of(&h);
+	assert_int_equal(r->stats->kept_blocks, blocks);
+	assert_int_equal(r->stats->nvme_kept_bytes, blocks * H_BLOCK);
+	assert_int_equal(r->stats->nvme_used_bytes, used0); /* the extents stayed */
+	kvs_reply_free(r);
+
+	/* (0, 1): new bytes, no COMMIT. (1, 2): new bytes, committed again. */
+	uint8_t *base = kvs_pool_base(k);
+	uint32_t page = 1;
+	uint64_t mask = 3, off, lease;
+	assert_int_equal(kvs_recall(k, seq, 0, &page, &mask, 1, &off, &lease), 0);
+	h_fill(base + off, H_BLOCK, 99, 0, 1);
+	assert_int_equal(kvs_release(k, &lease, 1), 0);
+	page = 2;
+	assert_int_equal(kvs_recall(k, seq, 1, &page, &mask, 1, &off, &lease), 0);
+	h_fill(base + off, H_BLOCK, 98, 1, 2);
+	assert_int_equal(kvs_commit(k, seq, (uint64_t)PAGES * h_geo.page_size, &off, 1), 0);
+	assert_int_equal(kvs_release(k, &lease, 1), 0);
+	r = stats_of(&h);
+	assert_int_equal(r->stats->kept_blocks, blocks - 1); /* the COMMIT let its copy go */
+	kvs_reply_free(r);
+
+	demote_settled(k, seq, "kept", blocks);
+	r = stats_of(&h);
+	assert_int_equal(r->stats->demoted_blocks, demoted0 + blocks);
+	assert_int_equal(r->stats->demoted_unwritten, blocks - 2);
+	assert_int_equal(r->stats->kept_blocks, 0);
+	assert_int_equal(r->stats->nvme_kept_bytes, 0);
+	assert_int_equal(r->stats->crc_errors, 0);
+	kvs_reply_free(r);
+	assert_int_equal(read_kept_case(k, seq), 0);
+
+	/* Once more onto the kept copies, then a kill -9: the journal names the extents that hold
+	 * each block now, and every byte reads back from them. */
+	demote_settled(k, seq, "kept", blocks);
+	r = stats_of(&h);
+	assert_int_equal(r->stats->demoted_unwritten, 2 * blocks - 2);
+	kvs_reply_free(r);
+	kvs_close(k);
+	h_kill9(&h);
+	harness_spawn(&h, persist_on, NULL);
+	r = stats_of(&h);
+	assert_int_equal(r->stats->blocks_nvme, blocks);
+	assert_int_equal(r->stats->journal->ignored_bytes, 0);
+	assert_int_equal(r->stats->journal->damaged_sequences, 0);
+	kvs_reply_free(r);
+	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "kept"), 0);
+	assert_int_equal(kvs_show_sequence(k, 0, "kept", false, &r), 0);
+	seq = r->sequence->seq_id;
+	kvs_reply_free(r);
+	assert_int_equal(kvs_attach(k, seq, NULL), 0);
+	assert_int_equal(read_kept_case(k, seq), 0);
+	r = stats_of(&h);
+	assert_int_equal(r->stats->crc_errors, 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	h_finish(&h);
+}
+
+/* dram_bytes=4M holds 512 blocks of 8 KiB, nvme_bytes=2M 256. A's 120 blocks are demoted and
+ * promoted (120 kept copies); B's 180 then need more extents than are free: kept copies give
+ * way, newest first, B's demotion finishes, and every byte of both reads back. */
+static void test_kept_copies_give_way(void **state)
+{
+	(void)state;
+	static const char *const extra[] = { "--set", "persist=true", "--set", "dram_bytes=4M",
+					     "--set", "nvme_bytes=2M", NULL };
+	struct harness h;
+	uint64_t a, b;
+	harness_start(&h, extra);
+	struct kvs *k = h_worker(&h, "a", &a);
+	assert_non_null(k);
+	assert_int_equal(h_write_pages(k, a, 31, 0, 60), 0);
+	demote_settled(k, a, "a", 120);
+	assert_int_equal(h_read_pages(k, a, 31, 0, 60), 0);
+	Freekv__Reply *r = stats_of(&h);
+	assert_int_equal(r->stats->kept_blocks, 120);
+	kvs_reply_free(r);
+	assert_int_equal(kvs_open_sequence(k, "b", h_fp, sizeof h_fp, &h_geo, NULL, 0, true, &b), 0);
+	assert_int_equal(kvs_attach(k, b, NULL), 0);
+	assert_int_equal(h_write_pages(k, b, 32, 0, 90), 0);
+	demote_settled(k, b, "b", 180);
+	r = stats_of(&h);
+	assert_true(r->stats->kept_reclaimed >= 180 - (256 - 120));
+	assert_int_equal(r->stats->kept_blocks, 120 - r->stats->kept_reclaimed);
+	assert_int_equal(r->stats->nvme_kept_bytes, r->stats->kept_blocks * H_BLOCK);
+	assert_int_equal(r->stats->demoted_unwritten, 0);
+	kvs_reply_free(r);
+	assert_int_equal(h_read_pages(k, a, 31, 0, 60), 0);
+	assert_int_equal(h_read_pages(k, b, 32, 0, 90), 0);
+	r = stats_of(&h);
+	assert_int_equal(r->stats->crc_errors, 0);
+	kvs_reply_free(r);
+	kvs_close(k);
+	h_finish(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -388,6 +561,8 @@ int main(void)
 		cmocka_unit_test_teardown(test_nvme_corruption_detected, h_teardown),
 		cmocka_unit_test_teardown(test_demote_more_than_queue, h_teardown),
 		cmocka_unit_test_teardown(test_watermarks_detached_first, h_teardown),
+		cmocka_unit_test_teardown(test_demote_again_unwritten, h_teardown),
+		cmocka_unit_test_teardown(test_kept_copies_give_way, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

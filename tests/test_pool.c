@@ -239,14 +239,14 @@ static void test_demote_promote_states(void **state)
 	assert_int_equal(u.dram_used_bytes, 1 * MIB);
 	/* Promotion failing (e.g. checksum) returns the block to NVMe and frees the slot. */
 	assert_int_equal(pool_block_promote_begin(p, a), 0);
-	assert_int_equal(pool_block_promote_end(p, a, false), 0);
+	assert_int_equal(pool_block_promote_end(p, a, false, false), 0);
 	assert_int_equal(d->tier, POOL_TIER_NVME);
 	pool_usage(p, &u);
 	assert_int_equal(u.dram_used_bytes, 1 * MIB);
 	assert_int_equal(pool_block_promote_begin(p, a), 0);
 	assert_int_equal(pool_block_at(p, d->dram_off, &got), 0);
 	assert_int_equal(got, a);
-	assert_int_equal(pool_block_promote_end(p, a, true), 0);
+	assert_int_equal(pool_block_promote_end(p, a, true, false), 0);
 	assert_int_equal(d->tier, POOL_TIER_DRAM);
 	assert_int_equal(d->nvme_off, POOL_NO_OFFSET);
 	/* A failed demotion keeps the DRAM copy. */
@@ -269,6 +269,72 @@ static void test_demote_promote_states(void **state)
 
 /* Swap: the NVMe block takes the victim's slot, the victim the NVMe block's extent; undone,
  * both are back as they were; usage counters stay exact throughout. */
+/* Kept copies: a promotion that keeps its extent leaves it named by the DRAM block; demoting
+ * it again takes that extent back with no write; unkeep hands it back; the newest kept comes
+ * first; a swap's victim must have let its copy go. */
+static void test_kept_copies(void **state)
+{
+	(void)state;
+	struct pool *p = make_pool(test_name("kept"), 4 * MIB);
+	unsigned cls;
+	assert_int_equal(pool_class(p, 1 * MIB, &cls), 0);
+	uint32_t id[3];
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(pool_block_alloc(p, cls, &id[i]), 0);
+		assert_int_equal(pool_block_set_committed(p, id[i], true), 0);
+		assert_int_equal(pool_block_demote_begin(p, id[i], (uint64_t)(i + 1) * MIB), 0);
+		assert_int_equal(pool_block_demote_end(p, id[i], true, 0x100u + (uint32_t)i), 0);
+	}
+	assert_int_equal(pool_kept_newest(p), POOL_NO_BLOCK);
+	/* Without keep the extent is forgotten, as before. */
+	assert_int_equal(pool_block_promote_begin(p, id[0]), 0);
+	assert_int_equal(pool_block_promote_end(p, id[0], true, false), 0);
+	assert_int_equal(pool_block_get(p, id[0])->kept_off, POOL_NO_OFFSET);
+	assert_int_equal(pool_block_demote_kept(p, id[0]), -EINVAL);
+	/* A failed promotion keeps nothing either. */
+	assert_int_equal(pool_block_promote_begin(p, id[1]), 0);
+	assert_int_equal(pool_block_promote_end(p, id[1], false, true), 0);
+	assert_int_equal(pool_kept_newest(p), POOL_NO_BLOCK);
+	for (int i = 1; i < 3; i++) {
+		assert_int_equal(pool_block_promote_begin(p, id[i]), 0);
+		assert_int_equal(pool_block_promote_end(p, id[i], true, true), 0);
+		struct pool_block *b = pool_block_get(p, id[i]);
+		assert_int_equal(b->tier, POOL_TIER_DRAM);
+		assert_int_equal(b->nvme_off, POOL_NO_OFFSET);
+		assert_int_equal(b->kept_off, (uint64_t)(i + 1) * MIB);
+	}
+	struct pool_usage u;
+	pool_usage(p, &u);
+	assert_int_equal(u.blocks_kept, 2);
+	assert_int_equal(u.kept_bytes, 2 * MIB);
+	assert_int_equal(pool_kept_newest(p), id[2]);
+	/* Demoting onto the kept extent: no slot, the same offset and crc, no longer kept. */
+	assert_int_equal(pool_block_lease(p, id[1]), 0);
+	assert_int_equal(pool_block_demote_kept(p, id[1]), -EBUSY);
+	assert_int_equal(pool_block_unlease(p, id[1]), 0);
+	uint64_t used = u.dram_used_bytes;
+	assert_int_equal(pool_block_demote_kept(p, id[1]), 0);
+	struct pool_block *b1 = pool_block_get(p, id[1]);
+	assert_int_equal(b1->tier, POOL_TIER_NVME);
+	assert_int_equal(b1->dram_off, POOL_NO_OFFSET);
+	assert_int_equal(b1->nvme_off, 2 * MIB);
+	assert_int_equal(b1->crc, 0x101);
+	pool_usage(p, &u);
+	assert_int_equal(u.dram_used_bytes, used - 1 * MIB);
+	assert_int_equal(u.blocks_kept, 1);
+	assert_int_equal(pool_kept_newest(p), id[2]);
+	/* A swap's victim with a kept copy is refused until the copy goes. */
+	assert_int_equal(pool_block_swap_begin(p, id[1], id[2]), -EINVAL);
+	assert_int_equal(pool_block_unkeep(p, id[2]), 3 * MIB);
+	assert_int_equal(pool_block_unkeep(p, id[2]), POOL_NO_OFFSET);
+	assert_int_equal(pool_kept_newest(p), POOL_NO_BLOCK);
+	pool_usage(p, &u);
+	assert_int_equal(u.blocks_kept, 0);
+	assert_int_equal(u.kept_bytes, 0);
+	assert_int_equal(pool_block_swap_begin(p, id[1], id[2]), 0);
+	pool_destroy(p);
+}
+
 static void test_swap_states(void **state)
 {
 	(void)state;
@@ -308,7 +374,7 @@ static void test_swap_states(void **state)
 	assert_int_equal(u.blocks_inflight, 2);
 	assert_int_equal(u.dram_used_bytes, u0.dram_used_bytes);
 	assert_int_equal(pool_block_demote_end(p, v, false, 0), 0);
-	assert_int_equal(pool_block_promote_end(p, a, false), 0);
+	assert_int_equal(pool_block_promote_end(p, a, false, false), 0);
 	assert_int_equal(da->tier, POOL_TIER_NVME);
 	assert_int_equal(da->nvme_off, 3 * MIB);
 	assert_int_equal(da->crc, 0x1111);
@@ -400,7 +466,7 @@ static void test_victims_match_reference(void **state)
 		id = ids[test_rand(&rng) % N];
 		struct pool_block *b = pool_block_get(p, id);
 		if (b && b->tier == POOL_TIER_NVME && pool_block_promote_begin(p, id) == 0)
-			pool_block_promote_end(p, id, i % 3 != 0);
+			pool_block_promote_end(p, id, i % 3 != 0, false);
 		pool_block_touch(p, ids[test_rand(&rng) % N]);
 	}
 	for (int i = 0; i < N; i += 97) {
@@ -584,6 +650,7 @@ int main(void)
 		cmocka_unit_test(test_mapper_shares_bytes),
 		cmocka_unit_test(test_blocks_and_offsets),
 		cmocka_unit_test(test_demote_promote_states),
+		cmocka_unit_test(test_kept_copies),
 		cmocka_unit_test(test_swap_states),
 		cmocka_unit_test(test_victims_match_reference),
 		cmocka_unit_test(test_scan_in_steps),

@@ -706,11 +706,11 @@ int main(int argc, char **argv)
 		       ((int64_t)ds->heap_in_use_bytes - (int64_t)heap_warm) / 1024);
 	if (ds)
 		printf("pool: %" PRIu64 " of %" PRIu64 " MiB DRAM, %" PRIu64 " of %" PRIu64 " MiB NVMe; blocks "
-		       "%" PRIu64 " DRAM, %" PRIu64 " NVMe; demoted %" PRIu64 ", promoted %" PRIu64 ", swaps "
-		       "%" PRIu64 ", crc errors %" PRIu64 "\n",
+		       "%" PRIu64 " DRAM, %" PRIu64 " NVMe; demoted %" PRIu64 " (%" PRIu64 " unwritten), "
+		       "promoted %" PRIu64 ", swaps %" PRIu64 ", crc errors %" PRIu64 "\n",
 		       ds->dram_used_bytes >> 20, ds->dram_bytes >> 20, ds->nvme_used_bytes >> 20,
 		       ds->nvme_bytes >> 20, ds->blocks_dram, ds->blocks_nvme, ds->demoted_blocks,
-		       ds->promoted_blocks, ds->swaps, ds->crc_errors);
+		       ds->demoted_unwritten, ds->promoted_blocks, ds->swaps, ds->crc_errors);
 	if (ds && ds->journal)
 		printf("journal: %" PRIu64 " MiB, %" PRIu64 " syncs, %" PRIu64 " compactions since start\n",
 		       ds->journal->bytes >> 20, ds->journal->syncs, ds->journal->compactions);

@@ -54,6 +54,9 @@ static const struct cfg_key keys[] = {
 	  "file or block device of the NVMe tier, opened O_DIRECT (empty: no tier)" },
 	{ "nvme_bytes", CFG_T_BYTES, F(nvme_bytes), 0, 1ull << 50, "4G", false,
 	  "size of the NVMe tier file (preallocated)" },
+	{ "nvme_keep_copies", CFG_T_BOOL, F(nvme_keep_copies), 0, 1, "true", true,
+	  "a block promoted from NVMe keeps its extent there while unchanged, so demoting it "
+	  "again writes nothing (the copies give way when the tier fills)" },
 	{ "persist", CFG_T_BOOL, F(persist), 0, 1, "true", false,
 	  "journal sequence and block metadata and re-adopt the pool and tier at start, so a "
 	  "restart loses no committed token (needs nvme_path or journal_path)" },

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "crc32c.h"
 #include "persist.h"
 #include "pool.h"
 #include "remote_io.h"
@@ -197,11 +198,57 @@ int dp_rank_victim(void *ctx, const struct pool_block *b)
 	return s && s->state == SEQ_ATTACHED ? 1 : 0;
 }
 
+void dp_unkeep(struct dp *dp, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(dp->pool, id);
+	uint64_t off = pool_block_unkeep(dp->pool, id);
+	if (off != POOL_NO_OFFSET)
+		dp_extent_free(dp, off, b->bytes); /* reused once the promotion's record is synced */
+}
+
+/* The tier is full: up to n kept extents go, the newest first (docs/design.md §4 "Kept
+ * copies"). They are free for new writes once the journal's next sync ends. */
+static size_t kept_reclaim(struct dp *dp, size_t n)
+{
+	size_t done = 0;
+	uint32_t id;
+	while (done < n && (id = pool_kept_newest(dp->pool)) != POOL_NO_BLOCK) {
+		dp_unkeep(dp, id);
+		done++;
+	}
+	dp->kept_reclaimed += done;
+	return done;
+}
+
+/* A block that a promotion brought back, unchanged since: its kept extent takes it again with
+ * no write. Its bytes are checksummed first, since a worker may write the next rows of a
+ * committed tail page before it commits them; a copy that no longer matches goes. */
+static bool demote_unwritten(struct dp *dp, uint32_t id, struct pool_block *b)
+{
+	if (b->kept_off == POOL_NO_OFFSET)
+		return false;
+	if (crc32c(0, pool_block_data(dp->pool, id), b->bytes) == b->crc &&
+	    pool_block_demote_kept(dp->pool, id) == 0) {
+		dp->demoted++;
+		dp->demoted_unwritten++;
+		dp_log_block(dp, id); /* its DRAM slot is reused only after this is synced */
+		return true;
+	}
+	dp_unkeep(dp, id);
+	return false;
+}
+
 static int demote_block(struct dp *dp, uint32_t id)
 {
 	struct pool_block *b = pool_block_get(dp->pool, id);
+	if (b->leases)
+		return -EBUSY;
+	if (demote_unwritten(dp, id, b))
+		return 0;
 	uint64_t off;
 	int ret = tier_extent_alloc(dp->tier, b->bytes, &off);
+	if (ret == -ENOSPC && kept_reclaim(dp, DP_DEMOTE_INFLIGHT))
+		return -EBUSY; /* room once the journal's next sync ends: a later pass goes on */
 	if (ret)
 		return ret;
 	ret = pool_block_demote_begin(dp->pool, id, off);
@@ -462,6 +509,7 @@ static int op_commit(struct dp *dp, struct dp_worker *w, struct ring_entry *e)
 		return -ERANGE;
 	uint64_t old = s->committed_tokens;
 	for (uint32_t i = 0; i < e->count; i++) {
+		dp_unkeep(dp, ids[i]); /* committed again: its rows changed */
 		pool_block_set_committed(dp->pool, ids[i], true);
 		pool_block_touch(dp->pool, ids[i]);
 	}
@@ -583,7 +631,7 @@ static int recall_step(struct dp *dp, struct dp_worker *w, struct dp_pending *p)
 				ret = tier_read(dp->tier, pool_block_data(dp->pool, p->blocks[i]), off, b->bytes,
 						b->crc, (uint64_t)DP_COOKIE_READ << 32 | p->blocks[i]);
 				if (ret) {
-					pool_block_promote_end(dp->pool, p->blocks[i], false);
+					pool_block_promote_end(dp->pool, p->blocks[i], false, false);
 					if (ret == -EBUSY) {
 						waiting = 1;
 						break;
@@ -845,12 +893,14 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		return;
 	}
 	uint64_t off = b->nvme_off;
-	pool_block_promote_end(dp->pool, id, r->status == 0);
+	bool keep = dp->cfg->nvme_keep_copies;
+	pool_block_promote_end(dp->pool, id, r->status == 0, keep);
 	if (r->status == 0) {
 		/* Its rows are checksummed afresh from the bytes just read (and verified). */
 		b->rows = b->rows_crc = 0;
 		dp_log_block(dp, id);
-		dp_extent_free(dp, off, b->bytes);
+		if (b->kept_off == POOL_NO_OFFSET)
+			dp_extent_free(dp, off, b->bytes);
 		dp->promoted++;
 		dp_free_if_doomed(dp, id);
 		return;
@@ -1236,6 +1286,10 @@ void dp_stats(struct dp *dp, struct dp_stats *st)
 		st->tier_pending = tier_pending(dp->tier);
 	}
 	st->demoted = dp->demoted;
+	st->demoted_unwritten = dp->demoted_unwritten;
+	st->kept_reclaimed = dp->kept_reclaimed;
+	st->blocks_kept = pu.blocks_kept;
+	st->nvme_kept_bytes = pu.kept_bytes;
 	st->promoted = dp->promoted;
 	st->crc_errors = dp->crc_errors;
 	st->swaps = dp->swapped;

@@ -57,6 +57,9 @@ struct dp_stats {
 	uint64_t dram_bytes, dram_used_bytes, nvme_bytes, nvme_used_bytes;
 	uint64_t blocks_dram, blocks_nvme, blocks_inflight;
 	uint64_t demoted, promoted, crc_errors;
+	uint64_t demoted_unwritten;	/* of demoted: no write, the promotion's extent was kept */
+	uint64_t blocks_kept, nvme_kept_bytes;	/* DRAM blocks whose NVMe copy is kept, its bytes */
+	uint64_t kept_reclaimed;	/* kept copies let go for room on a full tier */
 	uint64_t swaps, swap_failures;	/* DRAM <-> NVMe swaps done / given up (not in demoted, promoted) */
 	uint64_t blocks_remote, offloaded, fetched, remote_errors;	/* the remote tier */
 	bool remote_tier;

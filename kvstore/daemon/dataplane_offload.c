@@ -51,6 +51,7 @@ void dp_block_drop_storage(struct dp *dp, uint32_t id, struct pool_block *b)
 {
 	if (b->tier == POOL_TIER_NVME)
 		dp_extent_free(dp, b->nvme_off, b->bytes);
+	dp_unkeep(dp, id);
 	if (b->remote_id && !b->remote_published && dp->rio &&
 	    rio_submit(dp->rio, REMOTE_TIER_DEL, b->remote_id, NULL, 0, NULL, 0, 0, 0))
 		log_warn("remote tier busy: block %" PRIu64 " stays in Redis", b->remote_id);
@@ -352,11 +353,13 @@ void dp_offload_watermark(struct dp *dp)
 		return;
 	struct tier_usage tu;
 	tier_usage(dp->tier, &tu);
+	struct pool_usage u;
+	pool_usage(dp->pool, &u);
+	/* Kept copies of DRAM blocks are not what fills the tier: they go first when it is full. */
+	tu.used_bytes -= u.kept_bytes < tu.used_bytes ? u.kept_bytes : tu.used_bytes;
 	if (!tu.bytes || tu.used_bytes * 100 <= tu.bytes * dp->cfg->nvme_high_watermark)
 		return;
 	uint64_t target = tu.bytes / 100 * dp->cfg->nvme_low_watermark;
-	struct pool_usage u;
-	pool_usage(dp->pool, &u);
 	uint64_t per = u.blocks_nvme ? tu.used_bytes / (u.blocks_nvme + dp->offloading) : 0;
 	if (!per)
 		return;

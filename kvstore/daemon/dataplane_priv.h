@@ -145,6 +145,8 @@ struct dp {
 	struct dp_worker *w;		/* (max_workers,) slots with ring NULL are free */
 	size_t max_w;
 	uint64_t demoted, promoted, crc_errors, demoting;
+	uint64_t demoted_unwritten;	/* of demoted: onto the extent their promotion kept */
+	uint64_t kept_reclaimed;	/* kept extents let go because the tier was full */
 	bool wm_demoting;		/* above the high watermark, not yet down to the low one */
 	struct dp_opstat ops[DP_N_OPS];
 	char ring_prefix[CFG_STR_MAX];
@@ -178,6 +180,8 @@ void dp_flush_completions(struct dp *dp);
  * without the data-plane thread (its passes sync before they submit I/O), else once a sync
  * covers the move. */
 void dp_extent_free(struct dp *dp, uint64_t off, uint32_t len);
+/* Lets go of block id's kept NVMe extent, if it has one (dp_extent_free). */
+void dp_unkeep(struct dp *dp, uint32_t id);
 /* End of a pass: tags this pass's freed extents, frees those a finished sync covers, writes the
  * journal's buffer and starts a sync when records wait for one. */
 void dp_persist_pass(struct dp *dp);

@@ -50,7 +50,7 @@ static uint64_t swap_cookie(const struct dp *dp, const struct dp_swap *sw)
 static void swap_undo(struct dp *dp, struct dp_swap *sw)
 {
 	pool_block_demote_end(dp->pool, sw->victim, false, 0);
-	pool_block_promote_end(dp->pool, sw->block, false);
+	pool_block_promote_end(dp->pool, sw->block, false, false);
 	sw->phase = DP_SWAP_FREE;
 }
 
@@ -81,6 +81,7 @@ int dp_swap_start(struct dp *dp, uint32_t block)
 		sw->bounce = buf;
 		sw->bounce_bytes = io_bytes;
 	}
+	dp_unkeep(dp, victim); /* it takes the other block's extent */
 	ret = pool_block_swap_begin(dp->pool, block, victim);
 	if (ret)
 		return ret;
@@ -156,7 +157,7 @@ static void restore_done(struct dp *dp, struct dp_swap *sw, const struct tier_re
 	if (r->status == 0) {
 		/* The bounce was verified against this crc when read and has not changed since. */
 		assert(r->crc == pool_block_get(dp->pool, sw->block)->crc);
-		pool_block_promote_end(dp->pool, sw->block, false);
+		pool_block_promote_end(dp->pool, sw->block, false, false);
 		log_info("block %u written back to NVMe offset %" PRIu64 " (%u failed "
 			"attempt(s) before); it is NVMe-resident again", sw->block, sw->nvme_off,
 			sw->restore_tries);

@@ -39,6 +39,7 @@ struct pool {
 	uint32_t n_free_ids, cap_free_ids;
 	uint64_t clock;
 	uint32_t lru_head, lru_tail; /* DRAM blocks, coldest first (POOL_NO_BLOCK: none) */
+	uint32_t kept_head, kept_tail; /* blocks with a kept extent, oldest first */
 	struct pool_scan *scans;     /* victim scans under way, whose cursors follow unlinks */
 	struct pool_usage u;  /* kept exact by every state change */
 };
@@ -81,6 +82,7 @@ int pool_create(const struct pool_config *cfg, struct pool **out, char *err, siz
 	}
 	p->fd = -1;
 	p->lru_head = p->lru_tail = POOL_NO_BLOCK;
+	p->kept_head = p->kept_tail = POOL_NO_BLOCK;
 	if (cfg->shm_name && strlen(cfg->shm_name) < sizeof p->name)
 		strcpy(p->name, cfg->shm_name);
 	if (cfg->hugetlbfs_dir && cfg->hugetlbfs_dir[0]) {
@@ -394,6 +396,7 @@ int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id_out)
 	b->self = id;
 	b->dram_off = off;
 	b->nvme_off = POOL_NO_OFFSET;
+	b->kept_off = POOL_NO_OFFSET;
 	b->bytes = (uint32_t)ci.block_bytes;
 	b->cls = (uint16_t)cls;
 	b->lru = ++p->clock;
@@ -417,6 +420,7 @@ static int desc_adopt(struct pool *p, unsigned cls, uint32_t *id_out, struct sla
 	b->self = *id_out;
 	b->dram_off = POOL_NO_OFFSET;
 	b->nvme_off = POOL_NO_OFFSET;
+	b->kept_off = POOL_NO_OFFSET;
 	b->bytes = (uint32_t)ci->block_bytes;
 	b->cls = (uint16_t)cls;
 	b->lru = ++p->clock;
@@ -566,6 +570,11 @@ int pool_block_free(struct pool *p, uint32_t id)
 	if (b->leases || b->tier == POOL_TIER_DEMOTING || b->tier == POOL_TIER_PROMOTING ||
 	    b->tier == POOL_TIER_OFFLOADING || b->tier == POOL_TIER_FETCHING)
 		return -EBUSY;
+	if (b->kept_off != POOL_NO_OFFSET) {
+		log_error("block %u freed with its kept NVMe extent at %llu still named: that extent "
+			  "is lost until a restart", id, (unsigned long long)b->kept_off);
+		pool_block_unkeep(p, id);
+	}
 	if (b->dram_off != POOL_NO_OFFSET)
 		slot_free(p, b);
 	if (b->committed)
@@ -678,12 +687,69 @@ int pool_block_promote_begin(struct pool *p, uint32_t id)
 	return into_dram_begin(p, id, POOL_TIER_NVME, POOL_TIER_PROMOTING);
 }
 
-int pool_block_promote_end(struct pool *p, uint32_t id, bool ok)
+static void kept_link(struct pool *p, struct pool_block *b, uint64_t off)
+{
+	b->kept_off = off;
+	b->kept_prev = p->kept_tail;
+	b->kept_next = POOL_NO_BLOCK;
+	if (p->kept_tail != POOL_NO_BLOCK)
+		desc(p, p->kept_tail)->kept_next = b->self;
+	else
+		p->kept_head = b->self;
+	p->kept_tail = b->self;
+	p->u.blocks_kept++;
+	p->u.kept_bytes += b->bytes;
+}
+
+uint64_t pool_block_unkeep(struct pool *p, uint32_t id)
 {
 	struct pool_block *b = pool_block_get(p, id);
-	if (b && b->tier == POOL_TIER_PROMOTING && ok)
+	if (!b || b->kept_off == POOL_NO_OFFSET)
+		return POOL_NO_OFFSET;
+	if (b->kept_prev != POOL_NO_BLOCK)
+		desc(p, b->kept_prev)->kept_next = b->kept_next;
+	else
+		p->kept_head = b->kept_next;
+	if (b->kept_next != POOL_NO_BLOCK)
+		desc(p, b->kept_next)->kept_prev = b->kept_prev;
+	else
+		p->kept_tail = b->kept_prev;
+	uint64_t off = b->kept_off;
+	b->kept_off = POOL_NO_OFFSET;
+	b->kept_prev = b->kept_next = POOL_NO_BLOCK;
+	p->u.blocks_kept--;
+	p->u.kept_bytes -= b->bytes;
+	return off;
+}
+
+uint32_t pool_kept_newest(const struct pool *p)
+{
+	return p->kept_tail;
+}
+
+int pool_block_promote_end(struct pool *p, uint32_t id, bool ok, bool keep)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (b && b->tier == POOL_TIER_PROMOTING && ok) {
+		if (keep && b->dram_off != POOL_NO_OFFSET)
+			kept_link(p, b, b->nvme_off);
 		b->nvme_off = POOL_NO_OFFSET;
+	}
 	return into_dram_end(p, id, POOL_TIER_PROMOTING, POOL_TIER_NVME, ok);
+}
+
+int pool_block_demote_kept(struct pool *p, uint32_t id)
+{
+	struct pool_block *b = pool_block_get(p, id);
+	if (!b || b->tier != POOL_TIER_DRAM || b->kept_off == POOL_NO_OFFSET || !b->has_crc)
+		return -EINVAL;
+	if (b->leases)
+		return -EBUSY;
+	uint64_t off = pool_block_unkeep(p, id);
+	slot_free(p, b);
+	b->nvme_off = off;
+	set_tier(p, b, POOL_TIER_NVME);
+	return 0;
 }
 
 int pool_block_swap_begin(struct pool *p, uint32_t a, uint32_t v)
@@ -694,6 +760,8 @@ int pool_block_swap_begin(struct pool *p, uint32_t a, uint32_t v)
 		return -EINVAL;
 	if (bv->leases)
 		return -EBUSY;
+	if (bv->kept_off != POOL_NO_OFFSET)
+		return -EINVAL; /* its kept extent goes first (pool_block_unkeep) */
 	assert(ba->dram_off == POOL_NO_OFFSET && ba->nvme_off != POOL_NO_OFFSET);
 	set_tier(p, ba, POOL_TIER_PROMOTING);
 	bv->nvme_off = ba->nvme_off;

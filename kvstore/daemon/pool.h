@@ -86,6 +86,10 @@ struct pool_block {
 				 * host's tier's: never deleted by this host */
 	uint32_t self;          /* its own id */
 	uint32_t lru_prev, lru_next; /* pool.c's list of DRAM blocks in lru order (private) */
+	uint64_t kept_off;      /* DRAM: an NVMe extent still holding these very bytes (crc), kept
+				 * from the promotion that brought them back; POOL_NO_OFFSET when
+				 * none (docs/design.md §4 "Kept copies") */
+	uint32_t kept_prev, kept_next; /* pool.c's list of blocks with a kept extent (private) */
 };
 
 struct pool_usage {
@@ -99,6 +103,8 @@ struct pool_usage {
 	uint64_t blocks_remote;
 	uint64_t blocks_leased;
 	uint64_t blocks_committed;
+	uint64_t blocks_kept;      /* DRAM blocks whose NVMe extent was kept (kept_off) */
+	uint64_t kept_bytes;       /* the bytes of those extents */
 	uint64_t slabs;
 	unsigned classes;
 	bool locked;               /* the mapping is mlocked */
@@ -133,7 +139,8 @@ int pool_class(struct pool *p, uint64_t block_bytes, unsigned *cls);
  * touched). *id names it until pool_block_free. -ENOSPC when DRAM is full (demote, then retry). */
 int pool_block_alloc(struct pool *p, unsigned cls, uint32_t *id);
 /* Frees the descriptor and its DRAM slot, if any. The caller frees the NVMe extent (tier.h)
- * first. -EINVAL for an unknown id, -EBUSY for a leased or in-flight block. */
+ * first, a kept one too (pool_block_unkeep). -EINVAL for an unknown id, -EBUSY for a leased or
+ * in-flight block. */
 int pool_block_free(struct pool *p, uint32_t id);
 
 /* Restart (persist.h): a committed block that a previous daemon left in DRAM at off, inside the
@@ -176,10 +183,24 @@ int pool_block_set_committed(struct pool *p, uint32_t id, bool committed);
 int pool_block_demote_begin(struct pool *p, uint32_t id, uint64_t nvme_off);
 int pool_block_demote_end(struct pool *p, uint32_t id, bool ok, uint32_t crc);
 /* Promotion: begin: NVME -> PROMOTING, allocates a DRAM slot (-ENOSPC when none);
- *   end ok: PROMOTING -> DRAM, forgets nvme_off (the caller frees the extent);
+ *   end ok: PROMOTING -> DRAM; with keep the extent becomes the block's kept_off (the newest
+ *   kept), else nvme_off is forgotten (the caller frees the extent);
  *   end failed: PROMOTING -> NVME, releases the DRAM slot (if it has one: see swaps). */
 int pool_block_promote_begin(struct pool *p, uint32_t id);
-int pool_block_promote_end(struct pool *p, uint32_t id, bool ok);
+int pool_block_promote_end(struct pool *p, uint32_t id, bool ok, bool keep);
+
+/* Kept copies (docs/design.md §4): a committed block never changes, so the extent a promotion
+ * read it from still holds its bytes, and demoting it again needs no write.
+ *   demote_kept: DRAM -> NVME at kept_off, releasing the DRAM slot, with no I/O; crc stays.
+ *     The caller has checked that the DRAM bytes still have that crc. -EINVAL when the block
+ *     is not in DRAM or has no kept extent, -EBUSY leased.
+ *   unkeep: forgets the kept extent and returns its offset (POOL_NO_OFFSET: none) for the
+ *     caller to free: the bytes changed (a COMMIT), the block goes, or the tier needs room.
+ *   kept_newest: the block whose extent was kept last (POOL_NO_BLOCK: none), the one whose
+ *     copy is least likely to be used soon. */
+int pool_block_demote_kept(struct pool *p, uint32_t id);
+uint64_t pool_block_unkeep(struct pool *p, uint32_t id);
+uint32_t pool_kept_newest(const struct pool *p);
 
 /* The remote tier below NVMe (docs/design.md §8), around a Redis write or read the caller runs
  * (remote_io.h):

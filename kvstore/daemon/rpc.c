@@ -800,6 +800,12 @@ static int h_stats(struct call *c)
 	r->swaps = d.swaps;
 	r->swap_failures = d.swap_failures;
 	r->has_heap_in_use_bytes = rpc_heap_in_use(&r->heap_in_use_bytes);
+	r->has_demoted_unwritten = r->has_kept_blocks = r->has_nvme_kept_bytes = true;
+	r->has_kept_reclaimed = true;
+	r->demoted_unwritten = d.demoted_unwritten;
+	r->kept_blocks = d.blocks_kept;
+	r->nvme_kept_bytes = d.nvme_kept_bytes;
+	r->kept_reclaimed = d.kept_reclaimed;
 	if (!(r->prefix = prefix_stats_msg(c, x->dp)))
 		return -ENOMEM;
 	if (x->remote && x->remote->r && !(r->remote = remote_stats_msg(c, x->remote)))

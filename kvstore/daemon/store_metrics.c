@@ -58,8 +58,16 @@ static void collect(void *ctx, struct prom_buf *b)
 	prom_one(b, "freekv_store_workers", "gauge", "Registered clients", (double)n_workers);
 	prom_one(b, "freekv_store_demoted_blocks_total", "counter", "Blocks moved DRAM to NVMe",
 		 (double)d.demoted);
+	prom_one(b, "freekv_store_demoted_unwritten_blocks_total", "counter",
+		 "Of the blocks demoted, those that went back to the NVMe copy their promotion kept, "
+		 "with no write", (double)d.demoted_unwritten);
 	prom_one(b, "freekv_store_promoted_blocks_total", "counter", "Blocks moved NVMe to DRAM",
 		 (double)d.promoted);
+	prom_one(b, "freekv_store_nvme_kept_bytes", "gauge",
+		 "NVMe tier bytes still holding copies of blocks promoted to DRAM (in nvme_used_bytes)",
+		 (double)d.nvme_kept_bytes);
+	prom_one(b, "freekv_store_kept_reclaimed_total", "counter",
+		 "Kept NVMe copies let go to make room on a full tier", (double)d.kept_reclaimed);
 	prom_one(b, "freekv_store_swaps_total", "counter",
 		 "DRAM/NVMe swaps done when both tiers were full", (double)d.swaps);
 	prom_one(b, "freekv_store_swap_failures_total", "counter", "Swaps given up",
