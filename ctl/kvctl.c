@@ -233,6 +233,7 @@ static json_object *status_json(const Freekv__StatsReply *s)
 	json_object_object_add(j, "nvme_used_bytes", json_object_new_uint64(s->nvme_used_bytes));
 	json_object_object_add(j, "nvme_kept_bytes", json_object_new_uint64(s->nvme_kept_bytes));
 	json_object_object_add(j, "kept_blocks", json_object_new_uint64(s->kept_blocks));
+	json_object_object_add(j, "nvme_unwritten_bytes", json_object_new_uint64(s->nvme_unwritten_bytes));
 	json_object_object_add(j, "blocks_dram", json_object_new_uint64(s->blocks_dram));
 	json_object_object_add(j, "blocks_nvme", json_object_new_uint64(s->blocks_nvme));
 	json_object_object_add(j, "leases", json_object_new_uint64(s->leases));
@@ -313,6 +314,10 @@ static void show_status(const Freekv__StatsReply *s, bool json)
 		if (s->kept_blocks) {
 			mib(c, sizeof c, s->nvme_kept_bytes);
 			printf(" (and %s kept for %" PRIu64 " DRAM blocks)", c, s->kept_blocks);
+		}
+		if (s->nvme_unwritten_bytes) {
+			mib(c, sizeof c, s->nvme_unwritten_bytes);
+			printf("; zeros still to write over %s of the file", c);
 		}
 		printf("\n");
 		prefix_line(s->prefix);

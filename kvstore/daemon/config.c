@@ -54,6 +54,10 @@ static const struct cfg_key keys[] = {
 	  "file or block device of the NVMe tier, opened O_DIRECT (empty: no tier)" },
 	{ "nvme_bytes", CFG_T_BYTES, F(nvme_bytes), 0, 1ull << 50, "4G", false,
 	  "size of the NVMe tier file (preallocated)" },
+	{ "nvme_prewrite", CFG_T_BOOL, F(nvme_prewrite), 0, 1, "true", false,
+	  "write zeros once, in the background, over the tier file's space never written, so that "
+	  "a block's first write there is not also a filesystem metadata change the journal's "
+	  "syncs wait for (a file tier only)" },
 	{ "nvme_keep_copies", CFG_T_BOOL, F(nvme_keep_copies), 0, 1, "true", true,
 	  "a block promoted from NVMe keeps its extent there while unchanged, so demoting it "
 	  "again writes nothing (the copies give way when the tier fills)" },

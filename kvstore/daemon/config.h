@@ -61,6 +61,7 @@ struct cfg {
 	uint64_t remote_prefix_ttl_s;	/* their expiry in Redis, renewed when found; 0: none */
 	uint64_t nvme_high_watermark;	/* percent of the NVMe tier in use that starts it */
 	uint64_t nvme_low_watermark;	/* percent it brings usage down to */
+	bool nvme_prewrite;		/* zeros over the tier file's unwritten space, once */
 	bool nvme_keep_copies;		/* a promoted block's extent kept for its next demotion */
 };
 

@@ -247,8 +247,10 @@ static int demote_block(struct dp *dp, uint32_t id)
 		return 0;
 	uint64_t off;
 	int ret = tier_extent_alloc(dp->tier, b->bytes, &off);
-	if (ret == -ENOSPC && kept_reclaim(dp, DP_DEMOTE_INFLIGHT))
-		return -EBUSY; /* room once the journal's next sync ends: a later pass goes on */
+	/* Room once the journal's next sync ends (extents freed by moves, or kept copies let go
+	 * now): a later pass goes on. */
+	if (ret == -ENOSPC && (dp->limbo.head < dp->limbo.n || kept_reclaim(dp, DP_DEMOTE_INFLIGHT)))
+		return -EBUSY;
 	if (ret)
 		return ret;
 	ret = pool_block_demote_begin(dp->pool, id, off);
@@ -875,6 +877,10 @@ static void tier_done(void *ctx, const struct tier_result *r)
 		dp_offload_read_done(dp, r);
 		return;
 	}
+	if (r->cookie >> 32 == DP_COOKIE_ZERO) {
+		tpw_done(dp->tpw, r);
+		return;
+	}
 	struct pool_block *b = pool_block_get(dp->pool, id);
 	if (!b)
 		return;
@@ -949,6 +955,19 @@ int dp_poll_timeout(const struct dp *dp, int dflt)
 	return dflt;
 }
 
+/* Zeros over the tier file's never-written space, one piece at a time (tier_prewrite.h). */
+static void prewrite_step(struct dp *dp)
+{
+	if (!dp->tpw)
+		return;
+	tpw_step(dp->tpw, (uint64_t)DP_COOKIE_ZERO << 32);
+	if (!tpw_left(dp->tpw)) {
+		log_info("NVMe tier: every byte of the file has been written once");
+		tpw_close(dp->tpw);
+		dp->tpw = NULL;
+	}
+}
+
 void dp_run(struct dp *dp)
 {
 	struct ring_entry batch[DP_POP_BATCH];
@@ -989,8 +1008,11 @@ void dp_run(struct dp *dp)
 		dp_swap_retry(dp);
 		if (dp->n_demote_q)
 			demote_queue_run(dp);
+		prewrite_step(dp);
 		dp_flush_completions(dp);
-		dp_persist_pass(dp); /* before new I/O goes out */
+		/* Before new I/O goes out. Extents it frees let a queued demotion go on. */
+		if (dp_persist_pass(dp) && dp->n_demote_q)
+			progress++;
 		if (dp->tier && tier_flush(dp->tier) > 0)
 			progress++;
 		if (progress <= 0)
@@ -1287,6 +1309,7 @@ void dp_stats(struct dp *dp, struct dp_stats *st)
 	}
 	st->demoted = dp->demoted;
 	st->demoted_unwritten = dp->demoted_unwritten;
+	st->nvme_unwritten_bytes = tpw_left(dp->tpw);
 	st->kept_reclaimed = dp->kept_reclaimed;
 	st->blocks_kept = pu.blocks_kept;
 	st->nvme_kept_bytes = pu.kept_bytes;
@@ -1346,6 +1369,7 @@ void dp_shutdown(struct dp *dp)
 	}
 	if (dp->tier)
 		tier_close(dp->tier);
+	tpw_close(dp->tpw); /* after tier_close: a piece in flight writes from its zeros */
 	dp_swap_shutdown(dp); /* after tier_close: in-flight swap I/O still uses the bounces */
 	prefix_index_clear(&dp->px);
 	if (dp->vq.scanning)

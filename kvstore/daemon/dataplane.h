@@ -60,6 +60,7 @@ struct dp_stats {
 	uint64_t demoted_unwritten;	/* of demoted: no write, the promotion's extent was kept */
 	uint64_t blocks_kept, nvme_kept_bytes;	/* DRAM blocks whose NVMe copy is kept, its bytes */
 	uint64_t kept_reclaimed;	/* kept copies let go for room on a full tier */
+	uint64_t nvme_unwritten_bytes;	/* of the tier file, still to be written over with zeros */
 	uint64_t swaps, swap_failures;	/* DRAM <-> NVMe swaps done / given up (not in demoted, promoted) */
 	uint64_t blocks_remote, offloaded, fetched, remote_errors;	/* the remote tier */
 	bool remote_tier;

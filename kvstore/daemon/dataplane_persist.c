@@ -121,23 +121,27 @@ void dp_extent_free(struct dp *dp, uint64_t off, uint32_t len)
 	l->v[l->n++] = (struct dp_limbo_ext){ off, 0, len };
 }
 
-/* Frees the extents a finished sync covers; all of them when everything is synced. */
-static void limbo_release(struct dp *dp)
+/* Frees the extents a finished sync covers; all of them when everything is synced. Returns
+ * how many it freed. */
+static size_t limbo_release(struct dp *dp)
 {
 	struct dp_limbo *l = &dp->limbo;
 	uint64_t synced = persist_synced(dp->ps);
+	size_t head = l->head;
 	while (l->head < l->tagged && l->v[l->head].gen <= synced) {
 		tier_extent_free(dp->tier, l->v[l->head].off, l->v[l->head].len);
 		l->head++;
 	}
+	size_t freed = l->head - head;
 	if (l->head == l->n)
 		l->head = l->tagged = l->n = 0;
+	return freed;
 }
 
-void dp_persist_pass(struct dp *dp)
+size_t dp_persist_pass(struct dp *dp)
 {
 	if (!dp->ps)
-		return;
+		return 0;
 	struct dp_limbo *l = &dp->limbo;
 	uint64_t need = persist_need(dp->ps);
 	for (size_t i = l->tagged; i < l->n; i++)
@@ -147,16 +151,16 @@ void dp_persist_pass(struct dp *dp)
 		/* Before new writes go out: a freed extent is reused only once its move is durable. */
 		if (persist_dirty(dp->ps))
 			persist_sync(dp->ps);
-		limbo_release(dp); /* what the thread left */
-		return;
+		return limbo_release(dp); /* what the thread left */
 	}
-	limbo_release(dp);
+	size_t freed = limbo_release(dp);
 	/* The records reach the file before any I/O of this pass is submitted (a crash of the
 	 * daemon loses none of them); the sync, which a host crash needs, goes on in the
 	 * background, one at a time, each covering what was written before it started. */
 	persist_write(dp->ps);
 	if (persist_need(dp->ps) > persist_synced(dp->ps))
 		persist_sync_start(dp->ps);
+	return freed;
 }
 
 static void log_for(struct dp *dp, struct seq *s, uint32_t id)

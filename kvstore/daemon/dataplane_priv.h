@@ -16,6 +16,7 @@
 #include "prefix.h"
 #include "ring.h"
 #include "tier.h"
+#include "tier_prewrite.h"
 
 #define DP_RECALL_MAX 32u
 #define DP_DEMOTE_QUEUE 64u		/* sequences whose explicit demotion is still going */
@@ -26,7 +27,8 @@
 #define DP_REAP_MAX 32u		/* tier completions one pass of the thread reaps (dp_run) */
 
 /* Tier request cookies: kind << 32 | block id (or swap slot for DP_COOKIE_SWAP). */
-enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3, DP_COOKIE_OFFREAD = 4 };
+enum { DP_COOKIE_WRITE = 1, DP_COOKIE_READ = 2, DP_COOKIE_SWAP = 3, DP_COOKIE_OFFREAD = 4,
+       DP_COOKIE_ZERO = 5 /* tier_prewrite's piece */ };
 #define DP_OFFLOAD_MAX 64u		/* NVMe -> remote moves in flight at once */
 
 /* One NVMe -> remote move: the block's bytes, read from NVMe, on their way to Redis. */
@@ -155,6 +157,7 @@ struct dp {
 	struct dp_swap swaps[DP_SWAP_MAX];
 	uint64_t swapped, swap_failures;
 	uint64_t reclaims;		/* blocks demoted to give a slab unit to another class */
+	struct tpw *tpw;		/* zeros still to write over the tier file; NULL: none */
 	struct rio *rio;		/* remote tier below NVMe (dataplane_offload.c); NULL: none */
 	struct dp_offload offl[DP_OFFLOAD_MAX];
 	uint64_t next_remote_id;	/* the last remote_id given (journaled with its block) */
@@ -184,7 +187,7 @@ void dp_extent_free(struct dp *dp, uint64_t off, uint32_t len);
 void dp_unkeep(struct dp *dp, uint32_t id);
 /* End of a pass: tags this pass's freed extents, frees those a finished sync covers, writes the
  * journal's buffer and starts a sync when records wait for one. */
-void dp_persist_pass(struct dp *dp);
+size_t dp_persist_pass(struct dp *dp); /* returns the extents it freed (dp_extent_free) */
 /* Called on the journal's sync thread after each sync: wakes the data-plane thread. */
 void dp_synced(void *ctx);
 /* Stamps completion e as posted now, popped at t0_us (ring.h "Timing"). */

@@ -12,6 +12,7 @@
 #include "dataplane.h"
 #include "dataplane_priv.h"
 #include "errmsg.h"
+#include "log.h"
 #include "persist.h"
 #include "ring.h"
 #include "tier.h"
@@ -154,6 +155,10 @@ int dp_start(struct dp *dp, char *err, size_t errlen)
 	if (dp->thread_running)
 		return -EBUSY;
 	atomic_store(&dp->thread_stop, false);
+	/* After dp_restore: the extents the journal names are taken before any zeros go out. */
+	if (dp->tier && dp->cfg->nvme_prewrite && !dp->tpw && tpw_open(dp->tier, &dp->tpw))
+		log_warn("NVMe tier: out of memory for the list of its unwritten ranges: no zeros "
+			 "written ahead");
 	dp->thread_running = true; /* before the thread: it reads it */
 	persist_on_synced(dp->ps, dp_synced, dp);
 	int ret = pthread_create(&dp->thread, NULL, thread_main, dp);

@@ -801,7 +801,8 @@ static int h_stats(struct call *c)
 	r->swap_failures = d.swap_failures;
 	r->has_heap_in_use_bytes = rpc_heap_in_use(&r->heap_in_use_bytes);
 	r->has_demoted_unwritten = r->has_kept_blocks = r->has_nvme_kept_bytes = true;
-	r->has_kept_reclaimed = true;
+	r->has_kept_reclaimed = r->has_nvme_unwritten_bytes = true;
+	r->nvme_unwritten_bytes = d.nvme_unwritten_bytes;
 	r->demoted_unwritten = d.demoted_unwritten;
 	r->kept_blocks = d.blocks_kept;
 	r->nvme_kept_bytes = d.nvme_kept_bytes;

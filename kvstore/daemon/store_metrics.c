@@ -66,6 +66,9 @@ static void collect(void *ctx, struct prom_buf *b)
 	prom_one(b, "freekv_store_nvme_kept_bytes", "gauge",
 		 "NVMe tier bytes still holding copies of blocks promoted to DRAM (in nvme_used_bytes)",
 		 (double)d.nvme_kept_bytes);
+	prom_one(b, "freekv_store_nvme_unwritten_bytes", "gauge",
+		 "Bytes of the NVMe tier file still to be written over with zeros once",
+		 (double)d.nvme_unwritten_bytes);
 	prom_one(b, "freekv_store_kept_reclaimed_total", "counter",
 		 "Kept NVMe copies let go to make room on a full tier", (double)d.kept_reclaimed);
 	prom_one(b, "freekv_store_swaps_total", "counter",

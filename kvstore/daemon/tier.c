@@ -279,6 +279,23 @@ int tier_extent_adopt(struct tier *t, uint64_t off, uint64_t len)
 	return 0;
 }
 
+int tier_free_run(const struct tier *t, uint64_t from, uint64_t *off, uint64_t *len)
+{
+	size_t lo = 0, hi = t->n_free_ext;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (t->free_ext[mid].off + t->free_ext[mid].len <= from)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == t->n_free_ext)
+		return -ENOENT;
+	*off = t->free_ext[lo].off;
+	*len = t->free_ext[lo].len;
+	return 0;
+}
+
 bool tier_extent_taken(const struct tier *t, uint64_t off, uint64_t len)
 {
 	size_t h = ext_map_find(&t->used, off);

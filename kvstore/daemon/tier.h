@@ -97,6 +97,9 @@ int tier_extent_alloc(struct tier *t, uint64_t len, uint64_t *off);
 /* Marks [off, off+len) allocated, as an extent a previous daemon recorded (restart, see
  * persist.h). -EINVAL misaligned or outside the file, -EEXIST when it overlaps one in use. */
 int tier_extent_adopt(struct tier *t, uint64_t off, uint64_t len);
+/* The first free run of the file that ends past from: *off (maybe below from) and *len.
+ * -ENOENT when none. */
+int tier_free_run(const struct tier *t, uint64_t from, uint64_t *off, uint64_t *len);
 /* Whether [off, off+len) is exactly an extent in use. */
 bool tier_extent_taken(const struct tier *t, uint64_t off, uint64_t len);
 /* -EINVAL when [off, off+len) is not exactly allocated (double free, wrong length). */
