@@ -520,6 +520,28 @@ static void test_demote_again_unwritten(void **state)
 	h_finish(&h);
 }
 
+/* A Demote of 1,200 blocks that all have kept copies: the first call takes back 256 (a pass's
+ * bound), the reply counts them all, and the rest follow in later passes, unwritten. */
+static void test_unwritten_in_passes(void **state)
+{
+	(void)state;
+	struct harness h;
+	uint64_t seq;
+	harness_start(&h, NULL);
+	struct kvs *k = h_worker(&h, "many", &seq);
+	assert_non_null(k);
+	assert_int_equal(h_write_pages(k, seq, 41, 0, 600), 0);
+	demote_settled(k, seq, "many", 1200);
+	assert_int_equal(h_read_pages(k, seq, 41, 0, 600), 0);
+	demote_settled(k, seq, "many", 1200);
+	Freekv__Reply *r = stats_of(&h);
+	assert_int_equal(r->stats->demoted_unwritten, 1200);
+	kvs_reply_free(r);
+	assert_int_equal(h_read_pages(k, seq, 41, 0, 600), 0);
+	kvs_close(k);
+	harness_stop(&h);
+}
+
 /* dram_bytes=4M holds 512 blocks of 8 KiB, nvme_bytes=2M 256. A's 120 blocks are demoted and
  * promoted (120 kept copies); B's 180 then need more extents than are free: kept copies give
  * way, newest first, B's demotion finishes, and every byte of both reads back. */
@@ -570,6 +592,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_watermarks_detached_first, h_teardown),
 		cmocka_unit_test_teardown(test_demote_again_unwritten, h_teardown),
 		cmocka_unit_test_teardown(test_kept_copies_give_way, h_teardown),
+		cmocka_unit_test_teardown(test_unwritten_in_passes, h_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

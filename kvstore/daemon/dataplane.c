@@ -320,25 +320,29 @@ bool dp_scanning(const struct dp *dp)
 	return dp->vq.scanning;
 }
 
-/* Demote until DRAM use is at most target bytes (counting writes already in flight). */
-static void demote_to(struct dp *dp, uint64_t target)
+/* Demote until DRAM use is at most target bytes (counting writes already in flight). At most
+ * DP_DEMOTE_INFLIGHT blocks move in one call, writes in flight and kept copies taken back
+ * together: a kept copy costs no write but its checksum and record, and thousands of them in
+ * one pass would hold up every ring for milliseconds. Returns those taken back. */
+static uint64_t demote_to(struct dp *dp, uint64_t target)
 {
 	struct pool_usage u;
 	uint32_t ids[256];
 	size_t n;
 	if (!dp->tier)
-		return;
+		return 0;
 	pool_usage(dp->pool, &u);
 	uint64_t resident = u.blocks_dram + u.blocks_inflight;
 	uint64_t stride = resident ? u.dram_used_bytes / resident : 0;
 	if (!stride || u.dram_used_bytes <= target + dp->demoting * stride)
-		return;
+		return 0;
 	/* A full tier takes no block: skip the pool scan that would find victims for nothing. */
 	struct tier_usage tu;
 	tier_usage(dp->tier, &tu);
-	if (tu.bytes - tu.used_bytes < stride)
-		return;
+	if (tu.bytes - tu.used_bytes < stride && !u.blocks_kept)
+		return 0;
 	uint64_t want = (u.dram_used_bytes - target - dp->demoting * stride + stride - 1) / stride;
+	const uint64_t unwritten0 = dp->demoted_unwritten;
 	while (want) {
 		/* No more victims than writes the tier can take now: a victim found for a write
 		 * refused as busy is a scan for nothing (and its demotion undone). */
@@ -346,20 +350,21 @@ static void demote_to(struct dp *dp, uint64_t target)
 		if (room < max)
 			max = room;
 		/* Few writes in flight: a promotion's read queues behind those the device has. */
-		if (dp->demoting >= DP_DEMOTE_INFLIGHT)
-			return;
-		if (max > DP_DEMOTE_INFLIGHT - dp->demoting)
-			max = DP_DEMOTE_INFLIGHT - dp->demoting;
-		if (!max)
-			return;
-		if (!(n = victims_take(dp, ids, max)))
-			return;
-		for (size_t i = 0; i < n; i++) {
-			if (demote_block(dp, ids[i]))
-				return; /* tier full or busy: try again on the next pass */
-		}
+		uint64_t moving = dp->demoting + (dp->demoted_unwritten - unwritten0);
+		if (moving >= DP_DEMOTE_INFLIGHT)
+			break;
+		if (max > DP_DEMOTE_INFLIGHT - moving)
+			max = DP_DEMOTE_INFLIGHT - moving;
+		if (!max || !(n = victims_take(dp, ids, max)))
+			break;
+		size_t i = 0;
+		while (i < n && !demote_block(dp, ids[i]))
+			i++;
+		if (i < n)
+			break; /* tier full or busy: try again on the next pass */
 		want -= n;
 	}
+	return dp->demoted_unwritten - unwritten0;
 }
 
 /* Slab classes share the pool by whole units, and a class keeps its units while any block in
@@ -411,7 +416,9 @@ static void reclaim_unit_for(struct dp *dp, struct dp_worker *w, const struct ri
 	}
 }
 
-static void demote_watermark(struct dp *dp)
+/* Returns the blocks demoted onto their kept copies (done at once: more may follow in the
+ * next pass). */
+static uint64_t demote_watermark(struct dp *dp)
 {
 	struct pool_usage u;
 	pool_usage(dp->pool, &u);
@@ -423,8 +430,7 @@ static void demote_watermark(struct dp *dp)
 		dp->wm_demoting = true;
 	if (dp->wm_demoting && u.dram_used_bytes <= low)
 		dp->wm_demoting = false;
-	if (dp->wm_demoting)
-		demote_to(dp, low);
+	return dp->wm_demoting ? demote_to(dp, low) : 0;
 }
 
 /* ---------------------------------------------------------------- ring ops */
@@ -919,7 +925,7 @@ static void tier_done(void *ctx, const struct tier_result *r)
 	dp_free_if_doomed(dp, id);
 }
 
-static void demote_queue_run(struct dp *dp);
+static uint64_t demote_queue_run(struct dp *dp);
 
 /* ---------------------------------------------------------------- loop */
 
@@ -1000,14 +1006,15 @@ void dp_run(struct dp *dp)
 				log_error("worker %u: ring corrupted (%s)", w->wid, strerror(-n));
 			w->corrupt_logged |= n < 0;
 		}
-		demote_watermark(dp);
+		if (demote_watermark(dp))
+			progress++; /* the next pass goes on with it, after the rings */
 		dp_vq_step(dp); /* a scan started above the watermark ends below it too */
 		dp_offload_watermark(dp);
 		if (dp->n_offload_q)
 			dp_offload_queue_run(dp);
 		dp_swap_retry(dp);
-		if (dp->n_demote_q)
-			demote_queue_run(dp);
+		if (dp->n_demote_q && demote_queue_run(dp))
+			progress++;
 		prewrite_step(dp);
 		dp_flush_completions(dp);
 		/* Before new I/O goes out. Extents it frees let a queued demotion go on. */
@@ -1171,12 +1178,19 @@ uint64_t dp_worker_last_op_ms(const struct dp *dp, uint32_t wid)
 static int demote_seq_some(struct dp *dp, struct seq *s, uint64_t *started)
 {
 	int ret = 0;
+	const uint64_t unwritten0 = dp->demoted_unwritten;
 	for (uint32_t l = 0; l < s->geo.n_layers && !ret; l++) {
 		for (uint32_t p = 0; p < s->n_pages && !ret; p++) {
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			if (!b || b->tier != POOL_TIER_DRAM || !b->committed || b->leases)
 				continue;
+			/* Kept copies are taken back at once, so a pass bounds them as the tier's
+			 * request table bounds writes: the rest follow in later passes. */
+			if (dp->demoted_unwritten - unwritten0 >= DP_DEMOTE_UNWRITTEN_CALL) {
+				ret = -EBUSY;
+				break;
+			}
 			ret = demote_block(dp, id);
 			if (!ret)
 				++*started;
@@ -1187,16 +1201,20 @@ static int demote_seq_some(struct dp *dp, struct seq *s, uint64_t *started)
 }
 
 /* Sequences whose demotion continues as the tier's request table drains. */
-static void demote_queue_run(struct dp *dp)
+/* Returns the blocks it demoted or started demoting. */
+static uint64_t demote_queue_run(struct dp *dp)
 {
 	size_t keep = 0;
+	uint64_t moved = 0;
 	for (size_t i = 0; i < dp->n_demote_q; i++) {
 		struct seq *s = seq_find(dp->seqs, dp->demote_q[i]);
 		uint64_t n = 0;
 		if (s && demote_seq_some(dp, s, &n) == -EBUSY)
 			dp->demote_q[keep++] = dp->demote_q[i];
+		moved += n;
 	}
 	dp->n_demote_q = keep;
+	return moved;
 }
 
 int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_t errlen)

@@ -24,6 +24,8 @@
 #define DP_SWAP_RETRY_US 100000u	/* between attempts to write a page back after a failed swap */
 #define DP_ALLOC_RETRY_MS 10		/* an op waiting for room is retried at least this often */
 #define DP_DEMOTE_INFLIGHT 32u	/* watermark demotions writing at once */
+#define DP_DEMOTE_UNWRITTEN_CALL 256u	/* a sequence's blocks taken back by their kept copies
+					 * in one call (Demote), the rest in later passes */
 #define DP_REAP_MAX 32u		/* tier completions one pass of the thread reaps (dp_run) */
 
 /* Tier request cookies: kind << 32 | block id (or swap slot for DP_COOKIE_SWAP). */
