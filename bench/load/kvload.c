@@ -59,6 +59,7 @@ struct child {
 	unsigned wi;
 	bool hostile;
 	bool killed;			/* by kvload (a fault) */
+	struct load_slot *slot;		/* what a worker counted so far (NULL: hostile) */
 };
 
 static struct {
@@ -265,6 +266,8 @@ static int spawn(struct child *ch, const struct load_cfg *c, unsigned wi, bool h
 	int p[2];
 	if (pipe(p) < 0)
 		return -errno;
+	if (c->slots && !hostile)
+		memset(&c->slots[wi], 0, sizeof c->slots[wi]);
 	pid_t pid = fork();
 	if (pid < 0)
 		return -errno;
@@ -275,7 +278,8 @@ static int spawn(struct child *ch, const struct load_cfg *c, unsigned wi, bool h
 				load_worker_run(c, wi, deadline, p[1]));
 	}
 	close(p[1]);
-	*ch = (struct child){ .pid = pid, .fd = p[0], .wi = wi, .hostile = hostile };
+	*ch = (struct child){ .pid = pid, .fd = p[0], .wi = wi, .hostile = hostile,
+			      .slot = c->slots && !hostile ? &c->slots[wi] : NULL };
 	return 0;
 }
 
@@ -292,20 +296,37 @@ static bool read_stats(int fd, struct load_stats *got)
 	return true;
 }
 
-/* Waits for a child and adds what it sent (its fill, then its steady phase); a killed child
- * sends nothing. */
+/* Adds what a killed worker's slot holds: the fill, once done, and the steady phase up to its
+ * last copy (at most LOAD_SLOT_PERIOD_S before the kill). */
+static void merge_slot(const struct child *ch, struct load_stats *fill, struct load_stats *s)
+{
+	if (!ch->slot)
+		return;
+	if (atomic_load_explicit(&ch->slot->fill_done, memory_order_acquire))
+		stats_merge(fill, &ch->slot->fill);
+	unsigned n = atomic_load_explicit(&ch->slot->seq, memory_order_acquire);
+	if (n)
+		stats_merge(s, &ch->slot->steady[(n - 1) & 1]);
+}
+
+/* Waits for a child and adds what it sent (its fill, then its steady phase); for a worker
+ * killed before it could send them, what its slot holds: the fill, once done, and the steady
+ * phase up to its last copy (at most LOAD_SLOT_PERIOD_S before the kill). */
 static int reap(struct child *ch, struct load_stats *fill, struct load_stats *s)
 {
 	int st = 0;
 	static struct load_stats got;
 	/* Read before waiting: the two reports are larger than a pipe holds. */
-	if (read_stats(ch->fd, &got)) {
+	bool sent = read_stats(ch->fd, &got);
+	if (sent) {
 		stats_merge(fill, &got);
 		if (read_stats(ch->fd, &got))
 			stats_merge(s, &got);
 	}
 	close(ch->fd);
 	waitpid(ch->pid, &st, 0);
+	if (!sent)
+		merge_slot(ch, fill, s);
 	ch->pid = 0;
 	int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 	if (rc && !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && ch->killed))
@@ -510,6 +531,15 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	o.c.filled = filled;
+	/* Each worker's counts so far, for those a fault kills. */
+	struct load_slot *slots = mmap(NULL, MAX_WORKERS * sizeof *slots, PROT_READ | PROT_WRITE,
+				       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (slots == MAP_FAILED) {
+		fprintf(stderr, "kvload: mmap: %s\n", strerror(errno));
+		stop_daemon();
+		return 1;
+	}
+	o.c.slots = slots;
 
 	/* Baseline: one worker alone on a few sequences of its own. */
 	static struct load_stats base, base_fill;
@@ -597,6 +627,7 @@ int main(int argc, char **argv)
 			while (waitpid(v->pid, &st, WNOHANG) == 0 && load_now_s() < until)
 				usleep(20 * 1000);
 			if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+				merge_slot(v, &fill, &all);
 				close(v->fd);
 				v->pid = 0;
 				fenced++;

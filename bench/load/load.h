@@ -6,10 +6,12 @@
  *
  * This header holds what the parent (kvload.c) and the worker processes (load_worker.c) share:
  * the configuration, the page content function, and the latency histograms and counters a
- * worker sends back through a pipe when it ends. */
+ * worker sends back through a pipe when it ends, and keeps in a shared slot while it runs (so
+ * that a worker killed by a fault still counts). */
 #ifndef FREEKV_LOAD_H
 #define FREEKV_LOAD_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,6 +51,17 @@ struct load_stats {
 	char first_error_msg[160];
 };
 
+/* What a worker process has counted so far, where kvload reads it when the worker was killed
+ * (kill -9 sends nothing down the pipe): its fill once the fill ends, and its steady phase copied
+ * every LOAD_SLOT_PERIOD_S into one of two buffers, seq (odd: none yet) naming the whole one. */
+#define LOAD_SLOT_PERIOD_S 0.25
+struct load_slot {
+	struct load_stats fill;
+	_Atomic bool fill_done;
+	_Atomic unsigned seq;			/* copies made; steady[(seq - 1) & 1] is the last */
+	struct load_stats steady[2];
+};
+
 struct load_cfg {
 	const char *endpoint;
 	unsigned workers;
@@ -63,6 +76,7 @@ struct load_cfg {
 	struct kvs_geometry geo;
 	volatile uint8_t *filled;	/* shared with the parent: [wi] set once worker wi has
 					 * filled its sequences (NULL: not told) */
+	struct load_slot *slots;	/* shared with the parent: [wi] (NULL: none kept) */
 };
 
 /* Bytes of one block of cfg's geometry. */

@@ -307,6 +307,12 @@ int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, 
 	 * every worker can go say nothing about the load at the target rate. */
 	struct load_stats fill = w.st;
 	memset(&w.st, 0, sizeof w.st);
+	struct load_slot *slot = cfg->slots ? &cfg->slots[wi] : NULL;
+	if (slot) {
+		slot->fill = fill;
+		atomic_store_explicit(&slot->fill_done, true, memory_order_release);
+	}
+	double next_copy = load_now_s() + LOAD_SLOT_PERIOD_S;
 	if (!ret && cfg->filled) {
 		/* Every worker starts its steady phase when the last one has filled. */
 		cfg->filled[wi] = 1;
@@ -330,6 +336,12 @@ int load_worker_run(const struct load_cfg *cfg, unsigned wi, double deadline_s, 
 			ret = recover(&w, deadline_s);
 		else if (ret == -EIO)
 			ret = 0; /* counted as loss, not a reason to stop */
+		if (slot && load_now_s() >= next_copy) {
+			unsigned n = atomic_load_explicit(&slot->seq, memory_order_relaxed);
+			slot->steady[n & 1] = w.st;
+			atomic_store_explicit(&slot->seq, n + 1, memory_order_release);
+			next_copy = load_now_s() + LOAD_SLOT_PERIOD_S;
+		}
 	}
 	/* Leave every sequence detached and kept, as a worker that ends does. */
 	for (unsigned j = 0; !ret && j < w.n; j++)
