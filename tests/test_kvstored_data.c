@@ -381,17 +381,6 @@ static void test_alloc_waits_for_room(void **state)
 	harness_stop(&h);
 }
 
-/* Stats of the daemon, as a fresh connection sees them (caller frees). */
-static Freekv__Reply *stats_of(const struct harness *h)
-{
-	struct kvs *k;
-	Freekv__Reply *r;
-	assert_int_equal(kvs_connect(h->endpoint, 5000, &k), 0);
-	assert_int_equal(kvs_stats(k, &r), 0);
-	kvs_close(k);
-	return r;
-}
-
 static void demote_settled(struct kvs *k, uint64_t seq, const char *name, uint64_t blocks)
 {
 	Freekv__Reply *r;
@@ -454,13 +443,13 @@ static void test_demote_again_unwritten(void **state)
 	assert_non_null(k);
 	assert_int_equal(h_write_pages(k, seq, 21, 0, PAGES), 0);
 	demote_settled(k, seq, "kept", blocks);
-	Freekv__Reply *r = stats_of(&h);
+	Freekv__Reply *r = h_stats(&h);
 	uint64_t demoted0 = r->stats->demoted_blocks, used0 = r->stats->nvme_used_bytes;
 	assert_int_equal(r->stats->demoted_unwritten, 0);
 	kvs_reply_free(r);
 
 	assert_int_equal(h_read_pages(k, seq, 21, 0, PAGES), 0); /* promotes every block */
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->kept_blocks, blocks);
 	assert_int_equal(r->stats->nvme_kept_bytes, blocks * H_BLOCK);
 	assert_int_equal(r->stats->nvme_used_bytes, used0); /* the extents stayed */
@@ -478,12 +467,12 @@ static void test_demote_again_unwritten(void **state)
 	h_fill(base + off, H_BLOCK, 98, 1, 2);
 	assert_int_equal(kvs_commit(k, seq, (uint64_t)PAGES * h_geo.page_size, &off, 1), 0);
 	assert_int_equal(kvs_release(k, &lease, 1), 0);
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->kept_blocks, blocks - 1); /* the COMMIT let its copy go */
 	kvs_reply_free(r);
 
 	demote_settled(k, seq, "kept", blocks);
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->demoted_blocks, demoted0 + blocks);
 	assert_int_equal(r->stats->demoted_unwritten, blocks - 2);
 	assert_int_equal(r->stats->kept_blocks, 0);
@@ -495,13 +484,13 @@ static void test_demote_again_unwritten(void **state)
 	/* Once more onto the kept copies, then a kill -9: the journal names the extents that hold
 	 * each block now, and every byte reads back from them. */
 	demote_settled(k, seq, "kept", blocks);
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->demoted_unwritten, 2 * blocks - 2);
 	kvs_reply_free(r);
 	kvs_close(k);
 	h_kill9(&h);
 	harness_spawn(&h, persist_on, NULL);
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->blocks_nvme, blocks);
 	assert_int_equal(r->stats->journal->ignored_bytes, 0);
 	assert_int_equal(r->stats->journal->damaged_sequences, 0);
@@ -513,7 +502,7 @@ static void test_demote_again_unwritten(void **state)
 	kvs_reply_free(r);
 	assert_int_equal(kvs_attach(k, seq, NULL), 0);
 	assert_int_equal(read_kept_case(k, seq), 0);
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->crc_errors, 0);
 	kvs_reply_free(r);
 	kvs_close(k);
@@ -534,7 +523,7 @@ static void test_unwritten_in_passes(void **state)
 	demote_settled(k, seq, "many", 1200);
 	assert_int_equal(h_read_pages(k, seq, 41, 0, 600), 0);
 	demote_settled(k, seq, "many", 1200);
-	Freekv__Reply *r = stats_of(&h);
+	Freekv__Reply *r = h_stats(&h);
 	assert_int_equal(r->stats->demoted_unwritten, 1200);
 	kvs_reply_free(r);
 	assert_int_equal(h_read_pages(k, seq, 41, 0, 600), 0);
@@ -558,14 +547,14 @@ static void test_kept_copies_give_way(void **state)
 	assert_int_equal(h_write_pages(k, a, 31, 0, 60), 0);
 	demote_settled(k, a, "a", 120);
 	assert_int_equal(h_read_pages(k, a, 31, 0, 60), 0);
-	Freekv__Reply *r = stats_of(&h);
+	Freekv__Reply *r = h_stats(&h);
 	assert_int_equal(r->stats->kept_blocks, 120);
 	kvs_reply_free(r);
 	assert_int_equal(kvs_open_sequence(k, "b", h_fp, sizeof h_fp, &h_geo, NULL, 0, true, &b), 0);
 	assert_int_equal(kvs_attach(k, b, NULL), 0);
 	assert_int_equal(h_write_pages(k, b, 32, 0, 90), 0);
 	demote_settled(k, b, "b", 180);
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_true(r->stats->kept_reclaimed >= 180 - (256 - 120));
 	assert_int_equal(r->stats->kept_blocks, 120 - r->stats->kept_reclaimed);
 	assert_int_equal(r->stats->nvme_kept_bytes, r->stats->kept_blocks * H_BLOCK);
@@ -573,7 +562,7 @@ static void test_kept_copies_give_way(void **state)
 	kvs_reply_free(r);
 	assert_int_equal(h_read_pages(k, a, 31, 0, 60), 0);
 	assert_int_equal(h_read_pages(k, b, 32, 0, 90), 0);
-	r = stats_of(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->crc_errors, 0);
 	kvs_reply_free(r);
 	kvs_close(k);

@@ -302,6 +302,17 @@ static inline int h_read_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32
 	return 0;
 }
 
+/* The daemon's Stats, as a fresh connection sees them (caller frees). */
+static inline Freekv__Reply *h_stats(const struct harness *h)
+{
+	struct kvs *k;
+	Freekv__Reply *r;
+	assert_int_equal(kvs_connect(h->endpoint, 5000, &k), 0);
+	assert_int_equal(kvs_stats(k, &r), 0);
+	kvs_close(k);
+	return r;
+}
+
 /* Wait until ShowSequence(name) has no I/O in flight; returns the reply (caller frees). */
 static inline Freekv__Reply *h_settled(struct kvs *k, const char *name)
 {

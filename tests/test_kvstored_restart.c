@@ -101,16 +101,6 @@ static void check_seq(const struct harness *h, const char *name, uint64_t tag, u
 	kvs_close(k);
 }
 
-static Freekv__Reply *stats(const struct harness *h)
-{
-	struct kvs *k;
-	Freekv__Reply *r;
-	assert_int_equal(kvs_connect(h->endpoint, 5000, &k), 0);
-	assert_int_equal(kvs_stats(k, &r), 0);
-	kvs_close(k);
-	return r;
-}
-
 static void restart_case(bool kill9)
 {
 	struct harness h;
@@ -138,7 +128,7 @@ static void restart_case(bool kill9)
 	kvs_close(k);
 	harness_spawn(&h, persist_on, NULL);
 
-	r = stats(&h);
+	r = h_stats(&h);
 	assert_non_null(r->stats->journal);
 	assert_true(r->stats->journal->replayed > 0);
 	assert_int_equal(r->stats->journal->adopted_sequences, 3);
@@ -151,7 +141,7 @@ static void restart_case(bool kill9)
 	check_seq(&h, "dram", 1, PAGES);
 	check_seq(&h, "nvme", 2, NVME_PAGES);
 	check_seq(&h, "dram2", 3, 1);
-	r = stats(&h);
+	r = h_stats(&h);
 	assert_true(r->stats->promoted_blocks >= NVME_PAGES * h_geo.n_layers);
 	assert_int_equal(r->stats->crc_errors, 0);
 	kvs_reply_free(r);
@@ -196,12 +186,12 @@ static void test_persist_off(void **state)
 	assert_int_equal(kvs_hello(k, KVS_ROLE_WORKER, "w"), 0);
 	fill_seq(&h, k, "gone", 4, 2, false);
 	kvs_close(k);
-	Freekv__Reply *r = stats(&h);
+	Freekv__Reply *r = h_stats(&h);
 	assert_null(r->stats->journal);
 	kvs_reply_free(r);
 	h_kill9(&h);
 	harness_spawn(&h, off, NULL);
-	r = stats(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->sequences, 0);
 	kvs_reply_free(r);
 	harness_stop(&h);
@@ -306,7 +296,7 @@ static void test_journal_truncated(void **state)
 		(long long)cut, seed);
 	assert_int_equal(truncate(jp, cut), 0);
 	harness_spawn(&h, persist_on, NULL);
-	Freekv__Reply *r = stats(&h);
+	Freekv__Reply *r = h_stats(&h);
 	/* A cut exactly between two records leaves a shorter, valid journal. */
 	fprintf(stderr, "replayed %" PRIu64 " records, %" PRIu64 " bytes ignored\n",
 		r->stats->journal->replayed, r->stats->journal->ignored_bytes);
@@ -337,7 +327,7 @@ static void test_journal_byte_flipped(void **state)
 		(long long)total, (long long)at, seed);
 	off_t data_end = nonzero_end(jp);
 	harness_spawn(&h, persist_on, NULL);
-	Freekv__Reply *r = stats(&h);
+	Freekv__Reply *r = h_stats(&h);
 	/* The flipped record and everything after it are ignored, and said so: up to the last
 	 * byte that is not zero, since zeros that end the file (the last record's own among them)
 	 * read as those written ahead of the records. */
@@ -376,7 +366,7 @@ static void test_block_damaged(void **state)
 	kvs_close(k);
 
 	harness_spawn(&h, persist_on, NULL);
-	r = stats(&h);
+	r = h_stats(&h);
 	assert_int_equal(r->stats->journal->damaged_sequences, 1);
 	kvs_reply_free(r);
 	assert_int_equal(kvs_connect(h.endpoint, 5000, &k), 0);
@@ -429,7 +419,7 @@ static void test_compaction(void **state)
 	/* The control loop checks once a second. */
 	uint64_t t0 = clock_ms(), compactions = 0;
 	while (clock_ms() - t0 < 5000 && compactions < 2) {
-		Freekv__Reply *r = stats(&h);
+		Freekv__Reply *r = h_stats(&h);
 		compactions = r->stats->journal->compactions;
 		kvs_reply_free(r);
 		h_sleep_ms(100);
@@ -484,7 +474,7 @@ static int t_open(struct kvs *k, struct tseq *t, const char *prefix, int i, uint
 
 static uint64_t compactions_of(const struct harness *h)
 {
-	Freekv__Reply *r = stats(h);
+	Freekv__Reply *r = h_stats(h);
 	uint64_t n = r->stats->journal->compactions;
 	kvs_reply_free(r);
 	return n;
@@ -621,7 +611,7 @@ static void test_compaction_fails(void **state)
 	for (int i = 0; i < 12; i++) /* past journal_compact_bytes */
 		assert_int_equal(t_open(k, &t[i], "f", i, 700 + (uint64_t)i), 0);
 	h_sleep_ms(300);
-	Freekv__Reply *r = stats(&h);
+	Freekv__Reply *r = h_stats(&h);
 	assert_int_equal(r->stats->journal->compactions, c0);
 	assert_true(r->stats->journal->bytes >= 4096); /* past the limit, yet not compacted */
 	kvs_reply_free(r);
@@ -669,7 +659,7 @@ static void test_group_commit(void **state)
 		ids[i][1] = 200u + (uint32_t)i;
 		c[i] = (struct kvs_commit){ .seq_id = seq[i], .first = 0, .tokens = ids[i], .n = 2 };
 	}
-	Freekv__Reply *r = stats(&h);
+	Freekv__Reply *r = h_stats(&h);
 	const uint64_t syncs0 = r->stats->journal->syncs;
 	kvs_reply_free(r);
 	pthread_t t;
@@ -682,7 +672,7 @@ static void test_group_commit(void **state)
 		fail_msg("commit: %s", kvs_error(k));
 	for (int i = 0; i < NS; i++)
 		assert_int_equal(rets[i], 0);
-	r = stats(&h);
+	r = h_stats(&h);
 	const uint64_t syncs = r->stats->journal->syncs - syncs0;
 	kvs_reply_free(r);
 	if (syncs < 1 || syncs > 2)
