@@ -509,8 +509,9 @@ static void test_demote_again_unwritten(void **state)
 	h_finish(&h);
 }
 
-/* A Demote of 1,200 blocks that all have kept copies: the first call takes back 256 (a pass's
- * bound), the reply counts them all, and the rest follow in later passes, unwritten. */
+/* A Demote of 1,200 blocks that all have kept copies, more than one call takes back (256): the
+ * reply counts them all, and every one of them goes back to its kept copy, unwritten, in the
+ * passes that follow. (What the bound is for, the rings' latency, is measured by kvload.) */
 static void test_unwritten_in_passes(void **state)
 {
 	(void)state;

@@ -309,9 +309,8 @@ static void merge_slot(const struct child *ch, struct load_stats *fill, struct l
 		stats_merge(s, &ch->slot->steady[(n - 1) & 1]);
 }
 
-/* Waits for a child and adds what it sent (its fill, then its steady phase); for a worker
- * killed before it could send them, what its slot holds: the fill, once done, and the steady
- * phase up to its last copy (at most LOAD_SLOT_PERIOD_S before the kill). */
+/* Waits for a child and adds what it sent (its fill, then its steady phase), or, for a worker
+ * killed before it could send them, what its slot holds (merge_slot). */
 static int reap(struct child *ch, struct load_stats *fill, struct load_stats *s)
 {
 	int st = 0;

@@ -967,8 +967,7 @@ static void prewrite_step(struct dp *dp)
 	if (!dp->tpw)
 		return;
 	tpw_step(dp->tpw, (uint64_t)DP_COOKIE_ZERO << 32);
-	if (!tpw_left(dp->tpw)) {
-		log_info("NVMe tier: every byte of the file has been written once");
+	if (!tpw_left(dp->tpw)) { /* done, or stopped by a failed write (each logged there) */
 		tpw_close(dp->tpw);
 		dp->tpw = NULL;
 	}

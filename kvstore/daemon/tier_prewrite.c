@@ -170,6 +170,8 @@ static void skip_to(struct tpw *p, uint64_t off)
 	p->left -= d;
 	if (!r->len)
 		p->i++;
+	if (!p->left)
+		log_info("NVMe tier: every byte of the file has been written once");
 }
 
 bool tpw_step(struct tpw *p, uint64_t cookie)
