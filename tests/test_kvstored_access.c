@@ -172,7 +172,7 @@ static void test_tcp_token(void **state)
 	snprintf(loose, sizeof loose, "%s/loose", dir);
 	write_file(tok, "s3cret-token\n", 0600);
 	write_file(loose, "s3cret-token\n", 0644);
-	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", 21000 + (int)(getpid() % 20000));
+	snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", h_port_base());
 
 	/* No token and no tcp_insecure: refused at start; a readable token file too. */
 	snprintf(args, sizeof args, "--set endpoint=%s", ep);

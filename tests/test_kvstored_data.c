@@ -387,6 +387,13 @@ static void demote_settled(struct kvs *k, uint64_t seq, const char *name, uint64
 	assert_int_equal(kvs_demote(k, seq, NULL, &r), 0);
 	assert_int_equal(r->evicted->blocks, blocks);
 	kvs_reply_free(r);
+	/* At once, every block is on NVMe or on its way: one queued behind the tier's request
+	 * table or a full tier counts as in flight, not as DRAM (a caller waiting for in_flight
+	 * == 0 must not see the demotion half done). */
+	assert_int_equal(kvs_show_sequence(k, 0, name, false, &r), 0);
+	assert_int_equal(r->sequence->pages->dram, 0);
+	assert_int_equal(r->sequence->pages->nvme + r->sequence->pages->in_flight, blocks);
+	kvs_reply_free(r);
 	/* What the tier's request table, or a full tier, held back follows in later passes. */
 	uint64_t t0 = clock_ms();
 	for (;;) {

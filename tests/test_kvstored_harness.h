@@ -302,6 +302,15 @@ static inline int h_read_pages(struct kvs *k, uint64_t seq, uint64_t tag, uint32
 	return 0;
 }
 
+/* The first of 20 TCP ports this test process may listen on: below the kernel's ephemeral range
+ * (32768 and up), where no client socket of a test running beside it can hold one, and apart
+ * for processes started close together (their pids differ by less than 500). A Redis cluster
+ * node's bus port (its port + 10000) stays below that range too. */
+static inline int h_port_base(void)
+{
+	return 10000 + (int)(getpid() % 500) * 20;
+}
+
 /* The daemon's Stats, as a fresh connection sees them (caller frees). */
 static inline Freekv__Reply *h_stats(const struct harness *h)
 {

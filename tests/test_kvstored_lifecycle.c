@@ -274,7 +274,7 @@ static void test_tcp_loopback_names(void **state)
 			continue;
 		}
 		char ep[96], set[128];
-		snprintf(ep, sizeof ep, "tcp://%s:%d", hosts[i], 20000 + (int)(getpid() % 20000) + i);
+		snprintf(ep, sizeof ep, "tcp://%s:%d", hosts[i], h_port_base() + i);
 		snprintf(set, sizeof set, "endpoint=%s", ep);
 		const char *const extra[] = { "--set", set, "--set", "dram_bytes=2M", "--set",
 					      "tcp_insecure=true", NULL };

@@ -65,7 +65,7 @@ static int setup(void **state)
 	}
 	snprintf(g_rdir, sizeof g_rdir, "/tmp/fkv-redis-%d", (int)getpid());
 	mkdir(g_rdir, 0700);
-	g_port = 21000 + (int)(getpid() % 20000);
+	g_port = h_port_base();
 	snprintf(g_url, sizeof g_url, "remote_url=redis://127.0.0.1:%d", g_port);
 	return 0;
 }

@@ -1284,16 +1284,33 @@ int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_
 	return 0;
 }
 
+static bool seq_queued(const uint64_t *q, size_t n, uint64_t id)
+{
+	for (size_t i = 0; i < n; i++)
+		if (q[i] == id)
+			return true;
+	return false;
+}
+
+/* A block waiting in the demotion (or remote offload) queue counts as in flight: its move was
+ * asked for and goes on as the tier drains, so a caller waiting for in_flight == 0 sees it land. */
 void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u)
 {
 	memset(u, 0, sizeof *u);
+	bool demoting = seq_queued(dp->demote_q, dp->n_demote_q, s->id);
+	bool offloading = seq_queued(dp->offload_q, dp->n_offload_q, s->id);
 	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
 		for (uint32_t p = 0; p < s->n_pages; p++) {
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			if (!b)
 				continue;
-			if (b->tier == POOL_TIER_DRAM)
+			bool queued = b->committed && !b->doomed &&
+				      ((demoting && b->tier == POOL_TIER_DRAM && !b->leases) ||
+				       (offloading && b->tier == POOL_TIER_NVME));
+			if (queued)
+				u->in_flight++;
+			else if (b->tier == POOL_TIER_DRAM)
 				u->dram++;
 			else if (b->tier == POOL_TIER_NVME)
 				u->nvme++;
