@@ -18,3 +18,9 @@ add_test(NAME test_kvload_faults
           --kvworker ${PROJECT_BINARY_DIR}/worker/kvworker
           --model ${FREEKV_MODELS_DIR}/stories260K/stories260K.gguf)
 set_tests_properties(test_kvload_faults PROPERTIES LABELS slow TIMEOUT 600)
+
+# The latency histogram against sorting (unit).
+freekv_add_test(test_load_hist
+  SOURCES ${PROJECT_SOURCE_DIR}/tests/test_load_hist.c ${CMAKE_CURRENT_LIST_DIR}/load/load_stats.c
+  LIBS freekv_store LABELS unit)
+target_include_directories(test_load_hist PRIVATE ${CMAKE_CURRENT_LIST_DIR}/load)

@@ -52,27 +52,29 @@ bool load_check(const uint8_t *p, size_t n, const char *seq, uint32_t layer, uin
 	return true;
 }
 
-static unsigned bucket(uint64_t v)
+/* Values below LH_SUB have a bucket each; above, [2^e, 2^(e+1)) splits into LH_SUB buckets
+ * of 2^(e - LH_BITS) values, numbered on from (e - LH_BITS + 1) * LH_SUB. */
+unsigned hist_bucket(uint64_t v)
 {
 	if (v < LH_SUB)
 		return (unsigned)v;
 	unsigned e = 63 - (unsigned)__builtin_clzll(v); /* v in [2^e, 2^(e+1)) */
-	unsigned sub = (unsigned)((v >> (e - 3)) & (LH_SUB - 1));
-	unsigned b = (e - 2) * LH_SUB + sub;
+	unsigned sub = (unsigned)((v >> (e - LH_BITS)) & (LH_SUB - 1));
+	unsigned b = (e - LH_BITS + 1) * LH_SUB + sub;
 	return b < LH_N ? b : LH_N - 1;
 }
 
-static uint64_t bucket_top(unsigned b)
+uint64_t hist_bucket_top(unsigned b)
 {
 	if (b < LH_SUB)
 		return b;
-	unsigned e = b / LH_SUB + 2, sub = b % LH_SUB;
-	return ((uint64_t)(LH_SUB + sub + 1) << (e - 3)) - 1;
+	unsigned e = b / LH_SUB + LH_BITS - 1, sub = b % LH_SUB;
+	return ((uint64_t)(LH_SUB + sub + 1) << (e - LH_BITS)) - 1;
 }
 
 void hist_add(struct hist *h, uint64_t ns)
 {
-	h->b[bucket(ns)]++;
+	h->b[hist_bucket(ns)]++;
 	h->n++;
 }
 
@@ -93,9 +95,9 @@ uint64_t hist_pct(const struct hist *h, double q)
 	for (unsigned i = 0; i < LH_N; i++) {
 		seen += h->b[i];
 		if (seen > want)
-			return bucket_top(i);
+			return hist_bucket_top(i);
 	}
-	return bucket_top(LH_N - 1);
+	return hist_bucket_top(LH_N - 1);
 }
 
 void stats_merge(struct load_stats *into, const struct load_stats *s)
