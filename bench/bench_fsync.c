@@ -12,6 +12,10 @@
  *           the load): with synchronous O_DIRECT writes of 1 MiB, or buffered in 256 KiB
  *           pieces, each written back before the next (the journal's way); the records'
  *           write() time (a thread holding the inode's lock shows here) and their sync.
+ *   syncers: 1, 2 and 4 threads, each writing WRITES records into its own stretch of one file
+ *           of synced zeros, each record followed by fdatasync (quiet disk): whether syncs of
+ *           one file overlap, i.e. what a second group commit in flight beside the first would
+ *           gain (syncs/s) and cost (each sync's latency).
  *
  * usage: bench_fsync [WRITES [BYTES [LOAD [DIR]]]]   (default 3000 4096 2 /tmp) */
 #include <fcntl.h>
@@ -84,13 +88,15 @@ static struct pct pcts(double *v, int n)
 
 enum way { APPEND, OVERWRITE, FALLOCATED };
 
-/* Times WRITES write+fdatasync of BYTES into fd from offset 0; w[i] the write, s[i] the sync. */
-static void records(int fd, int writes, int bytes, bool wait_zeros, double *w, double *s)
+/* Times WRITES write+fdatasync of BYTES into fd from offset base; w[i] the write, s[i] the
+ * sync. */
+static void records(int fd, off_t base, int writes, int bytes, bool wait_zeros, double *w,
+		    double *s)
 {
 	static char buf[1 << 16];
 	memset(buf, 7, sizeof buf);
 	for (int i = 0; i < writes; i++) {
-		off_t off = (off_t)i * bytes;
+		off_t off = base + (off_t)i * bytes;
 		while (wait_zeros && off + bytes > atomic_load(&zero_end))
 			usleep(10); /* the zeros are behind: the journal waits likewise */
 		double t0 = bench_now_s();
@@ -119,7 +125,7 @@ static struct pct file_way(enum way way, int writes, int bytes, double *w, doubl
 	}
 	if (fsync(fd))
 		die("fsync");
-	records(fd, writes, bytes, false, w, s);
+	records(fd, 0, writes, bytes, false, w, s);
 	close(fd);
 	return pcts(s, writes);
 }
@@ -180,7 +186,7 @@ static void zero_way(bool zeros, bool direct, int writes, int bytes, double *w, 
 	atomic_store(&stop_zero, false);
 	if (zeros && pthread_create(&t, NULL, zero_main, &z))
 		die("pthread_create");
-	records(fd, writes, bytes, zeros, w, s);
+	records(fd, 0, writes, bytes, zeros, w, s);
 	if (zeros) {
 		atomic_store(&stop_zero, true);
 		pthread_join(t, NULL);
@@ -188,6 +194,48 @@ static void zero_way(bool zeros, bool direct, int writes, int bytes, double *w, 
 	close(fd);
 	*pw = pcts(w, writes);
 	*ps = pcts(s, writes);
+}
+
+struct syncer {
+	pthread_t t;
+	int fd, writes, bytes;
+	off_t base;
+	double *w, *s;
+};
+
+static void *syncer_main(void *arg)
+{
+	struct syncer *y = arg;
+	records(y->fd, y->base, y->writes, y->bytes, false, y->w, y->s);
+	return NULL;
+}
+
+/* n threads at once, each its own stretch of one file of synced zeros; w and s hold n * writes.
+ * Returns the syncs' percentiles, *rate the syncs a second over all threads. */
+static struct pct syncers(int n, int writes, int bytes, double *w, double *s, double *rate)
+{
+	int fd = open_file("syncers.j", 0);
+	long stretch = (long)writes * bytes + (1l << 20);
+	static char z[1 << 20];
+	for (long o = 0; o < stretch * n; o += (long)sizeof z)
+		if (write(fd, z, sizeof z) != (ssize_t)sizeof z)
+			die("write");
+	if (fsync(fd))
+		die("fsync");
+	struct syncer y[4];
+	double t0 = bench_now_s();
+	for (int i = 0; i < n; i++) {
+		y[i] = (struct syncer){ .fd = fd, .writes = writes, .bytes = bytes,
+					.base = (off_t)i * stretch, .w = w + (size_t)i * writes,
+					.s = s + (size_t)i * writes };
+		if (pthread_create(&y[i].t, NULL, syncer_main, &y[i]))
+			die("pthread_create");
+	}
+	for (int i = 0; i < n; i++)
+		pthread_join(y[i].t, NULL);
+	*rate = (double)n * writes / (bench_now_s() - t0);
+	close(fd);
+	return pcts(s, n * writes);
 }
 
 static void print(const char *name, struct pct p, struct pct base)
@@ -207,7 +255,8 @@ int main(int argc, char **argv)
 			MAX_LOAD);
 		return 2;
 	}
-	double *w = malloc(sizeof *w * (size_t)writes), *s = malloc(sizeof *s * (size_t)writes);
+	/* Room for the four syncers' records. */
+	double *w = malloc(sizeof *w * 4 * (size_t)writes), *s = malloc(sizeof *s * 4 * (size_t)writes);
 	static const char *const names[] = { "append", "overwrite of synced zeros",
 					     "fallocated" };
 	int lfd = -1;
@@ -234,6 +283,20 @@ int main(int argc, char **argv)
 		for (int way = APPEND; way <= FALLOCATED; way++)
 			print(names[way], way == APPEND ? base : file_way(way, writes, bytes, w, s),
 			      base);
+		if (loaded)
+			continue;
+		printf("bench_fsync syncers: threads each writing %d records into their own stretch "
+		       "of one file of synced zeros, each record + fdatasync, quiet\n", writes);
+		double rate1;
+		struct pct one = syncers(1, writes, bytes, w, s, &rate1);
+		for (int n = 1; n <= 4; n *= 2) {
+			double rate = rate1;
+			struct pct p = n == 1 ? one : syncers(n, writes, bytes, w, s, &rate);
+			char name[64];
+			snprintf(name, sizeof name, "%d thread%s, %.0f syncs/s (%.2fx)", n,
+				 n > 1 ? "s" : "", rate, rate / rate1);
+			print(name, p, one);
+		}
 	}
 	if (load) {
 		printf("bench_fsync zeros: the same records while a thread keeps %ld MiB of zeros "

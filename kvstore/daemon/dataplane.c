@@ -1229,11 +1229,7 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 		return ret;
 	}
 	if (ret == -EBUSY) {
-		bool queued = false;
-		for (size_t i = 0; i < dp->n_demote_q; i++)
-			queued |= dp->demote_q[i] == s->id;
-		if (!queued && dp->n_demote_q < DP_DEMOTE_QUEUE)
-			dp->demote_q[dp->n_demote_q++] = s->id;
+		dp_queue_add(dp->demote_q, &dp->n_demote_q, s->id);
 		/* The reply counts what this demotion will move, not only what the tier's request
 		 * table took at once: the rest follow as it drains (demote_queue_run). */
 		for (uint32_t l = 0; l < s->geo.n_layers; l++)
@@ -1241,7 +1237,7 @@ int dp_demote_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, siz
 				uint32_t id = seq_block(s, l, pg);
 				const struct pool_block *b =
 					id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
-				*blocks += b && b->tier == POOL_TIER_DRAM && b->committed && !b->leases;
+				*blocks += b && dp_demote_moves(b);
 			}
 	}
 	return 0;
@@ -1284,7 +1280,7 @@ int dp_drop_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, size_
 	return 0;
 }
 
-static bool seq_queued(const uint64_t *q, size_t n, uint64_t id)
+bool dp_queue_has(const uint64_t *q, size_t n, uint64_t id)
 {
 	for (size_t i = 0; i < n; i++)
 		if (q[i] == id)
@@ -1292,22 +1288,27 @@ static bool seq_queued(const uint64_t *q, size_t n, uint64_t id)
 	return false;
 }
 
+void dp_queue_add(uint64_t *q, size_t *n, uint64_t id)
+{
+	if (*n < DP_DEMOTE_QUEUE && !dp_queue_has(q, *n, id))
+		q[(*n)++] = id;
+}
+
 /* A block waiting in the demotion (or remote offload) queue counts as in flight: its move was
  * asked for and goes on as the tier drains, so a caller waiting for in_flight == 0 sees it land. */
 void dp_seq_usage(struct dp *dp, const struct seq *s, struct dp_seq_usage *u)
 {
 	memset(u, 0, sizeof *u);
-	bool demoting = seq_queued(dp->demote_q, dp->n_demote_q, s->id);
-	bool offloading = seq_queued(dp->offload_q, dp->n_offload_q, s->id);
+	bool demoting = dp_queue_has(dp->demote_q, dp->n_demote_q, s->id);
+	bool offloading = dp_queue_has(dp->offload_q, dp->n_offload_q, s->id);
 	for (uint32_t l = 0; l < s->geo.n_layers; l++) {
 		for (uint32_t p = 0; p < s->n_pages; p++) {
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
 			if (!b)
 				continue;
-			bool queued = b->committed && !b->doomed &&
-				      ((demoting && b->tier == POOL_TIER_DRAM && !b->leases) ||
-				       (offloading && b->tier == POOL_TIER_NVME));
+			bool queued = (demoting && dp_demote_moves(b)) ||
+				      (offloading && dp_offload_moves(b));
 			if (queued)
 				u->in_flight++;
 			else if (b->tier == POOL_TIER_DRAM)

@@ -386,20 +386,15 @@ int dp_offload_seq(struct dp *dp, struct seq *s, uint64_t *blocks, char *err, si
 			uint32_t id = seq_block(s, l, p);
 			const struct pool_block *b =
 				id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
-			if (!b || b->tier != POOL_TIER_NVME || !b->committed)
+			if (!b || !dp_offload_moves(b))
 				continue;
 			++*blocks;
 			if (!more && offload_block(dp, id))
 				more = true;
 		}
 	tier_flush(dp->tier);
-	if (more) { /* the rest as offload slots come free */
-		bool queued = false;
-		for (size_t i = 0; i < dp->n_offload_q; i++)
-			queued |= dp->offload_q[i] == s->id;
-		if (!queued && dp->n_offload_q < DP_DEMOTE_QUEUE)
-			dp->offload_q[dp->n_offload_q++] = s->id;
-	}
+	if (more) /* the rest as offload slots come free */
+		dp_queue_add(dp->offload_q, &dp->n_offload_q, s->id);
 	return 0;
 }
 
@@ -414,8 +409,7 @@ void dp_offload_queue_run(struct dp *dp)
 				uint32_t id = seq_block(s, l, p);
 				const struct pool_block *b =
 					id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
-				if (b && b->tier == POOL_TIER_NVME && b->committed && !b->doomed &&
-				    offload_block(dp, id))
+				if (b && dp_offload_moves(b) && offload_block(dp, id))
 					more = true;
 			}
 		if (more)

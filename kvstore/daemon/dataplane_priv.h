@@ -176,6 +176,22 @@ struct dp {
 uint64_t dp_now_us(void);
 /* The slot of worker wid (one with a ring), or NULL. */
 struct dp_worker *dp_find_worker(const struct dp *dp, uint32_t wid);
+
+/* The demotion and remote offload queues (demote_q, offload_q): whether sequence id waits in
+ * one, and adding it (once; not when the queue is full). */
+bool dp_queue_has(const uint64_t *q, size_t n, uint64_t id);
+void dp_queue_add(uint64_t *q, size_t *n, uint64_t id);
+
+/* The blocks an explicit demotion to NVMe moves, and those a remote offload moves. */
+static inline bool dp_demote_moves(const struct pool_block *b)
+{
+	return b->tier == POOL_TIER_DRAM && b->committed && !b->leases;
+}
+
+static inline bool dp_offload_moves(const struct pool_block *b)
+{
+	return b->tier == POOL_TIER_NVME && b->committed && !b->doomed;
+}
 /* Posts the completions queued since: a worker never hears of a COMMIT, or gets a slot a move
  * freed (an ALLOC), before the journal sync that covers it is done. With the data-plane thread
  * running that sync runs on the journal's thread (persist_sync_start) and those completions
