@@ -451,8 +451,10 @@ static void test_prewrite_zeros(void **state)
 	assert_int_equal(tpw_open(t, &c.pw), 0);
 	assert_non_null(c.pw);
 	assert_true(tpw_left(c.pw) <= bytes - BLK);
+	assert_int_equal(tpw_held(c.pw), 0);
 	assert_true(tpw_step(c.pw, 7));
 	assert_false(tpw_step(c.pw, 7)); /* one piece at a time */
+	assert_int_equal(tpw_held(c.pw), TPW_PIECE);
 	uint64_t off_b;
 	assert_int_equal(tier_extent_alloc(t, BLK, &off_b), 0);
 	assert_true(off_b >= TPW_PIECE); /* not under the piece in flight (the file's first MiB) */
@@ -465,6 +467,7 @@ static void test_prewrite_zeros(void **state)
 	while (tier_pending(t))
 		assert_true(tier_wait(t, 5000, pw_done, &c) >= 0);
 	assert_int_equal(tpw_left(c.pw), 0);
+	assert_int_equal(tpw_held(c.pw), 0);
 	assert_int_equal(c.data_done, 1);
 	tpw_close(c.pw);
 	assert_int_equal(tpw_unwritten_bytes(tier_fd(t), bytes), 0);

@@ -1339,7 +1339,7 @@ void dp_stats(struct dp *dp, struct dp_stats *st)
 		struct tier_usage tu;
 		tier_usage(dp->tier, &tu);
 		st->nvme_bytes = tu.bytes;
-		st->nvme_used_bytes = tu.used_bytes;
+		st->nvme_used_bytes = tu.used_bytes - tpw_held(dp->tpw); /* blocks' extents only */
 		st->tier_pending = tier_pending(dp->tier);
 	}
 	st->demoted = dp->demoted;

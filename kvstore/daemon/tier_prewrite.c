@@ -160,6 +160,11 @@ uint64_t tpw_left(const struct tpw *p)
 	return p ? p->left : 0;
 }
 
+uint64_t tpw_held(const struct tpw *p)
+{
+	return p && p->busy ? p->len : 0;
+}
+
 /* The first range's bytes up to off are not ours to write (they hold blocks). */
 static void skip_to(struct tpw *p, uint64_t off)
 {

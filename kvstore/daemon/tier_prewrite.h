@@ -38,6 +38,9 @@ bool tpw_step(struct tpw *p, uint64_t cookie);
 void tpw_done(struct tpw *p, const struct tier_result *r);
 /* Bytes of the file still to be written over (0 when done; NULL is done). */
 uint64_t tpw_left(const struct tpw *p);
+/* Bytes of free space it holds now for the piece in flight (taken from the allocator, so
+ * counted in the tier's used bytes, though no block is there). */
+uint64_t tpw_held(const struct tpw *p);
 /* Asks the filesystem how many bytes of fd's [0, size) are unwritten (extents so flagged, and
  * holes); -errno when it cannot say (no FIEMAP). For tests and tools. */
 int64_t tpw_unwritten_bytes(int fd, uint64_t size);
