@@ -290,6 +290,8 @@ static void test_bad_flags_exit_2(void **state)
 		{ "generate", "-m", m, "-p", "x", "--top-p", "2", NULL },
 		{ "generate", "-m", m, "-p", "x", "--temp", "nan", NULL },
 		{ "generate", "-m", m, "-p", "x", "-t", "0", NULL },
+		{ "generate", "-m", m, "-p", "x", "--slice-us", "50", NULL },
+		{ "generate", "-m", m, "-p", "x", "--slice-us", "100001", NULL },
 		{ "generate", "-p", "x", NULL },
 		{ "generate", "-m", m, NULL },
 		{ "generate", "-m", m, "-p", "x", "extra", NULL },

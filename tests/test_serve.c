@@ -20,7 +20,9 @@
 #include "clock.h"
 #include "test_kvworker_proc.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -28,6 +30,7 @@
 
 #include "kvcache.h"
 #include "proto/worker.pb-c.h"
+#include "sched_slice.h"
 
 #define N_GEN 100
 #define VERSION FREEKV__WORKER__WORKER_PROTOCOL_VERSION__WORKER_PROTOCOL_VERSION_CURRENT
@@ -244,6 +247,52 @@ static bool use_policy(const char *name)
 }
 
 
+static void *slice_probe(void *arg)
+{
+	*(int *)arg = sched_slice_request(0, SCHED_SLICE_MIN_US, NULL, 0);
+	return NULL;
+}
+
+/* Whether this kernel keeps slice requests (tried on a thread of its own). */
+static bool slices_kept(void)
+{
+	int ret = -1;
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, slice_probe, &ret), 0);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_true(ret == 0 || ret == -EOPNOTSUPP);
+	return ret == 0;
+}
+
+/* Every thread of pid has se.slice ns (/proc/PID/task/TID/sched). */
+static void expect_threads_slice(pid_t pid, long ns)
+{
+	char dir[64];
+	snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+	DIR *d = opendir(dir);
+	assert_non_null(d);
+	int threads = 0;
+	for (struct dirent *e; (e = readdir(d));) {
+		if (e->d_name[0] == '.')
+			continue;
+		char path[384], line[256];
+		snprintf(path, sizeof path, "%s/%s/sched", dir, e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue; /* the thread ended */
+		long v = -1;
+		while (fgets(line, sizeof line, f))
+			if (!strncmp(line, "se.slice", 8))
+				v = atol(strchr(line, ':') + 1);
+		fclose(f);
+		if (v != ns)
+			fail_msg("thread %s of kvworker serve: se.slice %ld, want %ld", e->d_name, v, ns);
+		threads++;
+	}
+	closedir(d);
+	assert_true(threads >= 3); /* main, the store's heartbeat, ZeroMQ's I/O thread at least */
+}
+
 static void concurrent_clients(void)
 {
 	static int ref[3][P_MAX_IDS];
@@ -255,7 +304,14 @@ static void concurrent_clients(void)
 	struct harness h;
 	harness_start(&h, NULL);
 	struct server sv;
-	server_start(&sv, &h, (const char *const[]){ "-m", g_model, NULL });
+	/* With short scheduler slices (where the kernel keeps them): every thread has them, and
+	 * the tokens are the same. */
+	bool sliced = slices_kept();
+	server_start(&sv, &h, sliced ? (const char *const[]){ "-m", g_model, "--slice-us", "200",
+							       NULL }
+				     : (const char *const[]){ "-m", g_model, NULL });
+	if (sliced)
+		expect_threads_slice(sv.p.pid, 200000);
 
 	/* Three client processes at once. */
 	static struct proc c[3];

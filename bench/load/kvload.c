@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #include <unistd.h>
 
 #include "load.h"
+#include "sched_slice.h"
 
 #ifndef FREEKV_BUILD_DIR
 #define FREEKV_BUILD_DIR "build"
@@ -74,13 +76,44 @@ static void usage(FILE *f)
 		"              [--layers N] [--duration S] [--rate OPS] [--faults] [--baseline S]\n"
 		"              [--dram-mib N] [--nvme-mib N] [--heartbeat-ms N] [--seed N]\n"
 		"              [--generations N --kvworker PATH --model PATH] [--kvstored PATH]\n"
-		"              [--endpoint EP] [--daemon-nice N] [--daemon-set KEY=VALUE]... [--json]\n"
+		"              [--endpoint EP] [--daemon-nice N] [--daemon-set KEY=VALUE]...\n"
+		"              [--worker-slice-us N] [--json]\n"
 		"  --quick: 4 workers, 64 sequences x 16 pages x 2 layers (8 MiB), 10 s, a pool of 8 MiB\n"
 		"  --daemon-nice: the kvstored it starts runs at this nice value, as kvstored.service\n"
 		"    sets it (default -10; kept at 0 where lowering it is not permitted)\n"
 		"  --daemon-set: one more kvstored --set for the daemon it starts (up to 8), e.g.\n"
 		"    persist=false to measure without the journal\n"
-		"  exit 0: nothing lost or wrong, no forged op accepted, generations exact\n");
+		"  --worker-slice-us: the worker processes (the baselines' too) ask the scheduler for\n"
+		"    slices of N us, %u to %u, as `kvworker --slice-us N` does (default 0: the\n"
+		"    scheduler's own); the generations keep the scheduler's\n"
+		"  exit 0: nothing lost or wrong, no forged op accepted, generations exact\n",
+		SCHED_SLICE_MIN_US, SCHED_SLICE_MAX_US);
+}
+
+struct slice_try {
+	unsigned us;
+	int ret;
+	char err[200];
+};
+
+static void *slice_try(void *arg)
+{
+	struct slice_try *t = arg;
+	t->ret = sched_slice_request(0, t->us, t->err, sizeof t->err);
+	return NULL;
+}
+
+/* Whether the workers' slice request will be taken, tried on a thread of its own so that
+ * kvload's (and the daemon's and generations' it forks) stay the scheduler's. */
+static int slice_probe(unsigned us)
+{
+	struct slice_try t = { .us = us };
+	pthread_t th;
+	if (pthread_create(&th, NULL, slice_try, &t) || pthread_join(th, NULL))
+		return -1;
+	if (t.ret)
+		fprintf(stderr, "kvload: --worker-slice-us: %s\n", t.err);
+	return t.ret;
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -98,6 +131,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "endpoint", required_argument, NULL, 'e' }, { "json", no_argument, NULL, 'j' },
 		{ "daemon-nice", required_argument, NULL, 'n' },
 		{ "daemon-set", required_argument, NULL, 'x' },
+		{ "worker-slice-us", required_argument, NULL, 'L' },
 		{ "help", no_argument, NULL, 'h' },	{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -135,11 +169,14 @@ static int parse(int argc, char **argv, struct opts *o)
 			}
 			o->daemon_sets[o->n_daemon_sets++] = optarg;
 			break;
+		case 'L': o->c.slice_us = (unsigned)strtoul(optarg, NULL, 10); break;
 		case 'h': usage(stdout); exit(0);
 		default: return -1;
 		}
 	}
 	if (optind != argc)
+		return -1;
+	if (o->c.slice_us && slice_probe(o->c.slice_us))
 		return -1;
 	if (o->blocks && o->c.sequences)
 		o->c.pages = (unsigned)(o->blocks / ((uint64_t)o->c.sequences * o->c.geo.n_layers));
@@ -274,6 +311,11 @@ static int spawn(struct child *ch, const struct load_cfg *c, unsigned wi, bool h
 	if (pid == 0) {
 		close(p[0]);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		char err[200];
+		if (sched_slice_request(0, c->slice_us, err, sizeof err)) {
+			fprintf(stderr, "kvload: worker %u: %s\n", wi, err);
+			_exit(4);
+		}
 		_exit(hostile ? load_hostile_run(c, deadline, p[1]) :
 				load_worker_run(c, wi, deadline, p[1]));
 	}
@@ -715,8 +757,11 @@ int main(int argc, char **argv)
 	uint64_t leases_left = ds && ds->has_leases ? ds->leases : 0;
 	bool daemon_up = ds != NULL;
 
-	printf("kvload: %u workers, %u sequences, %" PRIu64 " blocks, %.1f s%s\n", o.c.workers,
-	       o.c.sequences, blocks, secs, o.faults ? ", with faults" : "");
+	char slice[48] = "";
+	if (o.c.slice_us)
+		snprintf(slice, sizeof slice, ", worker slices %u us", o.c.slice_us);
+	printf("kvload: %u workers, %u sequences, %" PRIu64 " blocks, %.1f s%s%s\n", o.c.workers,
+	       o.c.sequences, blocks, secs, o.faults ? ", with faults" : "", slice);
 	printf("baseline (1 worker, 8 sequences, %.1f s):\n", o.baseline_s);
 	for (int i = 0; i < OP_N; i++)
 		print_hist_row(load_op_name(i), &base.h[i], base.ops[i], o.baseline_s);

@@ -75,6 +75,8 @@ struct load_cfg {
 	double steady_s;		/* > 0: a worker's steady phase lasts this long after its
 					 * own fill (else it ends at the deadline) */
 	double rate;			/* ops/s over all workers, 0 unlimited */
+	unsigned slice_us;		/* > 0: every worker process asks the scheduler for slices of
+					 * this length (common/sched_slice.h), as kvworker --slice-us */
 	uint64_t seed;
 	struct kvs_geometry geo;
 	volatile uint8_t *filled;	/* shared with the parent: [wi] set once worker wi has

@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "log.h"
+#include "sched_slice.h"
 #include "tokenizer.h"
 
 int cmd_parse_long(const char *s, long lo, long hi, long *out)
@@ -215,6 +216,9 @@ void cmd_session_usage(FILE *f)
 		"                       go on where it left off (0 to 86400, default 30; 0: fail)\n"
 		"      --log-level L    error, warn, info or debug (default info): which log\n"
 		"                       lines (store reconnects, host-copy errors) are shown\n"
+		"      --slice-us N     ask the scheduler for N-us time slices, 100 to 100000 (Linux\n"
+		"                       6.12+), so that a thread kvstored wakes preempts CPU-bound\n"
+		"                       work on a busy host (default 0: the scheduler's own)\n"
 		"      --seq NAME       the sequence's name in the store, 1 to 127 bytes (default:\n"
 		"                       generated); needs --store\n"
 		"      --cache-salt S   prefix-sharing namespace (default: the empty one): a new\n"
@@ -253,7 +257,7 @@ int cmd_backend_check(const char *backend, const char *policy, const char *prog)
 /* The shared options, as getopt_long entries: the short ones are their letter, the others
  * SESSION_OPT_BASE and up (the retrieval options follow, from policy_opts). */
 enum { SO_TEMP = CMD_SESSION_OPT_BASE, SO_TOPK, SO_TOPP, SO_STORE, SO_SEQ, SO_BACKEND, SO_LEASE,
-       SO_RETRY, SO_LOGLEVEL, SO_IDS, SO_STATS, SO_KEEP, SO_SALT, SO_NOPREFIX };
+       SO_RETRY, SO_LOGLEVEL, SO_IDS, SO_STATS, SO_KEEP, SO_SALT, SO_NOPREFIX, SO_SLICE };
 
 static const struct option session_options[] = {
 	{ "model", required_argument, NULL, 'm' },
@@ -276,6 +280,7 @@ static const struct option session_options[] = {
 	{ "keep", no_argument, NULL, SO_KEEP },
 	{ "cache-salt", required_argument, NULL, SO_SALT },
 	{ "no-prefix", no_argument, NULL, SO_NOPREFIX },
+	{ "slice-us", required_argument, NULL, SO_SLICE },
 };
 
 size_t cmd_options(struct option *out, size_t max, const struct option *own, size_t n_own,
@@ -384,6 +389,10 @@ int cmd_session_apply(struct cmd_session_opts *o, int c, const char *v)
 		if (cmd_parse_long(v, 0, 86400, &o->store_retry))
 			return bad_value(o, "--store-retry", v);
 		break;
+	case SO_SLICE:
+		if (cmd_parse_slice(v, &o->slice_us))
+			return bad_value(o, "--slice-us", v);
+		break;
 	case SO_LOGLEVEL: {
 		enum log_level lvl;
 		if (log_parse_level(v, &lvl))
@@ -411,6 +420,15 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	return ret ? ret : cmd_session_open_seq(s, NULL, 0);
 }
 
+int cmd_parse_slice(const char *v, long *out)
+{
+	long l;
+	if (cmd_parse_long(v, 0, SCHED_SLICE_MAX_US, &l) || (l && l < SCHED_SLICE_MIN_US))
+		return -EINVAL;
+	*out = l;
+	return 0;
+}
+
 int cmd_session_load(struct cmd_session *s, const struct cmd_session_opts *o, bool resume)
 {
 	char err[512];
@@ -418,6 +436,11 @@ int cmd_session_load(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	s->resumed = resume;
 	s->o = *o;
 	s->seq = -1;
+	/* First, so that every thread the backend and the store start inherits it. */
+	if (sched_slice_request_process((unsigned)o->slice_us, err, sizeof err)) {
+		fprintf(stderr, "%s: --slice-us: %s\n", o->prog, err);
+		return -EINVAL;
+	}
 	int ret = cmd_load(o->model, &s->m, &s->tok);
 	if (ret)
 		return ret;

@@ -47,6 +47,8 @@ int cmd_info(int argc, char **argv);
 
 /* Parse a whole decimal number within [lo, hi]; 0 or -EINVAL. */
 int cmd_parse_long(const char *s, long lo, long hi, long *out);
+/* A --slice-us value: 0, or SCHED_SLICE_MIN_US to SCHED_SLICE_MAX_US (common/sched_slice.h). */
+int cmd_parse_slice(const char *s, long *out);
 int cmd_parse_float(const char *s, double lo, double hi, double *out);
 int cmd_parse_u64(const char *s, uint64_t *out);
 
@@ -77,6 +79,7 @@ struct cmd_session_opts {
 	const char *backend;	/* --backend cuda|cpu|auto; NULL: auto */
 	const char *cache_salt;	/* --cache-salt: the prefix-sharing namespace; NULL: default */
 	bool no_prefix;		/* --no-prefix: neither share nor publish (docs/design.md §4) */
+	long slice_us;		/* --slice-us: the scheduler slice to ask for; 0: its own */
 	struct policy_opts po;
 };
 

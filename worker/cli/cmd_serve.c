@@ -28,6 +28,7 @@
 #include "chat_source.h"
 #include "cmd_common.h"
 #include "prom_http.h"
+#include "sched_slice.h"
 #include "sdnotify.h"
 #include "serve_batch.h"
 #include "serve_metrics.h"
@@ -40,7 +41,7 @@
 struct serve_opts {
 	const char *model, *store, *listen, *config, *name, *backend, *metrics;
 	long threads, ctx, max_seqs, max_queue, gpu, max_request_bytes, ubatch, lease_budget,
-	     store_retry;
+	     store_retry, slice_us;
 	bool print_config;
 	enum log_level log_level;	/* --log-level (default info) */
 	struct policy_opts po;
@@ -91,6 +92,10 @@ static void usage(FILE *f)
 		"      --metrics HOST:PORT   serve Prometheus /metrics there (loopback only)\n"
 		"      --log-level L         error, warn, info or debug (default info): which log\n"
 		"                            lines reach stderr (the journal under systemd)\n"
+		"      --slice-us N          ask the scheduler for N-us time slices, 100 to 100000\n"
+		"                            (Linux 6.12+), so that a thread kvstored wakes\n"
+		"                            preempts CPU-bound work on a busy host (default 0: the\n"
+		"                            scheduler's own)\n"
 		"      --print-config        print the effective settings (config file, then\n"
 		"                            flags) as a config file and exit\n"
 		"  retrieval: %s\n"
@@ -100,7 +105,7 @@ static void usage(FILE *f)
 }
 
 enum { F_MODEL, F_STORE, F_LISTEN, F_GPU, F_CONFIG, F_THREADS, F_MAXSEQS, F_CTX, F_UBATCH,
-       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS, F_RETRY, F_LOGLEVEL };
+       F_MAXREQ, F_NAME, F_BACKEND, F_MAXQUEUE, F_LEASE, F_METRICS, F_RETRY, F_LOGLEVEL, F_SLICE };
 
 static const struct {
 	const char *flag, *brief;
@@ -123,6 +128,7 @@ static const struct {
 	[F_METRICS] = { "--metrics", NULL, 0, 0 },
 	[F_RETRY] = { "--store-retry", NULL, 0, 86400 },
 	[F_LOGLEVEL] = { "--log-level", NULL, 0, 0 },
+	[F_SLICE] = { "--slice-us", NULL, 0, SCHED_SLICE_MAX_US },
 };
 
 #define SERVE_OPT_BASE 0x100 /* getopt_long vals of sflags[] */
@@ -197,6 +203,13 @@ static int apply(struct serve_opts *o, int c, const char *v, const char *where)
 		case F_MAXREQ: o->max_request_bytes = l; break;
 		case F_LEASE: o->lease_budget = l; break;
 		case F_RETRY: o->store_retry = l; break;
+		case F_SLICE:
+			if (cmd_parse_slice(v, &o->slice_us)) {
+				fprintf(stderr, "kvworker serve: %s--slice-us: need 0 or %u..%u\n",
+					where, SCHED_SLICE_MIN_US, SCHED_SLICE_MAX_US);
+				return -EINVAL;
+			}
+			break;
 		}
 	return 1;
 }
@@ -254,6 +267,8 @@ static void print_config(const struct serve_opts *o)
 		printf("ubatch = %ld\n", o->ubatch);
 	if (o->lease_budget)
 		printf("lease-budget = %ld\n", o->lease_budget);
+	if (o->slice_us)
+		printf("slice-us = %ld\n", o->slice_us);
 	printf("max-seqs = %ld\nmax-queue = %ld\nmax-request-bytes = %ld\nstore-retry = %ld\n"
 	       "policy = %s\n", o->max_seqs, o->max_queue, o->max_request_bytes, o->store_retry,
 	       o->po.policy);
@@ -389,6 +404,11 @@ static int open_backend(struct service *v, const struct serve_opts *o, const cha
 static int service_open(struct service *v, const struct serve_opts *o)
 {
 	char err[512];
+	/* First, so that every thread the backend, the store and the server start inherits it. */
+	if (sched_slice_request_process((unsigned)o->slice_us, err, sizeof err)) {
+		log_error("--slice-us: %s", err);
+		return -EINVAL;
+	}
 	int ret = cmd_load(o->model, &v->m, &v->tok);
 	if (ret)
 		return ret;
