@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_kvstored_cli.sh BUILD_DIR — kvstored's command line: usage errors exit 2 and name what was
 # wrong; --help exits 0 and lists only options that do something (kvstored always runs in the
-# foreground, so there is no --foreground to accept and ignore).
+# foreground, so there is no --foreground to accept and ignore); slice_us reaches every thread.
 set -uo pipefail
 B=$1
 K="$B/kvstore/kvstored"
@@ -29,6 +29,33 @@ if grep -q -- "--foreground" <<<"$("$K" --help)"; then
   echo "FAIL: kvstored --help lists --foreground"; fail=1
 fi
 expect 0 "dram_bytes" --print-config
+expect 2 "slice_us 99: must be 0 or 100 to 100000" --set slice_us=99
+expect 2 "slice_us" --set slice_us=100001
+
+# slice_us: every thread of the running daemon (the data plane's, ZeroMQ's, the journal's) has
+# the slice, where the kernel keeps slice requests (Linux 6.12+: se.slice in /proc).
+sock=/tmp/fkv-cli-slice-$$.sock
+"$K" --set endpoint=ipc://$sock --set shm_name=/fkv-cli-slice-$$ --set dram_bytes=8M \
+  --set lock_memory=false --set nvme_path=/tmp/fkv-cli-slice-$$.tier --set nvme_bytes=8M \
+  --set slice_us=300 --set log_level=warn 2>/tmp/fkv-cli-slice-$$.err &
+kp=$!
+for _ in $(seq 100); do [ -S $sock ] && break; sleep 0.1; done
+if grep -q "keeps no slice requests" /tmp/fkv-cli-slice-$$.err; then
+  echo "skip: slice_us: $(cat /tmp/fkv-cli-slice-$$.err)"
+elif [ ! -S $sock ]; then
+  echo "FAIL: kvstored with slice_us=300 did not start: $(cat /tmp/fkv-cli-slice-$$.err)"; fail=1
+else
+  n=0 bad=0
+  for t in /proc/$kp/task/*; do
+    n=$((n + 1))
+    v=$(sed -n 's/^se.slice *: *//p' $t/sched)
+    [ "$v" = 300000 ] || { echo "FAIL: kvstored thread ${t##*/} ($(cat $t/comm)): se.slice $v"; bad=1; }
+  done
+  if [ $bad = 0 ] && [ $n -ge 3 ]; then echo "ok: slice_us=300 on all $n threads"
+  else echo "FAIL: slice_us=300: $n threads, bad $bad"; fail=1; fi
+fi
+kill $kp 2>/dev/null; wait $kp 2>/dev/null
+rm -f /tmp/fkv-cli-slice-$$.* /dev/shm/fkv-cli-slice-$$* $sock
 
 # A pool larger than the memlock limit: the error names the limit and what to change. Without
 # CAP_IPC_LOCK (dropped here, since root's mlock ignores the limit) and with a 1 MiB limit.

@@ -5,6 +5,7 @@
 #include "slab.h"
 
 #include "errmsg.h"
+#include "sched_slice.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -96,6 +97,10 @@ static const struct cfg_key keys[] = {
 	  "control frames larger than this are refused without decoding" },
 	{ "io_queue_depth", CFG_T_U64, F(io_queue_depth), 1, 4096, "64", false,
 	  "io_uring queue depth of the NVMe tier" },
+	{ "slice_us", CFG_T_U64, F(slice_us), 0, SCHED_SLICE_MAX_US, "0", false,
+	  "scheduler time slice to ask for, in microseconds: 0 (the scheduler's own) or 100 to "
+	  "100000 (Linux 6.12+); short slices let the daemon's threads, once woken, preempt "
+	  "CPU-bound work on a busy host instead of waiting for a core" },
 	{ "log_level", CFG_T_LEVEL, F(log_level), CFG_LOG_ERROR, CFG_LOG_DEBUG, "info", true,
 	  "error, warn, info or debug" },
 	{ "metrics_listen", CFG_T_STRING, F(metrics_listen), 0, CFG_STR_MAX - 1, "", false,
@@ -413,6 +418,11 @@ int cfg_validate(const struct cfg *c, char *err, size_t errlen)
 	}
 	if (c->shm_name[0] != '/' || strchr(c->shm_name + 1, '/')) {
 		errmsg_set(err, errlen, "shm_name %s: must be /NAME with no other '/'", c->shm_name);
+		return -EINVAL;
+	}
+	if (c->slice_us && c->slice_us < SCHED_SLICE_MIN_US) {
+		errmsg_set(err, errlen, "slice_us %" PRIu64 ": must be 0 or %u to %u", c->slice_us,
+			   SCHED_SLICE_MIN_US, SCHED_SLICE_MAX_US);
 		return -EINVAL;
 	}
 	if (c->ring_entries & (c->ring_entries - 1)) {

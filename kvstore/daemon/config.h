@@ -47,6 +47,7 @@ struct cfg {
 	uint64_t max_tokens;		/* token ids kept per sequence */
 	uint64_t max_request_bytes;	/* larger control frames are refused undecoded */
 	uint64_t io_queue_depth;
+	uint64_t slice_us;		/* scheduler slice to ask for (common/sched_slice.h); 0: its own */
 	uint64_t log_level;		/* enum cfg_log_level */
 	char metrics_listen[CFG_STR_MAX]; /* HOST:PORT of /metrics; empty: not served */
 	/* Beyond one host (docs/design.md §8, remote.h). */

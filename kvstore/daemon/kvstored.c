@@ -24,6 +24,7 @@
 #include "persist.h"
 #include "remote_seq.h"
 #include "rpc.h"
+#include "sched_slice.h"
 #include "sdnotify.h"
 #include "seq.h"
 #include "store_metrics.h"
@@ -280,6 +281,15 @@ int main(int argc, char **argv)
 	if (print) {
 		cfg_print(&d.cfg, stdout);
 		return 0;
+	}
+	/* Before any thread starts, so that all of them have it (docs/design.md §4 "Wake-ups on a
+	 * busy host"). A kernel that keeps no slice requests runs the daemon as before. */
+	ret = sched_slice_request_process((unsigned)d.cfg.slice_us, err, sizeof err);
+	if (ret == -EOPNOTSUPP)
+		log_warn("slice_us: %s; the scheduler's own slices are used", err);
+	else if (ret) {
+		log_error("slice_us: %s", err);
+		return 1;
 	}
 
 	sigset_t mask;

@@ -437,11 +437,14 @@ int cmd_session_load(struct cmd_session *s, const struct cmd_session_opts *o, bo
 	s->o = *o;
 	s->seq = -1;
 	/* First, so that every thread the backend and the store start inherits it. */
-	if (sched_slice_request_process((unsigned)o->slice_us, err, sizeof err)) {
+	int ret = sched_slice_request_process((unsigned)o->slice_us, err, sizeof err);
+	if (ret == -EOPNOTSUPP) {
+		log_warn("--slice-us: %s; the scheduler's own slices are used", err);
+	} else if (ret) {
 		fprintf(stderr, "%s: --slice-us: %s\n", o->prog, err);
-		return -EINVAL;
+		return ret;
 	}
-	int ret = cmd_load(o->model, &s->m, &s->tok);
+	ret = cmd_load(o->model, &s->m, &s->tok);
 	if (ret)
 		return ret;
 	int64_t ctx = o->ctx ? o->ctx : (s->m.cfg.ctx_len > 0 ? s->m.cfg.ctx_len : 2048);

@@ -405,11 +405,14 @@ static int service_open(struct service *v, const struct serve_opts *o)
 {
 	char err[512];
 	/* First, so that every thread the backend, the store and the server start inherits it. */
-	if (sched_slice_request_process((unsigned)o->slice_us, err, sizeof err)) {
+	int ret = sched_slice_request_process((unsigned)o->slice_us, err, sizeof err);
+	if (ret == -EOPNOTSUPP) {
+		log_warn("--slice-us: %s; the scheduler's own slices are used", err);
+	} else if (ret) {
 		log_error("--slice-us: %s", err);
-		return -EINVAL;
+		return ret;
 	}
-	int ret = cmd_load(o->model, &v->m, &v->tok);
+	ret = cmd_load(o->model, &v->m, &v->tok);
 	if (ret)
 		return ret;
 	v->m_loaded = true;
