@@ -27,6 +27,7 @@ struct slice_attr {
 /* The fair policies, the only ones a slice request applies to. */
 #define SLICE_POLICY_OTHER 0u		/* SCHED_OTHER */
 #define SLICE_POLICY_BATCH 3u		/* SCHED_BATCH */
+#define SLICE_RESET_ON_FORK 0x01u	/* SCHED_FLAG_RESET_ON_FORK, kept as the thread has it */
 
 static int slice_get(pid_t tid, struct slice_attr *a)
 {
@@ -57,7 +58,7 @@ int sched_slice_request(pid_t tid, unsigned us, char *err, size_t errlen)
 	if (us < SCHED_SLICE_MIN_US || us > SCHED_SLICE_MAX_US)
 		return errmsg(err, errlen, -EINVAL, "a slice of %u us is outside the kernel's %u to %u",
 			      us, SCHED_SLICE_MIN_US, SCHED_SLICE_MAX_US);
-	/* The call sets the policy and the nice value too: both are passed back as they are. */
+	/* The call sets the policy, the nice value and reset-on-fork too: passed back as they are. */
 	struct slice_attr a;
 	int ret = slice_get(tid, &a);
 	if (ret)
@@ -66,7 +67,7 @@ int sched_slice_request(pid_t tid, unsigned us, char *err, size_t errlen)
 		return errmsg(err, errlen, -EINVAL, "the thread runs under scheduling policy %u; a "
 			      "slice request needs SCHED_OTHER or SCHED_BATCH", a.sched_policy);
 	a.size = sizeof a;
-	a.sched_flags = 0;
+	a.sched_flags &= SLICE_RESET_ON_FORK;
 	a.sched_runtime = (uint64_t)us * 1000u;
 	if (syscall(SYS_sched_setattr, tid, &a, 0u)) {
 		int e = errno;

@@ -718,9 +718,10 @@ int main(int argc, char **argv)
 	}
 
 	/* The baseline again, alone, on the full pool: worker 0's sequences of the load (half of
-	 * their pages on NVMe now), no other client, no faults. The loaded figures pay for the tier
-	 * (promotions read NVMe, ALLOCs wait for demotions); this one pays for it too, and the
-	 * first baseline, on an empty pool, does not. */
+	 * their pages on NVMe now), no other client, no faults. Its worker first checks every block
+	 * it owns, which promotes those on NVMe, and is measured only after that, back to back: its
+	 * recalls hit DRAM, on a disk gone quiet, in a pool as full as the load left it. So it pays
+	 * for no promotion, which the loaded figures do (bench/RESULTS.md, 2026-12-02). */
 	static struct load_stats full, full_fill;
 	double full_steady = 0;
 	if (!ret) {
