@@ -53,11 +53,11 @@ long sched_slice_current(pid_t tid)
 
 int sched_slice_request(pid_t tid, unsigned us, char *err, size_t errlen)
 {
-	if (!us)
-		return 0;
-	if (us < SCHED_SLICE_MIN_US || us > SCHED_SLICE_MAX_US)
+	if (!sched_slice_valid(us))
 		return errmsg(err, errlen, -EINVAL, "a slice of %u us is outside the kernel's %u to %u",
 			      us, SCHED_SLICE_MIN_US, SCHED_SLICE_MAX_US);
+	if (!us)
+		return 0;
 	/* The call sets the policy, the nice value and reset-on-fork too: passed back as they are. */
 	struct slice_attr a;
 	int ret = slice_get(tid, &a);

@@ -18,6 +18,12 @@
 #define SCHED_SLICE_MIN_US 100u
 #define SCHED_SLICE_MAX_US 100000u
 
+/* Whether us is a value the calls below take: 0 (none) or within the kernel's bounds. */
+static inline int sched_slice_valid(unsigned long long us)
+{
+	return !us || (us >= SCHED_SLICE_MIN_US && us <= SCHED_SLICE_MAX_US);
+}
+
 /* Requests us-microsecond slices for thread tid (0: the calling thread); 0 us does nothing.
  * Returns 0, -EINVAL (outside SCHED_SLICE_MIN_US..SCHED_SLICE_MAX_US, or a thread under a
  * real-time policy), -EOPNOTSUPP (the kernel took the call but keeps no slice request: older
@@ -28,8 +34,9 @@ int sched_slice_request(pid_t tid, unsigned us, char *err, size_t errlen);
  * started before main included (OpenBLAS starts its pool at load). */
 int sched_slice_request_process(unsigned us, char *err, size_t errlen);
 
-/* Thread tid's (0: the caller's) requested slice in microseconds, 0 when it has made none (or
- * the kernel keeps none), or -errno. */
+/* Thread tid's (0: the caller's) slice in microseconds as the kernel reports it: the one asked
+ * for, else the scheduler's base slice (0 from a kernel that keeps no slice requests, and for a
+ * real-time thread), or -errno. */
 long sched_slice_current(pid_t tid);
 
 #endif

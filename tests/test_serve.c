@@ -264,8 +264,9 @@ static bool slices_kept(void)
 	return ret == 0;
 }
 
-/* Every thread of pid has se.slice ns (/proc/PID/task/TID/sched). */
-static void expect_threads_slice(pid_t pid, long ns)
+/* Every thread of pid (/proc/PID/task) asks for us-microsecond slices (sched_getattr, which
+ * test_sched_slice checks against /proc's se.slice). */
+static void expect_threads_slice(pid_t pid, long us)
 {
 	char dir[64];
 	snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
@@ -275,18 +276,11 @@ static void expect_threads_slice(pid_t pid, long ns)
 	for (struct dirent *e; (e = readdir(d));) {
 		if (e->d_name[0] == '.')
 			continue;
-		char path[384], line[256];
-		snprintf(path, sizeof path, "%s/%s/sched", dir, e->d_name);
-		FILE *f = fopen(path, "r");
-		if (!f)
+		long v = sched_slice_current((pid_t)atoi(e->d_name));
+		if (v == -ESRCH)
 			continue; /* the thread ended */
-		long v = -1;
-		while (fgets(line, sizeof line, f))
-			if (!strncmp(line, "se.slice", 8))
-				v = atol(strchr(line, ':') + 1);
-		fclose(f);
-		if (v != ns)
-			fail_msg("thread %s of kvworker serve: se.slice %ld, want %ld", e->d_name, v, ns);
+		if (v != us)
+			fail_msg("thread %s of kvworker serve: slice %ld us, want %ld", e->d_name, v, us);
 		threads++;
 	}
 	closedir(d);
@@ -311,7 +305,7 @@ static void concurrent_clients(void)
 							       NULL }
 				     : (const char *const[]){ "-m", g_model, NULL });
 	if (sliced)
-		expect_threads_slice(sv.p.pid, 200000);
+		expect_threads_slice(sv.p.pid, 200);
 
 	/* Three client processes at once. */
 	static struct proc c[3];

@@ -420,7 +420,7 @@ int cfg_validate(const struct cfg *c, char *err, size_t errlen)
 		errmsg_set(err, errlen, "shm_name %s: must be /NAME with no other '/'", c->shm_name);
 		return -EINVAL;
 	}
-	if (c->slice_us && c->slice_us < SCHED_SLICE_MIN_US) {
+	if (!sched_slice_valid(c->slice_us)) {
 		errmsg_set(err, errlen, "slice_us %" PRIu64 ": must be 0 or %u to %u", c->slice_us,
 			   SCHED_SLICE_MIN_US, SCHED_SLICE_MAX_US);
 		return -EINVAL;

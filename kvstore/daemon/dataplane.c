@@ -1182,7 +1182,7 @@ static int demote_seq_some(struct dp *dp, struct seq *s, uint64_t *started)
 		for (uint32_t p = 0; p < s->n_pages && !ret; p++) {
 			uint32_t id = seq_block(s, l, p);
 			struct pool_block *b = id == SEQ_NO_BLOCK ? NULL : pool_block_get(dp->pool, id);
-			if (!b || b->tier != POOL_TIER_DRAM || !b->committed || b->leases)
+			if (!b || !dp_demote_moves(b))
 				continue;
 			/* Kept copies are taken back at once, so a pass bounds them as the tier's
 			 * request table bounds writes: the rest follow in later passes. */

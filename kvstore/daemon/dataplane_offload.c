@@ -68,7 +68,7 @@ static int offload_block(struct dp *dp, uint32_t id)
 			o = &dp->offl[i];
 	if (!o)
 		return -EBUSY;
-	if (!b || b->tier != POOL_TIER_NVME || !b->committed || b->doomed || !b->has_crc)
+	if (!b || !dp_offload_moves(b))
 		return -EINVAL;
 	uint32_t len = (b->bytes + TIER_ALIGN - 1) / TIER_ALIGN * TIER_ALIGN;
 	void *buf = aligned_alloc(TIER_ALIGN, len);
@@ -324,7 +324,7 @@ struct nvme_victims {
 static int pick_nvme(void *ctx, uint32_t id, struct pool_block *b)
 {
 	struct nvme_victims *v = ctx;
-	if (b->tier != POOL_TIER_NVME || !b->committed || b->doomed || !b->has_crc)
+	if (!dp_offload_moves(b))
 		return 0;
 	int rank = dp_rank_victim(v->dp, b);
 	if (rank < 0)

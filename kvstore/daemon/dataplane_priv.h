@@ -182,7 +182,8 @@ struct dp_worker *dp_find_worker(const struct dp *dp, uint32_t wid);
 bool dp_queue_has(const uint64_t *q, size_t n, uint64_t id);
 void dp_queue_add(uint64_t *q, size_t *n, uint64_t id);
 
-/* The blocks an explicit demotion to NVMe moves, and those a remote offload moves. */
+/* The blocks an explicit demotion to NVMe moves, and those a remote offload moves (the walks
+ * that move them, the replies' counts and ShowSequence's in_flight all ask these). */
 static inline bool dp_demote_moves(const struct pool_block *b)
 {
 	return b->tier == POOL_TIER_DRAM && b->committed && !b->leases;
@@ -190,7 +191,7 @@ static inline bool dp_demote_moves(const struct pool_block *b)
 
 static inline bool dp_offload_moves(const struct pool_block *b)
 {
-	return b->tier == POOL_TIER_NVME && b->committed && !b->doomed;
+	return b->tier == POOL_TIER_NVME && b->committed && !b->doomed && b->has_crc;
 }
 /* Posts the completions queued since: a worker never hears of a COMMIT, or gets a slot a move
  * freed (an ALLOC), before the journal sync that covers it is done. With the data-plane thread

@@ -423,7 +423,7 @@ int cmd_session_open(struct cmd_session *s, const struct cmd_session_opts *o, bo
 int cmd_parse_slice(const char *v, long *out)
 {
 	long l;
-	if (cmd_parse_long(v, 0, SCHED_SLICE_MAX_US, &l) || (l && l < SCHED_SLICE_MIN_US))
+	if (cmd_parse_long(v, 0, SCHED_SLICE_MAX_US, &l) || !sched_slice_valid((unsigned long long)l))
 		return -EINVAL;
 	*out = l;
 	return 0;
